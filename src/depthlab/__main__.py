@@ -1,0 +1,5 @@
+import sys
+
+from depthlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,136 @@
+"""depthlab command line. User mistakes end in one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from depthlab import UserError, __version__
+
+EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set model.n_layers=24 --set train.lr=2e-3"
+
+
+def build_config(args):
+    from depthlab.config import Config, apply_overrides, preset, validate
+
+    cfg = Config.load(args.config) if args.config else preset(args.preset)
+    overrides = list(args.set or [])
+    if args.scheme:
+        overrides.append(f"model.norm_scheme={args.scheme}")
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    if args.out:
+        overrides.append(f"train.out_dir={args.out}")
+    cfg = apply_overrides(cfg, overrides)
+    if args.data:
+        cfg.data.paths = list(args.data)
+    return validate(cfg)
+
+
+def cmd_train(args) -> None:
+    from depthlab.train.trainer import train
+
+    cfg = build_config(args)
+    m = cfg.model
+    print(f"depthlab train: preset {cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim}, "
+          f"{cfg.train.max_steps} steps, data: {', '.join(cfg.data.paths) or 'built-in corpus'}", file=sys.stderr)
+    result = train(cfg, progress=not args.no_progress)
+    print(f"run directory: {result.run_dir}")
+    print(f"checkpoint:    {result.checkpoint}")
+    print(f"final validation loss {result.val_loss:.4f}, perplexity {result.val_ppl:.2f} "
+          f"({result.steps} steps, {result.wall_s:.0f} s)")
+
+
+def cmd_eval(args) -> None:
+    import numpy as np
+
+    from depthlab.data.dataset import pack
+    from depthlab.data.sources import read_documents
+    from depthlab.data.tokenizer import load_tokenizer
+    from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
+    from depthlab.train.trainer import evaluate, resolve_device
+
+    ckpt = find_checkpoint(args.checkpoint)
+    device = resolve_device(args.device)
+    model, cfg, _ = load_checkpoint(ckpt, device=str(device))
+    tok = load_tokenizer(ckpt / TOKENIZER)
+    if args.data:
+        docs, report = read_documents(args.data)
+        tokens, source = pack(tok, docs), ", ".join(args.data)
+    else:
+        from depthlab.data.dataset import build_token_data
+
+        data = build_token_data(cfg, tokenizer=tok)
+        tokens, source = data.val, f"the run's validation split ({data.source})"
+    seq_len = args.seq_len or cfg.data.seq_len
+    if len(tokens) < seq_len + 1:
+        raise UserError(f"only {len(tokens)} tokens in {source}; need at least {seq_len + 1}")
+    res = evaluate(model, np.asarray(tokens), seq_len, args.batch_size, device, cfg.train.dtype)
+    print(f"{ckpt}: scheme {cfg.model.norm_scheme}, data {source}")
+    print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}")
+
+
+def cmd_schemes(args) -> None:
+    from depthlab.model.schemes import SCHEMES
+
+    for name, cls in SCHEMES.items():
+        print(f"{name:11s} {(cls.__doc__ or '').strip().splitlines()[0]}")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="depthlab", description="Train and diagnose LLMs whose every layer counts "
+                                "(LayerNorm Scaling, arXiv 2502.05795, and other normalization schemes).")
+    p.add_argument("--version", action="version", version=f"depthlab {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train a LLaMA-style model (no arguments: the CPU demo)", epilog=EPILOG,
+                       description="Train a LLaMA-style model under a normalization scheme. With no arguments: "
+                       "the cpu-tiny preset with LNS on the built-in corpus, a few minutes on 2 CPU cores.")
+    t.add_argument("--preset", default="cpu-tiny", help="cpu-tiny (default), llama-71m, llama-130m, llama-250m, "
+                   "llama-350m, llama-1b")
+    t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
+    t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
+    t.add_argument("--data", nargs="+", metavar="PATH", help="text files, folders or globs (default: built-in corpus)")
+    t.add_argument("--out", help="parent directory for the run directory (default: runs)")
+    t.add_argument("--max-steps", type=int, help="number of optimizer steps")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="validation loss and perplexity of a checkpoint",
+                       description="Per-token mean loss and perplexity of a checkpoint (or a run's newest one), on "
+                       "--data or, by default, on the run's own validation split.")
+    e.add_argument("checkpoint", help="checkpoint directory or run directory")
+    e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on")
+    e.add_argument("--seq-len", type=int, help="window length (default: the run's)")
+    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--device", default="auto")
+    e.set_defaults(func=cmd_eval)
+
+    s = sub.add_parser("schemes", help="list the normalization schemes")
+    s.set_defaults(func=cmd_schemes)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"depthlab: warning: {msg}\n"
+    try:
+        args.func(args)
+    except UserError as e:
+        print(f"depthlab: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("depthlab: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Typed configs: model, data, train. Presets, JSON/YAML files, dotted `--set` overrides, validation.
+
+Every run directory and every checkpoint stores the fully resolved config as JSON, so a run can always be
+rebuilt exactly (the reference code kept the scheme in an environment variable and lost it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from depthlab import UserError
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 4096
+    dim: int = 128
+    n_layers: int = 8
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: as many as n_heads (no grouped-query attention)
+    ffn_dim: int = 344
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    norm_scheme: str = "lns"  # see depthlab.model.schemes.SCHEMES
+    lns_power: float = 0.5  # lns: block l's norm outputs times l^(-lns_power)
+    mixln_ratio: float = 0.25  # mixln: blocks l <= floor(ratio * n_layers) are Post-LN
+    layerscale_init: float = 0.1  # layerscale: initial per-channel gain
+    skip_alpha_init: float = 0.0  # skipinit / rezero: initial residual gain
+    dyt_alpha_init: float = 0.5  # dyt: initial alpha in gamma * tanh(alpha * x) + beta
+    gpas: bool = False  # add-on for pre / lns: gradient-preserving activation scaling after each residual add
+    init: str = "auto"  # normal | scaled | depth_scaled | deepnorm; auto = deepnorm for deepnorm, else normal
+    init_std: float = 0.02
+    embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)  # empty: the built-in corpus
+    tokenizer: str | None = None  # a tokenizer.json; None: train byte-level BPE on the data
+    seq_len: int = 128
+    val_fraction: float = 0.05  # share of documents held out for validation
+    builtin_mb: float = 4.0  # how much of the built-in corpus to use
+    fatal_bad_files: bool = False  # non-UTF-8 / binary files: skip and report (default) or fail
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "runs"
+    seed: int = 0
+    max_steps: int = 600
+    batch_size: int = 16  # sequences per micro-batch
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak
+    warmup_steps: int = 60
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float = 1.0  # 0 disables clipping
+    dtype: str = "fp32"  # fp32 | bf16 (autocast)
+    device: str = "auto"
+    eval_every: int = 200
+    log_every: int = 10
+    threads: int = 0  # torch intra-op threads; 0 = PyTorch's default
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    preset: str = "cpu-tiny"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        return _build(cls, d, "")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Config:
+        path = Path(path)
+        try:
+            text = path.read_text()
+            d = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            raise UserError(f"cannot read config {path}: {e}") from None
+        return cls.from_dict(d or {})
+
+
+def _build(cls, d: dict, prefix: str):
+    if not isinstance(d, dict):
+        raise UserError(f"config section '{prefix or 'root'}' must be a mapping, got {d!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise UserError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; valid: {', '.join(sorted(names))}")
+    kwargs = {}
+    for name, value in d.items():
+        hint = hints[name]
+        kwargs[name] = _build(hint, value, f"{prefix}{name}.") if dataclasses.is_dataclass(hint) else _coerce(value, hint, prefix + name)
+    return cls(**kwargs)
+
+
+def _coerce(value, hint, key: str):
+    """Check / convert a parsed value to the field's annotated type."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint)
+    if origin is list:
+        if isinstance(value, (str, int, float)):
+            value = [value]
+        if not isinstance(value, list):
+            raise UserError(f"{key} must be a list, got {value!r}")
+        return [_coerce(v, typing.get_args(hint)[0], key) for v in value]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise UserError(f"{key} must be of type {hint.__name__}, got {value!r}")
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply `section.key=value` strings (values parsed as YAML scalars: 1e-3, true, null, [a, b])."""
+    d = cfg.to_dict()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set expects key=value, got {item!r}")
+        node, *parts = key.strip().split(".")
+        target = d
+        path = [node, *parts]
+        for p in path[:-1]:
+            if not isinstance(target.get(p), dict):
+                raise UserError(f"unknown config key {key!r}; sections: model, data, train")
+            target = target[p]
+        if path[-1] not in target:
+            raise UserError(f"unknown config key {key!r}; valid in this section: {', '.join(sorted(target))}")
+        try:
+            target[path[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            target[path[-1]] = raw
+    return Config.from_dict(d)
+
+
+def validate(cfg: Config) -> Config:
+    """Raise UserError on impossible settings; return cfg unchanged."""
+    from depthlab.model.init import INITS
+    from depthlab.model.schemes import SCHEMES, GPAS_SCHEMES
+
+    m, t, dt = cfg.model, cfg.train, cfg.data
+    if m.norm_scheme not in SCHEMES:
+        raise UserError(f"unknown norm scheme {m.norm_scheme!r}; valid: {', '.join(SCHEMES)}")
+    if m.init != "auto" and m.init not in INITS:
+        raise UserError(f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
+    if m.gpas and m.norm_scheme not in GPAS_SCHEMES:
+        raise UserError(f"gpas combines with {' and '.join(GPAS_SCHEMES)} only, not {m.norm_scheme!r}")
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
+        if getattr(m, name) <= 0:
+            raise UserError(f"model.{name} must be positive, got {getattr(m, name)}")
+    if m.dim % m.n_heads:
+        raise UserError(f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
+    if m.head_dim % 2:
+        raise UserError(f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
+    kv = m.n_kv_heads or m.n_heads
+    if kv <= 0 or m.n_heads % kv:
+        raise UserError(f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
+    if not 0 <= m.mixln_ratio <= 1:
+        raise UserError(f"model.mixln_ratio must be in [0, 1], got {m.mixln_ratio}")
+    if dt.seq_len <= 0 or dt.seq_len > m.max_seq_len:
+        raise UserError(f"data.seq_len={dt.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
+    if not 0 < dt.val_fraction < 1:
+        raise UserError(f"data.val_fraction must be in (0, 1), got {dt.val_fraction}")
+    for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every"):
+        if getattr(t, name) <= 0:
+            raise UserError(f"train.{name} must be positive, got {getattr(t, name)}")
+    if t.lr <= 0 or t.warmup_steps < 0:
+        raise UserError("train.lr must be positive and train.warmup_steps non-negative")
+    if t.dtype not in ("fp32", "bf16"):
+        raise UserError(f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
+    return cfg
+
+
+# ---------------------------------------------------------------- presets
+# The paper's LLaMA sizes (DESIGN.md section 3): sequence 256, global batch 512, cosine to 10%, Adam, wd 0,
+# embedding std sqrt(2/5) as in the paper-era reference code.
+_PAPER = {
+    #            dim, layers, heads, ffn,  lr,   warmup, steps
+    "llama-71m": (512, 12, 8, 1368, 1e-3, 1000, 10_000),
+    "llama-130m": (768, 12, 12, 2048, 1e-3, 2000, 20_000),
+    "llama-250m": (768, 24, 16, 2560, 1e-3, 4000, 40_000),
+    "llama-350m": (1024, 24, 16, 2736, 5e-4, 6000, 60_000),
+    "llama-1b": (2048, 24, 32, 5461, 5e-4, 1000, 100_000),
+}
+
+
+def _paper_preset(name: str) -> Config:
+    dim, layers, heads, ffn, lr, warmup, steps = _PAPER[name]
+    model = ModelConfig(vocab_size=32000, dim=dim, n_layers=layers, n_heads=heads, ffn_dim=ffn, max_seq_len=256,
+                        norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
+    data = DataConfig(seq_len=256)
+    train = TrainConfig(max_steps=steps, batch_size=64, grad_accum=8, lr=lr, warmup_steps=warmup, dtype="bf16",
+                        eval_every=1000, log_every=10)
+    return Config(model, data, train, preset=name)
+
+
+PRESETS = {"cpu-tiny": lambda: Config(), **{name: (lambda n=name: _paper_preset(n)) for name in _PAPER}}
+
+
+def preset(name: str) -> Config:
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
+    return PRESETS[name]()

@@ -1,0 +1,30 @@
+"""AdamW with decay only on matrices (p.dim() >= 2), linear warmup then cosine decay to a floor."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from depthlab.config import TrainConfig
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},  # norms, gains, scalars
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of the peak lr for optimizer step `step` (0-based)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg))
