@@ -8,6 +8,9 @@ import warnings
 
 from depthlab import UserError, __version__
 
+# Packages that add their own subcommands: each module has `add_commands(subparsers)`.
+COMMAND_MODULES: tuple[str, ...] = ()
+
 EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set model.n_layers=24 --set train.lr=2e-3"
 
 
@@ -110,6 +113,11 @@ def make_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("schemes", help="list the normalization schemes")
     s.set_defaults(func=cmd_schemes)
+
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
     return p
 
 
