@@ -35,9 +35,6 @@ def cmd_train(args) -> None:
     from depthlab.train.trainer import train
 
     cfg = build_config(args)
-    m = cfg.model
-    print(f"depthlab train: preset {cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim}, "
-          f"{cfg.train.max_steps} steps, data: {', '.join(cfg.data.paths) or 'built-in corpus'}", file=sys.stderr)
     result = train(cfg, progress=not args.no_progress)
     print(f"run directory: {result.run_dir}")
     print(f"checkpoint:    {result.checkpoint}")

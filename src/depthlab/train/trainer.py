@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,6 +101,10 @@ def train(cfg: Config, run_dir: Path | None = None, data: TokenData | None = Non
     device = resolve_device(cfg.train.device)
     seed_everything(cfg.train.seed)
     data = data or build_token_data(cfg)
+    m = cfg.model
+    print(f"depthlab train: preset {cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim}, "
+          f"{cfg.train.max_steps} steps; data: {data.source}, {len(data.train):,} train / {len(data.val):,} val tokens",
+          file=sys.stderr)
 
     run_dir = Path(run_dir) if run_dir else new_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)

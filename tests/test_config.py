@@ -1,0 +1,64 @@
+import pytest
+
+from depthlab import UserError
+from depthlab.config import PRESETS, Config, apply_overrides, preset, validate
+
+
+def test_overrides_parse_types_and_dotted_paths():
+    cfg = apply_overrides(preset("cpu-tiny"), ["model.n_layers=24", "train.lr=2e-3", "model.tie_embeddings=true",
+                                               "model.n_kv_heads=2", "data.paths=[a.txt, b.txt]", "model.n_kv_heads=null"])
+    assert cfg.model.n_layers == 24 and cfg.train.lr == 2e-3 and cfg.model.tie_embeddings is True
+    assert cfg.data.paths == ["a.txt", "b.txt"] and cfg.model.n_kv_heads is None
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("model.n_layerz=3", "unknown config key"), ("modle.dim=3", "unknown config key"),
+    ("model.dim=abc", "must be of type int"), ("train.lr", "key=value"), ("model.dim=1.5", "must be of type int"),
+])
+def test_bad_overrides_are_user_errors(override, msg):
+    with pytest.raises(UserError, match=msg):
+        apply_overrides(preset("cpu-tiny"), [override])
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("model.norm_scheme=LNS", "valid: pre, lns, post"), ("model.n_heads=5", "does not divide"),
+    ("model.n_kv_heads=3", "must divide"), ("model.init=xavier", "unknown init"),
+    ("model.gpas=true", None), ("data.seq_len=100000", "max_seq_len"), ("train.dtype=fp16", "fp32 or bf16"),
+])
+def test_validation(override, msg):
+    cfg = apply_overrides(preset("cpu-tiny"), [override])
+    if msg is None:
+        validate(cfg)  # gpas with lns is allowed
+    else:
+        with pytest.raises(UserError, match=msg):
+            validate(cfg)
+
+
+def test_gpas_only_with_pre_or_lns():
+    with pytest.raises(UserError, match="gpas combines with pre and lns"):
+        validate(apply_overrides(preset("cpu-tiny"), ["model.gpas=true", "model.norm_scheme=post"]))
+
+
+def test_paper_presets_match_design():
+    expect = {"llama-71m": (512, 12, 8, 1368, 1e-3, 1000, 10_000), "llama-130m": (768, 12, 12, 2048, 1e-3, 2000, 20_000),
+              "llama-250m": (768, 24, 16, 2560, 1e-3, 4000, 40_000), "llama-350m": (1024, 24, 16, 2736, 5e-4, 6000, 60_000),
+              "llama-1b": (2048, 24, 32, 5461, 5e-4, 1000, 100_000)}
+    for name, (dim, layers, heads, ffn, lr, warmup, steps) in expect.items():
+        c = validate(preset(name))
+        assert (c.model.dim, c.model.n_layers, c.model.n_heads, c.model.ffn_dim) == (dim, layers, heads, ffn)
+        assert (c.train.lr, c.train.warmup_steps, c.train.max_steps) == (lr, warmup, steps)
+        assert c.data.seq_len == 256 and c.train.batch_size * c.train.grad_accum == 512
+        assert c.train.min_lr_ratio == 0.1 and c.train.weight_decay == 0 and c.model.embed_std == pytest.approx(0.632, abs=1e-3)
+    assert set(PRESETS) == {"cpu-tiny", *expect}
+
+
+def test_json_and_yaml_round_trip(tmp_path):
+    cfg = apply_overrides(preset("llama-71m"), ["model.norm_scheme=mixln", "model.mixln_ratio=0.5"])
+    cfg.save(tmp_path / "c.json")
+    assert Config.load(tmp_path / "c.json") == cfg
+    (tmp_path / "c.yaml").write_text("model:\n  norm_scheme: post\n  n_layers: 3\ntrain:\n  lr: 1.0e-4\n")
+    y = Config.load(tmp_path / "c.yaml")
+    assert (y.model.norm_scheme, y.model.n_layers, y.train.lr) == ("post", 3, 1e-4)
+    (tmp_path / "bad.yaml").write_text("model:\n  colour: red\n")
+    with pytest.raises(UserError, match="model.colour"):
+        Config.load(tmp_path / "bad.yaml")
