@@ -99,7 +99,10 @@ def test_checkpoint_weights_are_safetensors_not_pickle(tmp_path, text_file):
     res = depthlab("train", "--data", text_file, "--out", tmp_path, "--max-steps", 2, *TINY)
     assert res.returncode == 0, res.stderr
     ckpt = next(tmp_path.glob("*/checkpoints/step_*"))
-    assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "meta.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "meta.json", "model.safetensors", "tokenizer.json",
+                                                      "trainer.pt"]
     from safetensors.torch import load_file
 
     assert all(isinstance(v, torch.Tensor) for v in load_file(ckpt / "model.safetensors").values())
+    state = torch.load(ckpt / "trainer.pt", weights_only=True)  # optimizer, scheduler, RNG: no arbitrary pickle
+    assert {"optimizer", "scheduler", "rng"} <= set(state)

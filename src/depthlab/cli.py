@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 from depthlab import UserError, __version__
 
@@ -17,7 +18,15 @@ EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set mo
 def build_config(args):
     from depthlab.config import Config, apply_overrides, preset, validate
 
-    cfg = Config.load(args.config) if args.config else preset(args.preset)
+    if getattr(args, "resume", None):  # continue a run with its own config; flags given override it
+        from depthlab.train.checkpoint import newest_valid_checkpoint
+
+        src = Path(args.run_dir) if args.resume == "auto" else Path(args.resume)
+        ckpt = src if (src / "config.json").is_file() and (src / "meta.json").is_file() else newest_valid_checkpoint(src)
+        base = (ckpt or src) / "config.json"
+        cfg = Config.load(base) if base.is_file() else (Config.load(args.config) if args.config else preset(args.preset))
+    else:
+        cfg = Config.load(args.config) if args.config else preset(args.preset)
     overrides = list(args.set or [])
     if args.scheme:
         overrides.append(f"model.norm_scheme={args.scheme}")
@@ -34,8 +43,10 @@ def build_config(args):
 def cmd_train(args) -> None:
     from depthlab.train.trainer import train
 
+    if args.resume == "auto" and not args.run_dir:
+        raise UserError("--resume auto needs --run-dir (the run directory to continue)")
     cfg = build_config(args)
-    result = train(cfg, progress=not args.no_progress)
+    result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress)
     print(f"run directory: {result.run_dir}")
     print(f"checkpoint:    {result.checkpoint}")
     print(f"final validation loss {result.val_loss:.4f}, perplexity {result.val_ppl:.2f} "
@@ -92,7 +103,12 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
     t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
     t.add_argument("--data", nargs="+", metavar="PATH", help="text files, folders or globs (default: built-in corpus)")
-    t.add_argument("--out", help="parent directory for the run directory (default: runs)")
+    t.add_argument("--out", help="parent directory for a new, timestamped run directory (default: runs)")
+    t.add_argument("--run-dir", help="use exactly this run directory (with --resume auto: continue it if it has a "
+                   "valid checkpoint, else start it)")
+    t.add_argument("--resume", metavar="auto|PATH", help="auto: the newest valid checkpoint in --run-dir; or a "
+                   "checkpoint / run directory. The run's own config is used; --set may change only "
+                   "operational fields (logging, checkpointing, device)")
     t.add_argument("--max-steps", type=int, help="number of optimizer steps")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

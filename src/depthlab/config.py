@@ -75,6 +75,16 @@ class TrainConfig:
     eval_every: int = 200
     log_every: int = 10
     threads: int = 0  # torch intra-op threads; 0 = PyTorch's default
+    ckpt_every: int = 0  # 0: only at the end
+    keep_last: int = 3  # checkpoints kept (the newest k)
+    on_nonfinite: str = "stop"  # stop | skip (skip the batch and count it)
+    monitor_every: int = 50  # depth monitors (per-layer variance, update ratio, grad norm); 0 disables
+    parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard)
+    compile: bool = False  # torch.compile the model
+    activation_checkpointing: bool = False
+    peak_flops: float = 0.0  # for MFU; 0: a table for known GPUs, a measured matmul peak on CPU
+    tensorboard: bool = False
+    wandb: bool = False
 
 
 @dataclass
@@ -214,6 +224,12 @@ def validate(cfg: Config) -> Config:
             raise UserError(f"train.{name} must be positive, got {getattr(t, name)}")
     if t.lr <= 0 or t.warmup_steps < 0:
         raise UserError("train.lr must be positive and train.warmup_steps non-negative")
+    if t.on_nonfinite not in ("stop", "skip"):
+        raise UserError(f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
+    if t.parallel not in ("ddp", "fsdp"):
+        raise UserError(f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
+    if t.ckpt_every < 0 or t.keep_last < 1 or t.monitor_every < 0:
+        raise UserError("train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
     if t.dtype not in ("fp32", "bf16"):
         raise UserError(f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
     return cfg

@@ -1,12 +1,20 @@
-"""The training loop: packed batches, AdamW, warmup + cosine, clipping, accumulation, bf16 autocast,
-per-token validation perplexity over the whole fixed validation set, metrics.jsonl, a final checkpoint."""
+"""The training loop.
+
+Packed batches, AdamW, warmup + cosine, clipping, gradient accumulation (gradient sync only on the last
+micro-batch), bf16 autocast, per-token validation perplexity over the whole fixed validation set,
+metrics.jsonl, atomic checkpoints with exact resume, a non-finite guard, and callbacks for everything else
+(depth monitors, TensorBoard, W&B). Single process, or DDP / FSDP2 under torchrun.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import platform
 import random
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -17,11 +25,26 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from depthlab import UserError, __version__
 from depthlab.config import Config, validate
 from depthlab.data.dataset import PackedSampler, TokenData, build_token_data, eval_batches
+from depthlab.data.tokenizer import load_tokenizer
 from depthlab.model import Transformer, lm_loss
-from depthlab.train.checkpoint import save_checkpoint
+from depthlab.train import distributed as D
+from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
+from depthlab.train.checkpoint import (CONFIG, TOKENIZER, list_checkpoints, load_trainer_state, load_verified,
+                                       load_weights, newest_valid_checkpoint, save_checkpoint)
+from depthlab.train.flops import peak_flops, train_flops_per_token
 from depthlab.train.optim import make_optimizer, make_scheduler
+
+# Config fields that may change when resuming: they do not affect which tokens are seen or the numerics.
+RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
+                                             "device", "threads", "out_dir", "compile", "activation_checkpointing",
+                                             "peak_flops", "tensorboard", "wandb", "parallel", "on_nonfinite")}
+
+
+class TrainingDiverged(UserError):
+    pass
 
 
 @dataclass
@@ -37,7 +60,10 @@ class RunResult:
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device {name!r} (use auto, cpu, cuda, cuda:N)") from None
 
 
 def seed_everything(seed: int) -> None:
@@ -53,21 +79,28 @@ def autocast(device: torch.device, dtype: str):
 
 
 @torch.no_grad()
-def evaluate(model: Transformer, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
-             dtype: str = "fp32") -> dict:
-    """Per-token mean loss over every window of the validation stream, and its perplexity."""
+def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
+             dtype: str = "fp32", env: D.DistEnv | None = None) -> dict:
+    """Per-token mean loss over every window of the validation stream, and its perplexity. Under torchrun
+    the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that)."""
+    env = env or D.DistEnv()
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for x, y in eval_batches(tokens, seq_len, batch_size):
-        x, y = x.to(device), y.to(device)
+    batches = list(eval_batches(tokens, seq_len, batch_size))
+    rounds = math.ceil(len(batches) / env.world_size)
+    for r in range(rounds):
+        b = r * env.world_size + env.rank
+        x, y = batches[b] if b < len(batches) else batches[0]  # a filler forward, not counted
         with autocast(device, dtype):
-            logits = model(x)
-        total += lm_loss(logits, y, reduction="sum").item()
-        count += y.numel()
+            logits = model(x.to(device))
+        if b < len(batches):
+            total += lm_loss(logits, y.to(device), reduction="sum").item()
+            count += y.numel()
     model.train(was_training)
+    total, count = D.all_reduce_sum([total, float(count)], env)
     loss = total / count
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": count}
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": int(count)}
 
 
 def new_run_dir(cfg: Config) -> Path:
@@ -79,10 +112,57 @@ def new_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-class MetricsLog:
-    """Append-only metrics.jsonl, flushed every line so a crash loses nothing already logged."""
+def environment(device: torch.device, env: D.DistEnv) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"depthlab": __version__, "git_commit": commit, "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+            "threads": torch.get_num_threads(), "world_size": env.world_size,
+            "started": datetime.now().isoformat(timespec="seconds")}
 
-    def __init__(self, path: Path):
+
+def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts, as `key: a -> b`."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += config_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl, flushed every line so a crash loses nothing already logged. On resume the
+    lines past the resumed step (written after the last checkpoint by the run that died) are dropped."""
+
+    def __init__(self, path: Path, resume_step: int | None = None):
+        if resume_step is not None and path.exists():
+            keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(line + "\n" for line in keep))
         self.file = open(path, "a")
 
     def write(self, record: dict) -> None:
@@ -93,72 +173,206 @@ class MetricsLog:
         self.file.close()
 
 
-def train(cfg: Config, run_dir: Path | None = None, data: TokenData | None = None, progress: bool = True) -> RunResult:
-    validate(cfg)
-    t0 = time.time()
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    device = resolve_device(cfg.train.device)
-    seed_everything(cfg.train.seed)
-    data = data or build_token_data(cfg)
-    m = cfg.model
-    print(f"depthlab train: preset {cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim}, "
-          f"{cfg.train.max_steps} steps; data: {data.source}, {len(data.train):,} train / {len(data.val):,} val tokens",
-          file=sys.stderr)
+class Trainer:
+    def __init__(self, cfg: Config, run_dir: str | Path | None = None, resume: str | None = None,
+                 data: TokenData | None = None, callbacks: list[Callback] | None = None, progress: bool = True):
+        self.cfg = validate(cfg)
+        tc = cfg.train
+        if tc.threads:
+            torch.set_num_threads(tc.threads)
+        self.device = resolve_device(tc.device)
+        self.env = D.init_distributed(self.device)
+        self.device = D.local_device(self.device, self.env)
+        self.progress = progress and self.env.is_main
 
-    run_dir = Path(run_dir) if run_dir else new_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.json")
-    data.tokenizer.save(str(run_dir / "tokenizer.json"))
+        self.run_dir, ckpt = self._locate(run_dir, resume)
+        tokenizer = load_tokenizer(self.run_dir / TOKENIZER) if ckpt else None
+        seed_everything(tc.seed)
+        self.data = data or build_token_data(cfg, tokenizer=tokenizer)
 
-    tc, seq_len = cfg.train, cfg.data.seq_len
-    seed_everything(cfg.train.seed)  # model init independent of how much randomness the data step used
-    model = Transformer(cfg.model).to(device)
-    opt = make_optimizer(model, tc)
-    sched = make_scheduler(opt, tc)
-    sampler = PackedSampler(data.train, seq_len, tc.batch_size, tc.seed)
-    log = MetricsLog(run_dir / "metrics.jsonl")
-    tokens_per_step = tc.batch_size * tc.grad_accum * seq_len
-    meta = {"source": data.source, "tokenizer_hash": data.tokenizer_hash, "n_params": model.num_params(),
-            "train_tokens": int(len(data.train)), "val_tokens": int(len(data.val))}
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+        seed_everything(tc.seed)  # model init does not depend on how much randomness the data step used
+        self.module = Transformer(cfg.model).to(self.device)
+        if tc.activation_checkpointing:
+            D.apply_activation_checkpointing(self.module)
+        self.model = D.parallelize(self.module, self.env, tc.parallel, self.device)
+        if tc.compile:
+            self.model = torch.compile(self.model)
+        self.layers = self.module.layers
+        self.opt = make_optimizer(self.model, tc)
+        self.sched = make_scheduler(self.opt, tc)
+        self.sampler = PackedSampler(self.data.train, cfg.data.seq_len, tc.batch_size, tc.seed, self.env.rank,
+                                     self.env.world_size)
+        self.step, self.skipped, self.last_ckpt = 0, 0, None
+        self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
+                     "n_params": self.module.num_params(), "train_tokens": int(len(self.data.train)),
+                     "val_tokens": int(len(self.data.val)), "world_size": self.env.world_size}
+        if ckpt:
+            self._restore(ckpt)
+        self.callbacks = list(callbacks or [])
+        if tc.monitor_every:
+            self.callbacks.append(DepthMonitor(tc.monitor_every))
+        if tc.tensorboard:
+            self.callbacks.append(TensorBoardLogger())
+        if tc.wandb:
+            self.callbacks.append(WandbLogger())
+        if not self.env.is_main:  # rank 0 logs; other ranks only take part in collectives
+            self.callbacks = [c for c in self.callbacks if isinstance(c, DepthMonitor)]
 
-    bar = tqdm(total=tc.max_steps, desc=f"train {cfg.model.norm_scheme}", disable=not progress, dynamic_ncols=True)
-    model.train()
-    val = {}
-    t_log, tokens_since = time.time(), 0
-    for step in range(1, tc.max_steps + 1):
+    # ------------------------------------------------------------------ setup
+    def _locate(self, run_dir, resume) -> tuple[Path, Path | None]:
+        """The run directory and the checkpoint to resume from (None: a fresh run)."""
+        if resume in (None, "auto"):
+            if resume == "auto" and run_dir is None:
+                raise UserError("--resume auto needs --run-dir (the run directory to resume in)")
+            run_dir = Path(run_dir) if run_dir else new_run_dir(self.cfg)
+            ckpt = newest_valid_checkpoint(run_dir, warn=self._warn) if resume == "auto" else None
+            if resume is None and list_checkpoints(run_dir):
+                raise UserError(f"{run_dir} already holds checkpoints; use --resume auto to continue it, or another --run-dir")
+            return run_dir, ckpt
+        ckpt = Path(resume)
+        if not (ckpt / CONFIG).is_file():
+            ckpt = newest_valid_checkpoint(ckpt, warn=self._warn)
+            if ckpt is None:
+                raise UserError(f"no valid checkpoint to resume in {resume}")
+        return ckpt.parent.parent, ckpt
+
+    def _warn(self, msg: str) -> None:
+        if self.env.is_main:
+            print(msg, file=sys.stderr)
+
+    def _restore(self, ckpt: Path) -> None:
+        meta = load_verified(ckpt)
+        saved = json.loads((ckpt / CONFIG).read_text())
+        diffs = [d for d in config_diff(saved, self.cfg.to_dict()) if d.split(":")[0] not in RESUMABLE_CHANGES]
+        if diffs:
+            raise UserError(f"cannot resume {ckpt} with a different config: " + "; ".join(diffs))
+        if meta.get("tokenizer_hash") != self.data.tokenizer_hash or meta.get("train_tokens") != len(self.data.train):
+            raise UserError(f"cannot resume {ckpt}: the training data or tokenizer differs from the checkpoint's "
+                            f"({meta.get('train_tokens')} tokens, tokenizer {meta.get('tokenizer_hash')})")
+        state = load_trainer_state(ckpt)
+        D.load_full_state(self.module, self.opt, load_weights(ckpt), state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.sampler.load_state_dict(meta["loader"])
+        self.step, self.skipped, self.last_ckpt = meta["step"], meta.get("skipped", 0), ckpt
+        self._warn(f"depthlab: resuming {ckpt} at step {self.step}")
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, extra: dict | None = None) -> Path:
+        model_state = D.full_model_state(self.module)
+        optim_state = D.full_optimizer_state(self.module, self.opt)
+        if not all(torch.isfinite(v).all() for v in model_state.values() if v.is_floating_point()):
+            raise TrainingDiverged(f"refusing to save non-finite weights at step {self.step}; "
+                                   f"last good checkpoint: {self.last_ckpt or 'none'}")
+        path = self.run_dir / "checkpoints" / f"step_{self.step:07d}"
+        if self.env.is_main:
+            meta = {**self.meta, "step": self.step, "skipped": self.skipped, "loader": self.sampler.state_dict(),
+                    **(extra or {})}
+            trainer_state = {"optimizer": optim_state, "scheduler": self.sched.state_dict(), "rng": rng_state()}
+            save_checkpoint(path, model_state, self.cfg, meta, self.data.tokenizer, trainer_state)
+            for old in list_checkpoints(self.run_dir)[:-self.cfg.train.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+        D.barrier(self.env)
+        self.last_ckpt = path
+        return path
+
+    # ------------------------------------------------------------------ loop
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step over grad_accum micro-batches: (mean loss, gradient norm before clipping)."""
+        tc = self.cfg.train
         loss_sum = 0.0
-        for _ in range(tc.grad_accum):
-            x, y = (t.to(device) for t in sampler.next_batch())
-            with autocast(device, tc.dtype):
-                loss = lm_loss(model(x), y) / tc.grad_accum
+        for micro in range(tc.grad_accum):
+            x, y = (t.to(self.device) for t in self.sampler.next_batch())
+            with D.grad_sync(self.model, micro == tc.grad_accum - 1), autocast(self.device, tc.dtype):
+                loss = lm_loss(self.model(x), y) / tc.grad_accum
             loss.backward()
             loss_sum += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or float("inf")).item()
-        lr = sched.get_last_lr()[0]
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        tokens_since += tokens_per_step
+        for cb in self.callbacks:
+            cb.on_after_backward(self, self.step + 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip or float("inf"))
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        (loss_sum,) = D.all_reduce_sum([loss_sum], self.env)
+        return loss_sum / self.env.world_size, grad_norm
 
-        record = None
-        if step % tc.log_every == 0 or step == tc.max_steps:
-            now = time.time()
-            record = {"step": step, "loss": loss_sum, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": tokens_since / max(now - t_log, 1e-9), "tokens": step * tokens_per_step}
-            t_log, tokens_since = now, 0
-            bar.set_postfix(loss=f"{loss_sum:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-        if step % tc.eval_every == 0 or step == tc.max_steps:
-            val = evaluate(model, data.val, seq_len, tc.batch_size, device, tc.dtype)
-            record = {**(record or {"step": step, "loss": loss_sum, "lr": lr}), **val}
-            bar.set_postfix(loss=f"{loss_sum:.3f}", val_ppl=f"{val['val_ppl']:.2f}", refresh=False)
-        if record:
-            log.write(record)
-        bar.update(1)
-    bar.close()
-    log.close()
+    def train(self) -> RunResult:
+        tc, seq_len = self.cfg.train, self.cfg.data.seq_len
+        t0 = time.time()
+        if self.env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.cfg.save(self.run_dir / "config.json")
+            self.data.tokenizer.save(str(self.run_dir / "tokenizer.json"))
+            (self.run_dir / "env.json").write_text(json.dumps(environment(self.device, self.env), indent=2) + "\n")
+            m = self.cfg.model
+            print(f"depthlab train: preset {self.cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim} "
+                  f"({self.module.num_params() / 1e6:.1f}M params), {tc.max_steps} steps on {self.env.world_size} x "
+                  f"{self.device.type}; data: {self.data.source}, {len(self.data.train):,} train / "
+                  f"{len(self.data.val):,} val tokens", file=sys.stderr)
+        log = MetricsLog(self.run_dir / "metrics.jsonl", self.step if self.last_ckpt else None) if self.env.is_main else None
+        tokens_per_step = tc.batch_size * tc.grad_accum * seq_len * self.env.world_size
+        flops_per_step = train_flops_per_token(self.cfg.model, seq_len) * tokens_per_step
+        peak = peak_flops(self.device, tc.dtype, tc.peak_flops) * self.env.world_size
+        for cb in self.callbacks:
+            cb.on_train_start(self)
 
-    ckpt = save_checkpoint(run_dir / "checkpoints" / f"step_{tc.max_steps:07d}", model, cfg,
-                           {**meta, "step": tc.max_steps, **val}, data.tokenizer)
-    return RunResult(run_dir, ckpt, val["val_loss"], val["val_ppl"], tc.max_steps, time.time() - t0)
+        bar = tqdm(total=tc.max_steps, initial=self.step, desc=f"train {self.cfg.model.norm_scheme}",
+                   disable=not self.progress, dynamic_ncols=True)
+        self.model.train()
+        val: dict = {}
+        t_log, steps_since = time.time(), 0
+        while self.step < tc.max_steps:
+            for cb in self.callbacks:
+                cb.on_step_start(self, self.step + 1)
+            lr = self.sched.get_last_lr()[0]
+            loss, grad_norm = self.train_step()
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                if tc.on_nonfinite == "stop":
+                    raise TrainingDiverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at "
+                                           f"step {self.step + 1}; last good checkpoint: {self.last_ckpt or 'none'}")
+                self.skipped += 1
+                self.opt.zero_grad(set_to_none=True)
+                self._warn(f"depthlab: warning: skipped step {self.step + 1} (non-finite loss or gradient), "
+                           f"{self.skipped} skipped so far")
+                continue
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            steps_since += 1
+            step = self.step
+
+            record = None
+            if step % tc.log_every == 0 or step == tc.max_steps:
+                now = time.time()
+                tok_s = steps_since * tokens_per_step / max(now - t_log, 1e-9)
+                record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tok_s,
+                          "mfu": steps_since * flops_per_step / max(now - t_log, 1e-9) / peak,
+                          "tokens": step * tokens_per_step}
+                if self.skipped:
+                    record["skipped"] = self.skipped
+                t_log, steps_since = now, 0
+                bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s mfu {record['mfu']:.1%}",
+                                    refresh=False)
+            if step % tc.eval_every == 0 or step == tc.max_steps:
+                val = evaluate(self.model, self.data.val, seq_len, tc.batch_size, self.device, tc.dtype, self.env)
+                record = {**(record or {"step": step, "loss": loss, "lr": lr}), **val}
+            if record:
+                for cb in self.callbacks:
+                    cb.on_log(self, step, record)
+                if log:
+                    log.write(record)
+            if step == tc.max_steps or (tc.ckpt_every and step % tc.ckpt_every == 0):
+                self.save(val if step == tc.max_steps else None)
+            bar.update(1)
+        bar.close()
+        for cb in self.callbacks:
+            cb.on_train_end(self)
+        if log:
+            log.close()
+        if not val:  # resumed a finished run
+            val = evaluate(self.model, self.data.val, seq_len, tc.batch_size, self.device, tc.dtype, self.env)
+        return RunResult(self.run_dir, self.last_ckpt, val["val_loss"], val["val_ppl"], self.step, time.time() - t0)
+
+
+def train(cfg: Config, run_dir: Path | None = None, data: TokenData | None = None, progress: bool = True,
+          resume: str | None = None) -> RunResult:
+    return Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress).train()
