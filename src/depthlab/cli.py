@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -47,6 +48,8 @@ def cmd_train(args) -> None:
         raise UserError("--resume auto needs --run-dir (the run directory to continue)")
     cfg = build_config(args)
     result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress)
+    if int(os.environ.get("RANK", 0)):  # under torchrun, rank 0 reports
+        return
     print(f"run directory: {result.run_dir}")
     print(f"checkpoint:    {result.checkpoint}")
     print(f"final validation loss {result.val_loss:.4f}, perplexity {result.val_ppl:.2f} "

@@ -66,7 +66,7 @@ class DepthMonitor(Callback):
 
     def on_log(self, trainer, step: int, record: dict) -> None:
         if self.stats and not step % self.every:
-            record.update({f"depth/{k}": [round(v, 6) for v in vals] for k, vals in self.stats.items()})
+            record.update({f"depth/{k}": [float(f"{v:.6g}") for v in vals] for k, vals in self.stats.items()})
             self.stats = {}
 
 

@@ -108,6 +108,15 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer | None, model_s
         set_optimizer_state_dict(model, opt, optim_state, options=StateDictOptions(full_state_dict=True))
 
 
+def broadcast_object(obj, env: DistEnv):
+    """Rank 0's value of obj on every rank."""
+    if not env.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier(env: DistEnv) -> None:
     if env.enabled:
         dist.barrier()

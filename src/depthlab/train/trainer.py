@@ -224,7 +224,7 @@ class Trainer:
         if resume in (None, "auto"):
             if resume == "auto" and run_dir is None:
                 raise UserError("--resume auto needs --run-dir (the run directory to resume in)")
-            run_dir = Path(run_dir) if run_dir else new_run_dir(self.cfg)
+            run_dir = Path(run_dir) if run_dir else D.broadcast_object(new_run_dir(self.cfg), self.env)
             ckpt = newest_valid_checkpoint(run_dir, warn=self._warn) if resume == "auto" else None
             if resume is None and list_checkpoints(run_dir):
                 raise UserError(f"{run_dir} already holds checkpoints; use --resume auto to continue it, or another --run-dir")
@@ -244,6 +244,14 @@ class Trainer:
         meta = load_verified(ckpt)
         saved = json.loads((ckpt / CONFIG).read_text())
         diffs = [d for d in config_diff(saved, self.cfg.to_dict()) if d.split(":")[0] not in RESUMABLE_CHANGES]
+        # Another number of ranks is fine when the global micro-batch (ranks x sequences) is unchanged.
+        saved_global = saved["train"]["batch_size"] * meta.get("world_size", 1)
+        if saved_global == self.cfg.train.batch_size * self.env.world_size:
+            diffs = [d for d in diffs if not d.startswith("train.batch_size:")]
+        elif not any(d.startswith("train.batch_size:") for d in diffs):
+            diffs.append(f"global batch: {saved_global} sequences on {meta.get('world_size', 1)} rank(s) -> "
+                         f"{self.cfg.train.batch_size * self.env.world_size} on {self.env.world_size}; set "
+                         f"train.batch_size to {saved_global / self.env.world_size:g}")
         if diffs:
             raise UserError(f"cannot resume {ckpt} with a different config: " + "; ".join(diffs))
         if meta.get("tokenizer_hash") != self.data.tokenizer_hash or meta.get("train_tokens") != len(self.data.train):
@@ -375,4 +383,8 @@ class Trainer:
 
 def train(cfg: Config, run_dir: Path | None = None, data: TokenData | None = None, progress: bool = True,
           resume: str | None = None) -> RunResult:
-    return Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress).train()
+    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress)
+    try:
+        return trainer.train()
+    finally:
+        D.shutdown(trainer.env)

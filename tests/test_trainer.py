@@ -1,0 +1,249 @@
+"""Trainer: exact resume after SIGKILL, checkpoint integrity, guards, depth monitors, DDP and FSDP2 on gloo."""
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from depthlab import UserError
+from depthlab.config import Config, apply_overrides
+from depthlab.model import Transformer, lm_loss
+from depthlab.train import checkpoint as C
+from depthlab.train.callbacks import Callback, DepthMonitor
+from depthlab.train.trainer import Trainer, TrainingDiverged
+
+TINY = {"model.dim": 32, "model.n_layers": 3, "model.n_heads": 2, "model.ffn_dim": 64, "model.vocab_size": 300,
+        "data.seq_len": 32, "train.eval_every": 1000, "train.log_every": 1, "train.warmup_steps": 2,
+        "train.monitor_every": 0, "train.batch_size": 4}
+
+
+def sets(**extra):
+    out = []
+    for k, v in {**TINY, **{k.replace("__", "."): v for k, v in extra.items()}}.items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    rng = random.Random(1)
+    words = "the quick brown fox jumps over lazy dog and cat sat on mat while birds sing in green trees".split()
+    f = tmp_path_factory.mktemp("data") / "corpus.txt"
+    f.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(3000)))
+    return f
+
+
+def cli(*args, torchrun: int = 0, **popen):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(torchrun)] if torchrun else \
+        [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [*launcher, "-m", "depthlab", "train", "--no-progress", *map(str, args)]
+    if popen:
+        return subprocess.Popen(cmd, env=env, **popen)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def make_cfg(corpus, **extra) -> Config:
+    return apply_overrides(Config(), [f"{k}={v}" for k, v in {**TINY, "data.paths": f"[{corpus}]", **extra}.items()])
+
+
+def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
+    args = ["--data", corpus, "--max-steps", 40, *sets(train__ckpt_every=5, train__keep_last=2)]
+    ref = cli("--run-dir", tmp_path / "ref", *args)
+    assert ref.returncode == 0, ref.stderr
+
+    run = tmp_path / "killed"
+    proc = cli("--run-dir", run, "--resume", "auto", *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:  # kill at some step past the second checkpoint
+        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 13:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = max(losses(run))
+    assert killed_at < 40, "the run finished before it could be killed"
+    assert len(C.list_checkpoints(run)) <= 2  # keep_last
+
+    res = cli("--run-dir", run, "--resume", "auto", *args)
+    assert res.returncode == 0, res.stderr
+    assert "resuming" in res.stderr
+    expect, got = losses(tmp_path / "ref"), losses(run)
+    assert list(got) == list(range(1, 41))  # no step logged twice, none missing
+    assert got == expect  # bitwise: same floats, step for step
+    final = lambda d: json.loads((C.list_checkpoints(d)[-1] / "meta.json").read_text())["val_loss"]  # noqa: E731
+    assert final(run) == final(tmp_path / "ref")
+
+
+def test_resume_refuses_a_different_config_and_lists_differences(tmp_path, corpus):
+    run = tmp_path / "run"
+    assert cli("--run-dir", run, "--data", corpus, "--max-steps", 4, *sets()).returncode == 0
+    res = cli("--run-dir", run, "--resume", "auto", "--data", corpus, "--max-steps", 4,
+              *sets(model__dim=64, train__lr=0.01))
+    assert res.returncode == 2
+    assert "model.dim: 32 -> 64" in res.stderr and "train.lr: 0.003 -> 0.01" in res.stderr
+    # operational fields may change
+    res = cli("--run-dir", run, "--resume", "auto", "--data", corpus, "--max-steps", 4, *sets(train__log_every=2))
+    assert res.returncode == 0, res.stderr
+    # a fresh run refuses to write into a directory that already holds checkpoints
+    res = cli("--run-dir", run, "--data", corpus, "--max-steps", 4, *sets())
+    assert res.returncode == 2 and "--resume auto" in res.stderr
+
+
+def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path, corpus):
+    run = tmp_path / "run"
+    assert cli("--run-dir", run, "--data", corpus, "--max-steps", 6, *sets(train__ckpt_every=3)).returncode == 0
+    first, last = C.list_checkpoints(run)
+    blob = bytearray((last / C.WEIGHTS).read_bytes())
+    blob[-10] ^= 0xFF
+    (last / C.WEIGHTS).write_bytes(bytes(blob))
+    with pytest.raises(C.CorruptCheckpoint, match=f"does not match its checksum.*previous valid checkpoint is {first}"):
+        C.load_checkpoint(last)
+    assert C.find_checkpoint(run) == first  # run-level lookups fall back to the newest valid one
+    res = cli("--run-dir", run, "--resume", "auto", "--data", corpus, "--max-steps", 6, *sets(train__ckpt_every=3))
+    assert res.returncode == 0, res.stderr
+    assert "skipping corrupted checkpoint" in res.stderr and "resuming" in res.stderr and "step 3" in res.stderr
+
+
+class PoisonGrad(Callback):
+    """Fault injection: a NaN gradient on one step, as a bad batch would produce."""
+
+    def __init__(self, step):
+        self.step, self.fired = step, False
+
+    def on_after_backward(self, trainer, step):
+        if step == self.step and not self.fired:  # once: a skipped step retries with the next batch
+            self.fired = True
+            next(trainer.module.parameters()).grad[0] = float("nan")
+
+
+def test_nonfinite_gradient_stops_naming_step_and_checkpoint(tmp_path, corpus):
+    cfg = make_cfg(corpus, **{"train.max_steps": 8, "train.ckpt_every": 2})
+    trainer = Trainer(cfg, run_dir=tmp_path / "run", callbacks=[PoisonGrad(5)], progress=False)
+    with pytest.raises(TrainingDiverged, match=r"non-finite gradient norm at step 5; last good checkpoint: .*step_0000004"):
+        trainer.train()
+
+
+def test_nonfinite_skip_mode_counts_and_finishes(tmp_path, corpus):
+    cfg = make_cfg(corpus, **{"train.max_steps": 6, "train.on_nonfinite": "skip"})
+    trainer = Trainer(cfg, run_dir=tmp_path / "run", callbacks=[PoisonGrad(3)], progress=False)
+    result = trainer.train()
+    assert result.steps == 6 and trainer.skipped == 1
+    records = list(map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()))
+    assert records[-1]["skipped"] == 1 and all(torch.isfinite(p).all() for p in trainer.module.parameters())
+
+
+def test_nonfinite_weights_are_never_saved(tmp_path, corpus):
+    trainer = Trainer(make_cfg(corpus), run_dir=tmp_path / "run", progress=False)
+    with torch.no_grad():
+        trainer.module.lm_head.weight[0, 0] = float("inf")
+    with pytest.raises(TrainingDiverged, match="refusing to save non-finite weights"):
+        trainer.save()
+    assert not C.list_checkpoints(tmp_path / "run")
+
+
+def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeypatch):
+    trainer = Trainer(make_cfg(corpus, **{"train.max_steps": 4, "train.ckpt_every": 2}), run_dir=tmp_path / "run",
+                      progress=False)
+    real_save = C.save_file
+    calls = []
+
+    def disk_full(*a, **k):  # the second save hits a full disk
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(*a, **k)
+
+    monkeypatch.setattr(C, "save_file", disk_full)
+    with pytest.raises(UserError, match="cannot write checkpoint .*No space left.*earlier checkpoints are intact"):
+        trainer.train()
+    (only,) = C.list_checkpoints(tmp_path / "run")
+    assert only.name == "step_0000002" and C.verify_checkpoint(only)["step"] == 2
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
+
+
+def test_depth_monitor_matches_hidden_states():
+    torch.manual_seed(0)
+    model = Transformer(Config().model.__class__(vocab_size=50, dim=32, n_layers=4, n_heads=2, ffn_dim=64,
+                                                 max_seq_len=16, norm_scheme="pre"))
+    with torch.no_grad():  # block 2 writes nothing into the stream: its update ratio must be exactly 0
+        model.layers[1].attn.o_proj.weight.zero_()
+        model.layers[1].mlp.down_proj.weight.zero_()
+    holder = type("T", (), {"layers": model.layers})()
+    mon = DepthMonitor(every=1)
+    idx = torch.randint(0, 50, (2, 16))
+    mon.on_step_start(holder, 1)
+    logits, hidden = model(idx, return_hidden=True)
+    lm_loss(logits[:, :-1], idx[:, 1:]).backward()
+    mon.on_after_backward(holder, 1)
+    record = {}
+    mon.on_log(holder, 1, record)
+    for l in range(4):
+        h_in, h_out = hidden[l].detach(), hidden[l + 1].detach()
+        assert record["depth/var"][l] == pytest.approx(h_out.var().item(), rel=1e-4)
+        assert record["depth/rms"][l] == pytest.approx(h_out.pow(2).mean().sqrt().item(), rel=1e-4)
+        assert record["depth/update_ratio"][l] == pytest.approx(((h_out - h_in).norm() / h_in.norm()).item(), rel=1e-4)
+        grads = [p.grad.flatten() for p in model.layers[l].parameters() if p.grad is not None]
+        assert record["depth/grad_norm"][l] == pytest.approx(torch.cat(grads).norm().item(), rel=1e-4)
+    assert record["depth/update_ratio"][1] == 0.0
+    assert all(not layer._forward_hooks for layer in model.layers)  # hooks live only on monitor steps
+
+
+def test_depth_monitor_logs_every_n_steps(tmp_path, corpus):
+    trainer = Trainer(make_cfg(corpus, **{"train.max_steps": 4, "train.monitor_every": 2}), run_dir=tmp_path / "r",
+                      progress=False)
+    trainer.train()
+    records = list(map(json.loads, (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()))
+    assert [("depth/var" in r) for r in records] == [False, True, False, True]
+    assert all(len(r["depth/update_ratio"]) == 3 for r in records if "depth/var" in r)
+    env = json.loads((tmp_path / "r" / "env.json").read_text())
+    assert env["torch"] == torch.__version__ and env["world_size"] == 1
+    assert 0 < records[-1]["mfu"] < 1
+
+
+def test_ddp_two_ranks_match_one_process(tmp_path, corpus):
+    common = ["--data", corpus, "--max-steps", 4]
+    one = cli("--run-dir", tmp_path / "one", *common, *sets(train__batch_size=4, train__grad_accum=2))
+    two = cli("--run-dir", tmp_path / "two", *common, *sets(train__batch_size=2, train__grad_accum=2), torchrun=2)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(a) == list(b) == [1, 2, 3, 4]
+    assert all(abs(a[s] - b[s]) < 1e-5 for s in a), (a, b)
+    assert two.stdout.count("run directory:") == 1  # rank 0 reports
+
+
+def test_fsdp_trains_checkpoints_and_resumes_on_another_rank_count(tmp_path, corpus):
+    args = ["--data", corpus, "--max-steps", 6]
+    ref = cli("--run-dir", tmp_path / "ref", *args, *sets(train__batch_size=4, train__grad_accum=2))
+    fsdp = cli("--run-dir", tmp_path / "fsdp", *args, *sets(train__batch_size=2, train__grad_accum=2,
+                                                             train__parallel="fsdp", train__ckpt_every=3), torchrun=2)
+    assert ref.returncode == 0 and fsdp.returncode == 0, ref.stderr + fsdp.stderr
+    a, b = losses(tmp_path / "ref"), losses(tmp_path / "fsdp")
+    assert all(abs(a[s] - b[s]) < 1e-5 for s in a), (a, b)
+
+    # resume the 2-rank run's step-3 checkpoint in one process: same global batch (1 x 4 = 2 x 2 sequences)
+    import shutil
+
+    single = tmp_path / "single"
+    shutil.copytree(tmp_path / "fsdp", single)
+    shutil.rmtree(single / "checkpoints" / "step_0000006")
+    bad = cli("--run-dir", single, "--resume", "auto", *args, *sets(train__batch_size=2, train__grad_accum=2))
+    assert bad.returncode == 2 and "global batch" in bad.stderr
+    resumed = cli("--run-dir", single, "--resume", "auto", *args,
+                  *sets(train__batch_size=4, train__grad_accum=2, train__ckpt_every=3))
+    assert resumed.returncode == 0, resumed.stderr
+    c = losses(single)
+    assert list(c) == [1, 2, 3, 4, 5, 6]
+    assert all(abs(b[s] - c[s]) < 1e-5 for s in range(4, 7)), (b, c)
