@@ -1,4 +1,4 @@
-"""Weight mapping between depthlab's Transformer and Hugging Face's LlamaForCausalLM.
+"""Weight mapping between depthlab's Transformer and Hugging Face's LlamaForCausalLM (both directions).
 
 Only `pre` and `lns` map onto stock Llama. For `lns` the constant norm scale folds into the norm weight:
 Norm_g(x) / sqrt(l) == Norm_{g / sqrt(l)}(x), so the exported model is exact and costs nothing extra.
@@ -51,4 +51,16 @@ def to_hf_llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             module = layer.get_submodule(ours)
             w = module.weight * getattr(module, "scale", 1.0)
             out[f"model.layers.{i}.{theirs}.weight"] = w
+    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def from_hf_llama_state_dict(hf_state: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """depthlab weights from HF Llama-layout weights (Llama, Mistral, Qwen2 share the names); biases are left to
+    the caller, which must have checked that they are zero."""
+    out = {"embed_tokens.weight": hf_state["model.embed_tokens.weight"], "norm.weight": hf_state["model.norm.weight"]}
+    if "lm_head.weight" in hf_state:
+        out["lm_head.weight"] = hf_state["lm_head.weight"]
+    for i in range(n_layers):
+        for ours, theirs in _BLOCK_NAMES.items():
+            out[f"layers.{i}.{ours}.weight"] = hf_state[f"model.layers.{i}.{theirs}.weight"]
     return {k: v.detach().clone().contiguous() for k, v in out.items()}

@@ -1,0 +1,38 @@
+"""`depthlab export` and `depthlab prune` (the `--tasks` option of `depthlab eval` dispatches to mc_eval)."""
+
+from __future__ import annotations
+
+
+def cmd_export(args) -> None:
+    from depthlab.hf.export import export
+
+    out = export(args.source, args.out_dir)
+    print(f"exported a stock LlamaForCausalLM to {out} (load with AutoModelForCausalLM.from_pretrained)")
+
+
+def cmd_prune(args) -> None:
+    from depthlab.hf.prune import parse_span, prune
+
+    start, end = parse_span(args.remove)
+    out = prune(args.model, start, end, args.out_dir)
+    print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
+
+
+def add_commands(sub) -> None:
+    e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face Llama directory",
+                       description="Write config.json, model.safetensors and tokenizer files that "
+                       "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code. LNS scales "
+                       "(and LayerScale / SkipInit gains) are folded into the weights; schemes that stock Llama "
+                       "cannot express are refused with the reason (docs/hf.md).")
+    e.add_argument("source", help="checkpoint directory or run directory (its newest checkpoint)")
+    e.add_argument("out_dir", help="output directory")
+    e.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("prune", help="remove a span of layers from a model and save the smaller HF model",
+                       description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded) and save "
+                       "a Hugging Face model with the layers renumbered and the config consistent. MODEL is an HF "
+                       "model directory, or a depthlab checkpoint / run (exported first).")
+    p.add_argument("model", help="HF model directory, depthlab checkpoint or run directory")
+    p.add_argument("--remove", required=True, metavar="START:END", help="layers to remove, e.g. 20:24")
+    p.add_argument("out_dir", help="output directory")
+    p.set_defaults(func=cmd_prune)
