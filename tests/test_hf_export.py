@@ -6,7 +6,7 @@ import torch
 from depthlab import UserError
 from depthlab.cli import main
 from depthlab.config import Config
-from depthlab.hf.export import REFUSED, export
+from depthlab.hf.exporter import REFUSED, export
 from depthlab.model import SCHEMES
 from depthlab.train.checkpoint import save_checkpoint
 from tests.test_hf_fixtures import load_stock, make_checkpoint, word_tokenizer

@@ -5,8 +5,8 @@ The public names load on first use, so that `depthlab --help` (which imports dep
 """
 
 _API = {
-    "apply_scheme": "apply", "load_pretrained": "apply", "export": "export", "import_hf": "importer",
-    "evaluate_tasks": "mc_eval", "prune": "prune", "prune_layers": "prune",
+    "apply_scheme": "apply", "load_pretrained": "apply", "export": "exporter", "import_hf": "importer",
+    "evaluate_tasks": "mc_eval", "prune": "pruning", "prune_layers": "pruning",
 }
 __all__ = list(_API)
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 
 def cmd_export(args) -> None:
-    from depthlab.hf.export import export
+    from depthlab.hf.exporter import export
 
     out = export(args.source, args.out_dir)
     print(f"exported a stock LlamaForCausalLM to {out} (load with AutoModelForCausalLM.from_pretrained)")
 
 
 def cmd_prune(args) -> None:
-    from depthlab.hf.prune import parse_span, prune
+    from depthlab.hf.pruning import parse_span, prune
 
     start, end = parse_span(args.remove)
     out = prune(args.model, start, end, args.out_dir)

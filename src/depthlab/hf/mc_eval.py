@@ -72,7 +72,7 @@ class Scorer:
 
 def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
     """A scorer for a depthlab checkpoint or run, or for a Hugging Face model directory."""
-    from depthlab.hf.export import is_depthlab_path
+    from depthlab.hf.exporter import is_depthlab_path
     from depthlab.train.trainer import resolve_device
 
     dev = resolve_device(device)

@@ -61,7 +61,7 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path) -> Path:
     """Prune an HF model directory, or a depthlab checkpoint / run (exported to a stock Llama first)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from depthlab.hf.export import export, is_depthlab_path
+    from depthlab.hf.exporter import export, is_depthlab_path
 
     with tempfile.TemporaryDirectory() as tmp:
         if is_depthlab_path(src):
