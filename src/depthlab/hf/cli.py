@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 
+def quiet_transformers() -> None:
+    """The CLI prints its own one-line summaries; transformers' per-load progress bars only add noise."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def cmd_export(args) -> None:
     from depthlab.hf.exporter import export
 
+    quiet_transformers()
     out = export(args.source, args.out_dir)
     print(f"exported a stock LlamaForCausalLM to {out} (load with AutoModelForCausalLM.from_pretrained)")
 
@@ -13,6 +21,7 @@ def cmd_export(args) -> None:
 def cmd_prune(args) -> None:
     from depthlab.hf.pruning import parse_span, prune
 
+    quiet_transformers()
     start, end = parse_span(args.remove)
     out = prune(args.model, start, end, args.out_dir)
     print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")

@@ -147,6 +147,9 @@ def evaluate_tasks(model: str | Path | Scorer, tasks: str | Path, device: str = 
 
 def cmd_eval_tasks(args) -> None:
     """`depthlab eval MODEL --tasks FILE.jsonl`."""
+    from depthlab.hf.cli import quiet_transformers
+
+    quiet_transformers()
     scorer = load_scorer(args.checkpoint, args.device)
     for task in args.tasks:
         res = evaluate_tasks(scorer, task)
