@@ -13,7 +13,7 @@ from tests.test_hf_fixtures import load_stock, make_checkpoint, word_tokenizer
 
 
 def test_every_scheme_is_exported_or_refused_with_a_reason():
-    exported = {"pre", "lns", "layerscale", "skipinit"}
+    exported = {"pre", "lns", "layerscale", "skipinit", "sandwich"}
     assert set(SCHEMES) == exported | set(REFUSED)
     assert not exported & set(REFUSED)
 
@@ -49,6 +49,23 @@ def test_branch_gains_fold_into_output_projections(tmp_path, scheme):
         assert (model(ids) - hf(ids).logits).abs().max() < 1e-5
 
 
+def test_sandwich_exports_as_stock_gemma2(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = make_checkpoint(tmp_path / "ckpt", "sandwich", n_kv_heads=2)
+    hf = AutoModelForCausalLM.from_pretrained(export(tmp_path / "ckpt", tmp_path / "hf")).eval()
+    assert type(hf).__name__ == "Gemma2ForCausalLM"
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 19))
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() < 1e-5
+
+
+def test_sandwich_with_tied_embeddings_is_refused(tmp_path):
+    make_checkpoint(tmp_path / "ckpt", "sandwich", tie_embeddings=True)
+    with pytest.raises(UserError, match="sandwich.*tied embeddings"):
+        export(tmp_path / "ckpt", tmp_path / "hf")
+
+
 def test_lns_export_folds_exactly_one_over_sqrt_l(tmp_path):
     from safetensors.torch import load_file
 
@@ -64,7 +81,7 @@ def test_lns_export_folds_exactly_one_over_sqrt_l(tmp_path):
 @pytest.mark.parametrize("scheme,gpas", [(s, False) for s in sorted(REFUSED)] + [("lns", True)])
 def test_unexpressible_schemes_are_refused_with_the_reason(tmp_path, scheme, gpas, capsys):
     make_checkpoint(tmp_path / "ckpt", scheme, gpas=gpas)
-    with pytest.raises(UserError, match=rf"{scheme}.*(Llama|gpas)"):
+    with pytest.raises(UserError, match=rf"{scheme}.*(stock|gpas)"):
         export(tmp_path / "ckpt", tmp_path / "hf")
     assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err.strip()
@@ -76,6 +93,6 @@ def test_export_cli_from_a_run_directory(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
     prov = json.loads((tmp_path / "hf" / "depthlab_export.json").read_text())
-    assert prov["scheme"] == "lns" and prov["lns_folded"] and prov["step"] == 7
+    assert prov["scheme"] == "lns" and prov["architecture"] == "LlamaForCausalLM" and prov["step"] == 7
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "auto_map" not in cfg

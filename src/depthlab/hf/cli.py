@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 def quiet_transformers() -> None:
     """The CLI prints its own one-line summaries; transformers' per-load progress bars only add noise."""
@@ -15,7 +17,8 @@ def cmd_export(args) -> None:
 
     quiet_transformers()
     out = export(args.source, args.out_dir)
-    print(f"exported a stock LlamaForCausalLM to {out} (load with AutoModelForCausalLM.from_pretrained)")
+    arch = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"exported a stock {arch} to {out} (load with AutoModelForCausalLM.from_pretrained)")
 
 
 def cmd_prune(args) -> None:
@@ -28,11 +31,11 @@ def cmd_prune(args) -> None:
 
 
 def add_commands(sub) -> None:
-    e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face Llama directory",
+    e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
                        description="Write config.json, model.safetensors and tokenizer files that "
-                       "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code. LNS scales "
-                       "(and LayerScale / SkipInit gains) are folded into the weights; schemes that stock Llama "
-                       "cannot express are refused with the reason (docs/hf.md).")
+                       "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: a Llama for pre, "
+                       "lns, layerscale and skipinit (scales and gains folded into the weights), a Gemma-2 for "
+                       "sandwich; the other schemes are refused with the reason (docs/hf.md).")
     e.add_argument("source", help="checkpoint directory or run directory (its newest checkpoint)")
     e.add_argument("out_dir", help="output directory")
     e.set_defaults(func=cmd_export)
