@@ -54,3 +54,20 @@ def test_qwen2_with_nonzero_biases_is_refused_and_pointed_to_apply_scheme():
 def test_what_our_model_computes_differently_is_refused(family, kw, match):
     with pytest.raises(UserError, match=match):
         import_hf(tiny_hf(family, **kw))
+
+
+def test_import_cli_writes_a_loadable_checkpoint_with_the_tokenizer(tmp_path, capsys):
+    from depthlab.cli import main
+    from depthlab.hf.exporter import hf_tokenizer
+    from depthlab.train.checkpoint import load_checkpoint
+    from tests.test_hf_fixtures import word_tokenizer
+
+    hf = tiny_hf("llama")
+    hf.save_pretrained(tmp_path / "hf")
+    hf_tokenizer(word_tokenizer()).save_pretrained(tmp_path / "hf")
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "ckpt"), "--scheme", "lns"]) == 0
+    model, cfg, meta = load_checkpoint(tmp_path / "ckpt")
+    assert cfg.model.norm_scheme == "lns" and meta["imported_from"] == str(tmp_path / "hf")
+    assert (tmp_path / "ckpt" / "tokenizer.json").is_file()
+    assert main(["import", str(tmp_path / "nope"), str(tmp_path / "x")]) == 2
+    assert "cannot load Hugging Face model" in capsys.readouterr().err

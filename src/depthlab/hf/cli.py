@@ -1,4 +1,4 @@
-"""`depthlab export` and `depthlab prune` (the `--tasks` option of `depthlab eval` dispatches to mc_eval)."""
+"""`depthlab export`, `prune` and `import` (the `--tasks` option of `depthlab eval` dispatches to mc_eval)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def cmd_prune(args) -> None:
     print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
 
 
+def cmd_import(args) -> None:
+    from depthlab.hf.importer import import_to_checkpoint
+
+    quiet_transformers()
+    out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len)
+    print(f"imported {args.model} as a depthlab checkpoint (scheme {args.scheme}): {out}")
+
+
 def add_commands(sub) -> None:
     e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
                        description="Write config.json, model.safetensors and tokenizer files that "
@@ -48,3 +56,14 @@ def add_commands(sub) -> None:
     p.add_argument("--remove", required=True, metavar="START:END", help="layers to remove, e.g. 20:24")
     p.add_argument("out_dir", help="output directory")
     p.set_defaults(func=cmd_prune)
+
+    i = sub.add_parser("import", help="turn an HF Llama / Mistral / Qwen2 directory into a depthlab checkpoint",
+                       description="Copy the weights of a Hugging Face Llama-family model into a depthlab checkpoint "
+                       "(with scheme pre its logits equal the HF model's; with lns the same weights under LNS). "
+                       "Checkpoints with nonzero biases (released Qwen2) are refused: use depthlab.hf.apply_scheme.")
+    i.add_argument("model", help="Hugging Face model directory")
+    i.add_argument("out_dir", help="checkpoint directory to write")
+    i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
+    i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
+                   "at most 4096)")
+    i.set_defaults(func=cmd_import)

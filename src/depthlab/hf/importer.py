@@ -90,3 +90,18 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None, **model_
         raise UserError(f"scheme {scheme!r} does not fit Llama's weights: missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}")
     return model.float(), cfg
+
+
+def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None):
+    """import_hf, saved as a depthlab checkpoint (with the HF directory's tokenizer.json when it has one), so that
+    `depthlab eval` and the checkpoint-based tools run on it."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from depthlab.train.checkpoint import save_checkpoint
+
+    model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
+    tok_file = Path(src) / "tokenizer.json"
+    tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
+    return save_checkpoint(out_dir, model, cfg, {"step": 0, "imported_from": str(src)}, tokenizer=tok)
