@@ -62,7 +62,8 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) ->
         tie_embeddings=bool(hf_cfg.tie_word_embeddings), **overrides)
 
 
-def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None, **model_overrides) -> tuple[Transformer, Config]:
+def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
+              **model_overrides) -> tuple[Transformer, Config]:
     """A depthlab Transformer with the weights of an HF model (a directory, a hub-style local path, or a model).
 
     scheme="pre" reproduces the HF model's logits; any other scheme that keeps Llama's weight set (lns, and the

@@ -48,8 +48,8 @@ _NOT_PER_LAYER = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id
 
 
 def _prune_config(cfg, n: int, kept: list[int]) -> None:
-    for key, value in list(vars(cfg).items()):
-        if isinstance(value, (list, tuple)) and len(value) == n and key not in _NOT_PER_LAYER:  # per-layer fields: layer_types, ...
+    for key, value in list(vars(cfg).items()):  # per-layer fields: layer_types, ...
+        if isinstance(value, (list, tuple)) and len(value) == n and key not in _NOT_PER_LAYER:
             setattr(cfg, key, type(value)(value[i] for i in kept))
     if isinstance(getattr(cfg, "max_window_layers", None), int):
         # Qwen2: layers below this index use full attention, the rest a sliding window
