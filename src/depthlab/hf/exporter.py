@@ -17,6 +17,7 @@ checkpoints stay depthlab checkpoints (`depthlab eval` works on them directly).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -69,8 +70,6 @@ def _fold_branch_gains(model: Transformer) -> Transformer:
     """An equivalent `pre` model with LayerScale / SkipInit gains folded into the output projections."""
     if model.cfg.norm_scheme not in ("layerscale", "skipinit"):
         return model
-    from dataclasses import replace
-
     plain = Transformer(replace(model.cfg, norm_scheme="pre"), init=False)
     state = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] not in _BRANCH_OUTPUTS}
     plain.load_state_dict(state, strict=True)

@@ -38,7 +38,9 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) ->
     family = hf_cfg.model_type
     if family not in FAMILIES:
         raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}")
-    rope = getattr(hf_cfg, "rope_parameters", None) or {}
+    rope = getattr(hf_cfg, "rope_parameters", None) or {  # transformers 4.x kept these as separate fields
+        "rope_type": (getattr(hf_cfg, "rope_scaling", None) or {}).get("rope_type", "default"),
+        "rope_theta": getattr(hf_cfg, "rope_theta", 10000.0)}
     problems = []
     if hf_cfg.hidden_act != "silu":
         problems.append(f"activation {hf_cfg.hidden_act} (ours is SwiGLU with silu)")
