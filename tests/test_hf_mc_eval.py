@@ -104,3 +104,9 @@ def test_malformed_task_lines_are_reported_with_their_line_number(tmp_path, line
 def test_missing_task_file_is_a_one_line_cli_error(uniform_checkpoint, tmp_path, capsys):
     assert main(["eval", str(uniform_checkpoint), "--tasks", str(tmp_path / "nope.jsonl")]) == 2
     assert capsys.readouterr().err.startswith("depthlab: error: cannot read task file")
+
+
+def test_a_choice_without_tokens_is_refused_not_scored_zero(uniform_checkpoint, tmp_path):
+    task = write_task(tmp_path / "t.jsonl", [{"question": "the sky", "choices": ["red", "   "], "answer": 0}])
+    with pytest.raises(UserError, match="encodes to no tokens"):
+        evaluate_tasks(uniform_checkpoint, task)

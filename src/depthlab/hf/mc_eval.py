@@ -110,11 +110,13 @@ def choice_logprobs(scorer: Scorer, question: str, choices: list[str]) -> list[f
     context = scorer.prefix + scorer.encode(question)
     conts = [scorer.encode(continuation(question, c)) for c in choices]
     seqs = []
-    for cont in conts:
+    for choice, cont in zip(choices, conts):
         keep = scorer.max_len + 1 - len(cont)  # truncate the question from the left if needed
-        if keep < 1 or not context:
-            raise UserError(f"cannot score {question[:40]!r}: " + ("a choice is longer than the model's context"
-                            if keep < 1 else "empty question and the tokenizer has no start token"))
+        problem = ("empty question and the tokenizer has no start token" if not context else
+                   f"choice {choice!r} encodes to no tokens" if not cont else
+                   f"choice {choice[:40]!r} is longer than the model's context" if keep < 1 else None)
+        if problem:
+            raise UserError(f"cannot score question {question[:40]!r}: {problem}")
         seqs.append(context[-keep:] + cont)
     width = max(map(len, seqs)) - 1
     x = torch.zeros(len(seqs), width, dtype=torch.long)
