@@ -138,3 +138,8 @@ def test_generic_decoder_with_layernorm():
                 norm.bias.mul_(l ** -0.5)
     ids = torch.randint(0, 97, (2, 9))
     assert (logits(apply_scheme(model, "lns"), ids) - logits(twin, ids)).abs().max() < 1e-5
+
+
+def test_load_pretrained_of_a_missing_directory_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no such directory"):
+        load_pretrained(tmp_path / "missing")

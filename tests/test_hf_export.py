@@ -8,7 +8,7 @@ from depthlab.cli import main
 from depthlab.config import Config
 from depthlab.hf.exporter import REFUSED, export
 from depthlab.model import SCHEMES
-from depthlab.train.checkpoint import save_checkpoint
+from depthlab.hf.importer import save_as_checkpoint
 from tests.test_hf_fixtures import load_stock, make_checkpoint, word_tokenizer
 
 
@@ -42,7 +42,7 @@ def test_branch_gains_fold_into_output_projections(tmp_path, scheme):
         for layer in model.layers:
             layer.attn_gain.copy_(torch.randn_like(layer.attn_gain))
             layer.mlp_gain.copy_(torch.randn_like(layer.mlp_gain))
-    save_checkpoint(tmp_path / "ckpt", model, Config(model=model.cfg), {"step": 7}, word_tokenizer())
+    save_as_checkpoint(tmp_path / "ckpt", model, Config(model=model.cfg), {"step": 7}, word_tokenizer())
     hf = AutoModelForCausalLM.from_pretrained(export(tmp_path / "ckpt", tmp_path / "hf")).eval()
     ids = torch.randint(0, model.cfg.vocab_size, (2, 19))
     with torch.no_grad():
@@ -96,3 +96,11 @@ def test_export_cli_from_a_run_directory(tmp_path, capsys):
     assert prov["scheme"] == "lns" and prov["architecture"] == "LlamaForCausalLM" and prov["step"] == 7
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "auto_map" not in cfg
+
+
+def test_an_hf_directory_is_not_exported_again(tmp_path):
+    from tests.test_hf_fixtures import tiny_hf
+
+    tiny_hf("llama").save_pretrained(tmp_path / "hf")
+    with pytest.raises(UserError, match="Hugging Face model directory"):
+        export(tmp_path / "hf", tmp_path / "out")

@@ -14,7 +14,7 @@ import torch
 
 from depthlab.config import Config
 from depthlab.model import Transformer
-from depthlab.train.checkpoint import save_checkpoint
+from depthlab.hf.importer import save_as_checkpoint
 from tests.conftest import tiny_model_config
 
 transformers = pytest.importorskip("transformers")
@@ -63,7 +63,7 @@ def tiny_hf(family: str, n_layers: int = 4, **kw):
 def make_checkpoint(path, scheme: str = "lns", gpas: bool = False, **kw):
     mc = tiny_model_config(norm_scheme=scheme, gpas=gpas, **kw)
     model = randomize_norms(Transformer(mc)).eval()
-    save_checkpoint(path, model, Config(model=mc), {"step": 7}, tokenizer=word_tokenizer())
+    save_as_checkpoint(path, model, Config(model=mc), {"step": 7}, tokenizer=word_tokenizer())
     return model
 
 

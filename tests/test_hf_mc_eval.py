@@ -10,7 +10,7 @@ from depthlab.config import Config
 from depthlab.hf.exporter import export
 from depthlab.hf.mc_eval import choice_logprobs, evaluate_tasks, load_scorer, read_tasks
 from depthlab.model import Transformer
-from depthlab.train.checkpoint import save_checkpoint
+from depthlab.hf.importer import save_as_checkpoint
 from tests.conftest import tiny_model_config
 from tests.test_hf_fixtures import make_checkpoint, word_tokenizer
 
@@ -41,7 +41,7 @@ def uniform_checkpoint(tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-    return save_checkpoint(tmp_path / "uniform", model, Config(model=mc), {"step": 0}, word_tokenizer())
+    return save_as_checkpoint(tmp_path / "uniform", model, Config(model=mc), {"step": 0}, word_tokenizer())
 
 
 def test_hand_checked_task_on_a_uniform_model(uniform_checkpoint, tmp_path):

@@ -85,3 +85,19 @@ def test_bad_spans_are_refused(span):
 def test_bad_span_syntax_on_the_cli(tmp_path, capsys):
     assert main(["prune", str(tmp_path), "--remove", "3-4", str(tmp_path / "out")]) == 2
     assert "START:END" in capsys.readouterr().err
+
+
+def test_pruned_lns_model_keeps_each_kept_layer_its_own_scale(tmp_path):
+    from depthlab.hf import apply_scheme, load_pretrained
+
+    hf = apply_scheme(tiny_hf("llama", n_layers=6), "lns")
+    hf.save_pretrained(tmp_path / "src")
+    raw_last = hf.model.layers[5].input_layernorm.weight.detach().clone()
+    prune(tmp_path / "src", 1, 3, tmp_path / "out")
+    back = load_pretrained(tmp_path / "out").eval()
+    assert back.config.depthlab_layer_scales == pytest.approx([1, 4 ** -0.5, 5 ** -0.5, 6 ** -0.5])
+    assert torch.allclose(back.model.layers[3].input_layernorm.weight, raw_last, rtol=1e-6)  # unfolded with 1/sqrt(6)
+    ids = torch.randint(1, 97, (2, 12))
+    with torch.no_grad():
+        want = skip_layers(hf.eval(), [1, 2])(ids).logits
+        assert (back(ids).logits - want).abs().max() < 1e-5

@@ -2,9 +2,9 @@
 
 `lns` multiplies the output of every norm of block l by l^(-p) through a forward hook, so training sees the
 explicit constant scale, exactly as in depthlab's own model. The scheme is recorded on the model config
-(`depthlab_scheme`, `depthlab_lns_power`) and the model's state dict always holds the *folded* weights
-(gamma * l^(-p)): `model.save_pretrained(dir)` therefore writes a stock checkpoint that any Llama engine runs
-correctly, and `load_pretrained(dir)` divides the scale back out and re-installs the hooks to continue training.
+(`depthlab_scheme`, `depthlab_lns_power`, and each block's scale in `depthlab_layer_scales`) and the model's state
+dict always holds the *folded* weights (gamma * l^(-p)): `model.save_pretrained(dir)` therefore writes a stock
+checkpoint that any engine for that family runs correctly, and `load_pretrained(dir)` divides the scale back out and re-installs the hooks to continue training.
 A patched model can never be saved in a form that silently reloads without its scale (DESIGN.md section 4).
 
 Schemes that rewire the block (post, sandwich, ...) cannot be patched onto an arbitrary HF block; import the
@@ -12,6 +12,8 @@ weights into a depthlab Transformer with `import_hf` and train that instead.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -23,10 +25,12 @@ HF_SCHEMES = ("pre", "lns")
 _HANDLES = "_depthlab_handles"
 
 
-def norm_scales(model: nn.Module, lns_power: float) -> list[tuple[str, nn.Module, float]]:
-    """(name, norm, l^(-p)) for every norm of every block, l counted from 1."""
+def block_scales(model: nn.Module, layer_scales: list[float]) -> list[tuple[str, nn.Module, float]]:
+    """(name, norm, scale of its block) for every norm of every block."""
     prefix, blocks = find_blocks(model)
-    return [(f"{prefix}.{i}.{name}", norm, (i + 1) ** -lns_power)
+    if len(layer_scales) != len(blocks):
+        raise UserError(f"{len(layer_scales)} recorded layer scales for {len(blocks)} blocks")
+    return [(f"{prefix}.{i}.{name}", norm, layer_scales[i])
             for i, block in enumerate(blocks) for name, norm in block_norms(block)]
 
 
@@ -85,16 +89,18 @@ def _uninstall(model: nn.Module) -> bool:
     return found
 
 
+_RECORD = ("depthlab_scheme", "depthlab_lns_power", "depthlab_layer_scales")
+
+
 def current_scheme(model: nn.Module) -> str:
     return getattr(model.config, "depthlab_scheme", None) or "pre"
 
 
-def apply_scheme(model: nn.Module, scheme: str = "lns", lns_power: float = 0.5, *, weights_folded: bool = False):
+def apply_scheme(model: nn.Module, scheme: str = "lns", lns_power: float = 0.5):
     """Patch `model` in place to train under `scheme` (see HF_SCHEMES); returns the model.
 
     The weights are taken as they are: switching a pretrained Pre-LN model to lns changes its function, which is
-    the point of continued pretraining with LNS. weights_folded=True says the norm weights already hold the scale
-    (a checkpoint saved by a patched model); they are divided by it first, so the function is kept.
+    the point of continued pretraining with LNS. Block l (from 1) gets the scale l^(-lns_power).
     """
     from depthlab.model.schemes import SCHEMES
 
@@ -105,34 +111,44 @@ def apply_scheme(model: nn.Module, scheme: str = "lns", lns_power: float = 0.5, 
         raise UserError(f"cannot apply scheme {scheme!r} to a Hugging Face model: {why}")
     if lns_power <= 0:
         raise UserError(f"lns_power must be positive, got {lns_power}")
-    installed = _uninstall(model)
-    if not installed and not weights_folded and current_scheme(model) != "pre":
+    if not _uninstall(model) and current_scheme(model) != "pre":
         raise UserError(f"this model was saved with depthlab scheme {current_scheme(model)!r}: its norm weights hold "
                         "the folded scale; load it with depthlab.hf.load_pretrained to continue training")
+    for attr in _RECORD:
+        if hasattr(model.config, attr):
+            delattr(model.config, attr)
     if scheme == "lns":
-        scales = norm_scales(model, lns_power)
-        bad = [name for name, norm, _ in scales if not _foldable(norm)]
-        if bad:
-            raise UserError(f"cannot apply lns to {type(model).__name__}: norm {bad[0]} does not scale linearly with "
-                            "its weight, so the scale could not be folded into a stock checkpoint")
-        for _, norm, scale in scales:
-            if weights_folded:
-                _scale_params(norm, 1 / scale)
-            _install(norm, scale)
+        n = len(find_blocks(model)[1])
+        _patch(model, [(l + 1) ** -lns_power for l in range(n)], weights_folded=False)
         model.config.depthlab_scheme, model.config.depthlab_lns_power = "lns", lns_power
-    else:
-        for attr in ("depthlab_scheme", "depthlab_lns_power"):
-            if hasattr(model.config, attr):
-                delattr(model.config, attr)
     return model
 
 
+def _patch(model: nn.Module, layer_scales: list[float], weights_folded: bool) -> None:
+    """Install the scale hooks; with weights_folded, first divide the scale out of the norm weights.
+    The per-layer scales are recorded (not just the power): pruning keeps each kept layer's own scale."""
+    scales = block_scales(model, layer_scales)
+    bad = [name for name, norm, _ in scales if not _foldable(norm)]
+    if bad:
+        raise UserError(f"cannot apply lns to {type(model).__name__}: norm {bad[0]} does not scale linearly with "
+                        "its weight, so the scale could not be folded into a stock checkpoint")
+    for _, norm, scale in scales:
+        if weights_folded:
+            _scale_params(norm, 1 / scale)
+        _install(norm, scale)
+    model.config.depthlab_layer_scales = list(layer_scales)
+
+
 def load_pretrained(path, **kwargs):
-    """`AutoModelForCausalLM.from_pretrained`, plus the depthlab scheme recorded in its config, ready to train."""
+    """`AutoModelForCausalLM.from_pretrained`, plus the depthlab scheme recorded in its config, ready to train.
+    A plain HF directory loads as plain HF."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    scheme = current_scheme(model)
-    if scheme != "pre":
-        apply_scheme(model, scheme, getattr(model.config, "depthlab_lns_power", 0.5), weights_folded=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as e:
+        why = str(e) if Path(path).exists() else "no such directory (and not in the local Hugging Face cache)"
+        raise UserError(f"cannot load Hugging Face model {path}: {why}") from None
+    if current_scheme(model) != "pre":
+        _patch(model, model.config.depthlab_layer_scales, weights_folded=True)
     return model

@@ -95,6 +95,9 @@ def export(src: str | Path, out_dir: str | Path) -> Path:
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
 
+    if (Path(src) / "config.json").is_file() and not is_depthlab_path(src):
+        raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
+                        "(a model patched with apply_scheme exports with save_pretrained)")
     ckpt = find_checkpoint(src)
     model, cfg, meta = load_checkpoint(ckpt)
     state, fields = hf_weights_and_config(model)

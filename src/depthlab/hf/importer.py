@@ -25,12 +25,9 @@ MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k posit
 def _load(src):
     if isinstance(src, torch.nn.Module):
         return src
-    from transformers import AutoModelForCausalLM
+    from depthlab.hf.apply import load_pretrained
 
-    try:
-        return AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot load Hugging Face model {src}: {e}") from None
+    return load_pretrained(src, dtype=torch.float32)
 
 
 def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) -> ModelConfig:
@@ -95,6 +92,18 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     return model.float(), cfg
 
 
+def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: dict, tokenizer=None):
+    """save_checkpoint for a model built outside the trainer."""
+    import inspect
+
+    from depthlab.train.checkpoint import save_checkpoint
+
+    # save_checkpoint took the model up to 79cf5df and takes its state dict on main since 1518905 (trainer rewrite);
+    # this branch runs on both until it is merged, then the first form can go
+    takes_state = "state" in inspect.signature(save_checkpoint).parameters
+    return save_checkpoint(path, model.state_dict() if takes_state else model, cfg, meta, tokenizer=tokenizer)
+
+
 def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None):
     """import_hf, saved as a depthlab checkpoint (with the HF directory's tokenizer.json when it has one), so that
     `depthlab eval` and the checkpoint-based tools run on it."""
@@ -102,9 +111,7 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
 
     from tokenizers import Tokenizer
 
-    from depthlab.train.checkpoint import save_checkpoint
-
     model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
     tok_file = Path(src) / "tokenizer.json"
     tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-    return save_checkpoint(out_dir, model, cfg, {"step": 0, "imported_from": str(src)}, tokenizer=tok)
+    return save_as_checkpoint(out_dir, model, cfg, {"step": 0, "imported_from": str(src)}, tokenizer=tok)

@@ -86,13 +86,15 @@ def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
         eot = tok.token_to_id(EOT)
         return Scorer(model.eval(), lambda s: tok.encode(s).ids, [] if eot is None else [eot],
                       cfg.model.max_seq_len, dev)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from depthlab.hf.apply import load_pretrained
+
+    model = load_pretrained(path, dtype=torch.float32).to(dev).eval()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(dev).eval()
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise UserError(f"{path} is neither a depthlab checkpoint nor a loadable Hugging Face model: {e}") from None
+        raise UserError(f"cannot load the tokenizer of {path}: {e}") from None
     prefix = [] if tok.bos_token_id is None else [tok.bos_token_id]
     return Scorer(lambda x: model(x).logits, lambda s: tok(s, add_special_tokens=False).input_ids, prefix,
                   model.config.max_position_embeddings, dev)

@@ -59,17 +59,15 @@ def _prune_config(cfg, n: int, kept: list[int]) -> None:
 
 def prune(src: str | Path, start: int, end: int, out_dir: str | Path) -> Path:
     """Prune an HF model directory, or a depthlab checkpoint / run (exported to a stock Llama first)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    from depthlab.hf.apply import load_pretrained
     from depthlab.hf.exporter import export, is_depthlab_path
 
     with tempfile.TemporaryDirectory() as tmp:
         if is_depthlab_path(src):
             src = export(src, tmp)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(src)
-        except (OSError, ValueError) as e:
-            raise UserError(f"cannot load Hugging Face model {src}: {e}") from None
+        model = load_pretrained(src)  # a patched (LNS) model keeps each kept layer's own scale
         prune_layers(model, start, end)
         model.save_pretrained(out_dir)
         try:
