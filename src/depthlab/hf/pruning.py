@@ -44,6 +44,7 @@ def prune_layers(model: nn.Module, start: int, end: int) -> nn.Module:
     _prune_config(model.config, n, kept)
     return model
 
+
 _NOT_PER_LAYER = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}
 
 
@@ -58,7 +59,7 @@ def _prune_config(cfg, n: int, kept: list[int]) -> None:
 
 
 def prune(src: str | Path, start: int, end: int, out_dir: str | Path) -> Path:
-    """Prune an HF model directory, or a depthlab checkpoint / run (exported to a stock Llama first)."""
+    """Prune an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model first)."""
     from transformers import AutoTokenizer
 
     from depthlab.hf.apply import load_pretrained
