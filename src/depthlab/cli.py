@@ -11,7 +11,7 @@ from pathlib import Path
 from depthlab import UserError, __version__
 
 # Packages that add their own subcommands: each module has `add_commands(subparsers)`.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("depthlab.hf.cli",)
 
 EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set model.n_layers=24 --set train.lr=2e-3"
 
@@ -57,6 +57,10 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
+    if args.tasks:
+        from depthlab.hf.mc_eval import cmd_eval_tasks
+
+        return cmd_eval_tasks(args)
     import numpy as np
 
     from depthlab.data.dataset import pack
@@ -120,8 +124,10 @@ def make_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="validation loss and perplexity of a checkpoint",
                        description="Per-token mean loss and perplexity of a checkpoint (or a run's newest one), on "
                        "--data or, by default, on the run's own validation split.")
-    e.add_argument("checkpoint", help="checkpoint directory or run directory")
+    e.add_argument("checkpoint", help="checkpoint directory or run directory (with --tasks: also an HF model dir)")
     e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on")
+    e.add_argument("--tasks", nargs="+", metavar="FILE.jsonl", help="multiple-choice task files instead "
+                   "(question, choices, answer index; docs/hf.md): accuracy and length-normalised accuracy")
     e.add_argument("--seq-len", type=int, help="window length (default: the run's)")
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--device", default="auto")

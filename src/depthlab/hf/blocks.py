@@ -1,0 +1,33 @@
+"""Find the decoder blocks of a Hugging Face model, and the norms of each block, without knowing its family.
+
+A decoder block list is the longest `nn.ModuleList` whose entries share one class and own a norm as a direct
+child. Block norms are the direct children whose class is a norm (RMSNorm / LayerNorm by any name): Llama's
+`input_layernorm` / `post_attention_layernorm`, OLMo-2's `post_attention_layernorm` / `post_feedforward_layernorm`.
+Norms nested deeper (OLMo-2's `self_attn.q_norm`, `k_norm`) act on queries and keys, not on the residual branch,
+and are left out.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from depthlab import UserError
+
+
+def is_norm(module: nn.Module) -> bool:
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.lower().endswith("norm")
+
+
+def block_norms(block: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, child) for name, child in block.named_children() if is_norm(child)]
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """(qualified name, module list) of the decoder blocks."""
+    candidates = [(name, m) for name, m in model.named_modules()
+                  if isinstance(m, nn.ModuleList) and len(m) > 0 and len({type(b) for b in m}) == 1
+                  and block_norms(m[0])]
+    if not candidates:
+        raise UserError(f"cannot find the decoder blocks of {type(model).__name__}: no list of identical modules "
+                        "with a norm layer as a direct child")
+    return max(candidates, key=lambda c: len(c[1]))

@@ -1,0 +1,69 @@
+"""`depthlab export`, `prune` and `import` (the `--tasks` option of `depthlab eval` dispatches to mc_eval)."""
+
+from __future__ import annotations
+
+import json
+
+
+def quiet_transformers() -> None:
+    """The CLI prints its own one-line summaries; transformers' per-load progress bars only add noise."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
+def cmd_export(args) -> None:
+    from depthlab.hf.exporter import export
+
+    quiet_transformers()
+    out = export(args.source, args.out_dir)
+    arch = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"exported a stock {arch} to {out} (load with AutoModelForCausalLM.from_pretrained)")
+
+
+def cmd_prune(args) -> None:
+    from depthlab.hf.pruning import parse_span, prune
+
+    quiet_transformers()
+    start, end = parse_span(args.remove)
+    out = prune(args.model, start, end, args.out_dir)
+    print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
+
+
+def cmd_import(args) -> None:
+    from depthlab.hf.importer import import_to_checkpoint
+
+    quiet_transformers()
+    out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len)
+    print(f"imported {args.model} as a depthlab checkpoint (scheme {args.scheme}): {out}")
+
+
+def add_commands(sub) -> None:
+    e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
+                       description="Write config.json, model.safetensors and tokenizer files that "
+                       "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: a Llama for pre, "
+                       "lns, layerscale and skipinit (scales and gains folded into the weights), a Gemma-2 for "
+                       "sandwich; the other schemes are refused with the reason (docs/hf.md).")
+    e.add_argument("source", help="checkpoint directory or run directory (its newest checkpoint)")
+    e.add_argument("out_dir", help="output directory")
+    e.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("prune", help="remove a span of layers from a model and save the smaller HF model",
+                       description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded) and save "
+                       "a Hugging Face model with the layers renumbered and the config consistent. MODEL is an HF "
+                       "model directory, or a depthlab checkpoint / run (exported first).")
+    p.add_argument("model", help="HF model directory, depthlab checkpoint or run directory")
+    p.add_argument("--remove", required=True, metavar="START:END", help="layers to remove, e.g. 20:24")
+    p.add_argument("out_dir", help="output directory")
+    p.set_defaults(func=cmd_prune)
+
+    i = sub.add_parser("import", help="turn an HF Llama / Mistral / Qwen2 directory into a depthlab checkpoint",
+                       description="Copy the weights of a Hugging Face Llama-family model into a depthlab checkpoint "
+                       "(with scheme pre its logits equal the HF model's; with lns the same weights under LNS). "
+                       "Checkpoints with nonzero biases (released Qwen2) are refused: use depthlab.hf.apply_scheme.")
+    i.add_argument("model", help="Hugging Face model directory")
+    i.add_argument("out_dir", help="checkpoint directory to write")
+    i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
+    i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
+                   "at most 4096)")
+    i.set_defaults(func=cmd_import)

@@ -1,0 +1,124 @@
+"""Export a depthlab checkpoint as a stock Hugging Face model directory.
+
+The directory loads with `AutoModelForCausalLM.from_pretrained(dir)`: no depthlab, no remote code. Whatever is a
+constant or per-channel gain folds exactly into a stock weight, so the exported model costs nothing extra:
+
+    lns          Norm_g(x) / sqrt(l)     = Norm_{g / sqrt(l)}(x)        (norm weight)       -> LlamaForCausalLM
+    layerscale   h + diag(lam) W_o y     = h + (diag(lam) W_o) y        (rows of o_proj / down_proj)  -> Llama
+    skipinit     h + alpha W_o y         = h + (alpha W_o) y                                          -> Llama
+    sandwich     a norm before and after each branch is Gemma-2's block                    -> Gemma2ForCausalLM
+
+The other schemes are refused, each with its reason (REFUSED): they put a norm or a residual add where no stock
+block has one. We chose refusal over a remote-code modeling file: a second copy of the model package would drift
+from the first, and engines that run stock models (vLLM, llama.cpp, lm-eval's `hf`) would still not run it. Such
+checkpoints stay depthlab checkpoints (`depthlab eval` works on them directly).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from depthlab import UserError
+from depthlab.data.tokenizer import EOT
+from depthlab.hf.convert import (hf_gemma2_config_dict, hf_llama_config_dict, to_hf_gemma2_state_dict,
+                                 to_hf_llama_state_dict)
+from depthlab.model import Transformer
+
+_REWIRED = "stock Llama and Gemma-2 blocks keep norms on the branches and a plain residual add"
+REFUSED = {
+    "post": f"the norm sits on the residual stream after the add; {_REWIRED}",
+    "deepnorm": f"the norm sits after the add and the residual is weighted by alpha; {_REWIRED}",
+    "mixln": f"its first blocks are Post-LN (norm after the add); {_REWIRED}",
+    "peri": "it normalises the embedding output, which neither stock Llama nor Gemma-2 (the sandwich block) does",
+    "reordered": f"its norms sit on the branch outputs, not the inputs (OLMo-2's own layout also adds q/k norms); "
+                 f"{_REWIRED}",
+    "rezero": "its blocks have no norm, and a Llama RMSNorm cannot be made the identity",
+    "dyt": "DyT (tanh) replaces RMSNorm, which no stock model expresses",
+}
+GPAS_REFUSAL = ("gpas scales the residual stream after every add (and RMSNorm's epsilon makes that scale not exactly "
+                "foldable); stock residual adds are plain")
+_BRANCH_OUTPUTS = {"attn_gain": "attn.o_proj", "mlp_gain": "mlp.down_proj"}
+
+
+def is_depthlab_path(path: str | Path) -> bool:
+    """A depthlab checkpoint or run directory (as opposed to a Hugging Face model directory)."""
+    path = Path(path)
+    return (path / "meta.json").is_file() or (path / "checkpoints").is_dir()
+
+
+def hf_weights_and_config(model: Transformer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Stock HF weights and config fields equivalent to `model`; UserError with the reason where none exist."""
+    cfg = model.cfg
+    if cfg.gpas:
+        raise UserError(f"cannot export {cfg.norm_scheme} + gpas as a stock checkpoint: {GPAS_REFUSAL}")
+    if cfg.norm_scheme in REFUSED:
+        raise UserError(f"cannot export scheme {cfg.norm_scheme!r} as a stock checkpoint: {REFUSED[cfg.norm_scheme]}")
+    if cfg.norm_scheme == "sandwich":
+        if cfg.tie_embeddings:
+            raise UserError("cannot export scheme 'sandwich' with tied embeddings: its stock form, Gemma-2, scales the "
+                            "input embedding by sqrt(dim) but not the LM head, so one shared matrix cannot carry both")
+        return to_hf_gemma2_state_dict(model), hf_gemma2_config_dict(cfg)
+    return to_hf_llama_state_dict(_fold_branch_gains(model)), hf_llama_config_dict(cfg)
+
+
+@torch.no_grad()
+def _fold_branch_gains(model: Transformer) -> Transformer:
+    """An equivalent `pre` model with LayerScale / SkipInit gains folded into the output projections."""
+    if model.cfg.norm_scheme not in ("layerscale", "skipinit"):
+        return model
+    plain = Transformer(replace(model.cfg, norm_scheme="pre"), init=False)
+    state = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] not in _BRANCH_OUTPUTS}
+    plain.load_state_dict(state, strict=True)
+    for ours, layer in zip(model.layers, plain.layers):
+        for gain, proj in _BRANCH_OUTPUTS.items():
+            layer.get_submodule(proj).weight.mul_(getattr(ours, gain).reshape(-1, 1))  # rows = output channels
+    return plain
+
+
+def hf_tokenizer(tok):
+    """Our `tokenizers.Tokenizer` as a transformers tokenizer; <|endoftext|> is both document start and end."""
+    from transformers import PreTrainedTokenizerFast
+
+    special = {"bos_token": EOT, "eos_token": EOT} if tok.token_to_id(EOT) is not None else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
+
+
+def export(src: str | Path, out_dir: str | Path) -> Path:
+    """Write a stock HF model directory for a depthlab checkpoint or run (its newest checkpoint)."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from depthlab.data.tokenizer import load_tokenizer
+    from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
+
+    if (Path(src) / "config.json").is_file() and not is_depthlab_path(src):
+        raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
+                        "(a model patched with apply_scheme exports with save_pretrained)")
+    ckpt = find_checkpoint(src)
+    model, cfg, meta = load_checkpoint(ckpt)
+    state, fields = hf_weights_and_config(model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = hf_tokenizer(load_tokenizer(ckpt / TOKENIZER)) if (ckpt / TOKENIZER).is_file() else None
+    architectures = fields.pop("architectures")
+    fields = {k: v for k, v in fields.items() if k != "torch_dtype"}
+    hf_cfg = AutoConfig.for_model(fields.pop("model_type"), **fields, bos_token_id=getattr(tok, "bos_token_id", None),
+                                  eos_token_id=getattr(tok, "eos_token_id", None), pad_token_id=None)
+    hf_cfg.architectures, hf_cfg.dtype = architectures, "float32"
+    hf_cfg.save_pretrained(out)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tok is not None:
+        tok.save_pretrained(out)
+        # transformers 5 names the class TokenizersBackend, unknown to 4.x; both know PreTrainedTokenizerFast
+        tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
+        tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    provenance = {"source": str(ckpt), "scheme": cfg.model.norm_scheme, "step": meta.get("step"),
+                  "architecture": architectures[0],
+                  "note": "scheme constants are folded into the weights: load as a plain HF model"}
+    (out / "depthlab_export.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    return out

@@ -1,0 +1,117 @@
+"""Start a depthlab Transformer from a Hugging Face Llama-family checkpoint (Llama, Mistral, Qwen2).
+
+With scheme="pre" the imported model's logits match the HF model's; then switch the scheme (scheme="lns") for
+continued pretraining with LayerNorm Scaling, as in the paper's Qwen2.5-0.5B experiment.
+
+Qwen2 puts biases on q/k/v. depthlab's model has none, and this package does not grow a second model class for
+them: a checkpoint whose biases are all zero (a freshly initialised Qwen2) imports exactly; one with nonzero
+biases (every released Qwen2 / Qwen2.5) is refused, and the refusal points to `apply_scheme`, which runs LNS on
+the HF Qwen2 model itself, biases included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from depthlab import UserError
+from depthlab.config import Config, DataConfig, ModelConfig, validate
+from depthlab.hf.convert import from_hf_llama_state_dict
+from depthlab.model import Transformer
+
+FAMILIES = ("llama", "mistral", "qwen2")
+MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k positions would cost memory for nothing
+
+
+def _load(src):
+    if isinstance(src, torch.nn.Module):
+        return src
+    from depthlab.hf.apply import load_pretrained
+
+    return load_pretrained(src, dtype=torch.float32)
+
+
+def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) -> ModelConfig:
+    """ModelConfig for a Llama-family HF config; UserError on anything our model computes differently."""
+    family = hf_cfg.model_type
+    if family not in FAMILIES:
+        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}")
+    rope = getattr(hf_cfg, "rope_parameters", None) or {  # transformers 4.x kept these as separate fields
+        "rope_type": (getattr(hf_cfg, "rope_scaling", None) or {}).get("rope_type", "default"),
+        "rope_theta": getattr(hf_cfg, "rope_theta", 10000.0)}
+    problems = []
+    if hf_cfg.hidden_act != "silu":
+        problems.append(f"activation {hf_cfg.hidden_act} (ours is SwiGLU with silu)")
+    if getattr(hf_cfg, "head_dim", None) not in (None, hf_cfg.hidden_size // hf_cfg.num_attention_heads):
+        problems.append(f"head_dim {hf_cfg.head_dim} != hidden_size / heads")
+    if rope.get("rope_type", "default") != "default":
+        problems.append(f"RoPE scaling {rope.get('rope_type')!r} (ours is plain RoPE)")
+    if getattr(hf_cfg, "mlp_bias", False):
+        problems.append("MLP biases")
+    if problems:
+        raise UserError(f"cannot import this {family} model: {'; '.join(problems)}")
+    seq = max_seq_len or min(hf_cfg.max_position_embeddings, MAX_SEQ_LEN)
+    window, types = getattr(hf_cfg, "sliding_window", None), getattr(hf_cfg, "layer_types", None)
+    if window and (types is None or "sliding_attention" in types) and window < seq:
+        raise UserError(f"this {family} model uses sliding-window attention ({window} tokens) and ours is full "
+                        f"attention; import with max_seq_len <= {window}")
+    return ModelConfig(
+        vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
+        n_heads=hf_cfg.num_attention_heads, n_kv_heads=hf_cfg.num_key_value_heads, ffn_dim=hf_cfg.intermediate_size,
+        max_seq_len=seq, rope_theta=float(rope.get("rope_theta", 10000.0)), norm_eps=hf_cfg.rms_norm_eps,
+        tie_embeddings=bool(hf_cfg.tie_word_embeddings), **overrides)
+
+
+def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
+              **model_overrides) -> tuple[Transformer, Config]:
+    """A depthlab Transformer with the weights of an HF model (a directory, a hub-style local path, or a model).
+
+    scheme="pre" reproduces the HF model's logits; any other scheme that keeps Llama's weight set (lns, and the
+    ones that only add parameters: layerscale, skipinit, gpas, ...) starts from the same weights.
+    """
+    hf = _load(src)
+    mc = model_config_from_hf(hf.config, max_seq_len, norm_scheme=scheme, **model_overrides)
+    state = hf.state_dict()
+    biased = [k for k, v in state.items() if k.endswith(".bias") and v.abs().max() > 0]
+    if biased:
+        raise UserError(f"cannot import: {hf.config.model_type} parameter {biased[0]} (and {len(biased) - 1} more) "
+                        "is a nonzero bias and depthlab's model has no biases; to train this model with LNS, patch it "
+                        "in place instead: depthlab.hf.apply_scheme(model, 'lns')")
+    cfg = validate(Config(model=mc, data=DataConfig(seq_len=min(DataConfig.seq_len, mc.max_seq_len)),
+                          preset=f"hf-import:{hf.config.model_type}"))
+    model = Transformer(mc, init=False)
+    ours = from_hf_llama_state_dict(state, mc.n_layers)
+    if mc.tie_embeddings:
+        ours.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(ours, strict=False)
+    allowed_missing = {"lm_head.weight"} if mc.tie_embeddings else set()
+    # parameters the scheme adds (LayerScale gains, GPAS gates, ...) keep the values their modules start with
+    missing = [k for k in missing if k not in allowed_missing and not k.endswith(("_gain", ".gate", ".alpha"))]
+    if missing or unexpected:
+        raise UserError(f"scheme {scheme!r} does not fit Llama's weights: missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}")
+    return model.float(), cfg
+
+
+def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: dict, tokenizer=None):
+    """save_checkpoint for a model built outside the trainer."""
+    import inspect
+
+    from depthlab.train.checkpoint import save_checkpoint
+
+    # save_checkpoint took the model up to 79cf5df and takes its state dict on main since 1518905 (trainer rewrite);
+    # this branch runs on both until it is merged, then the first form can go
+    takes_state = "state" in inspect.signature(save_checkpoint).parameters
+    return save_checkpoint(path, model.state_dict() if takes_state else model, cfg, meta, tokenizer=tokenizer)
+
+
+def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None):
+    """import_hf, saved as a depthlab checkpoint (with the HF directory's tokenizer.json when it has one), so that
+    `depthlab eval` and the checkpoint-based tools run on it."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
+    tok_file = Path(src) / "tokenizer.json"
+    tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
+    return save_as_checkpoint(out_dir, model, cfg, {"step": 0, "imported_from": str(src)}, tokenizer=tok)

@@ -1,0 +1,78 @@
+"""Remove a contiguous span of decoder blocks from a Hugging Face model and save the smaller model.
+
+Layers are counted as in the HF weight names (`model.layers.{i}`): from 0, the span START:END half-open like a
+Python slice, so `--remove 20:24` drops model.layers.20 .. model.layers.23 (blocks 21-24 counted from 1). The kept
+blocks are renumbered (weights, and each attention's `layer_idx`, which indexes the KV cache), and the config is
+made consistent: `num_hidden_layers`, every per-layer list (`layer_types`, ...) and `max_window_layers`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from torch import nn
+
+from depthlab import UserError
+from depthlab.hf.blocks import find_blocks
+
+
+def parse_span(text: str) -> tuple[int, int]:
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(start), int(end)
+    except ValueError:
+        raise UserError(f"--remove expects START:END (0-based, END excluded, e.g. 20:24), got {text!r}") from None
+
+
+def prune_layers(model: nn.Module, start: int, end: int) -> nn.Module:
+    """Drop blocks start..end-1 in place; returns the model."""
+    prefix, blocks = find_blocks(model)
+    n = len(blocks)
+    if not 0 <= start < end <= n or end - start == n:
+        raise UserError(f"cannot remove layers {start}:{end} of a {n}-layer model: need 0 <= START < END <= {n}, "
+                        "keeping at least one layer")
+    kept = [i for i in range(n) if not start <= i < end]
+    for new, old in enumerate(kept):
+        for module in blocks[old].modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = new
+    parent, _, attr = prefix.rpartition(".")
+    setattr(model.get_submodule(parent), attr, nn.ModuleList(blocks[i] for i in kept))
+    _prune_config(model.config, n, kept)
+    return model
+
+
+_NOT_PER_LAYER = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}
+
+
+def _prune_config(cfg, n: int, kept: list[int]) -> None:
+    for key, value in list(vars(cfg).items()):  # per-layer fields: layer_types, ...
+        if isinstance(value, (list, tuple)) and len(value) == n and key not in _NOT_PER_LAYER:
+            setattr(cfg, key, type(value)(value[i] for i in kept))
+    if isinstance(getattr(cfg, "max_window_layers", None), int):
+        # Qwen2: layers below this index use full attention, the rest a sliding window
+        cfg.max_window_layers = sum(i < cfg.max_window_layers for i in kept)
+    cfg.num_hidden_layers = len(kept)
+
+
+def prune(src: str | Path, start: int, end: int, out_dir: str | Path) -> Path:
+    """Prune an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model first)."""
+    from transformers import AutoTokenizer
+
+    from depthlab.hf.apply import load_pretrained
+    from depthlab.hf.exporter import export, is_depthlab_path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if is_depthlab_path(src):
+            src = export(src, tmp)
+        model = load_pretrained(src)  # a patched (LNS) model keeps each kept layer's own scale
+        prune_layers(model, start, end)
+        model.save_pretrained(out_dir)
+        try:
+            AutoTokenizer.from_pretrained(src).save_pretrained(out_dir)
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # a model directory without tokenizer files: the pruned one has none either
+    return Path(out_dir)
