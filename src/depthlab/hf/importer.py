@@ -94,14 +94,9 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
 
 def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: dict, tokenizer=None):
     """save_checkpoint for a model built outside the trainer."""
-    import inspect
-
     from depthlab.train.checkpoint import save_checkpoint
 
-    # save_checkpoint took the model up to 79cf5df and takes its state dict on main since 1518905 (trainer rewrite);
-    # this branch runs on both until it is merged, then the first form can go
-    takes_state = "state" in inspect.signature(save_checkpoint).parameters
-    return save_checkpoint(path, model.state_dict() if takes_state else model, cfg, meta, tokenizer=tokenizer)
+    return save_checkpoint(path, model.state_dict(), cfg, meta, tokenizer=tokenizer)
 
 
 def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None):
