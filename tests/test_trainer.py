@@ -247,3 +247,19 @@ def test_fsdp_trains_checkpoints_and_resumes_on_another_rank_count(tmp_path, cor
     c = losses(single)
     assert list(c) == [1, 2, 3, 4, 5, 6]
     assert all(abs(b[s] - c[s]) < 1e-5 for s in range(4, 7)), (b, c)
+
+
+def test_unwritable_output_is_a_clear_error(tmp_path, corpus):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    res = cli("--data", corpus, "--out", blocker / "runs", "--max-steps", 2, *sets())
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("depthlab: error: cannot write to run")
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path, corpus):
+    runs = {}
+    for ac in (False, True):
+        cfg = make_cfg(corpus, **{"train.max_steps": 3, "train.activation_checkpointing": ac})
+        Trainer(cfg, run_dir=tmp_path / str(ac), progress=False).train()
+        runs[ac] = losses(tmp_path / str(ac))
+    assert all(abs(runs[True][s] - runs[False][s]) < 1e-6 for s in (1, 2, 3)), runs

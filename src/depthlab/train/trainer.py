@@ -186,6 +186,8 @@ class Trainer:
         self.progress = progress and self.env.is_main
 
         self.run_dir, ckpt = self._locate(run_dir, resume)
+        if self.env.is_main:
+            self._check_writable()
         tokenizer = load_tokenizer(self.run_dir / TOKENIZER) if ckpt else None
         seed_everything(tc.seed)
         self.data = data or build_token_data(cfg, tokenizer=tokenizer)
@@ -235,6 +237,16 @@ class Trainer:
             if ckpt is None:
                 raise UserError(f"no valid checkpoint to resume in {resume}")
         return ckpt.parent.parent, ckpt
+
+    def _check_writable(self) -> None:
+        """Fail before any work when the run directory cannot be written."""
+        probe = self.run_dir / ".write_test"
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as e:
+            raise UserError(f"cannot write to run directory {self.run_dir}: {e.strerror or e}") from None
 
     def _warn(self, msg: str) -> None:
         if self.env.is_main:
