@@ -1,6 +1,7 @@
 """Jacobians of the blocks and of the output, by random projections (vector-Jacobian products).
 
-For u ~ N(0, I), E||J^T u||^2 = ||J||_F^2 and E||J^T u - u||^2 = ||J - I||_F^2. With n = (real tokens) x d:
+For u ~ N(0, I) on real tokens, E||J^T u||^2 = ||J||_F^2 and E||J^T u - u||^2 = ||J - I||_F^2, and E||u||^2 = n =
+(real tokens) x d; the estimates divide by the probes' actual sum of ||u||^2:
 - block_gain(l)      sqrt(||dh_{l+1}/dh_l||_F^2 / n): 1 for an identity block.
 - block_vs_identity  sqrt(||dh_{l+1}/dh_l - I||_F^2 / n): 0 for an identity block; the paper's claim is that
                      deep Pre-LN blocks have this close to 0.
@@ -28,8 +29,7 @@ def block_jacobian(lm: LayeredLM, l: int, h: torch.Tensor, call, mask: torch.Ten
     """(block_gain, block_vs_identity) of block l at input h (one batch)."""
     gen = torch.Generator().manual_seed(seed + l)
     m = mask[..., None].to(h.dtype)
-    n = float(mask.sum()) * h.shape[-1] * probes
-    gain = dist = 0.0
+    gain = dist = norm = 0.0
     with torch.enable_grad():
         h = h.detach().requires_grad_(True)
         out = lm.run_block(l, h, call)
@@ -38,7 +38,9 @@ def block_jacobian(lm: LayeredLM, l: int, h: torch.Tensor, call, mask: torch.Ten
             (g,) = torch.autograd.grad(out, h, u, retain_graph=True)
             gain += float((g * m).float().pow(2).sum())
             dist += float(((g - u) * m).float().pow(2).sum())
-    return math.sqrt(gain / n), math.sqrt(dist / n)
+            norm += float(u.float().pow(2).sum())
+    # ratios to the probes' actual squared norm (not its expectation), so an identity block gives exactly 1 and 0
+    return math.sqrt(gain / norm), math.sqrt(dist / norm)
 
 
 def output_jacobian(lm: LayeredLM, batch: Batch, tr: Trace, probes: int = 4, seed: int = 0) -> list[float]:
@@ -46,18 +48,18 @@ def output_jacobian(lm: LayeredLM, batch: Batch, tr: Trace, probes: int = 4, see
     gives dy/dh_l for every l at once."""
     gen = torch.Generator().manual_seed(seed)
     m = batch.mask[..., None].to(tr.hidden[0].dtype)
-    n = float(batch.mask.sum()) * tr.hidden[0].shape[-1] * probes
-    sq = [0.0] * (lm.n_layers + 1)
+    sq, norm = [0.0] * (lm.n_layers + 1), 0.0
     with torch.enable_grad():
         hs = [tr.hidden[0].detach().requires_grad_(True)]
         for j in range(lm.n_layers):
             hs.append(lm.run_block(j, hs[-1], tr.calls[j]))
         y = lm.final_norm(hs[-1])
         for _ in range(probes):
-            grads = torch.autograd.grad(y, hs, _probe(y.shape, gen, m), retain_graph=True)
-            for l, g in enumerate(grads):
+            u = _probe(y.shape, gen, m)
+            norm += float(u.float().pow(2).sum())
+            for l, g in enumerate(torch.autograd.grad(y, hs, u, retain_graph=True)):
                 sq[l] += float((g * m).float().pow(2).sum())
-    return [math.sqrt(s / n) for s in sq]
+    return [math.sqrt(s / norm) for s in sq]
 
 
 def token_jacobian(lm: LayeredLM, l: int, h: torch.Tensor, call, mask: torch.Tensor, channels: int = 48) -> dict:

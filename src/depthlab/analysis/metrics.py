@@ -10,8 +10,10 @@ norm; m_l the stream between block l's attention and MLP halves; "token" means a
                    max_over_rms = max_abs / rms.
 - update_ratio(l)  E_t ||h_{l+1} - h_l|| / ||h_l||: how much block l moves the stream.
 - attn_ratio(l)    E_t ||m_l - h_l|| / ||h_l||;  mlp_ratio(l)  E_t ||h_{l+1} - m_l|| / ||m_l||.
-- angular distance d(l, m) = arccos(clamp(cos(h_l, h_m), -1, 1)) / pi, per token, then averaged: over the last real
-                   token of every sequence ("last", as Gromov et al. 2024) and over all tokens ("all").
+- angular distance d(l, m) = arccos(cos(h_l, h_m)) / pi, per token, then averaged: over the last real token of
+                   every sequence ("last", as Gromov et al. 2024) and over all tokens ("all"). Computed as
+                   2 atan2(||u - v||, ||u + v||) / pi on unit vectors u, v: the same angle, but with no acos domain
+                   to leave (nothing to clamp) and full precision near 0, where acos(1 - eps) loses half the digits.
 - block influence  BI(l) = 1 - E_t cos(h_l, h_{l+1})  (ShortGPT, Men et al. 2024).
 - attn / MLP similarity  E_t cos(h_l, m_l) and E_t cos(m_l, h_{l+1}); importance = 1 - similarity
                    ("What Matters in Transformers", He et al. 2024).
@@ -35,7 +37,8 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.arccos(cosine(a, b)) / math.pi
+    u, v = unit(a), unit(b)
+    return 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)) / math.pi
 
 
 def unit(h: torch.Tensor) -> torch.Tensor:
@@ -44,9 +47,9 @@ def unit(h: torch.Tensor) -> torch.Tensor:
 
 
 def pairwise_angular(units: torch.Tensor) -> torch.Tensor:
-    """units: (S, N, d) unit vectors of S stream states for N tokens -> (S, S) summed distance over tokens."""
-    cos = torch.einsum("snd,mnd->nsm", units, units).clamp(-1.0, 1.0)
-    return (torch.arccos(cos) / math.pi).sum(0)
+    """units: (S, N, d) unit vectors of S stream states for N tokens -> (S, S) distance summed over tokens."""
+    rows = [2 * torch.atan2((u - units).norm(dim=-1), (u + units).norm(dim=-1)).sum(-1) for u in units]
+    return torch.stack(rows) / math.pi
 
 
 class Accumulator:

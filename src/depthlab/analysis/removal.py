@@ -18,6 +18,7 @@ from depthlab.analysis.calibration import Batch
 from depthlab.analysis.layers import LayeredLM, Trace
 
 
+@torch.no_grad()
 def next_token_nll(logits: torch.Tensor, batch: Batch) -> tuple[float, int]:
     """Summed next-token negative log-likelihood over pairs of real tokens, and their count."""
     pred = batch.mask[:, :-1] & batch.mask[:, 1:]

@@ -24,7 +24,7 @@ Runs = list[tuple[str, dict]]
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
 
@@ -113,12 +113,14 @@ def plot_removal(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
             axes[0].bar([s["block"] - 0.4 + width * (k + 0.5) for s in single], [s["delta_ppl"] for s in single],
                         width=width, label=label)
         rr = res["removal"]["runs"]
-        axes[1].plot([1] + [r["n"] for r in rr], [min(s["delta_ppl"] for s in single)] +
-                     [r["delta_ppl"] for r in rr], marker="o", ms=3, label=label)
+        first = single[res["angular"]["best_block"][0]["start_block"] - 1]  # n = 1: the angular choice
+        axes[1].plot([1] + [r["n"] for r in rr], [first["delta_ppl"]] + [r["delta_ppl"] for r in rr],
+                     marker="o", ms=3, label=label)
     axes[0].set_title("Δ perplexity when one block is removed", fontsize=10)
     axes[0].set_xlabel("relative depth" if normalise_depth else "block")
     axes[1].set_title("Δ perplexity, best run of n blocks removed (chosen by angular distance)", fontsize=9)
     axes[1].set_xlabel("n")
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
     for ax in axes:
         ax.set_yscale("symlog", linthresh=0.1)
         ax.grid(alpha=0.3)
@@ -162,8 +164,12 @@ def plot_jacobian(runs: Runs, path: Path, normalise_depth: bool = False) -> Path
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("relative depth" if normalise_depth else "block / stream state")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[2].set_yscale("log")
+        if ax.lines:
+            ax.legend(fontsize=8)
+    if axes[2].lines:
+        axes[2].set_yscale("log")
+    else:
+        axes[2].text(0.5, 0.5, "not computed in layer-by-layer mode", ha="center", transform=axes[2].transAxes)
     return _save(fig, path)
 
 
@@ -270,7 +276,7 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     plots = {"variance": plot_variance(runs, out / "variance.png"),
              "angular": plot_angular(label, res, out / "angular_heatmap.png"),
              "adjacent": plot_adjacent_angular(runs, out / "angular_adjacent.png"),
-             "blocks": plot_blocks(runs, out / "block_metrics.png")}
+             "block_metrics": plot_blocks(runs, out / "block_metrics.png")}
     if "lens" in res:
         plots["lens"] = plot_lens(runs, out / "logit_lens.png")
     if "removal" in res:
@@ -291,7 +297,7 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         "lens_kl", "lens_ce"])),
         ("Angular distance", _img(plots["angular"]) + _img(plots["adjacent"]) +
          _table(res["angular"]["best_block"], ["n", "blocks", "distance"])),
-        ("Per-block metrics", _img(plots["blocks"]) + _table(block_rows(res), list(block_rows(res)[0])))]
+        ("Per-block metrics", _img(plots["block_metrics"]) + _table(block_rows(res), list(block_rows(res)[0])))]
     if "lens" in plots:
         sec.append(("Logit lens", _img(plots["lens"])))
     if "removal" in plots:
