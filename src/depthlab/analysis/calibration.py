@@ -89,7 +89,7 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
         stream = pack(tokenizer, [Document(str(i), t) for i, t in enumerate(texts)])
         windows, pad_id = pack_windows(stream, n_tokens, seq_len), 0
     else:
-        enc = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        enc = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         windows = padded_windows(enc, n_tokens, seq_len)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if not windows or sum(len(w) for w in windows) < 2:
