@@ -37,3 +37,27 @@ def test_layerwise_equals_whole_model(tmp_path, kind):
     assert _close(a["jacobian"]["block_vs_identity"], b["jacobian"]["block_vs_identity"])
     assert [h["block"] for h in a["jacobian"]["heatmaps"]] == [h["block"] for h in b["jacobian"]["heatmaps"]]
     assert _close(a["jacobian"]["heatmaps"][-1]["matrix"], b["jacobian"]["heatmaps"][-1]["matrix"])
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_bfloat16_model_gives_fp32_accumulated_metrics_close_to_float32(tmp_path, layerwise):
+    from depthlab.analysis.run import Request, run_request
+
+    hf = save_hf_model(tmp_path / "hf", "qwen2")
+    opts = Options(removal=False, probes=1)
+    res = {dt: run_request(Request(str(hf), tokens=128, seq_len=32, batch_size=2, layerwise=layerwise, dtype=dt,
+                                   options=opts)) for dt in ("float32", "bfloat16")}
+    a, b = res["float32"], res["bfloat16"]
+    assert b["run"]["dtype"] == "bfloat16" and b["tokens"] == a["tokens"]
+    assert _close([s["variance"] for s in a["states"]], [s["variance"] for s in b["states"]], tol=0.05)
+    assert _close(a["angular"]["last_token"], b["angular"]["last_token"], tol=0.03)
+    assert _close(a["lens"]["ce"], b["lens"]["ce"], tol=0.02)
+
+
+def test_unknown_dtype_is_a_user_error(tmp_path):
+    from depthlab import UserError
+    from depthlab.analysis.run import Request, run_request
+
+    ck = save_depthlab_checkpoint(tmp_path / "ck")
+    with pytest.raises(UserError, match="unknown dtype 'int8'"):
+        run_request(Request(str(ck), tokens=64, dtype="int8"))

@@ -20,6 +20,9 @@ def _add_model_args(p) -> None:
     p.add_argument("--no-removal", action="store_true", help="skip the layer-removal study")
     p.add_argument("--no-jacobian", action="store_true", help="skip the Jacobians")
     p.add_argument("--probes", type=int, default=4, help="random projections per Jacobian estimate")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
+                   "the metrics are accumulated in fp32 either way")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
 
 
@@ -34,8 +37,14 @@ def _request(args, model: str):
         raise UserError("--seq-len must be at least 2")
     opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
                    probes=args.probes)
+    from depthlab.train.trainer import resolve_device
+
+    try:
+        device = str(resolve_device(args.device))
+    except RuntimeError as e:
+        raise UserError(f"bad --device {args.device!r}: {e}") from None
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
-                   args.trust_remote_code, opts)
+                   args.trust_remote_code, device, args.dtype, opts)
 
 
 def _results(args, model: str) -> dict:

@@ -76,7 +76,7 @@ def token_jacobian(lm: LayeredLM, l: int, h: torch.Tensor, call, mask: torch.Ten
             u = torch.zeros_like(out)
             u[0, t, c] = 1
             (g,) = torch.autograd.grad(out, h, u, retain_graph=True)
-            rows.append(g[0, t, idx].float())
+            rows.append(g[0, t, idx.to(g.device)].float().cpu())
     J = torch.stack(rows)
     return {"block": l + 1, "token_position": t, "channels": idx.tolist(), "matrix": J.tolist(),
             "identity_distance": float((J - torch.eye(len(idx))).norm() / math.sqrt(len(idx)))}

@@ -296,31 +296,39 @@ class Loaded:
     info: dict = field(default_factory=dict)
 
 
-def load_model(path: str, trust_remote_code: bool = False, dtype: str = "float32") -> Loaded:
-    """A depthlab run or checkpoint directory, or an HF causal-LM directory."""
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"unknown dtype {name!r}; valid: float32, bfloat16, float16")
+    return getattr(torch, name)
+
+
+def load_model(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu") -> Loaded:
+    """A depthlab run or checkpoint directory, or an HF causal-LM directory, on `device` in `dtype` (the metrics
+    are accumulated in fp32/fp64 whatever the model's dtype)."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"model path {path} does not exist")
     if is_hf_dir(p):
-        return load_hf(p, trust_remote_code, dtype)
+        return load_hf(p, trust_remote_code, dtype, device)
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
 
     ckpt = find_checkpoint(p)
-    model, cfg, meta = load_checkpoint(ckpt)
+    model, cfg, meta = load_checkpoint(ckpt, device=str(device))
+    model.to(torch_dtype(dtype))
     tok = load_tokenizer(ckpt / TOKENIZER)
     info = {"scheme": cfg.model.norm_scheme, "step": meta.get("step"), "checkpoint": str(ckpt)}
     return Loaded(from_depthlab(model, p.name or str(p)), tok, cfg.data.seq_len, info)
 
 
-def load_hf(p: Path, trust_remote_code: bool, dtype: str) -> Loaded:
+def load_hf(p: Path, trust_remote_code: bool, dtype: str, device: str) -> Loaded:
     try:
         import transformers
     except ImportError:
         raise UserError("analysing a Hugging Face model needs `transformers` (pip install depthlab[hf])") from None
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(p), trust_remote_code=trust_remote_code, dtype=getattr(torch, dtype))
+            str(p), trust_remote_code=trust_remote_code, dtype=torch_dtype(dtype)).to(device)
     except ValueError as e:
         raise UserError(f"{p}: not a causal LM transformers can load: {str(e).splitlines()[0]}") from None
     except OSError as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from depthlab import UserError
-from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf, is_hf_dir
+from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf, is_hf_dir, torch_dtype
 
 
 class TensorFiles:
@@ -43,6 +43,8 @@ class TensorFiles:
 class Skeleton:
     def __init__(self, lm: LayeredLM, n_layers: int, files: TensorFiles, make_block=None):
         self.lm, self.n_layers, self.files, self.make_block = lm, n_layers, files, make_block
+        p = next(lm.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
         self.file_prefix = lm.blocks_path + "."
 
     def load_block(self, i: int) -> None:
@@ -51,7 +53,7 @@ class Skeleton:
         if not state:
             raise UserError(f"no weights for block {i} ({self.file_prefix}{i}.*) in the checkpoint")
         if self.make_block is not None:
-            self.lm.blocks[0] = self.make_block(i)
+            self.lm.blocks[0] = self.make_block(i).to(self.device, self.dtype)
             self.lm.mid_probes = depthlab_mid_probes(self.lm.model)
         self.lm.blocks[0].load_state_dict(state, strict=True)
 
@@ -68,11 +70,11 @@ def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> N
     model.load_state_dict(state, strict=False)
 
 
-def load_skeleton(path: str, trust_remote_code: bool = False):
+def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu"):
     """(Skeleton, tokenizer, seq_len, info) for a depthlab checkpoint or an HF directory."""
     p = Path(path)
     if is_hf_dir(p):
-        return _hf_skeleton(p, trust_remote_code)
+        return _hf_skeleton(p, trust_remote_code, dtype, device)
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.model import Transformer
     from depthlab.model.schemes import SCHEMES
@@ -86,13 +88,13 @@ def load_skeleton(path: str, trust_remote_code: bool = False):
     load_non_block(model, files, "layers", cfg.model.tie_embeddings)
     if cfg.model.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    lm = from_depthlab(model, p.name or str(p))
+    lm = from_depthlab(model.to(device, torch_dtype(dtype)), p.name or str(p))
     skel = Skeleton(lm, cfg.model.n_layers, files, lambda i: SCHEMES[cfg.model.norm_scheme](cfg.model, i + 1))
     info = {"scheme": cfg.model.norm_scheme, "checkpoint": str(ckpt)}
     return skel, load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len, info
 
 
-def _hf_skeleton(p: Path, trust_remote_code: bool):
+def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
     import torch
     import transformers
 
@@ -114,6 +116,6 @@ def _hf_skeleton(p: Path, trust_remote_code: bool):
     load_non_block(model, files, blocks_path, bool(getattr(config, "tie_word_embeddings", False)))
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    lm = from_hf(model, p.name)
+    lm = from_hf(model.to(device, torch_dtype(dtype)), p.name)
     tok, seq_len = load_hf_tokenizer(p, model, trust_remote_code)
     return Skeleton(lm, n_layers, files), tok, seq_len, {"model_type": config.model_type}

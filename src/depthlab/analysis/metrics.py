@@ -53,7 +53,8 @@ def pairwise_angular(units: torch.Tensor) -> torch.Tensor:
 
 
 class Accumulator:
-    """Sums over calibration batches for every metric above. S = L + 1 stream states, L blocks."""
+    """Sums over calibration batches for every metric above. S = L + 1 stream states, L blocks. The sums live on
+    the CPU in fp64 whatever device the activations are on."""
 
     def __init__(self, n_layers: int):
         L, S = n_layers, n_layers + 1
@@ -73,8 +74,8 @@ class Accumulator:
     def stream(self, s: int, h: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> None:
         x = h.float()[mask]  # (N, d)
         self.count[s] += x.numel()
-        self.sum[s] += x.double().sum()
-        self.sumsq[s] += x.double().pow(2).sum()
+        self.sum[s] += float(x.double().sum())
+        self.sumsq[s] += float(x.double().pow(2).sum())
         a = x.abs()
         flat = int(a.argmax())
         top = float(a.view(-1)[flat])
@@ -90,24 +91,24 @@ class Accumulator:
               mask: torch.Tensor) -> None:
         a, b = h_in.float()[mask], h_out.float()[mask]
         na = a.norm(dim=-1).clamp_min(EPS)
-        self.ratio["update"][l] += ((b - a).norm(dim=-1) / na).sum().double()
-        self.ratio["cos_block"][l] += cosine(a, b).sum().double()
+        self.ratio["update"][l] += float(((b - a).norm(dim=-1) / na).sum())
+        self.ratio["cos_block"][l] += float(cosine(a, b).sum())
         if h_mid is not None:
             self.has_mid = True
             m = h_mid.float()[mask]
-            self.ratio["attn"][l] += ((m - a).norm(dim=-1) / na).sum().double()
-            self.ratio["mlp"][l] += ((b - m).norm(dim=-1) / m.norm(dim=-1).clamp_min(EPS)).sum().double()
-            self.ratio["cos_attn"][l] += cosine(a, m).sum().double()
-            self.ratio["cos_mlp"][l] += cosine(m, b).sum().double()
+            self.ratio["attn"][l] += float(((m - a).norm(dim=-1) / na).sum())
+            self.ratio["mlp"][l] += float(((b - m).norm(dim=-1) / m.norm(dim=-1).clamp_min(EPS)).sum())
+            self.ratio["cos_attn"][l] += float(cosine(a, m).sum())
+            self.ratio["cos_mlp"][l] += float(cosine(m, b).sum())
 
     # --- all pairs of stream states --------------------------------------------------------------------------
     def angular_all(self, units: torch.Tensor) -> None:
         """units: (S, N, d) unit vectors of every stream state for N real tokens (a chunk of them)."""
-        self.ang_all += pairwise_angular(units).double()
+        self.ang_all += pairwise_angular(units).double().cpu()
 
     def angular_last(self, units: torch.Tensor) -> None:
         """units: (S, B, d) at each sequence's last real token."""
-        self.ang_last += pairwise_angular(units).double()
+        self.ang_last += pairwise_angular(units).double().cpu()
         self.n_last += units.shape[1]
 
     # --- logit lens ------------------------------------------------------------------------------------------
@@ -116,10 +117,10 @@ class Accumulator:
         logp = torch.log_softmax(logits.float(), -1)
         logq = torch.log_softmax(final_logits.float(), -1)
         kl = (logq.exp() * (logq - logp)).sum(-1)
-        self.kl[s] += kl[mask].sum().double()
+        self.kl[s] += float(kl[mask].sum())
         pred = mask[:, :-1] & mask[:, 1:]
         nll = -logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-        self.ce[s] += nll[pred].sum().double()
+        self.ce[s] += float(nll[pred].sum())
         if s == 0:
             self.n_pred += int(pred.sum())
 

@@ -51,7 +51,7 @@ def observe_states(lm: LayeredLM, acc: Accumulator, states: list[torch.Tensor], 
         acc.stream(s, h, b.mask, b.ids)
     acc.stream(L + 1, lm.final_norm(states[L]), b.mask, b.ids)
     flat = [h[b.mask] for h in states]  # (N, d) each, real tokens only
-    rows = torch.arange(b.ids.shape[0])
+    rows = torch.arange(b.ids.shape[0], device=b.mask.device)
     last = last_real_index(b.mask)
     acc.angular_last(torch.stack([unit(h[rows, last]) for h in states]))
     for i in range(0, flat[0].shape[0], chunk):  # bounded memory: (chunk, S, S) cosines at a time
@@ -106,7 +106,7 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
         spills = [np.lib.format.open_memmap(Path(tmp) / f"batch{k}.npy", mode="w+", dtype=np.float32,
                                             shape=(L + 1, *h.shape)) for k, h in enumerate(H)]
         for k, h in enumerate(H):
-            spills[k][0] = h.float().numpy()
+            spills[k][0] = h.float().cpu().numpy()
         for l in range(L):
             if l > 0:
                 skel.load_block(l)
@@ -121,10 +121,10 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
                 for k, b in enumerate(batches):
                     out, mid = lm.run_block_mid(0, H[k], calls[k])
                     acc.block(l, H[k], mid, out, b.mask)
-                    spills[k][l + 1] = out.float().numpy()
+                    spills[k][l + 1] = out.float().cpu().numpy()
                     H[k] = out
         for k, b in enumerate(batches):
-            states = [torch.from_numpy(np.asarray(spills[k][s])).to(H[k].dtype) for s in range(L + 1)]
+            states = [torch.from_numpy(np.asarray(spills[k][s])).to(H[k]) for s in range(L + 1)]
             observe_states(lm, acc, states, b, opts.token_chunk)
         del spills
     res = acc.results()
