@@ -185,3 +185,15 @@ def test_lns_deep_blocks_move_the_stream_more_than_pre():
     v_pre = analyze(pre, b, Options(removal=False, jacobian=False))["states"][-1]["variance"]
     v_lns = analyze(from_depthlab(lns, "lns"), b, Options(removal=False, jacobian=False))["states"][-1]["variance"]
     assert v_lns < v_pre
+
+
+def test_hf_windows_start_with_bos_when_the_tokenizer_adds_one():
+    import numpy as np
+
+    from depthlab.analysis.calibration import padded_windows, to_batches
+
+    w = padded_windows([list(range(10, 20)), [30, 31]], n_tokens=100, seq_len=4, bos=1)
+    assert [x.tolist() for x in w] == [[1, 10, 11, 12], [1, 13, 14, 15], [1, 16, 17, 18], [1, 19], [1, 30, 31]]
+    b = to_batches(w, batch_size=8, pad_id=0)[0]
+    assert b.mask.sum(1).tolist() == [4, 4, 4, 2, 3] and b.ids[3].tolist() == [1, 19, 0, 0]
+    assert np.array_equal(padded_windows([[5, 6, 7]], 100, 2)[0], [5, 6])

@@ -17,7 +17,10 @@ def _close(a, b, tol=1e-4):
 
 @pytest.mark.parametrize("kind", ["lns", "llama"])
 def test_layerwise_equals_whole_model(tmp_path, kind):
-    path = save_depthlab_checkpoint(tmp_path / "ck", "lns", 5) if kind == "lns" else save_hf_model(tmp_path / "hf", kind)
+    if kind == "lns":
+        path = save_depthlab_checkpoint(tmp_path / "ck", "lns", 5)
+    else:
+        path = save_hf_model(tmp_path / "hf", kind)
     whole = load_model(str(path))
     skel, tok, _, _ = load_skeleton(str(path))
     assert len(skel.lm.blocks) == 1 and skel.n_layers == whole.lm.n_layers

@@ -56,7 +56,8 @@ HF_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "olmo2")
 def tiny_hf_model(family: str, vocab: int = 300, n_layers: int = 4):
     import transformers
 
-    common = dict(bos_token_id=0, eos_token_id=0, vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
+    common = dict(bos_token_id=0, eos_token_id=0, vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=n_layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     cfgs = {
         "llama": lambda: transformers.LlamaConfig(**common),

@@ -2,8 +2,8 @@
 
 depthlab tokenizers: the documents are packed into one stream (EOT between documents) and cut into full windows,
 so there is no padding at all. HF tokenizers: each document is tokenized on its own and cut into windows of at
-most seq_len tokens; short windows are right-padded and the attention mask marks the real tokens. Every metric
-reads the mask, so a pad token is never taken as "the last token".
+most seq_len tokens (each starting with BOS when the tokenizer adds one); short windows are right-padded and the
+attention mask marks the real tokens. Every metric reads the mask, so a pad is never taken as "the last token".
 """
 
 from __future__ import annotations
@@ -50,11 +50,15 @@ def pack_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> list[np.nda
     return [stream[i * seq_len:(i + 1) * seq_len] for i in range(n_windows)]
 
 
-def padded_windows(docs_ids: list[list[int]], n_tokens: int, seq_len: int) -> list[np.ndarray]:
+def padded_windows(docs_ids: list[list[int]], n_tokens: int, seq_len: int,
+                   bos: int | None = None) -> list[np.ndarray]:
+    """Windows of at most seq_len tokens cut from each document; each starts with `bos` when given."""
     windows, total = [], 0
+    prefix = [] if bos is None else [bos]
+    step = seq_len - len(prefix)
     for ids in docs_ids:
-        for i in range(0, len(ids), seq_len):
-            w = np.asarray(ids[i:i + seq_len], dtype=np.int64)
+        for i in range(0, len(ids), step):
+            w = np.asarray(prefix + ids[i:i + step], dtype=np.int64)
             if len(w) < 2:
                 continue
             windows.append(w)
@@ -90,7 +94,10 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
         windows, pad_id = pack_windows(stream, n_tokens, seq_len), 0
     else:
         enc = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
-        windows = padded_windows(enc, n_tokens, seq_len)
+        # Models trained with a BOS token (Llama, Mistral, OLMo-2) see one at the start of every window.
+        bos = tokenizer.bos_token_id
+        adds_bos = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+        windows = padded_windows(enc, n_tokens, seq_len, bos if adds_bos else None)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if not windows or sum(len(w) for w in windows) < 2:
         raise UserError("the calibration text is too short (need at least 2 tokens)")

@@ -201,7 +201,8 @@ class LayeredLM:
             names = ", ".join(sorted({n for n, _, _ in seen})) or "none"
             raise UserError(f"{self.name}: no final norm found: no module outside {self.blocks_path} receives the "
                             f"last block's output (modules called: {names})")
-        self.norm_path, self.norm = found[0]
+        # Prefer a norm by name: a module in between (an eval-mode dropout, say) also receives the same tensor.
+        self.norm_path, self.norm = next(((n, m) for n, m in found if "norm" in type(m).__name__.lower()), found[0])
         ref = tr.logits.float()
         got = self.logits(last).float()
         if got.shape != ref.shape or not torch.allclose(got, ref, atol=1e-4 * max(1.0, ref.abs().max().item()),
@@ -233,8 +234,8 @@ def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
 
     The rule: the first direct child called after the attention child whose input is not the attention output
     itself receives the mid stream. Llama/Mistral/Qwen2/GPT-2: the MLP-side norm (its input is h + attn);
-    OLMo-2: the MLP (the attention output first goes through its own post-norm). Checked on block 0: the mid
-    stream must differ from the block's input and output, else no split is reported.
+    OLMo-2: the MLP (the attention output first goes through its own post-norm). A candidate whose input is not
+    shaped like the residual stream is rejected, and then no split is reported.
     """
     blk = lm.blocks[0]
     children = [(n, m) for n, m in blk.named_children() if not isinstance(m, nn.ModuleList)]
@@ -245,7 +246,7 @@ def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
     handles = [m.register_forward_hook(lambda mod, a, o, n=n: order.append((n, _first_tensor(a), _first_tensor(o))))
                for n, m in children]
     try:
-        lm.trace(ids, mask)
+        stream_shape = lm.trace(ids, mask).hidden[0].shape
     finally:
         for h in handles:
             h.remove()
@@ -254,9 +255,10 @@ def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
         return None
     k = names.index(attn)
     attn_out = order[k][2]
-    probe = next((n for n, inp, _ in order[k + 1:] if inp is not None and inp is not attn_out), None)
-    if probe is None:
+    probe = next(((n, inp) for n, inp, _ in order[k + 1:] if inp is not None and inp is not attn_out), None)
+    if probe is None or probe[1].shape != stream_shape:
         return None
+    probe = probe[0]
     return [(getattr(b, probe), "input") for b in lm.blocks]
 
 

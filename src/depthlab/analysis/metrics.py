@@ -82,7 +82,8 @@ class Accumulator:
         if top > self.max_abs[s][0]:
             tok, ch = divmod(flat, x.shape[1])
             rows, cols = mask.nonzero(as_tuple=True)
-            self.max_abs[s] = (top, {"channel": ch, "position": int(cols[tok]), "token_id": int(ids[rows[tok], cols[tok]])})
+            r, c = int(rows[tok]), int(cols[tok])
+            self.max_abs[s] = (top, {"channel": ch, "position": c, "token_id": int(ids[r, c])})
         if s == 0:
             self.tokens += x.shape[0]
 

@@ -231,7 +231,8 @@ def write_tables(res: dict, out: Path) -> list[Path]:
         files["removal_runs.csv"] = res["removal"]["runs"]
     for key in ("last_token", "all_tokens"):
         D = res["angular"][key]
-        files[f"angular_{key}.csv"] = [{"state": i, **{str(j): v for j, v in enumerate(row)}} for i, row in enumerate(D)]
+        files[f"angular_{key}.csv"] = [{"state": i, **{str(j): v for j, v in enumerate(row)}}
+                                       for i, row in enumerate(D)]
     for name, rows in files.items():
         _write_csv(out / name, rows)
     return [out / n for n in files]
@@ -241,7 +242,8 @@ def write_tables(res: dict, out: Path) -> list[Path]:
 
 def _img(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return f'<figure><img src="data:image/png;base64,{data}" alt="{path.name}"><figcaption>{path.name}</figcaption></figure>'
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{path.name}">'
+            f'<figcaption>{path.name}</figcaption></figure>')
 
 
 def _table(rows: list[dict], keys: list[str]) -> str:
