@@ -29,6 +29,13 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _log_if_positive(ax) -> None:
+    """Log scale when every plotted value is positive: the first block often dwarfs the others."""
+    ys = [y for line in ax.lines for y in line.get_ydata()]
+    if ys and min(ys) > 0:
+        ax.set_yscale("log")
+
+
 def plot_variance(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for label, res in runs:
@@ -79,6 +86,7 @@ def plot_blocks(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
         ax.set_title(t, fontsize=10)
         ax.set_xlabel("relative depth" if normalise_depth else "block")
         ax.grid(alpha=0.3)
+        _log_if_positive(ax)
     axes.flat[0].legend(fontsize=8)
     return _save(fig, path)
 
