@@ -5,7 +5,7 @@ import json
 import pytest
 
 from depthlab.cli import main
-from tests.test_analysis_support import save_depthlab_checkpoint, save_hf_model
+from tests.test_analysis_support import TEXT, save_depthlab_checkpoint, save_hf_model, tiny_hf_model
 
 PLOTS = {"variance.png", "angular_heatmap.png", "angular_adjacent.png", "block_metrics.png", "logit_lens.png",
          "removal.png", "jacobian.png", "jacobian_heatmaps.png"}
@@ -35,12 +35,20 @@ def test_analyze_depthlab_run_and_hf_model_then_compare(tmp_path, capsys):
     assert "lns" in (tmp_path / "cmp" / "compare.csv").read_text()
 
 
-def test_layer_by_layer_cli(tmp_path):
+def test_layer_by_layer_cli_on_own_data(tmp_path):
     ck = save_depthlab_checkpoint(tmp_path / "ck", "pre", 4)
-    assert main(["analyze", str(ck), "--layer-by-layer", "--tokens", "100", "--seq-len", "32", "--probes", "1",
-                 "--out", str(tmp_path / "o")]) == 0
+    (tmp_path / "text.txt").write_text(TEXT)
+    assert main(["analyze", str(ck), "--layer-by-layer", "--data", str(tmp_path / "text.txt"), "--tokens", "100",
+                 "--seq-len", "32", "--probes", "1", "--out", str(tmp_path / "o")]) == 0
     res = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert res["mode"] == "layer-by-layer" and "removal" not in res and "one at a time" in res["model"]["blocks"]
+    assert "text.txt" in res["data"]["source"] and res["tokens"] == 128  # 4 packed windows of 32, no padding
+
+
+def test_hf_model_without_tokenizer_is_a_clear_error(tmp_path, capsys):
+    tiny_hf_model("llama").save_pretrained(tmp_path / "m")
+    assert main(["analyze", str(tmp_path / "m"), "--tokens", "50"]) == 2
+    assert "no usable tokenizer" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -48,6 +56,8 @@ def test_layer_by_layer_cli(tmp_path):
     (["analyze", "{tmp}"], "neither a checkpoint nor a run directory"),
     (["analyze", "{tmp}", "--tokens", "0"], "--tokens must be at least 1"),
     (["compare", "{tmp}"], "at least two models"),
+    (["analyze", "{tmp}", "--device", "cuda:0" if not __import__("torch").cuda.is_available() else "bogus"],
+     "--device"),
     (["theory", "--depth", "1"], "--depth must be at least 2"),
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, argv, msg):

@@ -39,10 +39,15 @@ def _request(args, model: str):
                    probes=args.probes)
     from depthlab.train.trainer import resolve_device
 
+    import torch
+
     try:
-        device = str(resolve_device(args.device))
+        device = resolve_device(args.device)
     except RuntimeError as e:
         raise UserError(f"bad --device {args.device!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {args.device}: this PyTorch has no CUDA device")
+    device = str(device)
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
                    args.trust_remote_code, device, args.dtype, opts)
 
