@@ -95,8 +95,7 @@ def peak_rss_mb(args: list[str]) -> tuple[float, float]:
 def bench_memory(dim=512, n_layers=16, vocab=4096, ffn=1376, tokens=512) -> dict:
     from depthlab.config import Config
     from depthlab.model import Transformer
-    from depthlab.train.checkpoint import save_checkpoint
-    from tests.test_analysis_support import tiny_tokenizer
+    from tests.test_analysis_support import tiny_tokenizer, write_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Config()
@@ -104,7 +103,7 @@ def bench_memory(dim=512, n_layers=16, vocab=4096, ffn=1376, tokens=512) -> dict
         cfg.data.seq_len = 128
         model = Transformer(cfg.model)
         n_params = model.num_params()
-        ck = save_checkpoint(Path(tmp) / "ck", model, cfg, {"step": 0}, tiny_tokenizer(vocab))
+        ck = write_checkpoint(Path(tmp) / "ck", model, cfg, {"step": 0}, tiny_tokenizer(vocab))
         del model
         base = ["analyze", str(ck), "--tokens", str(tokens), "--no-removal", "--no-jacobian", "--batch-size", "4"]
         out = {"imports_only": {"peak_rss_mb": peak_rss_mb(["--imports-only"])[0]}}
