@@ -1,0 +1,12 @@
+"""Curse-of-depth diagnostics for any causal LM.
+
+    layers.py       discover blocks / final norm / head of a depthlab or HF model; capture and replay blocks
+    calibration.py  calibration text -> batches with a mask of real tokens
+    metrics.py      the metric definitions, as streaming accumulators
+    removal.py      layer removal from cached prefix activations
+    jacobian.py     block and output Jacobians by random projections, one token's block Jacobian
+    study.py        whole-model and layer-by-layer analysis runs
+    layerwise.py    the one-block skeleton for layer-by-layer mode
+    report.py       metrics.json, CSV, PNG plots, self-contained HTML
+    run.py, cli.py  `depthlab analyze | compare | theory`
+"""

@@ -1,0 +1,107 @@
+"""Calibration text -> batches of token ids with a mask of real tokens.
+
+depthlab tokenizers: the documents are packed into one stream (EOT between documents) and cut into full windows,
+so there is no padding at all. HF tokenizers: each document is tokenized on its own and cut into windows of at
+most seq_len tokens (each starting with BOS when the tokenizer adds one); short windows are right-padded and the
+attention mask marks the real tokens. Every metric reads the mask, so a pad is never taken as "the last token".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from depthlab import UserError
+
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # (B, T) long
+    mask: torch.Tensor  # (B, T) bool, True on real tokens
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def last_real_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) position of the last real token of each row; right or left padding alike."""
+    T = mask.shape[1]
+    return T - 1 - mask.flip(1).float().argmax(1)
+
+
+def read_calibration_text(paths: list[str] | None, n_tokens: int) -> tuple[list[str], str]:
+    from depthlab.data.sources import builtin_documents, read_documents
+
+    if paths:
+        docs, report = read_documents(paths)
+        return [d.text for d in docs], f"{', '.join(paths)} ({report.summary()})"
+    # Python source tokenizes at roughly 3-4 bytes a token; read a little more than needed.
+    docs = builtin_documents(max(0.02, n_tokens * 8 / 1e6))
+    return [d.text for d in docs], f"built-in corpus ({len(docs)} Python standard-library files)"
+
+
+def pack_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> list[np.ndarray]:
+    n_windows = max(1, min(-(-n_tokens // seq_len), len(stream) // seq_len))
+    if len(stream) < seq_len:
+        return [stream]
+    return [stream[i * seq_len:(i + 1) * seq_len] for i in range(n_windows)]
+
+
+def padded_windows(docs_ids: list[list[int]], n_tokens: int, seq_len: int,
+                   bos: int | None = None) -> list[np.ndarray]:
+    """Windows of at most seq_len tokens cut from each document; each starts with `bos` when given."""
+    windows, total = [], 0
+    prefix = [] if bos is None else [bos]
+    step = seq_len - len(prefix)
+    for ids in docs_ids:
+        for i in range(0, len(ids), step):
+            w = np.asarray(prefix + ids[i:i + step], dtype=np.int64)
+            if len(w) < 2:
+                continue
+            windows.append(w)
+            total += len(w)
+            if total >= n_tokens:
+                return windows
+    return windows
+
+
+def to_batches(windows: list[np.ndarray], batch_size: int, pad_id: int) -> list[Batch]:
+    batches = []
+    for i in range(0, len(windows), batch_size):
+        group = windows[i:i + batch_size]
+        T = max(len(w) for w in group)
+        ids = torch.full((len(group), T), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(group), T), dtype=torch.bool)
+        for r, w in enumerate(group):
+            ids[r, :len(w)] = torch.from_numpy(w.astype(np.int64))
+            mask[r, :len(w)] = True
+        batches.append(Batch(ids, mask))
+    return batches
+
+
+def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int, batch_size: int,
+                        vocab_size: int) -> list[Batch]:
+    from tokenizers import Tokenizer
+
+    if isinstance(tokenizer, Tokenizer):
+        from depthlab.data.dataset import pack
+        from depthlab.data.sources import Document
+
+        stream = pack(tokenizer, [Document(str(i), t) for i, t in enumerate(texts)])
+        windows, pad_id = pack_windows(stream, n_tokens, seq_len), 0
+    else:
+        enc = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+        # Models trained with a BOS token (Llama, Mistral, OLMo-2) see one at the start of every window.
+        bos = tokenizer.bos_token_id
+        adds_bos = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+        windows = padded_windows(enc, n_tokens, seq_len, bos if adds_bos else None)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if not windows or sum(len(w) for w in windows) < 2:
+        raise UserError("the calibration text is too short (need at least 2 tokens)")
+    top = max(int(w.max()) for w in windows)
+    if top >= vocab_size:
+        raise UserError(f"the tokenizer produced id {top}, beyond the model's vocabulary of {vocab_size}")
+    return to_batches(windows, batch_size, pad_id)

@@ -1,0 +1,138 @@
+"""`depthlab analyze`, `depthlab compare`, `depthlab theory`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from depthlab import UserError
+
+
+def _add_model_args(p) -> None:
+    p.add_argument("--data", nargs="+", metavar="PATH", help="calibration text files or folders "
+                   "(default: the built-in corpus)")
+    p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default 4096)")
+    p.add_argument("--seq-len", type=int, help="window length (default: the run's, or 512 for HF models)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--layer-by-layer", action="store_true", help="keep one block's weights in memory at a time "
+                   "(for models larger than memory; no removal study)")
+    p.add_argument("--no-removal", action="store_true", help="skip the layer-removal study")
+    p.add_argument("--no-jacobian", action="store_true", help="skip the Jacobians")
+    p.add_argument("--probes", type=int, default=4, help="random projections per Jacobian estimate")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
+                   "the metrics are accumulated in fp32 either way")
+    p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
+
+
+def _request(args, model: str):
+    from depthlab.analysis.run import Request
+    from depthlab.analysis.study import Options
+
+    for name in ("tokens", "batch_size", "probes"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.seq_len is not None and args.seq_len < 2:
+        raise UserError("--seq-len must be at least 2")
+    opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
+                   probes=args.probes)
+    from depthlab.train.trainer import resolve_device
+
+    import torch
+
+    try:
+        device = resolve_device(args.device)
+    except RuntimeError as e:
+        raise UserError(f"bad --device {args.device!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {args.device}: this PyTorch has no CUDA device")
+    device = str(device)
+    return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
+                   args.trust_remote_code, device, args.dtype, opts)
+
+
+def _results(args, model: str) -> dict:
+    """Analyse a model, or reuse an earlier analysis when given its output folder (with metrics.json)."""
+    from depthlab.analysis.run import run_request
+
+    p = Path(model)
+    if (p / "metrics.json").is_file() and not (p / "config.json").is_file():
+        return json.loads((p / "metrics.json").read_text())
+    return run_request(_request(args, model))
+
+
+def cmd_analyze(args) -> None:
+    from depthlab.analysis.report import write_report
+    from depthlab.analysis.study import summary_lines
+
+    res = _results(args, args.model)
+    out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
+    files = write_report(res, out, Path(args.model).resolve().name)
+    m = res["model"]
+    print(f"{args.model}: {m['class']}, blocks {m['blocks']}, final norm {m['final_norm']} "
+          f"({res['tokens']} tokens, {res['wall_s']:.1f} s, {res['mode']})")
+    for line in summary_lines(res):
+        print("  " + line)
+    print(f"report: {files['report']}")
+    print("plots:  " + ", ".join(p.name for k, p in files.items() if p.suffix == ".png"))
+
+
+def cmd_compare(args) -> None:
+    from depthlab.analysis.report import write_comparison
+
+    if len(args.models) < 2:
+        raise UserError("compare needs at least two models")
+    labels = args.labels or [Path(m).resolve().name for m in args.models]
+    if len(labels) != len(args.models):
+        raise UserError(f"{len(labels)} labels for {len(args.models)} models")
+    if len(set(labels)) != len(labels):
+        labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
+    runs = []
+    for m, lab in zip(args.models, labels):
+        print(f"analysing {m} ...", file=sys.stderr)
+        runs.append((lab, _results(args, m)))
+    files = write_comparison(runs, Path(args.out or "analysis/compare"))
+    print(f"report: {files['report']}")
+    print("plots:  " + ", ".join(p.name for p in files.values() if p.suffix == ".png"))
+
+
+def cmd_theory(args) -> None:
+    from depthlab.theory import simulate, write_theory_report
+
+    if args.depth < 2:
+        raise UserError("--depth must be at least 2")
+    sim = simulate(args.depth, c=args.c, sigma0=args.sigma0, power=args.power)
+    files = write_theory_report(sim, Path(args.out))
+    for line in sim.summary():
+        print(line)
+    print(f"plot: {files['plot']}")
+
+
+def add_commands(sub) -> None:
+    a = sub.add_parser("analyze", help="curse-of-depth diagnostics of a causal LM, with plots and a report",
+                       description="Variance, angular distance, block influence, logit lens, layer removal and "
+                       "Jacobians of a depthlab run/checkpoint or any Hugging Face causal-LM directory.")
+    a.add_argument("model", help="depthlab run or checkpoint directory, or an HF model directory")
+    a.add_argument("--out", help="output folder (default: analysis/<model name>)")
+    _add_model_args(a)
+    a.set_defaults(func=cmd_analyze)
+
+    c = sub.add_parser("compare", help="overlay the diagnostics of several models in one report",
+                       description="Analyse several models (or reuse `analyze` output folders) and overlay "
+                       "them against relative depth, e.g. the same model trained with pre and with lns.")
+    c.add_argument("models", nargs="+", help="model paths, or folders written by `depthlab analyze`")
+    c.add_argument("--labels", nargs="+", help="one label per model")
+    c.add_argument("--out", help="output folder (default: analysis/compare)")
+    _add_model_args(c)
+    c.set_defaults(func=cmd_compare)
+
+    t = sub.add_parser("theory", help="simulate the paper's variance recursion (Pre-LN vs LNS)",
+                       description="Iterate the variance recursions of Lemma 3.2 (Pre-LN) and its LNS "
+                       "counterpart up to --depth and plot them against the paper's bounds.")
+    t.add_argument("--depth", type=int, default=1000)
+    t.add_argument("--c", type=float, default=1.0, help="the constant of the Θ-recursion (default 1)")
+    t.add_argument("--sigma0", type=float, default=1.0, help="standard deviation of the embedding output")
+    t.add_argument("--power", type=float, default=0.5, help="LNS exponent p in l^(-p) (default 0.5)")
+    t.add_argument("--out", default="analysis/theory")
+    t.set_defaults(func=cmd_theory)

@@ -1,0 +1,352 @@
+"""A causal LM seen as a stack of blocks: discovery, capture and replay, for depthlab models and any HF model.
+
+Nothing here is looked up in a per-class table. The block list is the largest nn.ModuleList of repeated modules;
+a traced forward pass then proves the discovery: every block must feed the next one, the final norm is the module
+that receives the last block's output, and head(final_norm(h_L)) must reproduce the model's logits. A model that
+fails a check is refused with a message naming what was found.
+
+Replay: during the traced pass each block's call (its other arguments: RoPE tables, masks, position ids) is
+recorded, so a block can later be re-run on any hidden state with exactly the arguments the model gave it. That
+is what makes layer removal and Jacobians work the same way for every architecture.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from depthlab import UserError
+
+ATTN_NAME = re.compile(r"attn|attention", re.I)
+
+
+@dataclass
+class BlockCall:
+    """One block's call, minus the hidden state: replay it with `run_block`."""
+    args: tuple
+    kwargs: dict
+    hidden_kw: str | None  # the hidden state came as this keyword (else as the first positional argument)
+
+
+@dataclass
+class Trace:
+    """One batch through the model. hidden[l] is the residual stream entering block l, hidden[L] the raw output of
+    the last block (before the final norm); mid[l] is the stream between block l's attention and MLP halves."""
+    hidden: list[torch.Tensor]
+    mid: list[torch.Tensor | None]
+    calls: list[BlockCall]
+    logits: torch.Tensor
+
+
+def _first_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
+        return x[0]
+    return None
+
+
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The largest ModuleList whose items all share one class and hold parameters."""
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1 \
+                and any(True for _ in mod[0].parameters()):
+            if best is None or len(mod) > len(best[1]):
+                best = (name, mod)
+    if best is None:
+        lists = [f"{n} ({len(m)} x {', '.join(sorted({type(x).__name__ for x in m}))})"
+                 for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+        raise UserError(f"no list of repeated blocks found in {type(model).__name__}; module lists found: "
+                        f"{', '.join(lists) or 'none'}")
+    return best
+
+
+class LayeredLM:
+    """A causal LM as embedding -> blocks -> final norm -> head, with capture and replay.
+
+    `forward_fn(ids, mask)` runs the whole model and returns logits; for depthlab models the calibration batches
+    are packed (no padding), for HF models the attention mask is passed on.
+    """
+
+    def __init__(self, model: nn.Module, forward_fn, name: str, kind: str, head: nn.Module,
+                 mid_probes: list | None = None):
+        self.model, self.forward_fn, self.name, self.kind, self.head = model, forward_fn, name, kind, head
+        self.blocks_path, self.blocks = find_blocks(model)
+        self.norm: nn.Module | None = None
+        self.norm_path = ""
+        # (module, "input" | "output") per block: where the stream between attention and MLP can be read.
+        self.mid_probes = mid_probes
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    # --- capture ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def trace(self, ids: torch.Tensor, mask: torch.Tensor) -> Trace:
+        L = self.n_layers
+        calls: list[BlockCall | None] = [None] * L
+        hidden: list[torch.Tensor | None] = [None] * (L + 1)
+        outs: list[torch.Tensor | None] = [None] * L
+        mid: list[torch.Tensor | None] = [None] * L
+        handles = []
+
+        def pre(i):
+            def hook(mod, args, kwargs):
+                if args:
+                    h, call = args[0], BlockCall(tuple(args[1:]), dict(kwargs), None)
+                else:
+                    key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+                    h, call = kwargs[key], BlockCall((), {k: v for k, v in kwargs.items() if k != key}, key)
+                hidden[i], calls[i] = h, call
+            return hook
+
+        def post(i):
+            def hook(mod, args, kwargs, out):
+                outs[i] = _first_tensor(out)
+            return hook
+
+        def mid_hook(i, where):
+            def hook(mod, args, out):
+                mid[i] = _first_tensor(args if where == "input" else out)
+            return hook
+
+        try:
+            for i, blk in enumerate(self.blocks):
+                handles.append(blk.register_forward_pre_hook(pre(i), with_kwargs=True))
+                handles.append(blk.register_forward_hook(post(i), with_kwargs=True))
+                if self.mid_probes and self.mid_probes[i] is not None:
+                    mod, where = self.mid_probes[i]
+                    handles.append(mod.register_forward_hook(mid_hook(i, where)))
+            logits = self.forward_fn(ids, mask)
+        finally:
+            for h in handles:
+                h.remove()
+        if any(c is None for c in calls):
+            raise UserError(f"{self.name}: the blocks in {self.blocks_path} were not all called by the forward pass")
+        hidden[L] = outs[L - 1]
+        return Trace(hidden, mid, calls, logits)
+
+    # --- replay ----------------------------------------------------------------------------------------------
+    def run_block(self, i: int, h: torch.Tensor, call: BlockCall) -> torch.Tensor:
+        if call.hidden_kw is None:
+            out = self.blocks[i](h, *call.args, **call.kwargs)
+        else:
+            out = self.blocks[i](*call.args, **{call.hidden_kw: h}, **call.kwargs)
+        return _first_tensor(out)
+
+    def run_block_mid(self, i: int, h: torch.Tensor, call: BlockCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run block i and also read the stream between its attention and MLP halves (None without a split)."""
+        probe = self.mid_probes[i] if self.mid_probes else None
+        if probe is None:
+            return self.run_block(i, h, call), None
+        got = []
+        mod, where = probe
+        handle = mod.register_forward_hook(lambda m, a, o: got.append(_first_tensor(a if where == "input" else o)))
+        try:
+            out = self.run_block(i, h, call)
+        finally:
+            handle.remove()
+        return out, got[0]
+
+    def run_blocks(self, start: int, stop: int, h: torch.Tensor, calls: list[BlockCall]) -> torch.Tensor:
+        for j in range(start, stop):
+            h = self.run_block(j, h, calls[j])
+        return h
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h)
+
+    def logits(self, h_raw: torch.Tensor) -> torch.Tensor:
+        """Logits read from a raw residual stream: head(final_norm(h)), as the model itself does after the last
+        block (the logit lens applies exactly this to every layer)."""
+        return self.head(self.norm(h_raw))
+
+    # --- discovery checks ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def discover(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Find the final norm and prove the block chain and the head on one traced batch."""
+        seen: list[tuple[str, nn.Module, torch.Tensor]] = []
+        inside = {id(m) for m in self.blocks.modules()}
+        handles = []
+
+        def record(name):
+            def hook(mod, args):
+                t = _first_tensor(args)
+                if t is not None:
+                    seen.append((name, mod, t))
+            return hook
+
+        for name, mod in self.model.named_modules():
+            if id(mod) not in inside and mod is not self.model and not isinstance(mod, nn.ModuleList):
+                handles.append(mod.register_forward_pre_hook(record(name)))
+        try:
+            tr = self.trace(ids, mask)
+        finally:
+            for h in handles:
+                h.remove()
+        chain_ok = all(torch.allclose(self.run_block(i, tr.hidden[i], tr.calls[i]), tr.hidden[i + 1], atol=1e-5)
+                       for i in range(self.n_layers))
+        if not chain_ok:
+            raise UserError(f"{self.name}: replaying the blocks of {self.blocks_path} does not reproduce the "
+                            "model's own stream (something sits between the blocks)")
+        last = tr.hidden[-1]
+        found = [(n, m) for n, m, t in seen if t is last and m is not self.head]
+        if not found:
+            names = ", ".join(sorted({n for n, _, _ in seen})) or "none"
+            raise UserError(f"{self.name}: no final norm found: no module outside {self.blocks_path} receives the "
+                            f"last block's output (modules called: {names})")
+        # Prefer a norm by name: a module in between (an eval-mode dropout, say) also receives the same tensor.
+        self.norm_path, self.norm = next(((n, m) for n, m in found if "norm" in type(m).__name__.lower()), found[0])
+        ref = tr.logits.float()
+        got = self.logits(last).float()
+        if got.shape != ref.shape or not torch.allclose(got, ref, atol=1e-4 * max(1.0, ref.abs().max().item()),
+                                                         rtol=1e-3):
+            raise UserError(f"{self.name}: head({self.norm_path}(h_L)) does not reproduce the model's logits "
+                            f"(blocks {self.blocks_path}, final norm {self.norm_path}: {type(self.norm).__name__}, "
+                            f"head {type(self.head).__name__}); logit scaling or soft-capping is not supported")
+        if self.mid_probes is None:
+            self.mid_probes = hf_mid_probes(self, ids, mask)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "class": type(self.model).__name__,
+                "blocks": f"{self.blocks_path} ({self.n_layers} x {type(self.blocks[0]).__name__})",
+                "final_norm": f"{self.norm_path} ({type(self.norm).__name__})",
+                "head": type(self.head).__name__,
+                "attn_mlp_split": self.mid_probes is not None and any(p is not None for p in self.mid_probes)}
+
+
+# --- the mid-block probe -------------------------------------------------------------------------------------
+
+def depthlab_mid_probes(model) -> list:
+    """Our blocks route the residual adds through `Residual` modules: attn_add's output is the mid stream."""
+    return [(blk.attn_add, "output") for blk in model.layers]
+
+
+@torch.no_grad()
+def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
+    """Where the stream between attention and MLP can be read in an HF block, found by watching block 0.
+
+    The rule: the first direct child called after the attention child whose input is not the attention output
+    itself receives the mid stream. Llama/Mistral/Qwen2/GPT-2: the MLP-side norm (its input is h + attn);
+    OLMo-2: the MLP (the attention output first goes through its own post-norm). A candidate whose input is not
+    shaped like the residual stream is rejected, and then no split is reported.
+    """
+    blk = lm.blocks[0]
+    children = [(n, m) for n, m in blk.named_children() if not isinstance(m, nn.ModuleList)]
+    attn = next((n for n, _ in children if ATTN_NAME.search(n)), None)
+    if attn is None:
+        return None
+    order: list[tuple[str, torch.Tensor | None, object]] = []
+    handles = [m.register_forward_hook(lambda mod, a, o, n=n: order.append((n, _first_tensor(a), _first_tensor(o))))
+               for n, m in children]
+    try:
+        stream_shape = lm.trace(ids, mask).hidden[0].shape
+    finally:
+        for h in handles:
+            h.remove()
+    names = [n for n, _, _ in order]
+    if attn not in names:
+        return None
+    k = names.index(attn)
+    attn_out = order[k][2]
+    probe = next(((n, inp) for n, inp, _ in order[k + 1:] if inp is not None and inp is not attn_out), None)
+    if probe is None or probe[1].shape != stream_shape:
+        return None
+    probe = probe[0]
+    return [(getattr(b, probe), "input") for b in lm.blocks]
+
+
+# --- loading -------------------------------------------------------------------------------------------------
+
+def is_hf_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and not (path / "meta.json").is_file() \
+        and not (path / "checkpoints").is_dir()
+
+
+def from_depthlab(model, name: str) -> LayeredLM:
+    model.eval()
+
+    def fwd(ids, mask):
+        return model(ids)  # packed batches: no padding, the mask is all ones
+
+    return LayeredLM(model, fwd, name, "depthlab", model.lm_head, depthlab_mid_probes(model))
+
+
+def from_hf(model, name: str) -> LayeredLM:
+    model.eval()
+    head = model.get_output_embeddings()
+    if head is None:
+        raise UserError(f"{name}: {type(model).__name__} has no output embedding (not a causal LM?)")
+
+    def fwd(ids, mask):
+        return model(input_ids=ids, attention_mask=mask.long(), use_cache=False).logits
+
+    return LayeredLM(model, fwd, name, "hf", head)
+
+
+@dataclass
+class Loaded:
+    lm: LayeredLM
+    tokenizer: object  # tokenizers.Tokenizer (depthlab) or a transformers tokenizer (HF)
+    seq_len: int
+    info: dict = field(default_factory=dict)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in ("float32", "bfloat16", "float16"):
+        raise UserError(f"unknown dtype {name!r}; valid: float32, bfloat16, float16")
+    return getattr(torch, name)
+
+
+def load_model(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu") -> Loaded:
+    """A depthlab run or checkpoint directory, or an HF causal-LM directory, on `device` in `dtype` (the metrics
+    are accumulated in fp32/fp64 whatever the model's dtype)."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"model path {path} does not exist")
+    if is_hf_dir(p):
+        return load_hf(p, trust_remote_code, dtype, device)
+    from depthlab.data.tokenizer import load_tokenizer
+    from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
+
+    ckpt = find_checkpoint(p)
+    model, cfg, meta = load_checkpoint(ckpt, device=str(device))
+    model.to(torch_dtype(dtype))
+    tok = load_tokenizer(ckpt / TOKENIZER)
+    info = {"scheme": cfg.model.norm_scheme, "step": meta.get("step"), "checkpoint": str(ckpt)}
+    return Loaded(from_depthlab(model, p.name or str(p)), tok, cfg.data.seq_len, info)
+
+
+def load_hf(p: Path, trust_remote_code: bool, dtype: str, device: str) -> Loaded:
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("analysing a Hugging Face model needs `transformers` (pip install depthlab[hf])") from None
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(p), trust_remote_code=trust_remote_code, dtype=torch_dtype(dtype)).to(device)
+    except ValueError as e:
+        raise UserError(f"{p}: not a causal LM transformers can load: {str(e).splitlines()[0]}") from None
+    except OSError as e:
+        raise UserError(f"{p}: cannot load: {str(e).splitlines()[0]}") from None
+    tok, seq_len = load_hf_tokenizer(p, model, trust_remote_code)
+    return Loaded(from_hf(model, p.name), tok, seq_len, {"model_type": model.config.model_type})
+
+
+def load_hf_tokenizer(p: Path, model, trust_remote_code: bool):
+    """The tokenizer saved with the model, and a window length the model accepts (at most 512)."""
+    import transformers
+
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as e:
+        raise UserError(f"{p}: no usable tokenizer in the model directory ({str(e).splitlines()[0]})") from None
+    cfg = model.config
+    seq_len = min(512, getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 512)
+    return tok, seq_len

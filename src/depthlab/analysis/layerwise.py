@@ -1,0 +1,121 @@
+"""The model with a single block slot, for layer-by-layer analysis of models larger than memory.
+
+The skeleton is the model built with one layer: embedding, final norm, head and position tables in memory, plus
+one block whose weights are swapped in from the safetensors files, block by block. The skeleton's own forward
+gives the embedding output and the arguments a block is called with; blocks are then applied to the
+calibration activations one at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from safetensors import safe_open
+
+from depthlab import UserError
+from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf, is_hf_dir, torch_dtype
+
+
+class TensorFiles:
+    """Read single tensors by name from one safetensors file or a sharded set (model.safetensors.index.json)."""
+
+    def __init__(self, folder: Path):
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            wm = json.loads(index.read_text())["weight_map"]
+            self.where = {k: folder / f for k, f in wm.items()}
+        elif (folder / "model.safetensors").is_file():
+            with safe_open(str(folder / "model.safetensors"), "pt") as f:
+                self.where = {k: folder / "model.safetensors" for k in f.keys()}
+        else:
+            raise UserError(f"layer-by-layer mode needs safetensors weights; none in {folder}")
+
+    def get(self, key: str):
+        with safe_open(str(self.where[key]), "pt") as f:
+            return f.get_tensor(key)
+
+    def with_prefix(self, prefix: str) -> dict:
+        return {k[len(prefix):]: self.get(k) for k in self.where if k.startswith(prefix)}
+
+
+class Skeleton:
+    def __init__(self, lm: LayeredLM, n_layers: int, files: TensorFiles, make_block=None):
+        self.lm, self.n_layers, self.files, self.make_block = lm, n_layers, files, make_block
+        p = next(lm.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.file_prefix = lm.blocks_path + "."
+
+    def load_block(self, i: int) -> None:
+        """Put block i's weights (and, for depthlab schemes, block i itself: LNS scales by depth) in the slot."""
+        state = self.files.with_prefix(f"{self.file_prefix}{i}.")
+        if not state:
+            raise UserError(f"no weights for block {i} ({self.file_prefix}{i}.*) in the checkpoint")
+        if self.make_block is not None:
+            self.lm.blocks[0] = self.make_block(i).to(self.device, self.dtype)
+            self.lm.mid_probes = depthlab_mid_probes(self.lm.model)
+        self.lm.blocks[0].load_state_dict(state, strict=True)
+
+
+def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> None:
+    state = {}
+    for k in model.state_dict():
+        if k.startswith(blocks_path + "."):
+            continue
+        if k in files.where:
+            state[k] = files.get(k)
+        elif not (tied and k.endswith("weight") and "head" in k):
+            raise UserError(f"weight {k} missing from the checkpoint")
+    model.load_state_dict(state, strict=False)
+
+
+def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu"):
+    """(Skeleton, tokenizer, seq_len, info) for a depthlab checkpoint or an HF directory."""
+    p = Path(path)
+    if is_hf_dir(p):
+        return _hf_skeleton(p, trust_remote_code, dtype, device)
+    from depthlab.data.tokenizer import load_tokenizer
+    from depthlab.model import Transformer
+    from depthlab.model.schemes import SCHEMES
+    from depthlab.train.checkpoint import CONFIG, TOKENIZER, find_checkpoint
+    from depthlab.config import Config
+
+    ckpt = find_checkpoint(p)
+    cfg = Config.load(ckpt / CONFIG)
+    files = TensorFiles(ckpt)
+    model = Transformer(dataclasses.replace(cfg.model, n_layers=1), init=False)
+    load_non_block(model, files, "layers", cfg.model.tie_embeddings)
+    if cfg.model.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    lm = from_depthlab(model.to(device, torch_dtype(dtype)), p.name or str(p))
+    skel = Skeleton(lm, cfg.model.n_layers, files, lambda i: SCHEMES[cfg.model.norm_scheme](cfg.model, i + 1))
+    info = {"scheme": cfg.model.norm_scheme, "checkpoint": str(ckpt)}
+    return skel, load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len, info
+
+
+def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
+    import torch
+    import transformers
+
+    from depthlab.analysis.layers import find_blocks, load_hf_tokenizer
+
+    config = transformers.AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    n_layers = config.num_hidden_layers
+    kinds = set(getattr(config, "layer_types", None) or [])
+    if len(kinds) > 1:
+        raise UserError(f"{p}: blocks of different kinds ({', '.join(sorted(kinds))}); layer-by-layer mode needs "
+                        "identical blocks, use whole-model mode")
+    config.num_hidden_layers = 1
+    if kinds:
+        config.layer_types = config.layer_types[:1]
+    model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code,
+                                                          dtype=torch.float32)
+    files = TensorFiles(p)
+    blocks_path, _ = find_blocks(model)
+    load_non_block(model, files, blocks_path, bool(getattr(config, "tie_word_embeddings", False)))
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    lm = from_hf(model.to(device, torch_dtype(dtype)), p.name)
+    tok, seq_len = load_hf_tokenizer(p, model, trust_remote_code)
+    return Skeleton(lm, n_layers, files), tok, seq_len, {"model_type": config.model_type}

@@ -1,0 +1,347 @@
+"""metrics.json, CSV tables, PNG plots and one self-contained HTML report (images embedded as base64).
+
+Every plot function takes a list of (label, results) so the same code draws one model (`analyze`) and an overlay
+of several (`compare`).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from depthlab.analysis import metrics as metrics_module  # noqa: E402
+
+Runs = list[tuple[str, dict]]
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def _log_if_positive(ax) -> None:
+    """Log scale when every plotted value is positive: the first block often dwarfs the others."""
+    ys = [y for line in ax.lines for y in line.get_ydata()]
+    if ys and min(ys) > 0:
+        ax.set_yscale("log")
+
+
+def plot_variance(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for label, res in runs:
+        st = res["states"]
+        L = len(st) - 1
+        x = [s / L if normalise_depth else s for s in range(L + 1)]
+        axes[0].plot(x, [s["variance"] for s in st], marker="o", ms=3, label=label)
+        axes[0].scatter([x[-1]], [res["final_normed"]["variance"]], marker="x", s=40)
+        axes[1].plot(x, [s["rms"] for s in st], marker="o", ms=3, label=label)
+        axes[2].plot(x, [s["max_abs"] for s in st], marker="o", ms=3, label=label)
+    xl = "relative depth" if normalise_depth else "stream state (0 = embedding, L = raw last block output)"
+    for ax, t in zip(axes, ["variance of h_l (x: final-normed output)", "RMS of h_l", "max |h_l|"]):
+        ax.set_yscale("log")
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel(xl, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_angular(label: str, res: dict, path: Path) -> Path:
+    """Gromov et al. 2024: d(l, l + n) over start l (x) and run length n (y), last token and all tokens."""
+    L = len(res["blocks"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key in zip(axes, ["last_token", "all_tokens"]):
+        D = res["angular"][key]
+        grid = [[D[l][l + n] if l + n <= L else float("nan") for l in range(L)] for n in range(1, L + 1)]
+        im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis_r", vmin=0,
+                       extent=(0.5, L + 0.5, 0.5, L + 0.5))
+        ax.set_xlabel("first removed block l + 1")
+        ax.set_ylabel("blocks removed n")
+        ax.set_title(f"{label}: d(l, l+n), {key.replace('_', ' ')}", fontsize=10)
+        fig.colorbar(im, ax=ax)
+    return _save(fig, path)
+
+
+def plot_blocks(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    keys = [("update_ratio", "update ratio ||Δh||/||h||"), ("attn_ratio", "attention update ratio"),
+            ("mlp_ratio", "MLP update ratio"), ("block_influence", "block influence (ShortGPT)"),
+            ("attn_importance", "attention importance 1 - cos"), ("mlp_importance", "MLP importance 1 - cos")]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    for ax, (k, t) in zip(axes.flat, keys):
+        for label, res in runs:
+            b = res["blocks"]
+            if k in b[0]:
+                x = [(i + 1) / len(b) if normalise_depth else i + 1 for i in range(len(b))]
+                ax.plot(x, [r[k] for r in b], marker="o", ms=3, label=label)
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel("relative depth" if normalise_depth else "block")
+        ax.grid(alpha=0.3)
+        _log_if_positive(ax)
+    axes.flat[0].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for label, res in runs:
+        L = len(res["blocks"])
+        x = [(l + 1) / L if normalise_depth else l + 1 for l in range(L)]
+        for key, ls in (("last_token", "-"), ("all_tokens", ":")):
+            D = res["angular"][key]
+            ax.plot(x, [D[l][l + 1] for l in range(L)], ls, marker="o", ms=3, label=f"{label} ({key})")
+    ax.set_xlabel("relative depth" if normalise_depth else "block l")
+    ax.set_title("angular distance between the input and output of block l", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_removal(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    runs = [(lab, r) for lab, r in runs if "removal" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    width = 0.8 / max(len(runs), 1)
+    for k, (label, res) in enumerate(runs):
+        single = res["removal"]["single"]
+        L = len(single)
+        if normalise_depth:
+            axes[0].plot([(s["block"]) / L for s in single], [s["delta_ppl"] for s in single], marker="o", ms=3,
+                         label=label)
+        else:
+            axes[0].bar([s["block"] - 0.4 + width * (k + 0.5) for s in single], [s["delta_ppl"] for s in single],
+                        width=width, label=label)
+        rr = res["removal"]["runs"]
+        first = single[res["angular"]["best_block"][0]["start_block"] - 1]  # n = 1: the angular choice
+        axes[1].plot([1] + [r["n"] for r in rr], [first["delta_ppl"]] + [r["delta_ppl"] for r in rr],
+                     marker="o", ms=3, label=label)
+    axes[0].set_title("Δ perplexity when one block is removed", fontsize=10)
+    axes[0].set_xlabel("relative depth" if normalise_depth else "block")
+    axes[1].set_title("Δ perplexity, best run of n blocks removed (chosen by angular distance)", fontsize=9)
+    axes[1].set_xlabel("n")
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
+    for ax in axes:
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_lens(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    for label, res in runs:
+        if "lens" not in res:
+            continue
+        S = len(res["lens"]["kl"])
+        x = [s / (S - 1) if normalise_depth else s for s in range(S)]
+        axes[0].plot(x, res["lens"]["kl"], marker="o", ms=3, label=label)
+        axes[1].plot(x, res["lens"]["ce"], marker="o", ms=3, label=label)
+    axes[0].set_title("logit lens: KL(final || layer)", fontsize=10)
+    axes[1].set_title("logit lens: next-token cross-entropy", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("relative depth" if normalise_depth else "stream state")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_jacobian(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for label, res in runs:
+        j = res.get("jacobian")
+        if not j:
+            continue
+        L = len(j["block_gain"])
+        x = [(l + 1) / L if normalise_depth else l + 1 for l in range(L)]
+        axes[0].plot(x, j["block_gain"], marker="o", ms=3, label=label)
+        axes[1].plot(x, j["block_vs_identity"], marker="o", ms=3, label=label)
+        if "output_gain" in j:
+            xs = [s / L if normalise_depth else s for s in range(L + 1)]
+            axes[2].plot(xs, j["output_gain"], marker="o", ms=3, label=label)
+    for ax, t in zip(axes, ["||∂h_{l+1}/∂h_l|| (rms gain)", "||∂h_{l+1}/∂h_l - I|| (rms)",
+                            "||∂y/∂h_l|| (rms gain), y = final-normed output"]):
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel("relative depth" if normalise_depth else "block / stream state")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    if axes[2].lines:
+        axes[2].set_yscale("log")
+    else:
+        axes[2].text(0.5, 0.5, "not computed in layer-by-layer mode", ha="center", transform=axes[2].transAxes)
+    return _save(fig, path)
+
+
+def plot_jacobian_heatmaps(label: str, res: dict, path: Path) -> Path:
+    hms = res["jacobian"]["heatmaps"]
+    fig, axes = plt.subplots(1, len(hms), figsize=(4.2 * len(hms), 3.8), squeeze=False)
+    for ax, hm in zip(axes[0], hms):
+        M = hm["matrix"]
+        v = max(abs(x) for row in M for x in row) or 1.0
+        im = ax.imshow(M, cmap="RdBu_r", vmin=-v, vmax=v)
+        ax.set_title(f"{label}: block {hm['block']}, token {hm['token_position']}\n"
+                     f"{len(hm['channels'])} channels, ||J - I||/√k = {hm['identity_distance']:.3f}", fontsize=9)
+        ax.set_xlabel("input channel (sampled)")
+        ax.set_ylabel("output channel (sampled)")
+        fig.colorbar(im, ax=ax)
+    return _save(fig, path)
+
+
+# --- tables --------------------------------------------------------------------------------------------------
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def block_rows(res: dict) -> list[dict]:
+    rows = [dict(b) for b in res["blocks"]]
+    for i, r in enumerate(rows):
+        if "removal" in res:
+            s = res["removal"]["single"][i]
+            r.update(removal_ppl=s["ppl"], removal_delta_ppl=s["delta_ppl"])
+        j = res.get("jacobian")
+        if j:
+            r.update(jac_block_gain=j["block_gain"][i], jac_block_vs_identity=j["block_vs_identity"][i])
+        D = res["angular"]
+        r.update(angular_adjacent_last=D["last_token"][i][i + 1], angular_adjacent_all=D["all_tokens"][i][i + 1])
+    return rows
+
+
+def state_rows(res: dict) -> list[dict]:
+    rows = [dict(s) for s in res["states"]] + [{**res["final_normed"], "index": "final", "name": "final-normed"}]
+    for i, r in enumerate(rows[:-1]):
+        if "lens" in res:
+            r.update(lens_kl=res["lens"]["kl"][i], lens_ce=res["lens"]["ce"][i])
+        if res.get("jacobian", {}).get("output_gain"):
+            r["jac_output_gain"] = res["jacobian"]["output_gain"][i]
+    return rows
+
+
+def write_tables(res: dict, out: Path) -> list[Path]:
+    files = {"states.csv": state_rows(res), "blocks.csv": block_rows(res),
+             "best_blocks.csv": res["angular"]["best_block"]}
+    if "removal" in res:
+        files["removal_runs.csv"] = res["removal"]["runs"]
+    for key in ("last_token", "all_tokens"):
+        D = res["angular"][key]
+        files[f"angular_{key}.csv"] = [{"state": i, **{str(j): v for j, v in enumerate(row)}}
+                                       for i, row in enumerate(D)]
+    for name, rows in files.items():
+        _write_csv(out / name, rows)
+    return [out / n for n in files]
+
+
+# --- HTML ----------------------------------------------------------------------------------------------------
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{path.name}">'
+            f'<figcaption>{path.name}</figcaption></figure>')
+
+
+def _table(rows: list[dict], keys: list[str]) -> str:
+    def fmt(v):
+        return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+    body = "".join("<tr>" + "".join(f"<td>{fmt(r.get(k, ''))}</td>" for k in keys) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
+th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}figcaption{font-size:11px;color:#666}
+pre{background:#f7f7f7;padding:1em;font-size:12px;white-space:pre-wrap}"""
+
+
+def write_html(path: Path, title: str, intro: list[str], sections: list[tuple[str, str]]) -> Path:
+    body = "".join(f"<p>{html.escape(p)}</p>" for p in intro)
+    body += "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
+    defs = html.escape(metrics_module.__doc__ or "")
+    body += f"<h2>Definitions</h2><pre>{defs}</pre>"
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                    f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    return path
+
+
+def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
+    """Everything for one model under `out`; returns the written files by kind."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(res, indent=1) + "\n")
+    runs = [(label, res)]
+    plots = {"variance": plot_variance(runs, out / "variance.png"),
+             "angular": plot_angular(label, res, out / "angular_heatmap.png"),
+             "adjacent": plot_adjacent_angular(runs, out / "angular_adjacent.png"),
+             "block_metrics": plot_blocks(runs, out / "block_metrics.png")}
+    if "lens" in res:
+        plots["lens"] = plot_lens(runs, out / "logit_lens.png")
+    if "removal" in res:
+        plots["removal"] = plot_removal(runs, out / "removal.png")
+    if "jacobian" in res:
+        plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
+        plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
+    tables = write_tables(res, out)
+    m = res.get("model", {})
+    intro = [f"Model: {m.get('name', label)} ({m.get('class', '')}); blocks {m.get('blocks', '')}; "
+             f"final norm {m.get('final_norm', '')}; mode {res.get('mode', '')}.",
+             f"Calibration data: {res.get('data', {}).get('source', '')}; {res['tokens']} tokens in "
+             f"{res['sequences']} sequences."]
+    if "removal" in res:
+        intro.append(f"Perplexity on the calibration data: {res['removal']['base_ppl']:.4g}.")
+    sec = [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
+        "index", "name", "variance", "rms", "max_abs", "max_over_rms", "channel", "position", "token_id",
+        "lens_kl", "lens_ce"])),
+        ("Angular distance", _img(plots["angular"]) + _img(plots["adjacent"]) +
+         _table(res["angular"]["best_block"], ["n", "blocks", "distance"])),
+        ("Per-block metrics", _img(plots["block_metrics"]) + _table(block_rows(res), list(block_rows(res)[0])))]
+    if "lens" in plots:
+        sec.append(("Logit lens", _img(plots["lens"])))
+    if "removal" in plots:
+        sec.append(("Layer removal", _img(plots["removal"]) + _table(res["removal"]["runs"],
+                                                                     ["n", "blocks", "ppl", "delta_ppl"])))
+    if "jacobian" in plots:
+        sec.append(("Jacobians", _img(plots["jacobian"]) + _img(plots["jacobian_heatmaps"])))
+    files = {"metrics": out / "metrics.json", **plots}
+    files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", intro, sec)
+    files.update({t.stem: t for t in tables})
+    return files
+
+
+def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
+    """Overlay several models on relative depth (0 = embedding, 1 = last block)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps({lab: r for lab, r in runs}, indent=1) + "\n")
+    plots = {"variance": plot_variance(runs, out / "variance.png", True),
+             "adjacent": plot_adjacent_angular(runs, out / "angular_adjacent.png", True),
+             "blocks": plot_blocks(runs, out / "block_metrics.png", True),
+             "lens": plot_lens(runs, out / "logit_lens.png", True)}
+    if any("removal" in r for _, r in runs):
+        plots["removal"] = plot_removal(runs, out / "removal.png", True)
+    if any("jacobian" in r for _, r in runs):
+        plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png", True)
+    summary = [{"model": lab, "layers": len(r["blocks"]), "variance_last": r["states"][-1]["variance"],
+                "variance_embedding": r["states"][0]["variance"],
+                "mean_adjacent_angular": sum(r["angular"]["last_token"][l][l + 1] for l in range(len(r["blocks"])))
+                / len(r["blocks"]), **({"ppl": r["removal"]["base_ppl"]} if "removal" in r else {})}
+               for lab, r in runs]
+    _write_csv(out / "compare.csv", summary)
+    sec = [("Summary", _table(summary, list(summary[0])))] + [(k.replace("_", " ").capitalize(), _img(p))
+                                                              for k, p in plots.items()]
+    files = {**plots, "report": write_html(out / "report.html", "depthlab comparison: " + ", ".join(l for l, _ in runs),
+                                           ["Curves are drawn against relative depth so models of different "
+                                            "depths line up."], sec)}
+    return files

@@ -1,0 +1,66 @@
+"""Layer-by-layer mode gives the numbers of whole-model mode while holding one block at a time."""
+
+import pytest
+import torch
+
+from depthlab.analysis.calibration import calibration_batches
+from depthlab.analysis.layers import load_model
+from depthlab.analysis.layerwise import load_skeleton
+from depthlab.analysis.study import Options, analyze, analyze_layerwise
+from tests.test_analysis_support import TEXT, save_depthlab_checkpoint, save_hf_model
+
+
+def _close(a, b, tol=1e-4):
+    return torch.allclose(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64), rtol=tol,
+                          atol=tol)
+
+
+@pytest.mark.parametrize("kind", ["lns", "llama"])
+def test_layerwise_equals_whole_model(tmp_path, kind):
+    if kind == "lns":
+        path = save_depthlab_checkpoint(tmp_path / "ck", "lns", 5)
+    else:
+        path = save_hf_model(tmp_path / "hf", kind)
+    whole = load_model(str(path))
+    skel, tok, _, _ = load_skeleton(str(path))
+    assert len(skel.lm.blocks) == 1 and skel.n_layers == whole.lm.n_layers
+    n_params = sum(p.numel() for p in skel.lm.model.parameters())
+    assert n_params < sum(p.numel() for p in whole.lm.model.parameters())
+    batches = calibration_batches(whole.tokenizer, [TEXT], 96, 24, 2, 300)
+    opts = Options(removal=False, probes=2)
+    a = analyze(whole.lm, batches, opts)
+    b = analyze_layerwise(skel, batches, opts)
+    for key in ("variance", "rms", "max_abs"):
+        assert _close([s[key] for s in a["states"]], [s[key] for s in b["states"]])
+    for key in a["blocks"][0]:
+        assert _close([r[key] for r in a["blocks"]], [r[key] for r in b["blocks"]]), key
+    for key in ("last_token", "all_tokens"):
+        assert _close(a["angular"][key], b["angular"][key])
+    assert _close(a["lens"]["kl"], b["lens"]["kl"]) and _close(a["lens"]["ce"], b["lens"]["ce"])
+    assert _close(a["jacobian"]["block_vs_identity"], b["jacobian"]["block_vs_identity"])
+    assert [h["block"] for h in a["jacobian"]["heatmaps"]] == [h["block"] for h in b["jacobian"]["heatmaps"]]
+    assert _close(a["jacobian"]["heatmaps"][-1]["matrix"], b["jacobian"]["heatmaps"][-1]["matrix"])
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_bfloat16_model_gives_fp32_accumulated_metrics_close_to_float32(tmp_path, layerwise):
+    from depthlab.analysis.run import Request, run_request
+
+    hf = save_hf_model(tmp_path / "hf", "qwen2")
+    opts = Options(removal=False, probes=1)
+    res = {dt: run_request(Request(str(hf), tokens=128, seq_len=32, batch_size=2, layerwise=layerwise, dtype=dt,
+                                   options=opts)) for dt in ("float32", "bfloat16")}
+    a, b = res["float32"], res["bfloat16"]
+    assert b["run"]["dtype"] == "bfloat16" and b["tokens"] == a["tokens"]
+    assert _close([s["variance"] for s in a["states"]], [s["variance"] for s in b["states"]], tol=0.05)
+    assert _close(a["angular"]["last_token"], b["angular"]["last_token"], tol=0.03)
+    assert _close(a["lens"]["ce"], b["lens"]["ce"], tol=0.02)
+
+
+def test_unknown_dtype_is_a_user_error(tmp_path):
+    from depthlab import UserError
+    from depthlab.analysis.run import Request, run_request
+
+    ck = save_depthlab_checkpoint(tmp_path / "ck")
+    with pytest.raises(UserError, match="unknown dtype 'int8'"):
+        run_request(Request(str(ck), tokens=64, dtype="int8"))
