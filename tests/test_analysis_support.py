@@ -32,14 +32,9 @@ def random_batches(vocab: int, n: int = 2, B: int = 2, T: int = 24, seed: int = 
 
 
 def write_checkpoint(path: Path, model, cfg: Config, meta: dict, tokenizer) -> Path:
-    """save_checkpoint took the model where this branch started and takes its state dict on main since the
-    trainer rework; accept both until the branches meet."""
-    import inspect
-
     from depthlab.train.checkpoint import save_checkpoint
 
-    second = list(inspect.signature(save_checkpoint).parameters)[1]
-    return save_checkpoint(path, model if second == "model" else model.state_dict(), cfg, meta, tokenizer)
+    return save_checkpoint(path, model.state_dict(), cfg, meta, tokenizer)
 
 
 def save_depthlab_checkpoint(path: Path, scheme: str = "pre", n_layers: int = 4, zero: int | None = None) -> Path:
