@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from depthlab import UserError
+from depthlab.hf.blocks import find_blocks  # noqa: F401  (re-exported: generic block discovery lives in one place)
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
 
@@ -48,22 +49,6 @@ def _first_tensor(x):
     if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
         return x[0]
     return None
-
-
-def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The largest ModuleList whose items all share one class and hold parameters."""
-    best = None
-    for name, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and len({type(m) for m in mod}) == 1 \
-                and any(True for _ in mod[0].parameters()):
-            if best is None or len(mod) > len(best[1]):
-                best = (name, mod)
-    if best is None:
-        lists = [f"{n} ({len(m)} x {', '.join(sorted({type(x).__name__ for x in m}))})"
-                 for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
-        raise UserError(f"no list of repeated blocks found in {type(model).__name__}; module lists found: "
-                        f"{', '.join(lists) or 'none'}")
-    return best
 
 
 class LayeredLM:

@@ -27,7 +27,7 @@ _HANDLES = "_depthlab_handles"
 
 def block_scales(model: nn.Module, layer_scales: list[float]) -> list[tuple[str, nn.Module, float]]:
     """(name, norm, scale of its block) for every norm of every block."""
-    prefix, blocks = find_blocks(model)
+    prefix, blocks = find_blocks(model, with_norms=True)
     if len(layer_scales) != len(blocks):
         raise UserError(f"{len(layer_scales)} recorded layer scales for {len(blocks)} blocks")
     return [(f"{prefix}.{i}.{name}", norm, layer_scales[i])
@@ -118,7 +118,7 @@ def apply_scheme(model: nn.Module, scheme: str = "lns", lns_power: float = 0.5):
         if hasattr(model.config, attr):
             delattr(model.config, attr)
     if scheme == "lns":
-        n = len(find_blocks(model)[1])
+        n = len(find_blocks(model, with_norms=True)[1])
         _patch(model, [(l + 1) ** -lns_power for l in range(n)], weights_folded=False)
         model.config.depthlab_scheme, model.config.depthlab_lns_power = "lns", lns_power
     return model
