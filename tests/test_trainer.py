@@ -2,6 +2,7 @@
 
 import errno
 import json
+import math
 import os
 import random
 import signal
@@ -263,3 +264,19 @@ def test_activation_checkpointing_gives_the_same_losses(tmp_path, corpus):
         Trainer(cfg, run_dir=tmp_path / str(ac), progress=False).train()
         runs[ac] = losses(tmp_path / str(ac))
     assert all(abs(runs[True][s] - runs[False][s]) < 1e-6 for s in (1, 2, 3)), runs
+
+
+def test_bf16_autocast_trains(tmp_path, corpus):
+    cfg = make_cfg(corpus, **{"train.max_steps": 3, "train.dtype": "bf16", "train.eval_every": 3})
+    result = Trainer(cfg, run_dir=tmp_path / "r", progress=False).train()
+    assert math.isfinite(result.val_loss) and result.val_loss < math.log(300)
+
+
+def test_missing_optional_logger_is_a_clear_error(tmp_path, corpus):
+    try:
+        import tensorboard  # noqa: F401
+        pytest.skip("tensorboard is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(UserError, match="pip install tensorboard"):
+        Trainer(make_cfg(corpus, **{"train.tensorboard": True}), run_dir=tmp_path / "r", progress=False)

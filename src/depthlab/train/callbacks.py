@@ -75,8 +75,23 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def require(module: str, flag: str):
+    """Import an optional logging backend, or explain in one line how to get it."""
+    import importlib
+
+    from depthlab import UserError
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{flag} needs the `{module.split('.')[0]}` package: pip install {module.split('.')[0]}") from None
+
+
 class TensorBoardLogger(Callback):
     """Scalars of every logged record to TensorBoard (needs the `tensorboard` package)."""
+
+    def __init__(self):
+        require("tensorboard", "train.tensorboard")
 
     def on_train_start(self, trainer) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -96,10 +111,13 @@ class TensorBoardLogger(Callback):
 
 
 class WandbLogger(Callback):
-    def on_train_start(self, trainer) -> None:
-        import wandb
+    """Logged scalars to Weights & Biases (needs the `wandb` package and a login; never required)."""
 
-        self.run = wandb.init(project="depthlab", dir=str(trainer.run_dir), config=trainer.cfg.to_dict(),
+    def __init__(self):
+        self.wandb = require("wandb", "train.wandb")
+
+    def on_train_start(self, trainer) -> None:
+        self.run = self.wandb.init(project="depthlab", dir=str(trainer.run_dir), config=trainer.cfg.to_dict(),
                               name=trainer.run_dir.name)
 
     def on_log(self, trainer, step: int, record: dict) -> None:
