@@ -86,17 +86,20 @@ def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_siz
     env = env or D.DistEnv()
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
-    batches = list(eval_batches(tokens, seq_len, batch_size))
-    rounds = math.ceil(len(batches) / env.world_size)
-    for r in range(rounds):
-        b = r * env.world_size + env.rank
-        x, y = batches[b] if b < len(batches) else batches[0]  # a filler forward, not counted
+    total, count, mine, filler = 0.0, 0, 0, None
+    for b, (x, y) in enumerate(eval_batches(tokens, seq_len, batch_size)):
+        filler = filler if filler is not None else x
+        if b % env.world_size != env.rank:
+            continue
         with autocast(device, dtype):
             logits = model(x.to(device))
-        if b < len(batches):
-            total += lm_loss(logits, y.to(device), reduction="sum").item()
-            count += y.numel()
+        total += lm_loss(logits, y.to(device), reduction="sum").item()
+        count += y.numel()
+        mine += 1
+    n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
+    for _ in range(math.ceil(n_batches / env.world_size) - mine):  # FSDP: every rank runs as many forwards
+        with autocast(device, dtype):
+            model(filler.to(device))
     model.train(was_training)
     total, count = D.all_reduce_sum([total, float(count)], env)
     loss = total / count
