@@ -1,0 +1,339 @@
+"""`depthlab data prepare`: tokenize once into binary token files plus a JSON index; resumable and idempotent.
+
+A prepared directory holds
+
+    index.json           tokenizer hash, vocabulary size, EOT id, dtype, documents and tokens per split, source,
+                         skipped files, and the request (inputs + settings) it was made from
+    tokenizer.json
+    train.bin, val.bin   packed token ids (uint16 when the vocabulary fits, else uint32), EOT after every document
+
+Work happens in DIR/.work: a plan (the inputs grouped into units of whole files), the tokenizer, and per finished
+unit a pair of shards and a done-marker, each written to a temporary name and renamed. Units run in worker
+processes, each tokenizing with the batch API. A rerun of the same request finishes the missing units only;
+index.json is written last, so a directory with an index is complete and a rerun of a finished job does nothing.
+Bad input (a UserError) removes the work, so nothing half-written is left behind; an interruption keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue as queue_lib
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from depthlab import UserError
+from depthlab.data.sources import HF_PREFIX, BadFile, builtin_files, expand, file_documents
+from depthlab.data.tokenizer import TOKENIZER_FILE, eot_id, load_tokenizer, tokenizer_hash, train_bpe
+from depthlab.data.tokens import encode_texts, is_val, token_dtype, val_period
+
+FORMAT, VERSION = "depthlab-tokens", 1
+INDEX, WORK, PLAN = "index.json", ".work", "plan.json"
+SPLITS = ("train", "val")
+BATCH_DOCS, BATCH_BYTES = 512, 4_000_000  # one encode_batch call per this many documents or bytes
+UNIT_MAX_BYTES = 256e6  # input bytes per unit (a unit is whole files, so one big file is one unit)
+
+
+def is_prepared(path: str | Path) -> bool:
+    return (Path(path) / INDEX).is_file() or (Path(path) / WORK / PLAN).is_file()
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def fingerprint(items: list[str]) -> list:
+    """What the inputs are: hf specs by name, files by path, size and modification time."""
+    out = []
+    for item in items:
+        if item.startswith(HF_PREFIX):
+            out.append([item])
+        else:
+            st = os.stat(item)
+            out.append([item, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def plan_units(items: list[str], workers: int, streaming: bool) -> list[dict]:
+    """Group files, in order, into units of about total / (4 * workers) bytes (at most UNIT_MAX_BYTES), so every
+    worker gets several units; a map-style hf: dataset is split into `workers` contiguous shards."""
+    sizes = {i: os.path.getsize(i) for i in items if not i.startswith(HF_PREFIX)}
+    target = min(UNIT_MAX_BYTES, max(1e6, sum(sizes.values()) / (4 * workers)))
+    groups: list[list] = []
+    current, size = [], 0
+    for item in items:
+        if item.startswith(HF_PREFIX):
+            n = 1 if streaming else workers
+            groups += [[[item, i, n]] for i in range(n)]
+            continue
+        current.append([item, 0, 1])
+        size += sizes[item]
+        if size >= target:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    return [{"index": k, "sources": g} for k, g in enumerate(groups)]
+
+
+def _unit_path(work: Path, index: int, suffix: str) -> Path:
+    return work / f"unit-{index:05d}.{suffix}"
+
+
+# ---------------------------------------------------------------- one unit (runs in a worker process)
+_worker: dict = {}  # per process: the tokenizer and the progress callback
+
+
+def _init_worker(tokenizer_json: str, progress_queue, threads: int) -> None:
+    if threads:  # read by the tokenizers thread pool on first use; keeps workers from oversubscribing the cores
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+    _worker["tok"] = Tokenizer.from_str(tokenizer_json)
+    _worker["report"] = lambda docs, nbytes: progress_queue.put((docs, nbytes))
+
+
+def run_unit(unit: dict, settings: dict) -> dict:
+    """Tokenize one unit's files into its train/val shards; a bad file is undone whole (truncated away)."""
+    tok, report = _worker["tok"], _worker["report"]
+    eot, dtype = eot_id(tok), token_dtype(tok.get_vocab_size())
+    work, period, k = Path(settings["work"]), settings["period"], unit["index"]
+    tmp = {s: _unit_path(work, k, f"{s}.bin.tmp") for s in SPLITS}
+    files = {s: open(tmp[s], "wb") for s in SPLITS}
+    docs, tokens = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
+    pending: dict[str, list[str]] = {s: [] for s in SPLITS}
+    skipped, files_read, doc_index, chars = [], 0, 0, 0
+
+    def flush():
+        n, nbytes = 0, 0
+        for s in SPLITS:
+            if pending[s]:
+                ids = encode_texts(tok, pending[s], eot, dtype)
+                ids.tofile(files[s])
+                tokens[s] += len(ids)
+                n, nbytes = n + len(pending[s]), nbytes + sum(len(t.encode()) for t in pending[s])
+                pending[s] = []
+        if n:
+            report(n, nbytes)
+
+    try:
+        for path, shard, shards in unit["sources"]:
+            # Where to return to if this file turns out bad; files are batched together, not flushed one by one.
+            mark = ({s: files[s].tell() for s in SPLITS}, dict(docs), dict(tokens), doc_index,
+                    {s: list(pending[s]) for s in SPLITS})
+            try:
+                for doc in file_documents(path, settings["text_field"], settings["streaming"], (shard, shards)):
+                    split = "val" if is_val(doc_index, period) else "train"
+                    doc_index += 1
+                    docs[split] += 1
+                    pending[split].append(doc.text)
+                    chars += len(doc.text)
+                    if len(pending["train"]) + len(pending["val"]) >= BATCH_DOCS or chars >= BATCH_BYTES:
+                        flush()
+                        chars = 0
+                files_read += 1
+            except BadFile as e:
+                if settings["fatal_bad_files"]:
+                    raise UserError(f"{path}: {e}") from None
+                skipped.append([path, str(e)])
+                offsets, docs, tokens, doc_index, pending = mark
+                for s in SPLITS:
+                    files[s].truncate(offsets[s])
+                    files[s].seek(offsets[s])
+        flush()
+        for s in SPLITS:
+            files[s].close()
+            os.replace(tmp[s], _unit_path(work, k, f"{s}.bin"))
+    finally:
+        for s in SPLITS:
+            files[s].close()
+            tmp[s].unlink(missing_ok=True)
+    record = {"index": k, "files_read": files_read, "skipped": skipped, "documents": docs, "tokens": tokens}
+    write_json_atomic(_unit_path(work, k, "json"), record)
+    return record
+
+
+# ---------------------------------------------------------------- the whole job
+def _sample_texts(units: list[dict], settings: dict, max_bytes: float) -> list[str]:
+    """Training documents (by the same held-out rule as the units) for training the BPE, up to max_bytes."""
+    texts, total = [], 0
+    for unit in units:
+        doc_index = 0
+        for path, shard, shards in unit["sources"]:
+            mine, start = [], doc_index
+            try:
+                for doc in file_documents(path, settings["text_field"], settings["streaming"], (shard, shards)):
+                    if not is_val(doc_index, settings["period"]):
+                        mine.append(doc.text)
+                        total += len(doc.text)
+                    doc_index += 1
+                    if total >= max_bytes:
+                        return texts + mine
+            except BadFile:  # the unit will skip (or fail on) this file; leave it out here too
+                doc_index, total = start, total - sum(map(len, mine))
+                continue
+            texts += mine
+    return texts
+
+
+def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: int, progress: bool) -> None:
+    bar = tqdm(desc="prepare", unit="doc", disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    t0, total_bytes = time.time(), 0
+
+    def advance(docs: int, nbytes: int) -> None:
+        nonlocal total_bytes
+        total_bytes += nbytes
+        bar.set_postfix_str(f"{total_bytes / 1e6 / max(time.time() - t0, 1e-9):.1f} MB/s", refresh=False)
+        bar.update(docs)
+
+    try:
+        if workers == 1:  # in this process: no start-up cost, and the tokenizer may use every core itself
+            _worker.update(tok=Tokenizer.from_str(tokenizer_json), report=advance)
+            for unit in units:
+                run_unit(unit, settings)
+            return
+        ctx = mp.get_context("spawn")  # fork would inherit (and disable) the tokenizer's thread pool
+        progress_queue = ctx.Queue()
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ctx.Pool(workers, _init_worker, (tokenizer_json, progress_queue, threads)) as pool:
+            running = [pool.apply_async(run_unit, (unit, settings)) for unit in units]
+            while running:
+                try:
+                    advance(*progress_queue.get(timeout=0.1))
+                    while True:
+                        advance(*progress_queue.get_nowait())
+                except queue_lib.Empty:
+                    pass
+                for r in [r for r in running if r.ready()]:
+                    r.get()  # re-raises a worker's error here
+                    running.remove(r)
+            while not progress_queue.empty():
+                advance(*progress_queue.get())
+    finally:
+        bar.close()
+
+
+def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str) -> dict:
+    records = [json.loads(_unit_path(work, u["index"], "json").read_text()) for u in plan["units"]]
+    skipped = [s for r in records for s in r["skipped"]]
+    files_read = sum(r["files_read"] for r in records)
+    docs = {s: sum(r["documents"][s] for r in records) for s in SPLITS}
+    tokens = {s: sum(r["tokens"][s] for r in records) for s in SPLITS}
+    if not files_read:
+        raise UserError(f"no usable text in {source}; skipped {len(skipped)}: "
+                        + ", ".join(f"{p} ({why})" for p, why in skipped[:3]))
+    if not docs["val"] or not docs["train"]:
+        raise UserError(f"{sum(docs.values())} document(s) in {source}: too few to hold out a validation set "
+                        f"by document; give more documents or a larger --val-fraction")
+    for s in SPLITS:
+        tmp = out / f"{s}.bin.tmp"
+        with open(tmp, "wb") as dst:
+            for r in records:
+                with open(_unit_path(work, r["index"], f"{s}.bin"), "rb") as src:
+                    shutil.copyfileobj(src, dst, 16 << 20)
+        os.replace(tmp, out / f"{s}.bin")
+    tok.save(str(out / TOKENIZER_FILE))
+    summary = f"{files_read} file(s), {docs['train'] + docs['val']} documents"
+    if skipped:
+        summary += f", {len(skipped)} bad file(s) skipped"
+    index = {"format": FORMAT, "version": VERSION, "source": f"{source} ({summary})",
+             "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size(), "eot_id": eot_id(tok),
+             "dtype": np.dtype(token_dtype(tok.get_vocab_size())).name, "files_read": files_read,
+             "skipped": skipped, "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s]}
+                                            for s in SPLITS},
+             "request": plan["request"]}
+    write_json_atomic(out / INDEX, index)
+    shutil.rmtree(work)
+    return index
+
+
+def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None, vocab_size: int = 32000,
+            text_field: str = "text", val_fraction: float = 0.05, workers: int = 0, fatal_bad_files: bool = False,
+            streaming: bool = False, builtin_mb: float = 4.0, tokenizer_sample_mb: float = 200.0,
+            progress: bool = True, log=lambda msg: print(msg, file=sys.stderr)) -> dict:
+    """Prepare `inputs` (files, folders, globs, hf: specs; empty: the built-in corpus) into `out`; return the
+    index. `tokenizer`: a tokenizer.json or transformers directory; None trains byte-level BPE of `vocab_size`
+    on up to `tokenizer_sample_mb` of the training documents."""
+    if not 0 < val_fraction < 1:
+        raise UserError(f"the validation fraction must be in (0, 1), got {val_fraction}")
+    items = [i if i.startswith(HF_PREFIX) else os.path.abspath(i)
+             for i in (expand(inputs) if inputs else map(str, builtin_files(builtin_mb)))]
+    source = ", ".join(inputs) if inputs else "built-in corpus (Python standard library)"
+    given = load_tokenizer(tokenizer) if tokenizer else None
+    request = {"inputs": fingerprint(items), "text_field": text_field, "val_fraction": val_fraction,
+               "streaming": streaming,
+               "tokenizer": tokenizer_hash(given) if given else {"bpe_vocab": vocab_size,
+                                                                 "sample_mb": tokenizer_sample_mb}}
+    out = Path(out)
+    if (out / INDEX).is_file():
+        if json.loads((out / INDEX).read_text()).get("request") == request:
+            log(f"{out} is already prepared from these inputs: nothing to do")
+            return json.loads((out / INDEX).read_text())
+        raise UserError(f"{out} already holds data prepared from other inputs or settings; choose another --out "
+                        f"or delete it")
+    if out.exists() and (not out.is_dir() or any(p.name != WORK for p in out.iterdir())):
+        raise UserError(f"{out} exists and is not a depthlab prepared-data directory; choose another --out")
+    created = not out.exists()
+    work = out / WORK
+    workers = workers if workers > 0 else (os.cpu_count() or 1)
+    settings = {"work": str(work), "text_field": text_field, "streaming": streaming,
+                "fatal_bad_files": fatal_bad_files, "period": val_period(val_fraction)}
+    try:
+        plan_path = work / PLAN
+        if plan_path.is_file() and json.loads(plan_path.read_text()).get("request") != request:
+            log(f"{out}: the inputs or settings changed since the interrupted run; starting over")
+            shutil.rmtree(work)
+        if not plan_path.is_file():
+            work.mkdir(parents=True, exist_ok=True)
+            units = plan_units(items, workers, streaming)
+            tok = given or train_bpe(_sample_texts(units, settings, tokenizer_sample_mb * 1e6), vocab_size)
+            tok.save(str(work / TOKENIZER_FILE))
+            write_json_atomic(plan_path, {"request": request, "units": units})
+        plan = json.loads(plan_path.read_text())
+        tok = Tokenizer.from_file(str(work / TOKENIZER_FILE))
+        todo = [u for u in plan["units"] if not _unit_path(work, u["index"], "json").is_file()]
+        if len(todo) < len(plan["units"]):
+            log(f"{out}: resuming, {len(plan['units']) - len(todo)} of {len(plan['units'])} units already done")
+        if todo:
+            _run_units(todo, settings, tok.to_str(), min(workers, len(todo)), progress)
+        index = _finalize(out, work, plan, tok, source)
+    except UserError:
+        shutil.rmtree(out if created else work, ignore_errors=True)
+        raise
+    if index["skipped"]:
+        path, why = index["skipped"][0]
+        log(f"skipped {len(index['skipped'])} bad file(s), e.g. {path}: {why}")
+    return index
+
+
+def load_prepared(path: str | Path) -> tuple[dict, Tokenizer, dict[str, np.ndarray]]:
+    """(index, tokenizer, {split: memory-mapped tokens}) of a prepared directory; UserError if it is not one."""
+    path = Path(path)
+    if not (path / INDEX).is_file():
+        if (path / WORK / PLAN).is_file():
+            raise UserError(f"{path} is an unfinished `depthlab data prepare`; rerun the same command to finish it")
+        raise UserError(f"{path} is not a prepared-data directory (no {INDEX})")
+    try:
+        index = json.loads((path / INDEX).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path / INDEX}: {e}") from None
+    if index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise UserError(f"{path / INDEX} is not a {FORMAT} v{VERSION} index")
+    tok = load_tokenizer(path / TOKENIZER_FILE)
+    if tokenizer_hash(tok) != index["tokenizer_hash"]:
+        raise UserError(f"{path / TOKENIZER_FILE} is not the tokenizer the shards were made with "
+                        f"({tokenizer_hash(tok)} != {index['tokenizer_hash']})")
+    arrays = {}
+    for split, info in index["splits"].items():
+        file = path / info["file"]
+        if not file.is_file() or file.stat().st_size != info["tokens"] * np.dtype(index["dtype"]).itemsize:
+            raise UserError(f"{file} is missing or does not hold the {info['tokens']} tokens the index lists")
+        arrays[split] = np.memmap(file, dtype=index["dtype"], mode="r")
+    return index, tok, arrays
