@@ -16,6 +16,7 @@ Bad input (a UserError) removes the work, so nothing half-written is left behind
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -23,6 +24,8 @@ import queue as queue_lib
 import shutil
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +41,7 @@ FORMAT, VERSION = "depthlab-tokens", 1
 INDEX, WORK, PLAN = "index.json", ".work", "plan.json"
 SPLITS = ("train", "val")
 BATCH_DOCS, BATCH_BYTES = 512, 4_000_000  # one encode_batch call per this many documents or bytes
-UNIT_MAX_BYTES = 256e6  # input bytes per unit (a unit is whole files, so one big file is one unit)
+UNIT_MAX_BYTES = 64e6  # input bytes per unit (a unit is whole files, so one big file is one unit)
 
 
 def is_prepared(path: str | Path) -> bool:
@@ -93,11 +96,16 @@ def _unit_path(work: Path, index: int, suffix: str) -> Path:
 _worker: dict = {}  # per process: the tokenizer and the progress callback
 
 
-def _init_worker(tokenizer_json: str, progress_queue, threads: int) -> None:
+class Stopped(Exception):
+    """Another unit failed: this worker stops at its next batch instead of finishing work that will be discarded."""
+
+
+def _init_worker(tokenizer_json: str, progress_queue, stop, threads: int) -> None:
     if threads:  # read by the tokenizers thread pool on first use; keeps workers from oversubscribing the cores
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     _worker["tok"] = Tokenizer.from_str(tokenizer_json)
     _worker["report"] = lambda docs, nbytes: progress_queue.put((docs, nbytes))
+    _worker["stop"] = stop
 
 
 def run_unit(unit: dict, settings: dict) -> dict:
@@ -112,6 +120,8 @@ def run_unit(unit: dict, settings: dict) -> dict:
     skipped, files_read, doc_index, chars = [], 0, 0, 0
 
     def flush():
+        if _worker.get("stop") is not None and _worker["stop"].is_set():
+            raise Stopped
         n, nbytes = 0, 0
         for s in SPLITS:
             if pending[s]:
@@ -195,27 +205,32 @@ def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: 
 
     try:
         if workers == 1:  # in this process: no start-up cost, and the tokenizer may use every core itself
-            _worker.update(tok=Tokenizer.from_str(tokenizer_json), report=advance)
+            _worker.update(tok=Tokenizer.from_str(tokenizer_json), report=advance, stop=None)
             for unit in units:
                 run_unit(unit, settings)
             return
-        ctx = mp.get_context("spawn")  # fork would inherit (and disable) the tokenizer's thread pool
-        progress_queue = ctx.Queue()
+        # spawn, not fork: a forked child inherits (and disables) the tokenizer's thread pool. A pool of futures,
+        # so a worker that dies (out of memory, killed) fails the job instead of hanging it.
+        ctx = mp.get_context("spawn")
+        progress_queue, stop = ctx.Queue(), ctx.Event()
         threads = max(1, (os.cpu_count() or 1) // workers)
-        with ctx.Pool(workers, _init_worker, (tokenizer_json, progress_queue, threads)) as pool:
-            running = [pool.apply_async(run_unit, (unit, settings)) for unit in units]
-            while running:
-                try:
-                    advance(*progress_queue.get(timeout=0.1))
-                    while True:
-                        advance(*progress_queue.get_nowait())
-                except queue_lib.Empty:
-                    pass
-                for r in [r for r in running if r.ready()]:
-                    r.get()  # re-raises a worker's error here
-                    running.remove(r)
-            while not progress_queue.empty():
-                advance(*progress_queue.get())
+        with ProcessPoolExecutor(workers, ctx, _init_worker, (tokenizer_json, progress_queue, stop, threads)) as pool:
+            running = {pool.submit(run_unit, unit, settings) for unit in units}
+            try:
+                while running:
+                    done, running = wait(running, timeout=0.1, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        future.result()  # re-raises a worker's error here
+                    with contextlib.suppress(queue_lib.Empty):
+                        while True:
+                            advance(*progress_queue.get_nowait())
+            except BrokenProcessPool:
+                raise UserError("a data prepare worker process died (out of memory?); rerun to resume, perhaps "
+                                "with fewer --workers") from None
+            finally:  # on any error, stop the other workers at their next batch
+                stop.set()
+                for future in running:
+                    future.cancel()
     finally:
         bar.close()
 
