@@ -229,3 +229,19 @@ def test_train_cli_on_prepared_data(tmp_path, capsys):
     run_dir = next((tmp_path / "runs").iterdir())
     assert (run_dir / "tokenizer.json").read_bytes() == (tmp_path / "out" / "tokenizer.json").read_bytes()
     assert main(["data", "info", str(tmp_path / "out")]) == 0
+
+
+def test_eval_tokens_from_prepared_or_raw(tmp_path):
+    from depthlab.data.dataset import eval_tokens
+
+    root, texts = corpus(tmp_path, n_files=1)
+    prepare([str(root)], tmp_path / "out", vocab_size=300, workers=1, **quiet())
+    _, tok, arrays = load_prepared(tmp_path / "out")
+    tokens, source = eval_tokens([str(tmp_path / "out")], tok)
+    assert np.array_equal(tokens, arrays["val"]) and "validation split" in source
+    with pytest.raises(UserError, match="was prepared with tokenizer"):
+        eval_tokens([str(tmp_path / "out")], small_bpe())
+    raw, _ = eval_tokens([str(root)], tok)
+    assert sorted(decode_docs(tok, raw, tok.token_to_id("<|endoftext|>"))) == sorted(texts)
+    with pytest.raises(UserError, match="holds prepared token data"):
+        eval_tokens([str(tmp_path)], tok)  # a folder holding raw text and a prepared dir

@@ -21,7 +21,7 @@ from depthlab.data.sources import Document, ReadReport, builtin_documents, read_
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import is_val, pack, val_period
 
-__all__ = ["TokenData", "build_token_data", "PackedSampler", "eval_batches", "pack", "read_documents"]
+__all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "eval_batches", "pack", "read_documents"]
 
 MIN_DOCUMENTS = 20  # fewer documents are cut into pieces at line boundaries so a held-out set exists
 ON_THE_FLY_MAX_BYTES = 256e6  # more raw text than this must go through `depthlab data prepare`
@@ -105,6 +105,18 @@ def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenDa
         raise UserError(f"not enough text: {len(data.train)} train / {len(data.val)} validation tokens, need at "
                         f"least {need} each for data.seq_len={cfg.data.seq_len}; give more data or a shorter seq_len")
     return data
+
+
+def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text") -> tuple[np.ndarray, str]:
+    """Tokens to evaluate a model on: a prepared directory's validation split (made with `tokenizer`), or raw
+    files packed now with `tokenizer`; and a one-line description."""
+    if any(is_prepared(p) for p in paths):
+        cfg = Config()
+        cfg.data.paths = list(paths)
+        data = _prepared_data(cfg, tokenizer)
+        return data.val, f"the validation split of {data.source}"
+    docs, report = read_documents(paths, text_field=text_field)
+    return pack(tokenizer, docs), f"{', '.join(paths)} ({report.summary()})"
 
 
 def windows(tokens: np.ndarray, seq_len: int) -> int:

@@ -91,8 +91,12 @@ def expand(paths: list[str]) -> list[str]:
             raise UserError(f"no files match {p!r}")
         for m in map(Path, matches):
             if m.is_dir():
-                out += [str(f) for f in sorted(m.rglob("*")) if f.is_file() and kind_of(f)
-                        and not any(part.startswith(".") for part in f.relative_to(m).parts)]
+                found = [f for f in sorted(m.rglob("*")) if f.is_file() and kind_of(f)
+                         and not any(part.startswith(".") for part in f.relative_to(m).parts)]
+                for f in found:  # a `data prepare` output is not text: its index.json would read as bad JSON
+                    if f.name == "index.json" and (f.parent / "train.bin").is_file():
+                        raise UserError(f"{f.parent} holds prepared token data, not text; pass it alone as the data")
+                out += map(str, found)
             elif m.is_file():
                 out.append(str(m))
             else:
