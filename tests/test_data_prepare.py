@@ -76,13 +76,14 @@ def test_uint32_when_the_vocabulary_does_not_fit_16_bits(tmp_path):
     assert arrays["train"].tolist() == [0, 69999, 65536, 70000, 2, 69999, 65536, 70000]
 
 
-def test_worker_processes_give_identical_bytes(tmp_path, monkeypatch):
+def test_worker_processes_give_identical_bytes(tmp_path):
     root, _ = corpus(tmp_path)
-    monkeypatch.setattr(prep, "UNIT_MAX_BYTES", 1)  # one file per unit, so two workers share the job
     tok = small_bpe()
     tok.save(str(tmp_path / "tok.json"))
     for w in (1, 2):
-        prepare([str(root)], tmp_path / f"w{w}", tokenizer=str(tmp_path / "tok.json"), workers=w, **quiet())
+        # one file per unit, so two workers share the job
+        prepare([str(root)], tmp_path / f"w{w}", tokenizer=str(tmp_path / "tok.json"), workers=w, unit_mb=1e-9,
+                **quiet())
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
 
@@ -102,7 +103,6 @@ def test_rerun_of_a_finished_job_does_nothing(tmp_path):
 
 def test_interrupted_job_finishes_only_missing_units(tmp_path, monkeypatch):
     root, _ = corpus(tmp_path)
-    monkeypatch.setattr(prep, "UNIT_MAX_BYTES", 1)
     real, ran = prep.run_unit, []
 
     def interrupted(unit, settings):
@@ -112,7 +112,7 @@ def test_interrupted_job_finishes_only_missing_units(tmp_path, monkeypatch):
 
     monkeypatch.setattr(prep, "run_unit", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        prepare([str(root)], tmp_path / "out", vocab_size=300, workers=1, **quiet())
+        prepare([str(root)], tmp_path / "out", vocab_size=300, workers=1, unit_mb=1e-9, **quiet())
     assert not (tmp_path / "out" / "index.json").exists()
     assert sorted(p.name for p in (tmp_path / "out" / ".work").glob("unit-*.json")) == ["unit-00000.json",
                                                                                       "unit-00001.json"]
@@ -121,9 +121,9 @@ def test_interrupted_job_finishes_only_missing_units(tmp_path, monkeypatch):
 
     monkeypatch.setattr(prep, "run_unit", lambda unit, settings: ran.append(unit["index"]) or real(unit, settings))
     logs = []
-    prepare([str(root)], tmp_path / "out", vocab_size=300, workers=1, progress=False, log=logs.append)
+    prepare([str(root)], tmp_path / "out", vocab_size=300, workers=1, unit_mb=1e-9, progress=False, log=logs.append)
     assert ran == [2, 3, 4] and "resuming, 2 of 5 units" in logs[0]
-    prepare([str(root)], tmp_path / "clean", vocab_size=300, workers=1, **quiet())  # never interrupted
+    prepare([str(root)], tmp_path / "clean", vocab_size=300, workers=1, unit_mb=1e-9, **quiet())  # uninterrupted
     for name in ("train.bin", "val.bin", "tokenizer.json"):
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes()
 
@@ -163,13 +163,12 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(tmp_path, capsys, na
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_input_in_a_worker_process(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(prep, "UNIT_MAX_BYTES", 1)  # several units, so a pool of two processes runs them
+def test_bad_input_in_a_worker_process(tmp_path, capsys):
     root, _ = corpus(tmp_path, n_files=2)
     (root / "d.jsonl").write_text('{"text": "a"}\n{"text": }\n')
     small_bpe().save(str(tmp_path / "tok.json"))  # given, so no BPE training reads the files first
     code, err = run_cli(capsys, "data", "prepare", str(root), "--out", str(tmp_path / "out"), "--tokenizer",
-                        str(tmp_path / "tok.json"), "--workers", "2", "--no-progress")
+                        str(tmp_path / "tok.json"), "--workers", "2", "--unit-mb", "1e-9", "--no-progress")
     assert code == 2 and "d.jsonl:2: malformed JSON line" in err and not (tmp_path / "out").exists()
 
 

@@ -16,7 +16,8 @@ def cmd_prepare(args) -> None:
     index = prepare(args.inputs, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                     text_field=args.text_field, val_fraction=args.val_fraction, workers=args.workers,
                     fatal_bad_files=args.fatal_bad_files, streaming=args.streaming, builtin_mb=args.builtin_mb,
-                    tokenizer_sample_mb=args.tokenizer_sample_mb, progress=not args.no_progress)
+                    tokenizer_sample_mb=args.tokenizer_sample_mb, unit_mb=args.unit_mb,
+                    progress=not args.no_progress)
     print_info(args.out, index)
 
 
@@ -56,6 +57,8 @@ def add_commands(sub) -> None:
     p.add_argument("--streaming", action="store_true", help="stream hf: datasets instead of downloading them")
     p.add_argument("--builtin-mb", type=float, default=4.0, help="built-in corpus size when no INPUT is given")
     p.add_argument("--tokenizer-sample-mb", type=float, default=200.0, help="text used to train the BPE")
+    p.add_argument("--unit-mb", type=float, help="input MB per unit of work (default: automatic; inputs under "
+                   "16 MB run in one process)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)
 

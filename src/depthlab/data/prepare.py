@@ -41,7 +41,9 @@ FORMAT, VERSION = "depthlab-tokens", 1
 INDEX, WORK, PLAN = "index.json", ".work", "plan.json"
 SPLITS = ("train", "val")
 BATCH_DOCS, BATCH_BYTES = 512, 4_000_000  # one encode_batch call per this many documents or bytes
-UNIT_MAX_BYTES = 64e6  # input bytes per unit (a unit is whole files, so one big file is one unit)
+# Input bytes per unit (a unit is whole files, so one big file is one unit). Smaller inputs than the minimum run
+# in this process, the tokenizer's own threads encoding each batch: starting a worker process costs about a second.
+UNIT_MIN_BYTES, UNIT_MAX_BYTES = 16e6, 64e6
 
 
 def is_prepared(path: str | Path) -> bool:
@@ -66,11 +68,12 @@ def fingerprint(items: list[str]) -> list:
     return out
 
 
-def plan_units(items: list[str], workers: int, streaming: bool) -> list[dict]:
-    """Group files, in order, into units of about total / (4 * workers) bytes (at most UNIT_MAX_BYTES), so every
-    worker gets several units; a map-style hf: dataset is split into `workers` contiguous shards."""
+def plan_units(items: list[str], workers: int, streaming: bool, unit_bytes: float | None = None) -> list[dict]:
+    """Group files, in order, into units of `unit_bytes` or by default about total / (4 * workers) bytes (within
+    UNIT_MIN_BYTES..UNIT_MAX_BYTES), so every worker gets several units; a map-style hf: dataset is split into
+    `workers` contiguous shards."""
     sizes = {i: os.path.getsize(i) for i in items if not i.startswith(HF_PREFIX)}
-    target = min(UNIT_MAX_BYTES, max(1e6, sum(sizes.values()) / (4 * workers)))
+    target = unit_bytes or min(UNIT_MAX_BYTES, max(UNIT_MIN_BYTES, sum(sizes.values()) / (4 * workers)))
     groups: list[list] = []
     current, size = [], 0
     for item in items:
@@ -272,10 +275,11 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str) ->
 def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None, vocab_size: int = 32000,
             text_field: str = "text", val_fraction: float = 0.05, workers: int = 0, fatal_bad_files: bool = False,
             streaming: bool = False, builtin_mb: float = 4.0, tokenizer_sample_mb: float = 200.0,
-            progress: bool = True, log=lambda msg: print(msg, file=sys.stderr)) -> dict:
+            unit_mb: float | None = None, progress: bool = True, log=lambda msg: print(msg, file=sys.stderr)) -> dict:
     """Prepare `inputs` (files, folders, globs, hf: specs; empty: the built-in corpus) into `out`; return the
     index. `tokenizer`: a tokenizer.json or transformers directory; None trains byte-level BPE of `vocab_size`
-    on up to `tokenizer_sample_mb` of the training documents."""
+    on up to `tokenizer_sample_mb` of the training documents. `unit_mb`: input per unit of work (resume
+    granularity; default: automatic)."""
     if not 0 < val_fraction < 1:
         raise UserError(f"the validation fraction must be in (0, 1), got {val_fraction}")
     items = [i if i.startswith(HF_PREFIX) else os.path.abspath(i)
@@ -307,7 +311,7 @@ def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None,
             shutil.rmtree(work)
         if not plan_path.is_file():
             work.mkdir(parents=True, exist_ok=True)
-            units = plan_units(items, workers, streaming)
+            units = plan_units(items, workers, streaming, unit_mb and unit_mb * 1e6)
             tok = given or train_bpe(_sample_texts(units, settings, tokenizer_sample_mb * 1e6), vocab_size)
             tok.save(str(work / TOKENIZER_FILE))
             write_json_atomic(plan_path, {"request": request, "units": units})

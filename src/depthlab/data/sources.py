@@ -282,8 +282,10 @@ def builtin_files(max_mb: float = 4.0) -> list[Path]:
     files.sort(key=lambda f: hashlib.md5(str(f.relative_to(root)).encode()).hexdigest())
     out, total = [], 0
     for f in files:
-        out.append(f)
-        total += f.stat().st_size
+        size = f.stat().st_size
+        if size:  # empty __init__.py files are not documents
+            out.append(f)
+            total += size
         if total >= max_mb * 1e6:
             break
     if not out:
