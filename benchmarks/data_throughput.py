@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -36,6 +37,12 @@ def naive_prepare(tok, mb: float, out: Path) -> None:
         for path in builtin_files(mb):
             text = read_text_file(path)
             np.asarray(tok.encode(text, add_special_tokens=False).ids + [eot], dtype=dtype).tofile(f)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children: less sensitive than wall time to a shared machine."""
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF,
+                                                                          resource.RUSAGE_CHILDREN)))
 
 
 def loader_tokens_per_s(tokens: np.ndarray, seq_len: int, batch: int, seconds: float = 2.0) -> float:
@@ -94,16 +101,19 @@ def main() -> None:
         tmp = Path(tmp)
         tok.save(str(tmp / "tok.json"))
         seconds = {"naive": [], "batch": [], "workers": []}
+        cpu = {k: [] for k in seconds}
         for r in range(args.repeat):  # interleaved, best of `repeat`: the machine may be shared
-            t0 = time.perf_counter()
-            naive_prepare(tok, args.mb, tmp / "naive.bin")
-            seconds["naive"].append(time.perf_counter() - t0)
-            for name, unit_mb in (("batch", None), ("workers", mb / (4 * workers))):  # auto: 1 process; N processes
-                t0 = time.perf_counter()
-                prepare([], tmp / f"{name}{r}", tokenizer=str(tmp / "tok.json"), builtin_mb=args.mb,
-                        workers=workers, unit_mb=unit_mb, progress=False, log=lambda m: None)
+            for name in seconds:
+                t0, c0 = time.perf_counter(), cpu_seconds()
+                if name == "naive":
+                    naive_prepare(tok, args.mb, tmp / "naive.bin")
+                else:  # auto: one process for this small input; or units spread over worker processes
+                    prepare([], tmp / f"{name}{r}", tokenizer=str(tmp / "tok.json"), builtin_mb=args.mb,
+                            workers=workers, unit_mb=mb / (4 * workers) if name == "workers" else None,
+                            progress=False, log=lambda m: None)
                 seconds[name].append(time.perf_counter() - t0)
-        seconds = {k: min(v) for k, v in seconds.items()}
+                cpu[name].append(cpu_seconds() - c0)
+        seconds, cpu = {k: min(v) for k, v in seconds.items()}, {k: min(v) for k, v in cpu.items()}
         naive_s = seconds["naive"]
         index, _, arrays = load_prepared(tmp / "batch0")
         n_tokens = sum(s["tokens"] for s in index["splits"].values())
@@ -117,16 +127,19 @@ def main() -> None:
            "cpu_cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "workers": workers, "naive_encode_mb_s": round(mb / naive_s, 2),
            "prepare_batch_mb_s": round(mb / seconds["batch"], 2),
            "prepare_workers_mb_s": round(mb / seconds["workers"], 2),
+           "cpu_s_per_mb": {k: round(v / mb, 3) for k, v in cpu.items()},
            "loader_tokens_s": round(load), "loader_batch": f"{micro} x {cfg.data.seq_len}",
            "model_device": args.device, "model_130m_tokens_s": round(model, 1),
            "loader_headroom": round(load / model)}
     print(f"corpus: {mb:.1f} MB, {len(docs)} documents, {n_tokens} tokens, vocab {fig['vocab']}, "
           f"{fig['cpu_cores']} cores")
-    print(f"naive encode loop                {fig['naive_encode_mb_s']:8.2f} MB/s")
-    print(f"data prepare, batch API          {fig['prepare_batch_mb_s']:8.2f} MB/s  "
-          f"({naive_s / seconds['batch']:.2f}x naive)")
-    print(f"data prepare, {workers} worker processes {fig['prepare_workers_mb_s']:8.2f} MB/s  "
-          f"({naive_s / seconds['workers']:.2f}x naive)")
+    per_mb = fig["cpu_s_per_mb"]
+    print(f"naive encode loop                {fig['naive_encode_mb_s']:8.2f} MB/s   {per_mb['naive']:.3f} CPU s/MB")
+    print(f"data prepare, batch API          {fig['prepare_batch_mb_s']:8.2f} MB/s   {per_mb['batch']:.3f} CPU s/MB"
+          f"  ({naive_s / seconds['batch']:.2f}x naive)")
+    print(f"data prepare, {workers} worker processes {fig['prepare_workers_mb_s']:8.2f} MB/s   "
+          f"{per_mb['workers']:.3f} CPU s/MB  ({naive_s / seconds['workers']:.2f}x naive)")
+    print(f"machine load (1 min average): {fig['load_avg_1m']} on {fig['cpu_cores']} cores")
     print(f"loader ({fig['loader_batch']})           {load:14,.0f} tokens/s")
     print(f"llama-130m training step ({args.device}) {model:10,.1f} tokens/s -> loader headroom "
           f"{fig['loader_headroom']:,.0f}x")
