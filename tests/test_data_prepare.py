@@ -244,3 +244,35 @@ def test_eval_tokens_from_prepared_or_raw(tmp_path):
     assert sorted(decode_docs(tok, raw, tok.token_to_id("<|endoftext|>"))) == sorted(texts)
     with pytest.raises(UserError, match="holds prepared token data"):
         eval_tokens([str(tmp_path)], tok)  # a folder holding raw text and a prepared dir
+
+
+def test_t5_style_transformers_tokenizer_dir(tmp_path):
+    """The paper's setup: a SentencePiece-style (Unigram, Metaspace) transformers tokenizer whose separator is </s>."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers.implementations import SentencePieceUnigramTokenizer
+
+    root, texts = corpus(tmp_path, n_files=2)
+    sp = SentencePieceUnigramTokenizer()
+    sp.train_from_iterator(texts, vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                           show_progress=False)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=sp._tokenizer, eos_token="</s>", unk_token="<unk>",
+                                         pad_token="<pad>").save_pretrained(str(tmp_path / "t5ish"))
+    idx = prepare([str(root)], tmp_path / "out", tokenizer=str(tmp_path / "t5ish"), val_fraction=0.5, workers=1,
+                  **quiet())
+    _, tok, arrays = load_prepared(tmp_path / "out")
+    assert idx["eot_id"] == 1
+    period = val_period(0.5)
+    expected = [tok.encode(t, add_special_tokens=False).ids + [1] for i, t in enumerate(texts) if is_val(i, period)]
+    assert arrays["val"].tolist() == [i for ids in expected for i in ids]
+    # decoding gives the text back modulo the tokenizer's normalisation (here: exact for plain words)
+    assert tok.decode(expected[0][:-1]) == texts[1]
+
+
+def test_hf_dataset_prepared(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    _, texts = corpus(tmp_path, n_files=2)
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "ds"))
+    idx = prepare([f"hf:{tmp_path / 'ds'}"], tmp_path / "out", vocab_size=300, workers=1, **quiet())
+    _, tok, arrays = load_prepared(tmp_path / "out")
+    period = val_period(0.05)
+    assert decode_docs(tok, arrays["val"], idx["eot_id"]) == [t for i, t in enumerate(texts) if is_val(i, period)]
