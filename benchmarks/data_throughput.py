@@ -124,7 +124,8 @@ def main() -> None:
     model = model_tokens_per_s(args.device, args.model_batch, args.model_steps)
 
     fig = {"corpus_mb": round(mb, 2), "documents": len(docs), "tokens": n_tokens, "vocab": tok.get_vocab_size(),
-           "cpu_cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "workers": workers, "naive_encode_mb_s": round(mb / naive_s, 2),
+           "cpu_cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "workers": workers,
+           "naive_encode_mb_s": round(mb / naive_s, 2),
            "prepare_batch_mb_s": round(mb / seconds["batch"], 2),
            "prepare_workers_mb_s": round(mb / seconds["workers"], 2),
            "cpu_s_per_mb": {k: round(v / mb, 3) for k, v in cpu.items()},

@@ -27,7 +27,8 @@ def corpus(tmp_path, n_files=4, docs_per_file=12):
     root, texts = tmp_path / "raw", []
     root.mkdir()
     for f in range(n_files):
-        mine = [" ".join(rng.choice(WORDS, rng.integers(5, 40))) + f" ({f}.{i}) ünïcode ✓" for i in range(docs_per_file)]
+        mine = [" ".join(rng.choice(WORDS, rng.integers(5, 40))) + f" ({f}.{i}) ünïcode ✓"
+                for i in range(docs_per_file)]
         write_c4(root / f"c4-train.{f:05d}-of-01024.json.gz", mine)
         texts += mine
     (root / "zz-notes.txt").write_text("A plain text file\nwith two lines.\n")
