@@ -47,12 +47,12 @@ def quiet(**kw):
 
 def test_round_trip_and_held_out_by_document(tmp_path):
     root, texts = corpus(tmp_path)
-    index = prepare([str(root)], tmp_path / "out", vocab_size=400, workers=1, **quiet())
+    index = prepare([str(root)], tmp_path / "out", vocab_size=400, workers=1, unit_mb=1e-9, **quiet())  # 5 units
     idx, tok, arrays = load_prepared(tmp_path / "out")
     assert idx == json.loads((tmp_path / "out" / "index.json").read_text()) and index["splits"] == idx["splits"]
     assert idx["dtype"] == "uint16" and arrays["train"].dtype == np.uint16 and isinstance(arrays["train"], np.memmap)
     assert not (tmp_path / "out" / ".work").exists()
-    # units are whole files in order; within a unit every val_period-th document is held out
+    # every val_period-th document of the whole input is held out, whatever the units
     period = val_period(0.05)
     train = [t for i, t in enumerate(texts) if not is_val(i, period)]
     val = [t for i, t in enumerate(texts) if is_val(i, period)]
@@ -77,14 +77,13 @@ def test_uint32_when_the_vocabulary_does_not_fit_16_bits(tmp_path):
     assert arrays["train"].tolist() == [0, 69999, 65536, 70000, 2, 69999, 65536, 70000]
 
 
-def test_worker_processes_give_identical_bytes(tmp_path):
+def test_output_does_not_depend_on_workers_or_units(tmp_path):
     root, _ = corpus(tmp_path)
     tok = small_bpe()
     tok.save(str(tmp_path / "tok.json"))
-    for w in (1, 2):
-        # one file per unit, so two workers share the job
-        prepare([str(root)], tmp_path / f"w{w}", tokenizer=str(tmp_path / "tok.json"), workers=w, unit_mb=1e-9,
-                **quiet())
+    prepare([str(root)], tmp_path / "w1", tokenizer=str(tmp_path / "tok.json"), workers=1, **quiet())  # 1 unit
+    prepare([str(root)], tmp_path / "w2", tokenizer=str(tmp_path / "tok.json"), workers=2, unit_mb=1e-9,
+            **quiet())  # one file per unit, two worker processes
     for name in ("train.bin", "val.bin"):
         assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
 
@@ -124,7 +123,7 @@ def test_interrupted_job_finishes_only_missing_units(tmp_path, monkeypatch):
     logs = []
     prepare([str(root)], tmp_path / "out", vocab_size=300, workers=1, unit_mb=1e-9, progress=False, log=logs.append)
     assert ran == [2, 3, 4] and "resuming, 2 of 5 units" in logs[0]
-    prepare([str(root)], tmp_path / "clean", vocab_size=300, workers=1, unit_mb=1e-9, **quiet())  # uninterrupted
+    prepare([str(root)], tmp_path / "clean", vocab_size=300, workers=1, **quiet())  # uninterrupted, one unit
     for name in ("train.bin", "val.bin", "tokenizer.json"):
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes()
 
@@ -277,3 +276,52 @@ def test_hf_dataset_prepared(tmp_path):
     _, tok, arrays = load_prepared(tmp_path / "out")
     period = val_period(0.05)
     assert decode_docs(tok, arrays["val"], idx["eot_id"]) == [t for i, t in enumerate(texts) if is_val(i, period)]
+
+
+def test_a_killed_worker_fails_the_job_but_keeps_the_work(tmp_path):
+    import multiprocessing
+    import os
+    import signal
+    import threading
+    import time
+
+    root = tmp_path / "raw"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for f in range(40):
+        (root / f"{f:02d}.txt").write_text(" ".join(rng.choice(WORDS, 8000)))
+    small_bpe().save(str(tmp_path / "tok.json"))
+    errors = []
+
+    def job():
+        try:
+            prepare([str(root)], tmp_path / "out", tokenizer=str(tmp_path / "tok.json"), workers=2, unit_mb=1e-9,
+                    **quiet())
+        except UserError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    while thread.is_alive() and not list((tmp_path / "out" / ".work").glob("unit-*.json")):
+        time.sleep(0.01)  # until the workers are busy
+    os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)  # as the out-of-memory killer would
+    thread.join(60)
+    assert not thread.is_alive() and errors and isinstance(errors[0], prep.WorkerDied) and "rerun" in str(errors[0])
+    assert (tmp_path / "out" / ".work" / "plan.json").is_file()  # kept for the resume
+    idx = prepare([str(root)], tmp_path / "out", tokenizer=str(tmp_path / "tok.json"), workers=1, unit_mb=1e-9,
+                  **quiet())
+    assert idx["files_read"] == 40
+
+
+def test_eot_text_inside_a_document_does_not_shift_the_split(tmp_path):
+    texts = [f"doc {i}" + (" says <|endoftext|> inside" if i == 3 else "") for i in range(6)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tok = small_bpe()
+    tok.save(str(tmp_path / "tok.json"))
+    idx = prepare([str(tmp_path / "d.jsonl")], tmp_path / "out", tokenizer=str(tmp_path / "tok.json"),
+                  val_fraction=0.5, workers=1, **quiet())
+    _, _, arrays = load_prepared(tmp_path / "out")
+    eot = idx["eot_id"]
+    val = [tok.encode(t, add_special_tokens=False).ids + [eot] for t in texts[1::2]]  # documents 1, 3, 5
+    assert arrays["val"].tolist() == [i for ids in val for i in ids]
+    assert idx["splits"]["val"]["documents"] == 3 and idx["splits"]["train"]["documents"] == 3

@@ -8,10 +8,12 @@ A prepared directory holds
     train.bin, val.bin   packed token ids (uint16 when the vocabulary fits, else uint32), EOT after every document
 
 Work happens in DIR/.work: a plan (the inputs grouped into units of whole files), the tokenizer, and per finished
-unit a pair of shards and a done-marker, each written to a temporary name and renamed. Units run in worker
-processes, each tokenizing with the batch API. A rerun of the same request finishes the missing units only;
-index.json is written last, so a directory with an index is complete and a rerun of a finished job does nothing.
-Bad input (a UserError) removes the work, so nothing half-written is left behind; an interruption keeps it.
+unit a token shard, its document lengths and a done-marker, each written to a temporary name and renamed. Units
+run in worker processes, each tokenizing with the batch API. At the end every document is routed to train or
+validation by its index in the whole input (so the split does not depend on units or workers). A rerun of the
+same request finishes the missing units only; index.json is written last, so a directory with an index is
+complete and a rerun of a finished job does nothing. Bad input (a UserError) removes the work, so nothing
+half-written is left behind; an interruption keeps it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tqdm import tqdm
 from depthlab import UserError
 from depthlab.data.sources import HF_PREFIX, BadFile, builtin_files, expand, file_documents
 from depthlab.data.tokenizer import TOKENIZER_FILE, eot_id, load_tokenizer, tokenizer_hash, train_bpe
-from depthlab.data.tokens import encode_texts, is_val, token_dtype, val_period
+from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
 
 FORMAT, VERSION = "depthlab-tokens", 1
 INDEX, WORK, PLAN = "index.json", ".work", "plan.json"
@@ -99,6 +101,10 @@ def _unit_path(work: Path, index: int, suffix: str) -> Path:
 _worker: dict = {}  # per process: the tokenizer and the progress callback
 
 
+class WorkerDied(UserError):
+    """Not bad input: the work done so far is kept, and rerunning resumes it."""
+
+
 class Stopped(Exception):
     """Another unit failed: this worker stops at its next batch instead of finishing work that will be discarded."""
 
@@ -112,43 +118,38 @@ def _init_worker(tokenizer_json: str, progress_queue, stop, threads: int) -> Non
 
 
 def run_unit(unit: dict, settings: dict) -> dict:
-    """Tokenize one unit's files into its train/val shards; a bad file is undone whole (truncated away)."""
+    """Tokenize one unit's files into its token shard and document lengths; a bad file is undone whole."""
     tok, report = _worker["tok"], _worker["report"]
     eot, dtype = eot_id(tok), token_dtype(tok.get_vocab_size())
-    work, period, k = Path(settings["work"]), settings["period"], unit["index"]
-    tmp = {s: _unit_path(work, k, f"{s}.bin.tmp") for s in SPLITS}
-    files = {s: open(tmp[s], "wb") for s in SPLITS}
-    docs, tokens = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
-    pending: dict[str, list[str]] = {s: [] for s in SPLITS}
-    skipped, files_read, doc_index, chars = [], 0, 0, 0
+    work, k = Path(settings["work"]), unit["index"]
+    final = {"tokens": _unit_path(work, k, "bin"), "lengths": _unit_path(work, k, "lengths")}
+    tmp = {name: path.with_name(path.name + ".tmp") for name, path in final.items()}
+    files = {name: open(path, "wb") for name, path in tmp.items()}
+    pending: list[str] = []
+    skipped, files_read, n_docs, n_tokens, chars = [], 0, 0, 0, 0
 
     def flush():
+        nonlocal n_tokens
         if _worker.get("stop") is not None and _worker["stop"].is_set():
             raise Stopped
-        n, nbytes = 0, 0
-        for s in SPLITS:
-            if pending[s]:
-                ids = encode_texts(tok, pending[s], eot, dtype)
-                ids.tofile(files[s])
-                tokens[s] += len(ids)
-                n, nbytes = n + len(pending[s]), nbytes + sum(len(t.encode()) for t in pending[s])
-                pending[s] = []
-        if n:
-            report(n, nbytes)
+        if pending:
+            ids, lengths = encode_texts(tok, pending, eot, dtype)
+            ids.tofile(files["tokens"])
+            lengths.tofile(files["lengths"])
+            n_tokens += len(ids)
+            report(len(pending), sum(len(t.encode()) for t in pending))
+            pending.clear()
 
     try:
         for path, shard, shards in unit["sources"]:
             # Where to return to if this file turns out bad; files are batched together, not flushed one by one.
-            mark = ({s: files[s].tell() for s in SPLITS}, dict(docs), dict(tokens), doc_index,
-                    {s: list(pending[s]) for s in SPLITS})
+            mark = ({name: f.tell() for name, f in files.items()}, n_docs, n_tokens, list(pending))
             try:
                 for doc in file_documents(path, settings["text_field"], settings["streaming"], (shard, shards)):
-                    split = "val" if is_val(doc_index, period) else "train"
-                    doc_index += 1
-                    docs[split] += 1
-                    pending[split].append(doc.text)
+                    pending.append(doc.text)
+                    n_docs += 1
                     chars += len(doc.text)
-                    if len(pending["train"]) + len(pending["val"]) >= BATCH_DOCS or chars >= BATCH_BYTES:
+                    if len(pending) >= BATCH_DOCS or chars >= BATCH_BYTES:
                         flush()
                         chars = 0
                 files_read += 1
@@ -156,19 +157,19 @@ def run_unit(unit: dict, settings: dict) -> dict:
                 if settings["fatal_bad_files"]:
                     raise UserError(f"{path}: {e}") from None
                 skipped.append([path, str(e)])
-                offsets, docs, tokens, doc_index, pending = mark
-                for s in SPLITS:
-                    files[s].truncate(offsets[s])
-                    files[s].seek(offsets[s])
+                offsets, n_docs, n_tokens, pending[:] = mark
+                for name, f in files.items():
+                    f.truncate(offsets[name])
+                    f.seek(offsets[name])
         flush()
-        for s in SPLITS:
-            files[s].close()
-            os.replace(tmp[s], _unit_path(work, k, f"{s}.bin"))
+        for name in files:
+            files[name].close()
+            os.replace(tmp[name], final[name])
     finally:
-        for s in SPLITS:
-            files[s].close()
-            tmp[s].unlink(missing_ok=True)
-    record = {"index": k, "files_read": files_read, "skipped": skipped, "documents": docs, "tokens": tokens}
+        for name in files:
+            files[name].close()
+            tmp[name].unlink(missing_ok=True)
+    record = {"index": k, "files_read": files_read, "skipped": skipped, "documents": n_docs, "tokens": n_tokens}
     write_json_atomic(_unit_path(work, k, "json"), record)
     return record
 
@@ -176,9 +177,8 @@ def run_unit(unit: dict, settings: dict) -> dict:
 # ---------------------------------------------------------------- the whole job
 def _sample_texts(units: list[dict], settings: dict, max_bytes: float) -> list[str]:
     """Training documents (by the same held-out rule as the units) for training the BPE, up to max_bytes."""
-    texts, total = [], 0
+    texts, total, doc_index = [], 0, 0
     for unit in units:
-        doc_index = 0
         for path, shard, shards in unit["sources"]:
             mine, start = [], doc_index
             try:
@@ -218,8 +218,9 @@ def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: 
         progress_queue, stop = ctx.Queue(), ctx.Event()
         threads = max(1, (os.cpu_count() or 1) // workers)
         with ProcessPoolExecutor(workers, ctx, _init_worker, (tokenizer_json, progress_queue, stop, threads)) as pool:
-            running = {pool.submit(run_unit, unit, settings) for unit in units}
+            running = set()
             try:
+                running = {pool.submit(run_unit, unit, settings) for unit in units}
                 while running:
                     done, running = wait(running, timeout=0.1, return_when=FIRST_COMPLETED)
                     for future in done:
@@ -227,9 +228,9 @@ def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: 
                     with contextlib.suppress(queue_lib.Empty):
                         while True:
                             advance(*progress_queue.get_nowait())
-            except BrokenProcessPool:
-                raise UserError("a data prepare worker process died (out of memory?); rerun to resume, perhaps "
-                                "with fewer --workers") from None
+            except (BrokenProcessPool, BrokenPipeError):  # the second: one died while being started
+                raise WorkerDied("a data prepare worker process died (out of memory?); rerun the same command to "
+                                 "resume, perhaps with fewer --workers") from None
             finally:  # on any error, stop the other workers at their next batch
                 stop.set()
                 for future in running:
@@ -238,34 +239,44 @@ def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: 
         bar.close()
 
 
-def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str) -> dict:
+def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, period: int) -> dict:
+    """Route every document to train or val by its index in the whole input, and write the split files."""
     records = [json.loads(_unit_path(work, u["index"], "json").read_text()) for u in plan["units"]]
     skipped = [s for r in records for s in r["skipped"]]
     files_read = sum(r["files_read"] for r in records)
-    docs = {s: sum(r["documents"][s] for r in records) for s in SPLITS}
-    tokens = {s: sum(r["tokens"][s] for r in records) for s in SPLITS}
     if not files_read:
         raise UserError(f"no usable text in {source}; skipped {len(skipped)}: "
                         + ", ".join(f"{p} ({why})" for p, why in skipped[:3]))
-    if not docs["val"] or not docs["train"]:
-        raise UserError(f"{sum(docs.values())} document(s) in {source}: too few to hold out a validation set "
-                        f"by document; give more documents or a larger --val-fraction")
+    n_docs = sum(r["documents"] for r in records)
+    n_val = held_out_count(n_docs, period)
+    if not n_val or n_val == n_docs:
+        raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by document; "
+                        f"give more documents or a larger --val-fraction")
+    dtype = token_dtype(tok.get_vocab_size())
+    docs, tokens, first = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0
+    with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:
+        for r in records:
+            ids = np.fromfile(_unit_path(work, r["index"], "bin"), dtype=dtype)
+            lengths = np.fromfile(_unit_path(work, r["index"], "lengths"), dtype=np.int64)
+            held_out = is_val(np.arange(first, first + len(lengths)), period)
+            in_val = np.repeat(held_out, lengths)
+            ids[~in_val].tofile(train)
+            ids[in_val].tofile(val)
+            docs["val"] += int(held_out.sum())
+            docs["train"] += len(lengths) - int(held_out.sum())
+            tokens["val"] += int(in_val.sum())
+            tokens["train"] += len(ids) - int(in_val.sum())
+            first += len(lengths)
     for s in SPLITS:
-        tmp = out / f"{s}.bin.tmp"
-        with open(tmp, "wb") as dst:
-            for r in records:
-                with open(_unit_path(work, r["index"], f"{s}.bin"), "rb") as src:
-                    shutil.copyfileobj(src, dst, 16 << 20)
-        os.replace(tmp, out / f"{s}.bin")
+        os.replace(out / f"{s}.bin.tmp", out / f"{s}.bin")
     tok.save(str(out / TOKENIZER_FILE))
-    summary = f"{files_read} file(s), {docs['train'] + docs['val']} documents"
+    summary = f"{files_read} file(s), {n_docs} documents"
     if skipped:
         summary += f", {len(skipped)} bad file(s) skipped"
     index = {"format": FORMAT, "version": VERSION, "source": f"{source} ({summary})",
              "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size(), "eot_id": eot_id(tok),
-             "dtype": np.dtype(token_dtype(tok.get_vocab_size())).name, "files_read": files_read,
-             "skipped": skipped, "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s]}
-                                            for s in SPLITS},
+             "dtype": np.dtype(dtype).name, "files_read": files_read, "skipped": skipped,
+             "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s]} for s in SPLITS},
              "request": plan["request"]}
     write_json_atomic(out / INDEX, index)
     shutil.rmtree(work)
@@ -322,9 +333,10 @@ def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None,
             log(f"{out}: resuming, {len(plan['units']) - len(todo)} of {len(plan['units'])} units already done")
         if todo:
             _run_units(todo, settings, tok.to_str(), min(workers, len(todo)), progress)
-        index = _finalize(out, work, plan, tok, source)
-    except UserError:
-        shutil.rmtree(out if created else work, ignore_errors=True)
+        index = _finalize(out, work, plan, tok, source, settings["period"])
+    except UserError as e:
+        if not isinstance(e, WorkerDied):  # bad input: leave nothing half-written behind
+            shutil.rmtree(out if created else work, ignore_errors=True)
         raise
     if index["skipped"]:
         path, why = index["skipped"][0]
