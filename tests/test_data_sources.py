@@ -151,3 +151,17 @@ def test_transformers_tokenizer_directory(tmp_path):
         load_tokenizer(tmp_path / "empty_dir")
     with pytest.raises(UserError, match="no such file"):
         load_tokenizer(tmp_path / "nope")
+
+
+def test_corrupt_parquet_is_a_bad_file(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": C4_TEXTS * 50}), tmp_path / "d.parquet", row_group_size=50)
+    raw = bytearray((tmp_path / "d.parquet").read_bytes())
+    raw[len(raw) // 2: len(raw) // 2 + 64] = b"\xff" * 64  # damage a row group, keep the footer
+    (tmp_path / "d.parquet").write_bytes(bytes(raw))
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    for name in ("d.parquet", "junk.parquet"):
+        with pytest.raises(BadFile, match="parquet"):
+            list(file_documents(str(tmp_path / name)))

@@ -310,7 +310,6 @@ def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None,
                         f"or delete it")
     if out.exists() and (not out.is_dir() or any(p.name != WORK for p in out.iterdir())):
         raise UserError(f"{out} exists and is not a depthlab prepared-data directory; choose another --out")
-    created = not out.exists()
     work = out / WORK
     workers = workers if workers > 0 else (os.cpu_count() or 1)
     settings = {"work": str(work), "text_field": text_field, "streaming": streaming,
@@ -336,7 +335,9 @@ def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None,
         index = _finalize(out, work, plan, tok, source, settings["period"])
     except UserError as e:
         if not isinstance(e, WorkerDied):  # bad input: leave nothing half-written behind
-            shutil.rmtree(out if created else work, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty: the directory this job (or its interrupted first try) made
         raise
     if index["skipped"]:
         path, why = index["skipped"][0]

@@ -183,11 +183,14 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[Document]:
         raise UserError(f"{path}: no {text_field!r} column (found: {', '.join(pf.schema_arrow.names)}); choose "
                         f"the column with --text-field or data.text_field")
     row = 0
-    for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-        for text in batch.column(0).to_pylist():
-            if text:
-                yield Document(f"{path}#{row}", text)
-            row += 1
+    try:
+        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+            for text in batch.column(0).to_pylist():
+                if text:
+                    yield Document(f"{path}#{row}", text)
+                row += 1
+    except Exception as e:  # a corrupt row group (ArrowInvalid, OSError)
+        raise BadFile(f"corrupt parquet data after row {row} ({str(e).splitlines()[0]})") from None
 
 
 def parse_hf_spec(spec: str) -> tuple[str, str | None, str]:
@@ -216,10 +219,17 @@ def _hf_documents(spec: str, text_field: str, streaming: bool, shard: tuple[int,
     index, count = shard
     if count > 1:
         ds = ds.shard(num_shards=count, index=index, contiguous=True)
-    for i, rec in enumerate(ds):
-        text = _record_text(rec, text_field, f"{spec} row {i}")
-        if text:
-            yield Document(f"{spec}#{i}", text)
+    i = 0
+    try:
+        for i, rec in enumerate(ds):
+            text = _record_text(rec, text_field, f"{spec} row {i}")
+            if text:
+                yield Document(f"{spec}#{i}", text)
+    except UserError:
+        raise
+    except Exception as e:  # e.g. the network dropped while streaming
+        raise UserError(f"{spec}: reading failed after row {i}: {str(e).splitlines()[0] if str(e) else e!r}") \
+            from None
 
 
 def file_documents(path: str, text_field: str = "text", streaming: bool = False,
