@@ -2,6 +2,7 @@
 and prepared data fed to build_token_data / `depthlab train`."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -325,3 +326,18 @@ def test_eot_text_inside_a_document_does_not_shift_the_split(tmp_path):
     val = [tok.encode(t, add_special_tokens=False).ids + [eot] for t in texts[1::2]]  # documents 1, 3, 5
     assert arrays["val"].tolist() == [i for ids in val for i in ids]
     assert idx["splits"]["val"]["documents"] == 3 and idx["splits"]["train"]["documents"] == 3
+
+
+SHAKESPEARE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "shakespeare"
+
+
+@pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="../shared/data/shakespeare not present")
+def test_round_trip_on_real_english(tmp_path):
+    files = sorted(SHAKESPEARE.glob("*.txt"))[:3]
+    idx = prepare([str(f) for f in files], tmp_path / "out", vocab_size=800, val_fraction=0.5, workers=1,
+                  **quiet())
+    _, tok, arrays = load_prepared(tmp_path / "out")
+    texts = [f.read_text(encoding="utf-8") for f in files]
+    assert decode_docs(tok, arrays["train"], idx["eot_id"]) == [texts[0], texts[2]]
+    assert decode_docs(tok, arrays["val"], idx["eot_id"]) == [texts[1]]
+    assert 2 < sum(map(len, texts)) / sum(s["tokens"] for s in idx["splits"].values()) < 6  # chars per token
