@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from depthlab import UserError
 from depthlab.config import Config
 from depthlab.data.prepare import is_prepared, load_prepared
-from depthlab.data.sources import Document, ReadReport, builtin_documents, read_documents
+from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, read_documents
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import is_val, pack, val_period
 
@@ -63,17 +63,17 @@ def load_text(cfg: Config) -> tuple[list[Document], str, ReadReport | None]:
     d = cfg.data
     if d.paths:
         docs, report = read_documents(d.paths, d.fatal_bad_files, d.text_field, d.hf_streaming, ON_THE_FLY_MAX_BYTES)
-        return docs, f"{', '.join(d.paths)} ({report.summary()})", report
+        return docs, f"{describe_inputs(d.paths)} ({report.summary()})", report
     docs = builtin_documents(d.builtin_mb)
     return docs, f"built-in corpus: {len(docs)} Python standard-library files", None
 
 
-def _prepared_data(cfg: Config, tokenizer: Tokenizer | None) -> TokenData:
-    if len(cfg.data.paths) != 1:
-        raise UserError(f"give one prepared-data directory, or raw files only; got {', '.join(cfg.data.paths)}")
-    path = cfg.data.paths[0]
+def _prepared_data(paths: list[str], wanted: Tokenizer | None) -> TokenData:
+    """A prepared directory's memory-mapped splits; `wanted`, if given, must be the tokenizer it was made with."""
+    if len(paths) != 1:
+        raise UserError(f"give one prepared-data directory, or raw files only; got {describe_inputs(paths)}")
+    path = paths[0]
     index, tok, arrays = load_prepared(path)
-    wanted = tokenizer or (load_tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer else None)
     if wanted is not None and tokenizer_hash(wanted) != index["tokenizer_hash"]:
         raise UserError(f"{path} was prepared with tokenizer {index['tokenizer_hash']}, not the requested "
                         f"{tokenizer_hash(wanted)}; prepare the data again with that tokenizer")
@@ -94,8 +94,11 @@ def _raw_data(cfg: Config, tokenizer: Tokenizer | None) -> TokenData:
 def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenData:
     """The configured data: a prepared directory (memory-mapped), or raw text tokenized now (given tokenizer,
     data.tokenizer, or byte-level BPE trained on the training documents)."""
-    prepared = [p for p in cfg.data.paths if is_prepared(p)]
-    data = _prepared_data(cfg, tokenizer) if prepared else _raw_data(cfg, tokenizer)
+    if any(is_prepared(p) for p in cfg.data.paths):
+        wanted = tokenizer or (load_tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer else None)
+        data = _prepared_data(cfg.data.paths, wanted)
+    else:
+        data = _raw_data(cfg, tokenizer)
     vocab = data.tokenizer.get_vocab_size()
     if vocab > cfg.model.vocab_size:
         raise UserError(f"the tokenizer has {vocab} tokens but model.vocab_size is {cfg.model.vocab_size}; "
@@ -111,12 +114,10 @@ def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text"
     """Tokens to evaluate a model on: a prepared directory's validation split (made with `tokenizer`), or raw
     files packed now with `tokenizer`; and a one-line description."""
     if any(is_prepared(p) for p in paths):
-        cfg = Config()
-        cfg.data.paths = list(paths)
-        data = _prepared_data(cfg, tokenizer)
+        data = _prepared_data(paths, tokenizer)
         return data.val, f"the validation split of {data.source}"
     docs, report = read_documents(paths, text_field=text_field)
-    return pack(tokenizer, docs), f"{', '.join(paths)} ({report.summary()})"
+    return pack(tokenizer, docs), f"{describe_inputs(paths)} ({report.summary()})"
 
 
 def windows(tokens: np.ndarray, seq_len: int) -> int:

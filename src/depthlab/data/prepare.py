@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from depthlab import UserError
-from depthlab.data.sources import HF_PREFIX, BadFile, builtin_files, expand, file_documents
+from depthlab.data.sources import HF_PREFIX, BadFile, builtin_files, describe_inputs, expand, file_documents
 from depthlab.data.tokenizer import TOKENIZER_FILE, eot_id, load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
 
@@ -295,7 +295,7 @@ def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None,
         raise UserError(f"the validation fraction must be in (0, 1), got {val_fraction}")
     items = [i if i.startswith(HF_PREFIX) else os.path.abspath(i)
              for i in (expand(inputs) if inputs else map(str, builtin_files(builtin_mb)))]
-    source = ", ".join(inputs) if inputs else "built-in corpus (Python standard library)"
+    source = describe_inputs(inputs) if inputs else "built-in corpus (Python standard library)"
     given = load_tokenizer(tokenizer) if tokenizer else None
     request = {"inputs": fingerprint(items), "text_field": text_field, "val_fraction": val_fraction,
                "streaming": streaming,

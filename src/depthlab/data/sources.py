@@ -79,6 +79,11 @@ def kind_of(path: str | Path) -> str | None:
     return "text" if suffix in TEXT_SUFFIXES else None
 
 
+def describe_inputs(paths: list[str]) -> str:
+    """A short one-line name for a list of inputs (a shell-expanded glob can be a thousand paths)."""
+    return ", ".join(paths) if len(paths) <= 3 else f"{paths[0]}, ..., {paths[-1]} ({len(paths)} inputs)"
+
+
 def expand(paths: list[str]) -> list[str]:
     """Files (folders walked, globs matched, hidden entries ignored) and `hf:` specs, in a stable order."""
     out: list[str] = []
@@ -274,12 +279,12 @@ def read_documents(paths: list[str], fatal_bad_files: bool = False, text_field: 
         report.files += 1
         total += sum(len(d.text) for d in mine)
         if total > max_bytes:
-            raise UserError(f"more than {max_bytes / 1e6:.0f} MB of text in {', '.join(paths)}: tokenize it once "
-                            f"with `depthlab data prepare {' '.join(paths)} --out DIR` and pass DIR as the data")
+            raise UserError(f"more than {max_bytes / 1e6:.0f} MB of text in {describe_inputs(paths)}: tokenize it "
+                            f"once with `depthlab data prepare INPUTS --out DIR` and pass DIR as the data")
     if not docs:
         why = f"; skipped {len(report.skipped)}: " + ", ".join(f"{p} ({r})" for p, r in report.skipped[:3]) \
             if report.skipped else ""
-        raise UserError(f"no usable text in {', '.join(paths)}{why}")
+        raise UserError(f"no usable text in {describe_inputs(paths)}{why}")
     return docs, report
 
 
