@@ -116,3 +116,23 @@ def test_eval_batches_cover_every_window_in_order():
     assert [len(x) for x, _ in batches] == [4, 4, 3]
     assert [w for x, _ in batches for w in window_ids(x)] == list(range(11))
     assert all(torch.equal(y[:, :-1], x[:, 1:]) for x, y in batches)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 1000, 4097])
+def test_shuffled_is_a_permutation(n):
+    from depthlab.data.dataset import shuffled
+
+    p = shuffled(np.arange(n), n, seed=0, epoch=0)
+    assert sorted(p.tolist()) == list(range(n))
+    assert np.array_equal(shuffled(np.arange(3, n), n, 0, 0), p[3:])  # any slice of it, computed alone
+    if n >= 64:
+        assert not np.array_equal(p, shuffled(np.arange(n), n, seed=0, epoch=1))
+        assert abs(np.corrcoef(np.arange(n), p)[0, 1]) < 0.2  # no trace of the input order
+
+
+def test_shuffled_needs_no_memory_for_a_billion_windows():
+    from depthlab.data.dataset import shuffled
+
+    n = 3_000_000_000
+    p = shuffled(np.arange(n - 1000, n), n, seed=1, epoch=0)
+    assert len(set(p.tolist())) == 1000 and p.min() >= 0 and p.max() < n

@@ -131,12 +131,38 @@ def gather_windows(tokens: np.ndarray, idx: np.ndarray, seq_len: int) -> tuple[t
     return torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
 
 
+def shuffled(idx: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 4) -> np.ndarray:
+    """Position idx of a seeded pseudo-random permutation of range(n), computed without storing it.
+
+    A Feistel network is a bijection on [0, 4**half_bits); applying it again to values >= n ("cycle walking")
+    keeps it a bijection on [0, n). Memory is O(len(idx)), so a corpus of a billion windows costs nothing.
+    """
+    half = max(1, -(-max(1, (n - 1).bit_length()) // 2))
+    mask = np.uint64((1 << half) - 1)
+    keys = np.random.default_rng([seed, epoch]).integers(0, 2**63, size=rounds, dtype=np.uint64)
+
+    def feistel(x):
+        left, right = x >> np.uint64(half), x & mask
+        for key in keys:
+            h = (right ^ key) * np.uint64(0x9E3779B97F4A7C15)  # splitmix64-style mixing
+            h ^= h >> np.uint64(31)
+            h *= np.uint64(0xBF58476D1CE4E5B9)
+            left, right = right, left ^ ((h ^ (h >> np.uint64(29))) & mask)
+        return (left << np.uint64(half)) | right
+
+    y = feistel(np.asarray(idx, dtype=np.uint64))
+    while (out := y >= n).any():
+        y[out] = feistel(y[out])
+    return y.astype(np.int64)
+
+
 class PackedSampler:
     """Yields batches of windows in a seeded random order, epoch after epoch.
 
-    The state (epoch, cursor) is the whole position. With world_size > 1 every step draws one global batch of
-    batch_size * world_size windows and rank r takes its r-th slice: disjoint, and together complete. The state
-    is the same on every rank, and counts windows of the global order, so a run may resume on another world size.
+    The state (epoch, cursor) is the whole position; the order is a function of (seed, epoch) computed on the
+    fly, never stored. With world_size > 1 every step draws one global batch of batch_size * world_size windows
+    and rank r takes its r-th slice: disjoint, and together complete. The state is the same on every rank, and
+    counts windows of the global order, so a run may resume on another world size.
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
@@ -149,11 +175,6 @@ class PackedSampler:
         if self.n < 1:
             raise UserError(f"{len(tokens)} tokens hold no window of seq_len {seq_len}")
         self.epoch, self.cursor = 0, 0
-        self._order = self._permutation(0)
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-        return order.astype(np.int32) if self.n < 2**31 else order  # half the memory for big corpora
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "windows": self.n,
@@ -166,19 +187,17 @@ class PackedSampler:
             raise UserError(f"the data loader state does not fit this data ({', '.join(changed)}); resume with the "
                             f"same data, seq_len and seed")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
-        self._order = self._permutation(self.epoch)
 
     def _take(self, k: int) -> np.ndarray:
         out = []
         while k:
             if self.cursor == self.n:
                 self.epoch, self.cursor = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
             j = min(self.n, self.cursor + k)
-            out.append(self._order[self.cursor:j])
+            out.append(shuffled(np.arange(self.cursor, j), self.n, self.seed, self.epoch))
             k -= j - self.cursor
             self.cursor = j
-        return np.concatenate(out).astype(np.int64)
+        return np.concatenate(out)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._take(self.batch_size * self.world_size)
