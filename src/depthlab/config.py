@@ -54,6 +54,8 @@ class DataConfig:
     val_fraction: float = 0.05  # share of documents held out for validation
     builtin_mb: float = 4.0  # how much of the built-in corpus to use
     fatal_bad_files: bool = False  # non-UTF-8 / binary files: skip and report (default) or fail
+    text_field: str = "text"  # JSON / parquet / hf: sources: the field holding each document's text
+    hf_streaming: bool = False  # hf: sources: stream instead of downloading the whole dataset first
 
 
 @dataclass

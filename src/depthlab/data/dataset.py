@@ -1,14 +1,14 @@
-"""Text -> tokens -> packed batches.
+"""Tokens for training: prepared data memory-mapped, or small raw inputs tokenized on the fly; and the loader.
 
-Documents are split into train and validation *by document* (never a random crop of the stream), tokenized
-with the batch API, and packed into one stream with an end-of-text token between documents: no padding.
+Documents are split into train and validation *by document* (every val_period-th document, never a random crop
+of the stream) and packed into one stream with an end-of-text token after every document: no padding.
 Training samples are non-overlapping windows of the train stream visited in a seeded random order; the
 sampler's position is plain data, so a resumed run sees exactly the tokens it would have seen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -16,18 +16,24 @@ from tokenizers import Tokenizer
 
 from depthlab import UserError
 from depthlab.config import Config
-from depthlab.data.sources import Document, ReadReport, builtin_documents, read_documents
-from depthlab.data.tokenizer import eot_id, load_tokenizer, tokenizer_hash, train_bpe
+from depthlab.data.prepare import is_prepared, load_prepared
+from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, read_documents
+from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
+from depthlab.data.tokens import is_val, pack, val_period
+
+__all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "eval_batches", "pack", "read_documents"]
 
 MIN_DOCUMENTS = 20  # fewer documents are cut into pieces at line boundaries so a held-out set exists
+ON_THE_FLY_MAX_BYTES = 256e6  # more raw text than this must go through `depthlab data prepare`
 
 
 @dataclass
 class TokenData:
     tokenizer: Tokenizer
-    train: np.ndarray  # packed token ids, documents separated by EOT
+    train: np.ndarray  # packed token ids, documents separated by EOT (an np.memmap for prepared data)
     val: np.ndarray
     source: str  # a one-line description of where the text came from
+    meta: dict = field(default_factory=dict)  # the prepared directory's index, if any
 
     @property
     def tokenizer_hash(self) -> str:
@@ -41,41 +47,40 @@ def split_lines(doc: Document, pieces: int) -> list[Document]:
 
 
 def split_documents(docs: list[Document], val_fraction: float) -> tuple[list[Document], list[Document]]:
-    """Deterministic split by document: evenly spaced documents (at least one) go to validation."""
+    """The held-out rule of `data prepare`; fewer than MIN_DOCUMENTS are first cut into pieces at lines."""
     if len(docs) < MIN_DOCUMENTS:
         per_doc = -(-MIN_DOCUMENTS // len(docs))
         docs = [piece for d in docs for piece in split_lines(d, per_doc)]
-    if len(docs) < 2:
+    period = val_period(val_fraction)
+    train = [d for i, d in enumerate(docs) if not is_val(i, period)]
+    val = [d for i, d in enumerate(docs) if is_val(i, period)]
+    if not train or not val:
         raise UserError("the data is too small to hold out a validation set (need at least 2 lines of text)")
-    n_val = max(1, round(len(docs) * val_fraction))
-    val_idx = set(np.linspace(0, len(docs) - 1, n_val + 2)[1:-1].round().astype(int).tolist())
-    train = [d for i, d in enumerate(docs) if i not in val_idx]
-    val = [d for i, d in enumerate(docs) if i in val_idx]
     return train, val
 
 
-def pack(tok: Tokenizer, docs: list[Document], batch: int = 256) -> np.ndarray:
-    """Tokenize with the batch API and concatenate, an EOT token after every document."""
-    eot = eot_id(tok)
-    dtype = np.uint16 if tok.get_vocab_size() <= 2**16 else np.uint32
-    parts = []
-    for i in range(0, len(docs), batch):
-        for enc in tok.encode_batch([d.text for d in docs[i:i + batch]], add_special_tokens=False):
-            parts.append(np.asarray(enc.ids, dtype=dtype))
-            parts.append(np.asarray([eot], dtype=dtype))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
 def load_text(cfg: Config) -> tuple[list[Document], str, ReadReport | None]:
-    if cfg.data.paths:
-        docs, report = read_documents(cfg.data.paths, cfg.data.fatal_bad_files)
-        return docs, f"{', '.join(cfg.data.paths)} ({report.summary()})", report
-    docs = builtin_documents(cfg.data.builtin_mb)
+    d = cfg.data
+    if d.paths:
+        docs, report = read_documents(d.paths, d.fatal_bad_files, d.text_field, d.hf_streaming, ON_THE_FLY_MAX_BYTES)
+        return docs, f"{describe_inputs(d.paths)} ({report.summary()})", report
+    docs = builtin_documents(d.builtin_mb)
     return docs, f"built-in corpus: {len(docs)} Python standard-library files", None
 
 
-def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenData:
-    """Read the configured text, get a tokenizer (given, from data.tokenizer, or trained), pack train/val."""
+def _prepared_data(paths: list[str], wanted: Tokenizer | None) -> TokenData:
+    """A prepared directory's memory-mapped splits; `wanted`, if given, must be the tokenizer it was made with."""
+    if len(paths) != 1:
+        raise UserError(f"give one prepared-data directory, or raw files only; got {describe_inputs(paths)}")
+    path = paths[0]
+    index, tok, arrays = load_prepared(path)
+    if wanted is not None and tokenizer_hash(wanted) != index["tokenizer_hash"]:
+        raise UserError(f"{path} was prepared with tokenizer {index['tokenizer_hash']}, not the requested "
+                        f"{tokenizer_hash(wanted)}; prepare the data again with that tokenizer")
+    return TokenData(tok, arrays["train"], arrays["val"], f"{path}: {index['source']}", index)
+
+
+def _raw_data(cfg: Config, tokenizer: Tokenizer | None) -> TokenData:
     docs, source, _ = load_text(cfg)
     train_docs, val_docs = split_documents(docs, cfg.data.val_fraction)
     if tokenizer is None:
@@ -83,10 +88,21 @@ def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenDa
             tokenizer = load_tokenizer(cfg.data.tokenizer)
         else:  # trained on the training documents only, so validation text stays unseen
             tokenizer = train_bpe((d.text for d in train_docs), cfg.model.vocab_size)
-    if tokenizer.get_vocab_size() > cfg.model.vocab_size:
-        raise UserError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but model.vocab_size is "
-                        f"{cfg.model.vocab_size}; raise model.vocab_size")
-    data = TokenData(tokenizer, pack(tokenizer, train_docs), pack(tokenizer, val_docs), source)
+    return TokenData(tokenizer, pack(tokenizer, train_docs), pack(tokenizer, val_docs), source)
+
+
+def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenData:
+    """The configured data: a prepared directory (memory-mapped), or raw text tokenized now (given tokenizer,
+    data.tokenizer, or byte-level BPE trained on the training documents)."""
+    if any(is_prepared(p) for p in cfg.data.paths):
+        wanted = tokenizer or (load_tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer else None)
+        data = _prepared_data(cfg.data.paths, wanted)
+    else:
+        data = _raw_data(cfg, tokenizer)
+    vocab = data.tokenizer.get_vocab_size()
+    if vocab > cfg.model.vocab_size:
+        raise UserError(f"the tokenizer has {vocab} tokens but model.vocab_size is {cfg.model.vocab_size}; "
+                        f"raise model.vocab_size to at least {vocab}")
     need = cfg.data.seq_len + 1
     if len(data.val) < need or len(data.train) < need:
         raise UserError(f"not enough text: {len(data.train)} train / {len(data.val)} validation tokens, need at "
@@ -94,62 +110,103 @@ def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenDa
     return data
 
 
+def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text") -> tuple[np.ndarray, str]:
+    """Tokens to evaluate a model on: a prepared directory's validation split (made with `tokenizer`), or raw
+    files packed now with `tokenizer`; and a one-line description."""
+    if any(is_prepared(p) for p in paths):
+        data = _prepared_data(paths, tokenizer)
+        return data.val, f"the validation split of {data.source}"
+    docs, report = read_documents(paths, text_field=text_field)
+    return pack(tokenizer, docs), f"{describe_inputs(paths)} ({report.summary()})"
+
+
 def windows(tokens: np.ndarray, seq_len: int) -> int:
     """Number of non-overlapping (input, target) windows of seq_len in a stream."""
     return (len(tokens) - 1) // seq_len
 
 
-def get_window(tokens: np.ndarray, i: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    chunk = tokens[i * seq_len: i * seq_len + seq_len + 1].astype(np.int64)
-    return chunk[:-1], chunk[1:]
+def gather_windows(tokens: np.ndarray, idx: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows idx as int64 (inputs, targets); one vectorised read, so a memory map pages in only what it needs."""
+    rows = np.asarray(tokens[idx[:, None] * seq_len + np.arange(seq_len + 1)], dtype=np.int64)
+    return torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
+
+
+def shuffled(idx: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 4) -> np.ndarray:
+    """Position idx of a seeded pseudo-random permutation of range(n), computed without storing it.
+
+    A Feistel network is a bijection on [0, 4**half_bits); applying it again to values >= n ("cycle walking")
+    keeps it a bijection on [0, n). Memory is O(len(idx)), so a corpus of a billion windows costs nothing.
+    """
+    half = max(1, -(-max(1, (n - 1).bit_length()) // 2))
+    mask = np.uint64((1 << half) - 1)
+    keys = np.random.default_rng([seed, epoch]).integers(0, 2**63, size=rounds, dtype=np.uint64)
+
+    def feistel(x):
+        left, right = x >> np.uint64(half), x & mask
+        for key in keys:
+            h = (right ^ key) * np.uint64(0x9E3779B97F4A7C15)  # splitmix64-style mixing
+            h ^= h >> np.uint64(31)
+            h *= np.uint64(0xBF58476D1CE4E5B9)
+            left, right = right, left ^ ((h ^ (h >> np.uint64(29))) & mask)
+        return (left << np.uint64(half)) | right
+
+    y = feistel(np.asarray(idx, dtype=np.uint64))
+    while (out := y >= n).any():
+        y[out] = feistel(y[out])
+    return y.astype(np.int64)
 
 
 class PackedSampler:
     """Yields batches of windows in a seeded random order, epoch after epoch.
 
-    The state (epoch, cursor) is the whole position. With world_size > 1 every step draws one global batch of
-    batch_size * world_size windows and rank r takes its r-th slice: disjoint, and together complete.
+    The state (epoch, cursor) is the whole position; the order is a function of (seed, epoch) computed on the
+    fly, never stored. With world_size > 1 every step draws one global batch of batch_size * world_size windows
+    and rank r takes its r-th slice: disjoint, and together complete. The state is the same on every rank, and
+    counts windows of the global order, so a run may resume on another world size.
     """
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
                  world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world size {world_size}")
         self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.n = windows(tokens, seq_len)
+        if self.n < 1:
+            raise UserError(f"{len(tokens)} tokens hold no window of seq_len {seq_len}")
         self.epoch, self.cursor = 0, 0
-        self._order = self._permutation(0)
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor}
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "windows": self.n,
+                "seq_len": self.seq_len}
 
     def load_state_dict(self, state: dict) -> None:
+        mine = {"seed": self.seed, "windows": self.n, "seq_len": self.seq_len}
+        changed = [f"{k} {state[k]} -> {v}" for k, v in mine.items() if k in state and state[k] != v]
+        if changed:  # the position would point at other tokens: refuse rather than silently resume elsewhere
+            raise UserError(f"the data loader state does not fit this data ({', '.join(changed)}); resume with the "
+                            f"same data, seq_len and seed")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
-        self._order = self._permutation(self.epoch)
 
-    def _take(self, k: int) -> list[int]:
+    def _take(self, k: int) -> np.ndarray:
         out = []
-        while len(out) < k:
+        while k:
             if self.cursor == self.n:
                 self.epoch, self.cursor = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
-            j = min(self.n, self.cursor + k - len(out))
-            out += self._order[self.cursor:j].tolist()
+            j = min(self.n, self.cursor + k)
+            out.append(shuffled(np.arange(self.cursor, j), self.n, self.seed, self.epoch))
+            k -= j - self.cursor
             self.cursor = j
-        return out
+        return np.concatenate(out)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self._take(self.batch_size * self.world_size)
-        mine = idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
-        xs, ys = zip(*(get_window(self.tokens, i, self.seq_len) for i in mine))
-        return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
+        return gather_windows(self.tokens, idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size],
+                              self.seq_len)
 
 
 def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int):
     """Every non-overlapping window of the validation stream, in order, in batches."""
     n = windows(tokens, seq_len)
     for start in range(0, n, batch_size):
-        xs, ys = zip(*(get_window(tokens, i, seq_len) for i in range(start, min(n, start + batch_size))))
-        yield torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
+        yield gather_windows(tokens, np.arange(start, min(n, start + batch_size)), seq_len)

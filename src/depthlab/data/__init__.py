@@ -1,0 +1,8 @@
+"""Data: text sources -> tokenizer -> prepared token files -> packed, resumable batches.
+
+sources.py   local files (text, JSON lines, parquet), hf: datasets, the built-in corpus
+tokenizer.py tokenizer.json / transformers directories / byte-level BPE, content hash
+tokens.py    the held-out rule and batch encoding shared by every path
+prepare.py   `depthlab data prepare`: parallel, resumable tokenization into memory-mappable token files
+dataset.py   build_token_data (prepared or on the fly), PackedSampler, eval_batches
+"""

@@ -1,0 +1,68 @@
+"""`depthlab data prepare` and `depthlab data info`."""
+
+from __future__ import annotations
+
+import json
+
+PREPARE_HELP = """Tokenize text once into memory-mappable token files (train.bin, val.bin), tokenizer.json and
+index.json. Inputs: text files, folders, globs, .jsonl/.json(.gz) (C4's format), .parquet, hf:PATH[:CONFIG[:SPLIT]]
+(Hugging Face datasets); none: the built-in corpus. Rerunning after an interruption finishes the missing units
+only; rerunning a finished job does nothing. Pass the output directory to `depthlab train --data DIR`."""
+
+
+def cmd_prepare(args) -> None:
+    from depthlab.data.prepare import prepare
+
+    index = prepare(args.inputs, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                    text_field=args.text_field, val_fraction=args.val_fraction, workers=args.workers,
+                    fatal_bad_files=args.fatal_bad_files, streaming=args.streaming, builtin_mb=args.builtin_mb,
+                    tokenizer_sample_mb=args.tokenizer_sample_mb, unit_mb=args.unit_mb,
+                    progress=not args.no_progress)
+    print_info(args.out, index)
+
+
+def print_info(path, index: dict) -> None:
+    t, v = index["splits"]["train"], index["splits"]["val"]
+    print(f"{path}: {index['source']}")
+    print(f"train {t['documents']} documents, {t['tokens']} tokens; validation {v['documents']} documents, "
+          f"{v['tokens']} tokens")
+    print(f"tokenizer {index['tokenizer_hash']}, vocabulary {index['vocab_size']}, {index['dtype']} tokens")
+
+
+def cmd_info(args) -> None:
+    from depthlab.data.prepare import load_prepared
+
+    index, _, _ = load_prepared(args.path)
+    if args.json:
+        print(json.dumps({k: v for k, v in index.items() if k != "request"}, indent=1))
+    else:
+        print_info(args.path, index)
+
+
+def add_commands(sub) -> None:
+    d = sub.add_parser("data", help="prepare token data", description="Prepare and inspect token data.")
+    dsub = d.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
+
+    p = dsub.add_parser("prepare", help="tokenize text into token files", description=PREPARE_HELP)
+    p.add_argument("inputs", nargs="*", metavar="INPUT", help="files, folders, globs or hf: specs")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--tokenizer", help="a tokenizer.json or a transformers tokenizer directory (default: train "
+                   "byte-level BPE on the data)")
+    p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the trained BPE (default 32000)")
+    p.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text (default text)")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for validation")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
+    p.add_argument("--fatal-bad-files", action="store_true", help="fail on an empty, binary or non-UTF-8 file "
+                   "instead of skipping it")
+    p.add_argument("--streaming", action="store_true", help="stream hf: datasets instead of downloading them")
+    p.add_argument("--builtin-mb", type=float, default=4.0, help="built-in corpus size when no INPUT is given")
+    p.add_argument("--tokenizer-sample-mb", type=float, default=200.0, help="text used to train the BPE")
+    p.add_argument("--unit-mb", type=float, help="input MB per unit of work (default: automatic; inputs under "
+                   "16 MB run in one process)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_prepare)
+
+    i = dsub.add_parser("info", help="describe a prepared-data directory")
+    i.add_argument("path")
+    i.add_argument("--json", action="store_true", help="the whole index as JSON")
+    i.set_defaults(func=cmd_info)

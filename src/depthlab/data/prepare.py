@@ -1,0 +1,371 @@
+"""`depthlab data prepare`: tokenize once into binary token files plus a JSON index; resumable and idempotent.
+
+A prepared directory holds
+
+    index.json           tokenizer hash, vocabulary size, EOT id, dtype, documents and tokens per split, source,
+                         skipped files, and the request (inputs + settings) it was made from
+    tokenizer.json
+    train.bin, val.bin   packed token ids (uint16 when the vocabulary fits, else uint32), EOT after every document
+
+Work happens in DIR/.work: a plan (the inputs grouped into units of whole files), the tokenizer, and per finished
+unit a token shard, its document lengths and a done-marker, each written to a temporary name and renamed. Units
+run in worker processes, each tokenizing with the batch API. At the end every document is routed to train or
+validation by its index in the whole input (so the split does not depend on units or workers). A rerun of the
+same request finishes the missing units only; index.json is written last, so a directory with an index is
+complete and a rerun of a finished job does nothing. Bad input (a UserError) removes the work, so nothing
+half-written is left behind; an interruption keeps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import queue as queue_lib
+import shutil
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from depthlab import UserError
+from depthlab.data.sources import HF_PREFIX, BadFile, builtin_files, describe_inputs, expand, file_documents
+from depthlab.data.tokenizer import TOKENIZER_FILE, eot_id, load_tokenizer, tokenizer_hash, train_bpe
+from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
+
+FORMAT, VERSION = "depthlab-tokens", 1
+INDEX, WORK, PLAN = "index.json", ".work", "plan.json"
+SPLITS = ("train", "val")
+BATCH_DOCS, BATCH_BYTES = 512, 4_000_000  # one encode_batch call per this many documents or bytes
+# Input bytes per unit (a unit is whole files, so one big file is one unit). Smaller inputs than the minimum run
+# in this process, the tokenizer's own threads encoding each batch: starting a worker process costs about a second.
+UNIT_MIN_BYTES, UNIT_MAX_BYTES = 16e6, 64e6
+
+
+def is_prepared(path: str | Path) -> bool:
+    return (Path(path) / INDEX).is_file() or (Path(path) / WORK / PLAN).is_file()
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def fingerprint(items: list[str]) -> list:
+    """What the inputs are: hf specs by name, files by path, size and modification time."""
+    out = []
+    for item in items:
+        if item.startswith(HF_PREFIX):
+            out.append([item])
+        else:
+            st = os.stat(item)
+            out.append([item, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def plan_units(items: list[str], workers: int, streaming: bool, unit_bytes: float | None = None) -> list[dict]:
+    """Group files, in order, into units of `unit_bytes` or by default about total / (4 * workers) bytes (within
+    UNIT_MIN_BYTES..UNIT_MAX_BYTES), so every worker gets several units; a map-style hf: dataset is split into
+    `workers` contiguous shards."""
+    sizes = {i: os.path.getsize(i) for i in items if not i.startswith(HF_PREFIX)}
+    target = unit_bytes or min(UNIT_MAX_BYTES, max(UNIT_MIN_BYTES, sum(sizes.values()) / (4 * workers)))
+    groups: list[list] = []
+    current, size = [], 0
+    for item in items:
+        if item.startswith(HF_PREFIX):
+            n = 1 if streaming else workers
+            groups += [[[item, i, n]] for i in range(n)]
+            continue
+        current.append([item, 0, 1])
+        size += sizes[item]
+        if size >= target:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    return [{"index": k, "sources": g} for k, g in enumerate(groups)]
+
+
+def _unit_path(work: Path, index: int, suffix: str) -> Path:
+    return work / f"unit-{index:05d}.{suffix}"
+
+
+# ---------------------------------------------------------------- one unit (runs in a worker process)
+_worker: dict = {}  # per process: the tokenizer and the progress callback
+
+
+class WorkerDied(UserError):
+    """Not bad input: the work done so far is kept, and rerunning resumes it."""
+
+
+class Stopped(Exception):
+    """Another unit failed: this worker stops at its next batch instead of finishing work that will be discarded."""
+
+
+def _init_worker(tokenizer_json: str, progress_queue, stop, threads: int) -> None:
+    if threads:  # read by the tokenizers thread pool on first use; keeps workers from oversubscribing the cores
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+    _worker["tok"] = Tokenizer.from_str(tokenizer_json)
+    _worker["report"] = lambda docs, nbytes: progress_queue.put((docs, nbytes))
+    _worker["stop"] = stop
+
+
+def run_unit(unit: dict, settings: dict) -> dict:
+    """Tokenize one unit's files into its token shard and document lengths; a bad file is undone whole."""
+    tok, report = _worker["tok"], _worker["report"]
+    eot, dtype = eot_id(tok), token_dtype(tok.get_vocab_size())
+    work, k = Path(settings["work"]), unit["index"]
+    final = {"tokens": _unit_path(work, k, "bin"), "lengths": _unit_path(work, k, "lengths")}
+    tmp = {name: path.with_name(path.name + ".tmp") for name, path in final.items()}
+    files = {name: open(path, "wb") for name, path in tmp.items()}
+    pending: list[str] = []
+    skipped, files_read, n_docs, n_tokens, chars = [], 0, 0, 0, 0
+
+    def flush():
+        nonlocal n_tokens
+        if _worker.get("stop") is not None and _worker["stop"].is_set():
+            raise Stopped
+        if pending:
+            ids, lengths = encode_texts(tok, pending, eot, dtype)
+            ids.tofile(files["tokens"])
+            lengths.tofile(files["lengths"])
+            n_tokens += len(ids)
+            report(len(pending), sum(len(t.encode()) for t in pending))
+            pending.clear()
+
+    try:
+        for path, shard, shards in unit["sources"]:
+            # Where to return to if this file turns out bad; files are batched together, not flushed one by one.
+            mark = ({name: f.tell() for name, f in files.items()}, n_docs, n_tokens, list(pending))
+            try:
+                for doc in file_documents(path, settings["text_field"], settings["streaming"], (shard, shards)):
+                    pending.append(doc.text)
+                    n_docs += 1
+                    chars += len(doc.text)
+                    if len(pending) >= BATCH_DOCS or chars >= BATCH_BYTES:
+                        flush()
+                        chars = 0
+                files_read += 1
+            except BadFile as e:
+                if settings["fatal_bad_files"]:
+                    raise UserError(f"{path}: {e}") from None
+                skipped.append([path, str(e)])
+                offsets, n_docs, n_tokens, pending[:] = mark
+                for name, f in files.items():
+                    f.truncate(offsets[name])
+                    f.seek(offsets[name])
+        flush()
+        for name in files:
+            files[name].close()
+            os.replace(tmp[name], final[name])
+    finally:
+        for name in files:
+            files[name].close()
+            tmp[name].unlink(missing_ok=True)
+    record = {"index": k, "files_read": files_read, "skipped": skipped, "documents": n_docs, "tokens": n_tokens}
+    write_json_atomic(_unit_path(work, k, "json"), record)
+    return record
+
+
+# ---------------------------------------------------------------- the whole job
+def _sample_texts(units: list[dict], settings: dict, max_bytes: float) -> list[str]:
+    """Training documents (by the same held-out rule as the units) for training the BPE, up to max_bytes."""
+    texts, total, doc_index = [], 0, 0
+    for unit in units:
+        for path, shard, shards in unit["sources"]:
+            mine, start = [], doc_index
+            try:
+                for doc in file_documents(path, settings["text_field"], settings["streaming"], (shard, shards)):
+                    if not is_val(doc_index, settings["period"]):
+                        mine.append(doc.text)
+                        total += len(doc.text)
+                    doc_index += 1
+                    if total >= max_bytes:
+                        return texts + mine
+            except BadFile:  # the unit will skip (or fail on) this file; leave it out here too
+                doc_index, total = start, total - sum(map(len, mine))
+                continue
+            texts += mine
+    return texts
+
+
+def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: int, progress: bool) -> None:
+    bar = tqdm(desc="prepare", unit="doc", disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    t0, total_bytes = time.time(), 0
+
+    def advance(docs: int, nbytes: int) -> None:
+        nonlocal total_bytes
+        total_bytes += nbytes
+        bar.set_postfix_str(f"{total_bytes / 1e6 / max(time.time() - t0, 1e-9):.1f} MB/s", refresh=False)
+        bar.update(docs)
+
+    try:
+        if workers == 1:  # in this process: no start-up cost, and the tokenizer may use every core itself
+            _worker.update(tok=Tokenizer.from_str(tokenizer_json), report=advance, stop=None)
+            for unit in units:
+                run_unit(unit, settings)
+            return
+        # spawn, not fork: a forked child inherits (and disables) the tokenizer's thread pool. A pool of futures,
+        # so a worker that dies (out of memory, killed) fails the job instead of hanging it.
+        ctx = mp.get_context("spawn")
+        progress_queue, stop = ctx.Queue(), ctx.Event()
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(workers, ctx, _init_worker, (tokenizer_json, progress_queue, stop, threads)) as pool:
+            running = set()
+            try:
+                running = {pool.submit(run_unit, unit, settings) for unit in units}
+                while running:
+                    done, running = wait(running, timeout=0.1, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        future.result()  # re-raises a worker's error here
+                    with contextlib.suppress(queue_lib.Empty):
+                        while True:
+                            advance(*progress_queue.get_nowait())
+            except (BrokenProcessPool, BrokenPipeError):  # the second: one died while being started
+                raise WorkerDied("a data prepare worker process died (out of memory?); rerun the same command to "
+                                 "resume, perhaps with fewer --workers") from None
+            finally:  # on any error, stop the other workers at their next batch
+                stop.set()
+                for future in running:
+                    future.cancel()
+    finally:
+        bar.close()
+
+
+def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, period: int) -> dict:
+    """Route every document to train or val by its index in the whole input, and write the split files."""
+    records = [json.loads(_unit_path(work, u["index"], "json").read_text()) for u in plan["units"]]
+    skipped = [s for r in records for s in r["skipped"]]
+    files_read = sum(r["files_read"] for r in records)
+    if not files_read:
+        raise UserError(f"no usable text in {source}; skipped {len(skipped)}: "
+                        + ", ".join(f"{p} ({why})" for p, why in skipped[:3]))
+    n_docs = sum(r["documents"] for r in records)
+    n_val = held_out_count(n_docs, period)
+    if not n_val or n_val == n_docs:
+        raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by document; "
+                        f"give more documents or a larger --val-fraction")
+    dtype = token_dtype(tok.get_vocab_size())
+    docs, tokens, first = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0
+    with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:
+        for r in records:
+            ids = np.fromfile(_unit_path(work, r["index"], "bin"), dtype=dtype)
+            lengths = np.fromfile(_unit_path(work, r["index"], "lengths"), dtype=np.int64)
+            held_out = is_val(np.arange(first, first + len(lengths)), period)
+            in_val = np.repeat(held_out, lengths)
+            ids[~in_val].tofile(train)
+            ids[in_val].tofile(val)
+            docs["val"] += int(held_out.sum())
+            docs["train"] += len(lengths) - int(held_out.sum())
+            tokens["val"] += int(in_val.sum())
+            tokens["train"] += len(ids) - int(in_val.sum())
+            first += len(lengths)
+    for s in SPLITS:
+        os.replace(out / f"{s}.bin.tmp", out / f"{s}.bin")
+    tok.save(str(out / TOKENIZER_FILE))
+    summary = f"{files_read} file(s), {n_docs} documents"
+    if skipped:
+        summary += f", {len(skipped)} bad file(s) skipped"
+    index = {"format": FORMAT, "version": VERSION, "source": f"{source} ({summary})",
+             "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size(), "eot_id": eot_id(tok),
+             "dtype": np.dtype(dtype).name, "files_read": files_read, "skipped": skipped,
+             "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s]} for s in SPLITS},
+             "request": plan["request"]}
+    write_json_atomic(out / INDEX, index)
+    shutil.rmtree(work)
+    return index
+
+
+def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None, vocab_size: int = 32000,
+            text_field: str = "text", val_fraction: float = 0.05, workers: int = 0, fatal_bad_files: bool = False,
+            streaming: bool = False, builtin_mb: float = 4.0, tokenizer_sample_mb: float = 200.0,
+            unit_mb: float | None = None, progress: bool = True, log=lambda msg: print(msg, file=sys.stderr)) -> dict:
+    """Prepare `inputs` (files, folders, globs, hf: specs; empty: the built-in corpus) into `out`; return the
+    index. `tokenizer`: a tokenizer.json or transformers directory; None trains byte-level BPE of `vocab_size`
+    on up to `tokenizer_sample_mb` of the training documents. `unit_mb`: input per unit of work (resume
+    granularity; default: automatic)."""
+    if not 0 < val_fraction < 1:
+        raise UserError(f"the validation fraction must be in (0, 1), got {val_fraction}")
+    items = [i if i.startswith(HF_PREFIX) else os.path.abspath(i)
+             for i in (expand(inputs) if inputs else map(str, builtin_files(builtin_mb)))]
+    source = describe_inputs(inputs) if inputs else "built-in corpus (Python standard library)"
+    given = load_tokenizer(tokenizer) if tokenizer else None
+    request = {"inputs": fingerprint(items), "text_field": text_field, "val_fraction": val_fraction,
+               "streaming": streaming,
+               "tokenizer": tokenizer_hash(given) if given else {"bpe_vocab": vocab_size,
+                                                                 "sample_mb": tokenizer_sample_mb}}
+    out = Path(out)
+    if (out / INDEX).is_file():
+        if json.loads((out / INDEX).read_text()).get("request") == request:
+            log(f"{out} is already prepared from these inputs: nothing to do")
+            return json.loads((out / INDEX).read_text())
+        raise UserError(f"{out} already holds data prepared from other inputs or settings; choose another --out "
+                        f"or delete it")
+    if out.exists() and (not out.is_dir() or any(p.name != WORK for p in out.iterdir())):
+        raise UserError(f"{out} exists and is not a depthlab prepared-data directory; choose another --out")
+    work = out / WORK
+    workers = workers if workers > 0 else (os.cpu_count() or 1)
+    settings = {"work": str(work), "text_field": text_field, "streaming": streaming,
+                "fatal_bad_files": fatal_bad_files, "period": val_period(val_fraction)}
+    try:
+        plan_path = work / PLAN
+        if plan_path.is_file() and json.loads(plan_path.read_text()).get("request") != request:
+            log(f"{out}: the inputs or settings changed since the interrupted run; starting over")
+            shutil.rmtree(work)
+        if not plan_path.is_file():
+            work.mkdir(parents=True, exist_ok=True)
+            units = plan_units(items, workers, streaming, unit_mb and unit_mb * 1e6)
+            tok = given or train_bpe(_sample_texts(units, settings, tokenizer_sample_mb * 1e6), vocab_size)
+            tok.save(str(work / TOKENIZER_FILE))
+            write_json_atomic(plan_path, {"request": request, "units": units})
+        plan = json.loads(plan_path.read_text())
+        tok = Tokenizer.from_file(str(work / TOKENIZER_FILE))
+        todo = [u for u in plan["units"] if not _unit_path(work, u["index"], "json").is_file()]
+        if len(todo) < len(plan["units"]):
+            log(f"{out}: resuming, {len(plan['units']) - len(todo)} of {len(plan['units'])} units already done")
+        if todo:
+            _run_units(todo, settings, tok.to_str(), min(workers, len(todo)), progress)
+        index = _finalize(out, work, plan, tok, source, settings["period"])
+    except UserError as e:
+        if not isinstance(e, WorkerDied):  # bad input: leave nothing half-written behind
+            shutil.rmtree(work, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty: the directory this job (or its interrupted first try) made
+        raise
+    if index["skipped"]:
+        path, why = index["skipped"][0]
+        log(f"skipped {len(index['skipped'])} bad file(s), e.g. {path}: {why}")
+    return index
+
+
+def load_prepared(path: str | Path) -> tuple[dict, Tokenizer, dict[str, np.ndarray]]:
+    """(index, tokenizer, {split: memory-mapped tokens}) of a prepared directory; UserError if it is not one."""
+    path = Path(path)
+    if not (path / INDEX).is_file():
+        if (path / WORK / PLAN).is_file():
+            raise UserError(f"{path} is an unfinished `depthlab data prepare`; rerun the same command to finish it")
+        raise UserError(f"{path} is not a prepared-data directory (no {INDEX})")
+    try:
+        index = json.loads((path / INDEX).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path / INDEX}: {e}") from None
+    if index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise UserError(f"{path / INDEX} is not a {FORMAT} v{VERSION} index")
+    tok = load_tokenizer(path / TOKENIZER_FILE)
+    if tokenizer_hash(tok) != index["tokenizer_hash"]:
+        raise UserError(f"{path / TOKENIZER_FILE} is not the tokenizer the shards were made with "
+                        f"({tokenizer_hash(tok)} != {index['tokenizer_hash']})")
+    arrays = {}
+    for split, info in index["splits"].items():
+        file = path / info["file"]
+        if not file.is_file() or file.stat().st_size != info["tokens"] * np.dtype(index["dtype"]).itemsize:
+            raise UserError(f"{file} is missing or does not hold the {info['tokens']} tokens the index lists")
+        arrays[split] = np.memmap(file, dtype=index["dtype"], mode="r")
+    return index, tok, arrays

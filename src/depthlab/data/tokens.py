@@ -1,0 +1,49 @@
+"""The primitives every path shares: the held-out rule, the token dtype, and batch encoding with EOT packing.
+
+Kept free of torch so that `data prepare` worker processes start fast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from depthlab.data.tokenizer import eot_id
+
+
+def token_dtype(vocab_size: int) -> type:
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+def val_period(val_fraction: float) -> int:
+    """Every `val_period`-th document is held out for validation (by document, never a crop of the stream)."""
+    return max(2, round(1 / val_fraction))
+
+
+def is_val(doc_index: int, period: int) -> bool:
+    return doc_index % period == period // 2
+
+
+def held_out_count(n_docs: int, period: int) -> int:
+    """How many of documents 0..n_docs-1 `is_val` holds out."""
+    return max(0, (n_docs - period // 2 + period - 1) // period)
+
+
+def encode_texts(tok: Tokenizer, texts: list[str], eot: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """One batch-API call: the documents' ids concatenated, an EOT token after every document; and each
+    document's length including its EOT (a document's own text may contain the EOT token)."""
+    flat: list[int] = []
+    lengths = []
+    for enc in tok.encode_batch_fast(texts, add_special_tokens=False):
+        flat += enc.ids
+        flat.append(eot)
+        lengths.append(len(enc.ids) + 1)
+    return np.array(flat, dtype=dtype), np.array(lengths, dtype=np.int64)
+
+
+def pack(tok: Tokenizer, docs, batch: int = 256) -> np.ndarray:
+    """Tokenize documents with the batch API into one packed stream, documents separated by EOT."""
+    dtype, eot = token_dtype(tok.get_vocab_size()), eot_id(tok)
+    texts = [d.text for d in docs]
+    parts = [encode_texts(tok, texts[i:i + batch], eot, dtype)[0] for i in range(0, len(texts), batch)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
