@@ -106,3 +106,19 @@ def test_checkpoint_weights_are_safetensors_not_pickle(tmp_path, text_file):
     assert all(isinstance(v, torch.Tensor) for v in load_file(ckpt / "model.safetensors").values())
     state = torch.load(ckpt / "trainer.pt", weights_only=True)  # optimizer, scheduler, RNG: no arbitrary pickle
     assert {"optimizer", "scheduler", "rng"} <= set(state)
+
+
+def test_prepare_then_train_then_eval_on_prepared_data(tmp_path, text_file):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    lines = text_file.read_text().splitlines(keepends=True)
+    for i in range(40):  # held out by document: every 20th document goes to validation
+        (docs / f"{i:02d}.txt").write_text("".join(lines[i * 10:(i + 1) * 10]))
+    res = depthlab("data", "prepare", docs, "--out", tmp_path / "prep", "--vocab-size", 300, "--no-progress")
+    assert res.returncode == 0, res.stderr
+    res = depthlab("train", "--data", tmp_path / "prep", "--run-dir", tmp_path / "run", "--max-steps", 4, *TINY)
+    assert res.returncode == 0, res.stderr
+    final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    res = depthlab("eval", tmp_path / "run", "--data", tmp_path / "prep")  # the prepared validation split
+    assert res.returncode == 0, res.stderr
+    assert f"loss {final['val_loss']:.4f}" in res.stdout

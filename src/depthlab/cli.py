@@ -63,8 +63,7 @@ def cmd_eval(args) -> None:
         return cmd_eval_tasks(args)
     import numpy as np
 
-    from depthlab.data.dataset import pack
-    from depthlab.data.sources import read_documents
+    from depthlab.data.dataset import build_token_data, eval_tokens
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
     from depthlab.train.trainer import evaluate, resolve_device
@@ -74,11 +73,8 @@ def cmd_eval(args) -> None:
     model, cfg, _ = load_checkpoint(ckpt, device=str(device))
     tok = load_tokenizer(ckpt / TOKENIZER)
     if args.data:
-        docs, report = read_documents(args.data)
-        tokens, source = pack(tok, docs), ", ".join(args.data)
+        tokens, source = eval_tokens(args.data, tok, cfg.data.text_field)
     else:
-        from depthlab.data.dataset import build_token_data
-
         data = build_token_data(cfg, tokenizer=tok)
         tokens, source = data.val, f"the run's validation split ({data.source})"
     seq_len = args.seq_len or cfg.data.seq_len
@@ -109,7 +105,8 @@ def make_parser() -> argparse.ArgumentParser:
                    "llama-350m, llama-1b")
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
     t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
-    t.add_argument("--data", nargs="+", metavar="PATH", help="text files, folders or globs (default: built-in corpus)")
+    t.add_argument("--data", nargs="+", metavar="PATH", help="a prepared directory (`depthlab data prepare`), or "
+                   "text / JSON lines (C4) / parquet files, folders, globs, hf:NAME datasets (default: built-in corpus)")
     t.add_argument("--out", help="parent directory for a new, timestamped run directory (default: runs)")
     t.add_argument("--run-dir", help="use exactly this run directory (with --resume auto: continue it if it has a "
                    "valid checkpoint, else start it)")
@@ -125,7 +122,8 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Per-token mean loss and perplexity of a checkpoint (or a run's newest one), on "
                        "--data or, by default, on the run's own validation split.")
     e.add_argument("checkpoint", help="checkpoint directory or run directory (with --tasks: also an HF model dir)")
-    e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on")
+    e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on, or a prepared "
+                   "directory (its validation split)")
     e.add_argument("--tasks", nargs="+", metavar="FILE.jsonl", help="multiple-choice task files instead "
                    "(question, choices, answer index; docs/hf.md): accuracy and length-normalised accuracy")
     e.add_argument("--seq-len", type=int, help="window length (default: the run's)")
