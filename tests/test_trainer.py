@@ -280,3 +280,21 @@ def test_missing_optional_logger_is_a_clear_error(tmp_path, corpus):
         pass
     with pytest.raises(UserError, match="pip install tensorboard"):
         Trainer(make_cfg(corpus, **{"train.tensorboard": True}), run_dir=tmp_path / "r", progress=False)
+
+
+def test_init_from_continues_pretraining_with_another_scheme(tmp_path, corpus):
+    base = cli("--run-dir", tmp_path / "base", "--scheme", "pre", "--data", corpus, "--max-steps", 6, *sets())
+    assert base.returncode == 0, base.stderr
+    ckpt = C.list_checkpoints(tmp_path / "base")[-1]
+    res = cli("--run-dir", tmp_path / "cont", "--init-from", ckpt, "--scheme", "lns", "--data", corpus,
+              "--max-steps", 2, "--set", "train.log_every=1", "--set", "train.warmup_steps=1")
+    assert res.returncode == 0, res.stderr
+    assert "starting from the weights" in res.stderr
+    model, cfg, _ = C.load_checkpoint(tmp_path / "cont")
+    assert cfg.model.norm_scheme == "lns" and cfg.model.dim == 32 and cfg.train.init_from == str(ckpt)
+    # the same tokenizer as the checkpoint it started from, and its loss starts where that one ended, not at log(V)
+    assert (tmp_path / "cont" / "tokenizer.json").read_text() == (ckpt / "tokenizer.json").read_text()
+    assert losses(tmp_path / "cont")[1] < losses(tmp_path / "base")[1] - 0.5
+    bad = cli("--run-dir", tmp_path / "bad", "--init-from", ckpt, "--scheme", "sandwich", "--data", corpus,
+              "--max-steps", 2)
+    assert bad.returncode == 2 and "cannot start from" in bad.stderr

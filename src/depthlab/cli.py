@@ -28,6 +28,11 @@ def build_config(args):
         cfg = Config.load(base) if base.is_file() else (Config.load(args.config) if args.config else preset(args.preset))
     else:
         cfg = Config.load(args.config) if args.config else preset(args.preset)
+    if getattr(args, "init_from", None):  # the architecture comes with the weights; --scheme / --set may change it
+        from depthlab.train.checkpoint import CONFIG, find_checkpoint
+
+        cfg.model = Config.load(find_checkpoint(args.init_from) / CONFIG).model
+        cfg.train.init_from = args.init_from
     overrides = list(args.set or [])
     if args.scheme:
         overrides.append(f"model.norm_scheme={args.scheme}")
@@ -115,6 +120,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "operational fields (logging, checkpointing, device)")
     t.add_argument("--max-steps", type=int, help="number of optimizer steps")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
+    t.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's weights and architecture (e.g. "
+                   "one made by `depthlab import`), with a fresh optimizer: continued pretraining, for example "
+                   "with --scheme lns")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 

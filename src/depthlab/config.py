@@ -87,6 +87,7 @@ class TrainConfig:
     peak_flops: float = 0.0  # for MFU; 0: a table for known GPUs, a measured matmul peak on CPU
     tensorboard: bool = False
     wandb: bool = False
+    init_from: str | None = None  # a checkpoint whose weights start the run (continued pretraining, e.g. an import)
 
 
 @dataclass

@@ -32,8 +32,8 @@ from depthlab.data.tokenizer import load_tokenizer
 from depthlab.model import Transformer, lm_loss
 from depthlab.train import distributed as D
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
-from depthlab.train.checkpoint import (CONFIG, TOKENIZER, list_checkpoints, load_trainer_state, load_verified,
-                                       load_weights, newest_valid_checkpoint, save_checkpoint)
+from depthlab.train.checkpoint import (CONFIG, TOKENIZER, find_checkpoint, list_checkpoints, load_trainer_state,
+                                       load_verified, load_weights, newest_valid_checkpoint, save_checkpoint)
 from depthlab.train.flops import peak_flops, train_flops_per_token
 from depthlab.train.optim import make_optimizer, make_scheduler
 
@@ -192,11 +192,16 @@ class Trainer:
         if self.env.is_main:
             self._check_writable()
         tokenizer = load_tokenizer(self.run_dir / TOKENIZER) if ckpt else None
+        if tc.init_from and not ckpt and not cfg.data.tokenizer:  # continued pretraining keeps the model's tokenizer
+            src_tok = find_checkpoint(tc.init_from) / TOKENIZER
+            tokenizer = load_tokenizer(src_tok) if src_tok.is_file() else None
         seed_everything(tc.seed)
         self.data = data or build_token_data(cfg, tokenizer=tokenizer)
 
         seed_everything(tc.seed)  # model init does not depend on how much randomness the data step used
         self.module = Transformer(cfg.model).to(self.device)
+        if tc.init_from and not ckpt:
+            self._init_from(tc.init_from)
         if tc.activation_checkpointing:
             D.apply_activation_checkpointing(self.module)
         self.model = D.parallelize(self.module, self.env, tc.parallel, self.device)
@@ -250,6 +255,22 @@ class Trainer:
             probe.unlink()
         except OSError as e:
             raise UserError(f"cannot write to run directory {self.run_dir}: {e.strerror or e}") from None
+
+    def _init_from(self, path: str) -> None:
+        """Continued pretraining: weights from a checkpoint, everything else fresh. The scheme may differ from the
+        checkpoint's (pre and lns share every weight), the shapes may not."""
+        src = find_checkpoint(path)
+        load_verified(src)
+        state = load_weights(src, str(self.device))
+        try:
+            missing, unexpected = self.module.load_state_dict(state, strict=False)
+        except RuntimeError as e:
+            raise UserError(f"cannot start from {src}: its weights do not fit this model ({str(e).splitlines()[1]})") from None
+        missing = [k for k in missing if not (self.cfg.model.tie_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise UserError(f"cannot start from {src}: missing {missing[:3]}, unexpected {unexpected[:3]} "
+                            f"(scheme {self.cfg.model.norm_scheme!r} has other parameters than the checkpoint's)")
+        self._warn(f"depthlab: starting from the weights of {src}")
 
     def _warn(self, msg: str) -> None:
         if self.env.is_main:
