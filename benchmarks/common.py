@@ -95,6 +95,11 @@ def paired_ratio(num: list[float], den: list[float]) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
+def best_ratio(num: list[float], den: list[float]) -> float:
+    """min(num) / min(den): each contender's least-disturbed repetition (load only ever adds time)."""
+    return min(num) / min(den)
+
+
 def environment() -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,

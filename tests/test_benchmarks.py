@@ -140,3 +140,26 @@ def test_gpu_script_runs_on_cpu_tiny(tmp_path):
     assert set(s["runs"]) == {"pre", "lns"}
     assert all(r["tokens_per_s"] > 0 and r["mfu"] > 0 and math.isfinite(r["val_loss"]) for r in s["runs"].values())
     assert (tmp_path / "loss.png").exists() and (tmp_path / "var_by_depth.png").exists()
+
+
+def test_report_renders_every_section(tmp_path, monkeypatch):
+    """docs/results.md is generated from result files; a missing file is said to be missing, a present one is
+    rendered with its command."""
+    from benchmarks import report
+
+    results = tmp_path / "results"
+    (results / "reproduce").mkdir(parents=True)
+    reproduce.main(["run", "--data", "builtin", "--builtin-mb", "0.05", "--variants", "pre", "lns", "post",
+                    "lns+scaled", "--seeds", "0", "--layers", "2", "--dim", "16", "--heads", "2", "--ffn", "32",
+                    "--vocab", "300", "--seq", "16", "--batch", "2", "--steps", "2", "--eval-every", "1",
+                    "--probe-batches", "1", "--jobs", "1", "--out", str(results / "reproduce")])
+    monkeypatch.setattr(report, "RESULTS", results)
+    monkeypatch.setattr(report, "DOCS", tmp_path / "docs")
+    monkeypatch.setattr(report, "IMG", tmp_path / "docs" / "img")
+    text = report.main().read_text()
+    assert "Not run yet (`python -m benchmarks.train_speed`)" in text
+    assert "**Not run: no GPU machine was available" in text
+    assert "`python -m benchmarks.reproduce run --data builtin" in text
+    for claim in ("1. `lns` reaches lower", "5. `post` less stable", "6. `lns` + `scaled`"):
+        assert claim in text
+    assert (tmp_path / "docs" / "img" / "reproduce_builtin_var_by_depth.png").exists()
