@@ -22,14 +22,16 @@ def test_interleaved_alternates_order_and_paired_ratio():
     assert common.paired_ratio([2.0, 3.0, 8.0], [1.0, 1.0, 2.0]) == {"median": 3.0, "min": 2.0, "max": 4.0}
 
 
-def test_hf_twin_trains_step_for_step_like_depthlab():
-    """The speed comparison is like for like: same weights, same losses, same updates."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_hf_twin_trains_step_for_step_like_depthlab(fused):
+    """The speed comparison is like for like: same weights, same losses, same updates (either AdamW kernel)."""
     pytest.importorskip("transformers")
     model = Transformer(tiny_model_config(norm_scheme="lns")).train()
     hf = common.hf_twin(model).train()
     x = torch.randint(0, 97, (2, 16))
     y = torch.roll(x, -1, 1)
-    ours, theirs = common.make_train_step(model, x, y, "fp32", hf=False), common.make_train_step(hf, x, y, "fp32", hf=True)
+    ours = common.make_train_step(model, x, y, "fp32", hf=False, fused_adamw=fused)
+    theirs = common.make_train_step(hf, x, y, "fp32", hf=True)
     for _ in range(3):
         a, b = ours().item(), theirs().item()
         assert a == pytest.approx(b, abs=1e-5)
@@ -48,14 +50,14 @@ def test_train_speed_tiny(tmp_path, monkeypatch):
 
     monkeypatch.setitem(train_speed.CASES, "tiny", TINY_CASE)
     out = tmp_path / "speed.json"
-    train_speed.main(["--case", "tiny", "--dtype", "fp32", "bf16", "--reps", "2", "--steps", "1", "--no-compile",
-                      "--out", str(out)])
+    train_speed.main(["--case", "tiny", "--dtype", "fp32", "bf16", "--reps", "2", "--steps", "1", "--out", str(out)])
     runs = json.loads(out.read_text())["runs"]
     assert [r["dtype"] for r in runs] == ["fp32", "bf16"]
     assert runs[0]["first_loss"]["depthlab"] == pytest.approx(runs[0]["first_loss"]["hf"], abs=1e-5)
     for r in runs:
-        assert r["speedup_depthlab_over_hf"]["median"] > 0 and 0 < r["mfu"]["depthlab"]
-        assert len(r["matmul_peak_flops"]) == 2
+        assert set(r["speedup_over_hf"]) == {"depthlab", "depthlab+fused_adamw", "hf+fused_adamw"}
+        assert r["speedup_over_hf"]["depthlab"]["median"] > 0 and 0 < r["mfu"]["depthlab"]
+        assert len(r["matmul_peak_flops"]) == 2 and len(r["step_s"]["hf"]) == 2
 
 
 def test_lns_cost_export_is_stock_llama_with_lns_logits(monkeypatch):
