@@ -1,4 +1,8 @@
-"""LLaMA-71M, `pre` against `lns`, on one GPU in one command (about 5 minutes on an H100-class GPU).
+"""LLaMA-71M, `pre` against `lns`, on one GPU in one command.
+
+Sized to end well within 8 minutes on an H100-class GPU (estimate: 2 x 1,200 steps of 16k tokens, 344 MFLOP
+per token, at 20-40% MFU is 1-2 minutes of training, plus tokenizer training and evaluations). It has not yet
+been run on a GPU.
 
     python -m benchmarks.gpu_71m --out benchmarks/results/gpu_71m
 
