@@ -2,7 +2,8 @@
 
 Timings on a shared machine drift with other people's load. Every comparison here is therefore *interleaved*:
 repetition r times each contender back to back (in alternating order), so a load change hits both, and the
-figure reported is the median over repetitions of the paired ratio.
+figure reported is the median over repetitions of the paired ratio. Times are the process's CPU time (the
+benchmarks run one thread), which other people's processes barely change.
 """
 
 from __future__ import annotations
@@ -77,9 +78,13 @@ def matmul_probe(dtype: str, n: int = 1024, calls: int = 4):
     return run, 2 * n**3 * calls
 
 
-def interleaved(contenders: dict, reps: int, steps: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleaved(contenders: dict, reps: int, steps: int, warmup: int = 1, clock=time.process_time
+                ) -> dict[str, list[float]]:
     """Seconds per call of each zero-argument callable, `reps` rounds of `steps` calls each, contenders timed
-    back to back within a round and their order reversed every other round."""
+    back to back within a round and their order reversed every other round.
+
+    The default clock is this process's CPU time: with one thread it is the compute time of the call, which
+    other processes on a shared machine barely touch (wall time also counts the time they hold the core)."""
     names = list(contenders)
     for name in names:
         for _ in range(warmup):
@@ -87,10 +92,10 @@ def interleaved(contenders: dict, reps: int, steps: int, warmup: int = 1) -> dic
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(reps):
         for name in names if r % 2 == 0 else names[::-1]:
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(steps):
                 contenders[name]()
-            times[name].append((time.perf_counter() - t0) / steps)
+            times[name].append((clock() - t0) / steps)
     return times
 
 

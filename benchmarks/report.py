@@ -50,8 +50,10 @@ def speed_section(r: dict | None, compiled: dict | None) -> list[str]:
             "AdamW kernel instead of its default per-tensor loop (which the trainer uses). `+compile`: blocks "
             "compiled with torch.compile. Speed-up = HF step time (eager, default AdamW: what the reference code "
             "runs) / contender step time: the median of the per-repetition ratios [min, max], and `best` = ratio "
-            "of each side's fastest repetition (load only ever adds time). tok/s are medians. MFU is against a "
-            "1024³ matmul timed inside every repetition (same load as the steps).", ""]
+            "of each side's fastest repetition (load only ever adds time). Times are the process's CPU time on one "
+            "thread (other people's processes barely change it; wall time would also count the time they hold the "
+            "core), so tok/s are tokens per CPU-second, medians over repetitions. MFU is against a 1024³ matmul "
+            "timed the same way inside every repetition.", ""]
     for res in (r, compiled):
         if res is None:
             continue
@@ -78,12 +80,15 @@ def lns_section(r: dict | None) -> list[str]:
     out += [f"Command: `python -m benchmarks.{r['benchmark']} {' '.join(r['argv'])}` ({r['wall_s']:.0f} s wall). "
             f"Machine: {env_line(r['env'])}.", "",
             "Training step time, the same weights in a `pre` and an `lns` model, interleaved (target: within 1%):", "",
-            "| model | dtype | step time lns / pre, median [min, max] | best |", "|---|---|---|---|"]
+            "| model | dtype | step time lns / pre, median [min, max] | best | the scale's multiplies timed alone, "
+            "share of a `pre` step |", "|---|---|---|---|---|"]
     for t in r["training"]:
         out.append(f"| {t['case']} | {t['dtype']} | {ratio(t['step_time_ratio_lns_over_pre'], '.4f')} |")
-        out[-1] += f" {best_ratio(t['step_s']['lns'], t['step_s']['pre']):.4f} |"
+        out[-1] += (f" {best_ratio(t['step_s']['lns'], t['step_s']['pre']):.4f} | {t['scale_ops']['share_of_pre_step']:.2%}"
+                    f" ({t['scale_ops']['multiplies_per_step']} multiplies) |")
     out += ["", "Inference after export (`hf_weights_and_config`, the exporter's mapping; LNS folded into the norm "
-                "weights):", "",
+                "weights). The logit check here uses the initial weights (norm weights 1); "
+                "`tests/test_hf_parity.py` checks the fold with random norm weights.", "",
             "| model | same HF class / config / parameter shapes as exported `pre` | max abs logit difference, exported "
             "`lns` vs depthlab `lns` | forward time lns / pre | best |", "|---|---|---|---|---|"]
     for i in r["inference"]:
@@ -188,16 +193,19 @@ def copy_plots() -> None:
         shutil.copy(png, IMG / f"gpu_71m_{png.name}")
 
 
-def main(prose: dict[str, list[str]] | None = None) -> Path:
-    from benchmarks.findings import FINDINGS, INTRO, NOT_DONE
+def main() -> Path:
+    from benchmarks.findings import INTRO, NOT_DONE, findings
 
-    prose = prose or FINDINGS
+    files = {"train_speed": RESULTS / "train_speed.json", "train_speed_compile": RESULTS / "train_speed_compile.json",
+             "train_speed_profile": RESULTS / "train_speed_profile.json", "lns_cost": RESULTS / "lns_cost.json",
+             "gpu_71m": RESULTS / "gpu_71m" / "summary.json", "reproduce": RESULTS / "reproduce" / "results.json"}
+    results = {k: load(p) for k, p in files.items()}
+    prose = findings(results)
     copy_plots()
     lines = INTRO + [""]
-    sections = [("speed", speed_section(load(RESULTS / "train_speed.json"), load(RESULTS / "train_speed_compile.json"))),
-                ("lns", lns_section(load(RESULTS / "lns_cost.json"))),
-                ("gpu", gpu_section(load(RESULTS / "gpu_71m" / "summary.json"))),
-                ("reproduce", reproduce_section(load(RESULTS / "reproduce" / "results.json")))]
+    sections = [("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
+                ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"])),
+                ("reproduce", reproduce_section(results["reproduce"]))]
     for key, body in sections:
         lines += body + prose.get(key, []) + [""]
     lines += NOT_DONE

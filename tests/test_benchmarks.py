@@ -70,6 +70,8 @@ def test_lns_cost_export_is_stock_llama_with_lns_logits(monkeypatch):
     assert r["exported_lns_max_abs_logit_diff"] < 1e-5
     t = lns_cost.training_cost("tiny", "fp32", reps=2, steps=1)
     assert len(t["step_s"]["lns"]) == 2 and t["step_time_ratio_lns_over_pre"]["median"] > 0
+    assert t["scale_ops"]["multiplies_per_step"] == 4 * 3  # 2 norms x (forward + backward) x 3 blocks
+    assert 0 < t["scale_ops"]["share_of_pre_step"] < 1
 
 
 def test_angular_distance_known_values():
