@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -65,6 +66,7 @@ def plot_by_depth(groups: dict[str, list[list[float]]], path: str | Path, title:
         if len(rows) > 1:
             ax.fill_between(layers, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2)
     ax.set(xlabel="block l (output of block l)", ylabel=ylabel, title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if log:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)

@@ -171,6 +171,7 @@ def reproduce_section(r: dict | None) -> list[str]:
         for kind, caption in [("val_loss", "validation loss"), ("train_loss", "training loss"),
                               ("var_by_depth", "variance after each block, final model"),
                               ("monitor_var_by_depth", "depth monitor variance, last monitor step"),
+                              ("last_var_by_step", "depth monitor: last block's variance during training"),
                               ("angular_by_depth", "angular distance between each block's input and output"),
                               ("removal_by_depth", "validation-loss increase when a single block is removed")]:
             out.append(f"![{caption}](img/reproduce_{data}_{kind}.png)")
