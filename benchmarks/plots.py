@@ -46,7 +46,8 @@ def plot_curves(groups: dict[str, list[list[dict]]], key: str, path: str | Path,
     if ylim:
         ax.set_ylim(*ylim)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -70,7 +71,8 @@ def plot_by_depth(groups: dict[str, list[list[float]]], path: str | Path, title:
     if log:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
