@@ -152,6 +152,21 @@ def reproduce(r: dict | None) -> list[str]:
                        f"costs {c4['pre_deep_cost']['mean']:.4f} nats with pre and {c4['lns_deep_cost']['mean']:.4f} "
                        "with lns." if not (c2["reproduces"] or c3["reproduces"] or c4["reproduces"]) else
                        "- See the claims table for the probe numbers.")
+        for v in ("post", "deepnorm", "mixln"):
+            c = claims.get(f"5_{v}_less_stable")
+            if c and "pre" in groups:
+                g = groups[v]
+                out.append(f"- `{v}`: {c['diverged']} of {len(g['seeds'])} runs diverged (non-finite loss); final val "
+                           f"ppl {g['val_ppl']['mean']:.1f} ± {g['val_ppl']['std']:.1f} against `pre`'s "
+                           f"{groups['pre']['val_ppl']['mean']:.1f} ± {groups['pre']['val_ppl']['std']:.1f} at the same "
+                           f"lr {r['settings']['lr']:g}; paired Δppl per seed "
+                           f"{', '.join(f'{x:+.1f}' for x in c['paired_diff'])}" +
+                           (" (worse for every seed)." if c["reproduces"] else "."))
+        c6 = claims.get("6_lns_scaled_worse")
+        if c6:
+            out.append(f"- `lns+scaled` against `lns`: paired Δppl {c6['diff']['mean']:+.2f} ± {c6['diff']['std']:.2f} "
+                       f"({'worse for every seed' if c6['reproduces'] else 'not worse for every seed'}; the paper's "
+                       "gap: 25.80 vs 25.76 at 130M, 20.79 vs 20.35 at 250M).")
         out.append("")
     s = r["settings"]
     out += [f"Why the budget matters for every verdict here: these runs are {s['steps']} steps of "
@@ -178,4 +193,6 @@ NOT_DONE = [
     "on the shared machine; the command is the one above with `--data builtin`.",
     "- Schemes other than those in the claim tables (sandwich, peri, reordered, layerscale, skipinit, rezero, "
     "dyt, gpas) were not trained in the claim-1 comparison: same reason.",
+    "- Longer runs (thousands of steps, where the paper says Pre-LN's deep variance takes off) to see whether "
+    "claims 1-4 appear at this model size.",
 ]

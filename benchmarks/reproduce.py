@@ -279,7 +279,7 @@ def plot_dataset(out: Path, data: str, variants: dict) -> None:
     last_var = {v: [[{"step": st, "last_var": var[-1]} for st, var in r["monitor_var"]] for r in rs]
                 for v, rs in ok.items()}
     plot_curves({v: c for v, c in last_var.items() if c and all(c)}, "last_var", out / f"{data}_last_var_by_step.png",
-                f"depth monitor: variance after the last block during training, {data}", "variance")
+                f"last block's variance in training (depth monitor), {data}", "variance")
     plot_by_depth({v: [r["var_by_layer"] for r in rs] for v, rs in ok.items()}, out / f"{data}_var_by_depth.png",
                   f"variance of the stream after each block (final model), {data}", "variance")
     plot_by_depth({v: [r["monitor_var"][-1][1] for r in rs if r["monitor_var"]] for v, rs in ok.items()},
