@@ -249,10 +249,13 @@ class Trainer:
     def _check_writable(self) -> None:
         """Fail before any work when the run directory cannot be written."""
         probe = self.run_dir / ".write_test"
+        created = not self.run_dir.exists()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             probe.write_text("ok")
             probe.unlink()
+            if created:  # made again when training starts; a run that fails on its data leaves nothing behind
+                self.run_dir.rmdir()
         except OSError as e:
             raise UserError(f"cannot write to run directory {self.run_dir}: {e.strerror or e}") from None
 
