@@ -23,7 +23,9 @@ def build_config(args):
         from depthlab.train.checkpoint import newest_valid_checkpoint
 
         src = Path(args.run_dir) if args.resume == "auto" else Path(args.resume)
-        ckpt = src if (src / "config.json").is_file() and (src / "meta.json").is_file() else newest_valid_checkpoint(src)
+        is_ckpt = (src / "config.json").is_file() and (src / "meta.json").is_file()
+        # only the config is needed here; the trainer verifies the checkpoint and reports skipped ones, once
+        ckpt = src if is_ckpt else newest_valid_checkpoint(src, warn=lambda msg: None)
         base = (ckpt or src) / "config.json"
         cfg = Config.load(base) if base.is_file() else (Config.load(args.config) if args.config else preset(args.preset))
     else:
