@@ -40,16 +40,15 @@ def hf_twin(model, attn: str = "sdpa"):
     return hf
 
 
-def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool = False):
+def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool):
     """One training step as a zero-argument callable: forward under autocast, cross-entropy, backward,
-    clipping, and the trainer's AdamW (its parameter groups and settings; with fused_adamw, PyTorch's fused
-    kernel instead of its default per-tensor loop); `hf` models are called the transformers way."""
+    clipping, and AdamW with the trainer's parameter groups and settings, either PyTorch's fused kernel (what
+    `depthlab train` uses, `depthlab.train.optim.make_optimizer`) or its default per-tensor loop (what a plain
+    `torch.optim.AdamW(...)`, as in the reference code, runs on CPU); `hf` models are called the transformers way."""
     device = x.device
     tc = TrainConfig(lr=1e-4)
-    opt = make_optimizer(model, tc)
-    if fused_adamw:
-        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
-        opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=True)
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in make_optimizer(model, tc).param_groups]
+    opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused_adamw)
     # HF: no KV cache in training (its default builds one), as a careful training loop would do.
 
     def step():

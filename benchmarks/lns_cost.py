@@ -52,8 +52,8 @@ def exported(model: Transformer):
 def training_cost(case: str, dtype: str, reps: int, steps: int) -> dict:
     pre, lns, x = pre_and_lns(case)
     y = torch.roll(x, -1, dims=1)
-    times = interleaved({"pre": make_train_step(pre, x, y, dtype, hf=False),
-                         "lns": make_train_step(lns, x, y, dtype, hf=False)}, reps, steps)
+    times = interleaved({"pre": make_train_step(pre, x, y, dtype, hf=False, fused_adamw=True),
+                         "lns": make_train_step(lns, x, y, dtype, hf=False, fused_adamw=True)}, reps, steps)
     return {"case": case, "dtype": dtype, "model": asdict(pre.cfg), "tokens_per_step": x.numel(), "step_s": times,
             "step_time_ratio_lns_over_pre": paired_ratio(times["lns"], times["pre"]),
             "scale_ops": scale_ops_cost(case, min(times["pre"]))}

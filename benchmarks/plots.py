@@ -28,10 +28,28 @@ def last_depth_stat(records: list[dict], key: str = "depth/var") -> list[float] 
     return rows[-1] if rows else None
 
 
+def _axes(n_groups: int):
+    """A figure for n_groups lines: 20 distinguishable colours and a wider figure when there are many."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2) if n_groups <= 6 else (8.0, 5.0))
+    if n_groups > 10:
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+    return fig, ax
+
+
+def _finish(fig, ax, path) -> None:
+    ax.grid(alpha=0.3)
+    handles = ax.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(fontsize="small" if len(handles) > 6 else None, ncol=2 if len(handles) > 6 else 1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_curves(groups: dict[str, list[list[dict]]], key: str, path: str | Path, title: str, ylabel: str,
                 ylim: tuple[float, float] | None = None) -> None:
     """One line per group: the mean over its runs (seeds), shaded between min and max."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = _axes(len(groups))
     for label, runs in groups.items():
         curves = [curve(r, key) for r in runs]
         n = min(len(s) for s, _ in curves)
@@ -45,18 +63,13 @@ def plot_curves(groups: dict[str, list[list[dict]]], key: str, path: str | Path,
     ax.set(xlabel="step", ylabel=ylabel, title=title)
     if ylim:
         ax.set_ylim(*ylim)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path)
 
 
 def plot_by_depth(groups: dict[str, list[list[float]]], path: str | Path, title: str, ylabel: str,
                   log: bool = True) -> None:
     """One line per group over block index 1..N: mean over runs, shaded between min and max."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = _axes(len(groups))
     for label, rows in groups.items():
         rows = [r for r in rows if r]
         if not rows:
@@ -70,9 +83,4 @@ def plot_by_depth(groups: dict[str, list[list[float]]], path: str | Path, title:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if log:
         ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, path)

@@ -2,8 +2,8 @@
 
     python -m benchmarks.report
 
-Reads benchmarks/results/{train_speed,lns_cost}.json, benchmarks/results/reproduce/results.json and, where it
-exists, benchmarks/results/gpu_71m/summary.json; copies the plots to docs/img/. Sections whose result file is
+Reads benchmarks/results/{train_speed,lns_cost}.json, benchmarks/results/{reproduce,reproduce_long}/results.json
+and, where it exists, benchmarks/results/gpu_71m/summary.json; copies the plots to docs/img/. Sections whose result file is
 missing say so.
 """
 
@@ -45,15 +45,18 @@ def speed_section(r: dict | None, compiled: dict | None) -> list[str]:
     out = ["## 1. Training speed: depthlab against `transformers.LlamaForCausalLM`", ""]
     if r is None:
         return out + ["Not run yet (`python -m benchmarks.train_speed`).", ""]
-    out += ["Each step is forward + cross-entropy + backward + clipping + AdamW, identical weights and batches for "
-            "both models (first losses agree to 1e-5). `+fused_adamw`: the same model and step with PyTorch's fused "
-            "AdamW kernel instead of its default per-tensor loop (which the trainer uses). `+compile`: blocks "
-            "compiled with torch.compile. Speed-up = HF step time (eager, default AdamW: what the reference code "
-            "runs) / contender step time: the median of the per-repetition ratios [min, max], and `best` = ratio "
-            "of each side's fastest repetition (load only ever adds time). Times are the process's CPU time on one "
-            "thread (other people's processes barely change it; wall time would also count the time they hold the "
-            "core), so tok/s are tokens per CPU-second, medians over repetitions. MFU is against a 1024³ matmul "
-            "timed the same way inside every repetition.", ""]
+    out += ["Each step is forward + cross-entropy + backward + clipping + AdamW with the trainer's parameter groups, "
+            "identical weights and batches for both models (first losses agree to 1e-5). **depthlab** runs the step "
+            "as `depthlab train` does (PyTorch's fused AdamW, `depthlab.train.optim.make_optimizer`); `hf` as the "
+            "reference code trains (a plain `torch.optim.AdamW`, on CPU a per-tensor loop). `depthlab+default_adamw` "
+            "and `hf+fused_adamw` swap the optimizers, so the model code alone is compared by depthlab+default_adamw "
+            "against hf, or depthlab against hf+fused_adamw. `+compile`: blocks compiled with torch.compile (fused "
+            "AdamW). Speed-up = HF step time (eager, default AdamW: what the reference code runs) / contender step "
+            "time: the median of the per-repetition ratios [min, max], and `best` = ratio of each side's fastest "
+            "repetition (load only ever adds time). Times are the process's CPU time on one thread (other people's "
+            "processes barely change it; wall time would also count the time they hold the core), so tok/s are "
+            "tokens per CPU-second, medians over repetitions. MFU is against a 1024³ matmul timed the same way "
+            "inside every repetition.", ""]
     for res in (r, compiled):
         if res is None:
             continue
@@ -141,31 +144,45 @@ def claim_numbers(name: str, c: dict) -> str:
             f"(per seed {', '.join(f'{x:+.2f}' for x in c['paired_diff'])})")
 
 
-def reproduce_section(r: dict | None) -> list[str]:
-    out = ["## 4. The paper's claims at CPU scale", ""]
+# The reproduction experiments: one output directory each (one set of settings), in the order shown.
+EXPERIMENTS = {
+    "reproduce": "4. The paper's claims at CPU scale: every scheme, short budget",
+    "reproduce_long": "5. Claims 1-4 with a seven times longer budget",
+}
+
+
+def reproduce_section(name: str, r: dict | None) -> list[str]:
+    out = [f"## {EXPERIMENTS[name]}", ""]
     if r is None:
-        return out + ["Not run yet (`python -m benchmarks.reproduce run`).", ""]
+        return out + [f"Not run yet (`python -m benchmarks.reproduce run --out benchmarks/results/{name}`).", ""]
     s = r["settings"]
-    out += [f"Command: `{s['command']}`. Model: {s['layers']} layers x dim {s['dim']}, {s['heads']} heads, FFN "
+    commands = s.get("commands") or [s["command"]]
+    out += ["Commands (each adds runs to the same result file; a run's wall time is in the table):", ""]
+    out += [f"    {c}" for c in commands]
+    out += ["", f"Model: {s['layers']} layers x dim {s['dim']}, {s['heads']} heads, FFN "
             f"{s['ffn']}, BPE vocabulary {s['vocab']}, sequence {s['seq']}, batch {s['batch']}, {s['steps']} steps, "
             f"lr {s['lr']} (warmup 10%, cosine to 10%), embedding std {s['embed_std']:.3f}, fp32, one thread per run. "
             f"Validation: the first {s['val_tokens']:,} tokens of the held-out documents; the probes (variance, "
             f"angular distance, layer removal) use its first {s['probe_batches'] * 16} windows on the final model.",
             ""]
     for data, d in r["datasets"].items():
-        out += [f"### {data}", "", "Claim 1 and 5, every variant run (mean ± std over seeds; a diverged run counts "
-                "in `diverged`, not in the mean):", "",
-                "| variant | seeds | diverged | val ppl | val loss | " +
-                " | ".join(f"val loss @{k}" for k in _steps(d)) + " | last-block var | max grad norm | wall s / run |",
-                "|---|---|---|---|---|" + "---|" * len(_steps(d)) + "---|---|---|"]
-        for v, g in d["variants"].items():
+        steps = _steps(d)
+        out += [f"### {data}", "", "Claim 1 for every variant run, best first (mean ± std over seeds; Δppl vs pre is "
+                "paired seed by seed; a diverged run counts in `diverged`, not in the means):", "",
+                "| variant | seeds | diverged | val ppl | Δppl vs pre | val loss | " +
+                " | ".join(f"val loss @{k}" for k in steps) + " | last-block var | max grad norm | wall s / run |",
+                "|---|---|---|---|---|---|" + "---|" * len(steps) + "---|---|---|"]
+        order = sorted(d["variants"].items(), key=lambda kv: (kv[1]["val_ppl"]["mean"] is None,
+                                                             kv[1]["val_ppl"]["mean"] or 0))
+        for v, g in order:
             by_step = g.get("val_loss_by_step", {})
-            out.append(f"| {v} | {len(g['seeds'])} | {g['diverged']} | {ms(g['val_ppl'])} | {ms(g['val_loss'], '.4f')} | "
-                       + " | ".join(ms(by_step.get(k), ".3f") for k in _steps(d)) +
+            out.append(f"| {v} | {len(g['seeds'])} | {g['diverged']} | {ms(g['val_ppl'])} | "
+                       f"{ms(g.get('ppl_minus_pre')) if v != 'pre' else '0'} | {ms(g['val_loss'], '.4f')} | "
+                       + " | ".join(ms(by_step.get(k), ".3f") for k in steps) +
                        f" | {ms(g.get('last_layer_var'))} | {ms(g['grad_norm_max'])} | {ms(g['wall_s'], '.0f')} |")
         out += ["", "| claim | criterion | numbers | reproduces here? |", "|---|---|---|---|"]
-        for name, c in d["claims"].items():
-            out.append(f"| {CLAIM_TITLES.get(name, name)} | {c['criterion']} | {claim_numbers(name, c)} | "
+        for claim, c in d["claims"].items():
+            out.append(f"| {CLAIM_TITLES.get(claim, claim)} | {c['criterion']} | {claim_numbers(claim, c)} | "
                        f"**{'yes' if c['reproduces'] else 'no'}** |")
         out.append("")
         for kind, caption in [("val_loss", "validation loss"), ("train_loss", "training loss"),
@@ -174,7 +191,7 @@ def reproduce_section(r: dict | None) -> list[str]:
                               ("last_var_by_step", "depth monitor: last block's variance during training"),
                               ("angular_by_depth", "angular distance between each block's input and output"),
                               ("removal_by_depth", "validation-loss increase when a single block is removed")]:
-            out.append(f"![{caption}](img/reproduce_{data}_{kind}.png)")
+            out.append(f"![{caption}](img/{name}_{data}_{kind}.png)")
         out.append("")
     return out
 
@@ -188,8 +205,9 @@ def _steps(d: dict) -> list[str]:
 
 def copy_plots() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
-    for png in (RESULTS / "reproduce").glob("*.png"):
-        shutil.copy(png, IMG / f"reproduce_{png.name}")
+    for name in EXPERIMENTS:
+        for png in (RESULTS / name).glob("*.png"):
+            shutil.copy(png, IMG / f"{name}_{png.name}")
     for png in (RESULTS / "gpu_71m").glob("*.png"):
         shutil.copy(png, IMG / f"gpu_71m_{png.name}")
 
@@ -199,14 +217,15 @@ def main() -> Path:
 
     files = {"train_speed": RESULTS / "train_speed.json", "train_speed_compile": RESULTS / "train_speed_compile.json",
              "train_speed_profile": RESULTS / "train_speed_profile.json", "lns_cost": RESULTS / "lns_cost.json",
-             "gpu_71m": RESULTS / "gpu_71m" / "summary.json", "reproduce": RESULTS / "reproduce" / "results.json"}
+             "gpu_71m": RESULTS / "gpu_71m" / "summary.json",
+             **{name: RESULTS / name / "results.json" for name in EXPERIMENTS}}
     results = {k: load(p) for k, p in files.items()}
     prose = findings(results)
     copy_plots()
     lines = INTRO + [""]
     sections = [("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
-                ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"])),
-                ("reproduce", reproduce_section(results["reproduce"]))]
+                ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"]))]
+    sections += [(name, reproduce_section(name, results[name])) for name in EXPERIMENTS]
     for key, body in sections:
         lines += body + prose.get(key, []) + [""]
     lines += NOT_DONE

@@ -5,7 +5,7 @@
 
 `run` trains every (variant, seed) pair (in --jobs worker processes, one thread each) and appends each finished
 run to OUT/runs.jsonl at once, so an interrupted reproduction keeps what it finished; then it summarises.
-A variant is a scheme name, optionally with `+scaled` (the scaled init). After training, each model is probed on
+A variant is a scheme name, optionally with `+INIT` (e.g. `+scaled`, the scaled init) and/or `+gpas`. After training, each model is probed on
 a fixed validation sample: the residual stream's variance after every block (claim 2), the angular distance
 between each block's input and output, arccos(cos)/pi averaged over tokens (claim 3), and the validation loss
 with each single block removed (claim 4). `summarize` writes OUT/results.json (mean +- std over seeds per
@@ -42,10 +42,11 @@ OUT = Path(__file__).parent / "results" / "reproduce"
 def make_config(args: dict, variant: str, seed: int, run_dir: Path):
     from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig, validate
 
-    scheme, _, init = variant.partition("+")
+    scheme, *mods = variant.split("+")
+    inits = [m for m in mods if m != "gpas"]
     model = ModelConfig(vocab_size=args["vocab"], dim=args["dim"], n_layers=args["layers"], n_heads=args["heads"],
-                        ffn_dim=args["ffn"], max_seq_len=args["seq"], norm_scheme=scheme, init=init or "auto",
-                        embed_std=args["embed_std"])
+                        ffn_dim=args["ffn"], max_seq_len=args["seq"], norm_scheme=scheme,
+                        init=inits[0] if inits else "auto", gpas="gpas" in mods, embed_std=args["embed_std"])
     data = DataConfig(paths=DATASETS[args["data"]], seq_len=args["seq"], builtin_mb=args["builtin_mb"])
     train = TrainConfig(out_dir=str(run_dir.parent), seed=seed, max_steps=args["steps"], batch_size=args["batch"],
                         lr=args["lr"], warmup_steps=max(1, args["steps"] // 10), eval_every=args["eval_every"],
@@ -257,8 +258,11 @@ def summarize(out: Path, settings: dict | None = None, plots: bool = True) -> di
     previous = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
     result = {"benchmark": "reproduce", "settings": settings or previous.get("settings"), "datasets": {}}
     for data, variants in by.items():
-        result["datasets"][data] = {"variants": {v: group_summary(list(s.values())) for v, s in variants.items()},
-                                    "claims": verdicts(variants)}
+        groups = {v: group_summary(list(s.values())) for v, s in variants.items()}
+        for v, g in groups.items():  # claim 1 for every scheme: paired against pre, seed by seed
+            if "pre" in variants and v != "pre":
+                g["ppl_minus_pre"] = mean_std(paired(variants, v, "pre", lambda r: r["val_ppl"]))
+        result["datasets"][data] = {"variants": groups, "claims": verdicts(variants)}
         if plots:
             plot_dataset(out, data, variants)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -316,13 +320,28 @@ def finished_runs(args: dict, jobs: list[tuple[str, int]], workers: int):
             yield f.result()
 
 
+SETTING_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "lr", "embed_std", "eval_every",
+                "builtin_mb", "probe_batches", "val_tokens")
+
+
 def cmd_run(a, argv: list[str]) -> None:
     out = Path(a.out)
+    settings = {k: getattr(a, k) for k in SETTING_KEYS}
+    previous = json.loads((out / "results.json").read_text()).get("settings") if (out / "results.json").exists() else None
+    if previous:  # one output directory = one set of settings, so that its tables compare like with like
+        changed = [f"{k}: {previous.get(k)} -> {settings[k]}" for k in SETTING_KEYS if previous.get(k) != settings[k]]
+        if changed:
+            sys.exit(f"reproduce: {out} holds runs with other settings ({', '.join(changed)}); use another --out")
+    for v in a.variants:
+        try:
+            make_config({**settings, "data": a.data}, v, 0, out / "x")
+        except Exception as e:  # a bad variant fails here, in one line, not in a worker after minutes
+            sys.exit(f"reproduce: variant {v!r}: {e}")
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: getattr(a, k) for k in ("data", "layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "steps",
-                                            "lr", "embed_std", "eval_every", "builtin_mb", "probe_batches", "val_tokens")}
-    args = {**settings, "runs_dir": a.runs_dir or str(out / "runs")}
-    settings["command"] = "python -m benchmarks.reproduce " + " ".join(argv)
+    command = "python -m benchmarks.reproduce " + " ".join(argv)
+    commands = (previous or {}).get("commands") or ([previous["command"]] if previous and "command" in previous else [])
+    settings["commands"] = commands + [command] * (command not in commands)
+    args = {**settings, "data": a.data, "runs_dir": a.runs_dir or str(out / "runs")}
     jobs = [(v, s) for s in a.seeds for v in a.variants] if a.seed_major else [(v, s) for v in a.variants for s in a.seeds]
     t0 = time.time()
     with open(out / "runs.jsonl", "a") as log:
@@ -341,7 +360,8 @@ def main(argv=None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train and probe (variant, seed) pairs, then summarise")
     r.add_argument("--data", choices=list(DATASETS), default="shakespeare")
-    r.add_argument("--variants", nargs="+", default=["pre", "lns"], help="schemes, optionally with +scaled")
+    r.add_argument("--variants", nargs="+", default=["pre", "lns"],
+                   help="schemes, optionally with +INIT (e.g. lns+scaled) and/or +gpas (pre+gpas, lns+gpas)")
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     r.add_argument("--seed-major", action="store_true", help="all variants of seed 0 first, then seed 1, ...")
     r.add_argument("--layers", type=int, default=24)

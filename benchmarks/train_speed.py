@@ -2,9 +2,11 @@
 
 Both models have identical dimensions and identical weights (the HF twin is built by the exporter's own weight
 mapping, and the first loss of both is checked equal), see the same batches, and run the same step: forward
-under the same autocast, the same cross-entropy, backward, gradient clipping, and the trainer's AdamW. What
-differs is only the model code. Each model is also timed with PyTorch's fused AdamW (the trainer's default
-per-tensor AdamW loop is a large share of a CPU step), and with --compile with its blocks compiled
+under the same autocast, the same cross-entropy, backward, gradient clipping, and AdamW with the trainer's
+parameter groups. `depthlab` is timed as `depthlab train` runs (PyTorch's fused AdamW), `hf` as the reference code
+trains (a plain torch.optim.AdamW, on CPU a per-tensor loop); `depthlab+default_adamw` and `hf+fused_adamw` swap
+the optimizers, separating what the model code and the optimizer each contribute; with --compile both are also
+timed with their blocks compiled
 (`torch.compile` per block, as torchtitan does: one compilation serves every identical block). Figures:
 tokens/s of each, its paired speed-up over HF with the default AdamW (median over interleaved repetitions), and MFU: train_flops_per_token (depthlab.train.flops) against the matmul peak, measured
 inside every repetition (1024^3 matmuls, the same probe as depthlab.train.flops.measured_matmul_peak) so that
@@ -27,9 +29,10 @@ import torch
 
 from benchmarks.common import (environment, hf_twin, interleaved, make_train_step, matmul_probe, paired_ratio,
                                write_result)
-from depthlab.config import ModelConfig
+from depthlab.config import ModelConfig, TrainConfig
 from depthlab.model import Transformer, lm_loss
 from depthlab.train.flops import train_flops_per_token
+from depthlab.train.optim import make_optimizer
 from depthlab.train.trainer import autocast
 
 # Model dimensions and a batch small enough that one CPU step takes about a second.
@@ -63,7 +66,7 @@ def profile(steps: dict, top: int = 10) -> dict[str, dict]:
 
 
 def bench_case(case: str, dtype: str, reps: int, steps: int, do_profile: bool, compile_blocks: bool,
-               fused_adamw: bool) -> dict:
+               optimizer_swap: bool) -> dict:
     dims, batch, seq = CASES[case]
     cfg = ModelConfig(**dims, max_seq_len=seq, norm_scheme="pre")
     torch.manual_seed(0)
@@ -73,16 +76,20 @@ def bench_case(case: str, dtype: str, reps: int, steps: int, do_profile: bool, c
     y = torch.roll(x, -1, dims=1)
     loss_ours, loss_hf = first_losses(ours, hf, x, y, dtype)
     models = {"depthlab": ours, "hf": hf}
-    contenders = {name: make_train_step(m, x, y, dtype, hf=name == "hf") for name, m in models.items()}
-    if fused_adamw:  # the same models, a second optimizer each: PyTorch's fused AdamW
-        for name, m in models.items():
-            contenders[f"{name}+fused_adamw"] = make_train_step(m, x, y, dtype, hf=name == "hf", fused_adamw=True)
+    # depthlab as `depthlab train` runs it (fused AdamW, make_optimizer), HF as the reference code runs it (a plain
+    # torch.optim.AdamW: the per-tensor loop on CPU); the swapped pairs separate model code from optimizer.
+    assert make_optimizer(ours, TrainConfig()).defaults["fused"], "the trainer's optimizer is no longer fused"
+    contenders = {"depthlab": make_train_step(ours, x, y, dtype, hf=False, fused_adamw=True),
+                  "hf": make_train_step(hf, x, y, dtype, hf=True, fused_adamw=False)}
+    if optimizer_swap:  # the same models, the other optimizer each
+        contenders["depthlab+default_adamw"] = make_train_step(ours, x, y, dtype, hf=False, fused_adamw=False)
+        contenders["hf+fused_adamw"] = make_train_step(hf, x, y, dtype, hf=True, fused_adamw=True)
     if compile_blocks:
         for name, m in models.items():
             m = copy.deepcopy(m)
             for layer in m.layers if name == "depthlab" else m.model.layers:
                 layer.compile()
-            contenders[f"{name}+compile"] = make_train_step(m, x, y, dtype, hf=name == "hf")
+            contenders[f"{name}+compile"] = make_train_step(m, x, y, dtype, hf=name == "hf", fused_adamw=True)
     probe, probe_flops = matmul_probe(dtype)
     times = interleaved({**contenders, "matmul_peak": probe}, reps, steps)
     peaks = [probe_flops / t for t in times.pop("matmul_peak")]  # one per repetition, under that repetition's load
@@ -111,8 +118,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=2, help="timed steps per repetition and contender")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: PyTorch's default)")
     p.add_argument("--compile", action="store_true", help="also time both with their blocks torch.compile'd")
-    p.add_argument("--no-fused-adamw", dest="fused_adamw", action="store_false",
-                   help="skip the fused-AdamW contenders")
+    p.add_argument("--no-optimizer-swap", dest="optimizer_swap", action="store_false",
+                   help="skip depthlab with the default AdamW and HF with the fused one")
     p.add_argument("--profile", action="store_true", help="also profile one step of each (torch.profiler)")
     p.add_argument("--out", help="result file (default benchmarks/results/train_speed.json)")
     args = p.parse_args(argv)
@@ -122,7 +129,7 @@ def main(argv=None) -> None:
     runs = []
     for case in args.case:
         for dtype in args.dtype:
-            r = bench_case(case, dtype, args.reps, args.steps, args.profile, args.compile, args.fused_adamw)
+            r = bench_case(case, dtype, args.reps, args.steps, args.profile, args.compile, args.optimizer_swap)
             runs.append(r)
             print(f"{case:10s} {dtype}: " + ", ".join(
                 f"{n} {r['tokens_per_s'][n]:.0f} tok/s (MFU {r['mfu'][n]:.1%})" for n in r["tokens_per_s"]), flush=True)

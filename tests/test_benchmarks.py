@@ -31,7 +31,7 @@ def test_hf_twin_trains_step_for_step_like_depthlab(fused):
     x = torch.randint(0, 97, (2, 16))
     y = torch.roll(x, -1, 1)
     ours = common.make_train_step(model, x, y, "fp32", hf=False, fused_adamw=fused)
-    theirs = common.make_train_step(hf, x, y, "fp32", hf=True)
+    theirs = common.make_train_step(hf, x, y, "fp32", hf=True, fused_adamw=not fused)
     for _ in range(3):
         a, b = ours().item(), theirs().item()
         assert a == pytest.approx(b, abs=1e-5)
@@ -55,7 +55,7 @@ def test_train_speed_tiny(tmp_path, monkeypatch):
     assert [r["dtype"] for r in runs] == ["fp32", "bf16"]
     assert runs[0]["first_loss"]["depthlab"] == pytest.approx(runs[0]["first_loss"]["hf"], abs=1e-5)
     for r in runs:
-        assert set(r["speedup_over_hf"]) == {"depthlab", "depthlab+fused_adamw", "hf+fused_adamw"}
+        assert set(r["speedup_over_hf"]) == {"depthlab", "depthlab+default_adamw", "hf+fused_adamw"}
         assert r["speedup_over_hf"]["depthlab"]["median"] > 0 and 0 < r["mfu"]["depthlab"]
         assert len(r["matmul_peak_flops"]) == 2 and len(r["step_s"]["hf"]) == 2
 
@@ -128,9 +128,27 @@ def test_reproduce_tiny_end_to_end(tmp_path):
     d = res["datasets"]["builtin"]
     assert set(d["variants"]) == {"pre", "lns"} and "1_lns_lower_ppl" in d["claims"]
     assert d["variants"]["lns"]["val_ppl"]["n"] == 1
-    assert res["settings"]["command"].startswith("python -m benchmarks.reproduce run")
+    assert res["settings"]["commands"][0].startswith("python -m benchmarks.reproduce run")
     assert (tmp_path / "builtin_var_by_depth.png").stat().st_size > 0
     assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
+    assert d["variants"]["lns"]["ppl_minus_pre"]["n"] == 1 and "ppl_minus_pre" not in d["variants"]["pre"]
+    # One output directory holds one set of settings: other settings are refused before any training.
+    with pytest.raises(SystemExit, match=r"other settings \(steps: 3 -> 5\)"):
+        reproduce.main(["run", "--data", "builtin", "--steps", "5", "--layers", "2", "--dim", "16", "--heads", "2",
+                        "--ffn", "32", "--vocab", "300", "--seq", "16", "--batch", "4", "--eval-every", "2",
+                        "--probe-batches", "1", "--builtin-mb", "0.05", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="variant 'nosuch'"):
+        reproduce.main(["run", "--variants", "nosuch", "--out", str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()
+
+
+def test_variant_names_set_scheme_init_and_gpas(tmp_path):
+    args = dict(vocab=300, dim=16, layers=2, heads=2, ffn=32, seq=16, embed_std=0.02, data="builtin", builtin_mb=0.05,
+                steps=4, batch=2, lr=1e-3, eval_every=2)
+    m = {v: reproduce.make_config(args, v, 0, tmp_path / "r").model for v in ("lns", "lns+scaled", "pre+gpas")}
+    assert (m["lns"].norm_scheme, m["lns"].init, m["lns"].gpas) == ("lns", "auto", False)
+    assert (m["lns+scaled"].norm_scheme, m["lns+scaled"].init) == ("lns", "scaled")
+    assert (m["pre+gpas"].norm_scheme, m["pre+gpas"].init, m["pre+gpas"].gpas) == ("pre", "auto", True)
 
 
 def test_gpu_script_runs_on_cpu_tiny(tmp_path):
@@ -163,7 +181,8 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     text = report.main().read_text()
     assert "Not run yet (`python -m benchmarks.train_speed`)" in text
     assert "**Not run: no GPU machine was available" in text
-    assert "`python -m benchmarks.reproduce run --data builtin" in text
+    assert "    python -m benchmarks.reproduce run --data builtin" in text
+    assert "Not run yet (`python -m benchmarks.reproduce run --out benchmarks/results/reproduce_long`)" in text
     for claim in ("1. `lns` reaches lower", "5. `post` less stable", "6. `lns` + `scaled`"):
         assert claim in text
     assert (tmp_path / "docs" / "img" / "reproduce_builtin_var_by_depth.png").exists()
