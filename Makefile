@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean results reproduce-short reproduce-builtin reproduce-long reproduce-lr speed
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,33 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+
+# docs/results.md, in parts (each one `make` call; wall times on 2 cores are in docs/results.md). Every part appends
+# to its result file under benchmarks/results/, so a part can be run again or split by --variants / --seeds.
+BENCH := PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(PY) -m benchmarks
+SHORT := --data shakespeare --seeds 0 1 2 --steps 300 --eval-every 100 --jobs 2
+
+reproduce-short: install  # claims 1-6 and every scheme on Shakespeare, 300 steps
+	$(BENCH).reproduce run $(SHORT) --variants pre lns post deepnorm mixln lns+scaled
+	$(BENCH).reproduce run $(SHORT) --variants sandwich peri reordered layerscale skipinit rezero dyt pre+gpas lns+gpas
+
+reproduce-builtin: install  # claims 1-6 on the built-in corpus
+	$(BENCH).reproduce run --data builtin --variants pre lns post deepnorm mixln lns+scaled --seeds 0 1 2 --steps 300 --eval-every 100 --jobs 2
+
+reproduce-long: install  # claims 1-4 with 2,000 steps
+	$(BENCH).reproduce run --data shakespeare --variants pre lns --seeds 0 1 2 --steps 2000 --eval-every 250 --jobs 2 --out benchmarks/results/reproduce_long
+
+reproduce-lr: install  # claim 5 at a quarter of the learning rate
+	$(BENCH).reproduce run $(SHORT) --variants pre lns post deepnorm mixln --lr 5e-4 --out benchmarks/results/reproduce_lr5e-4
+
+speed: install  # run alone: timings share the machine's cores
+	$(BENCH).train_speed --reps 7 --steps 2
+	$(BENCH).lns_cost --reps 9 --steps 2 --case deep-thin llama-71m
+	$(BENCH).train_speed --reps 1 --steps 1 --profile --dtype fp32 bf16 --out benchmarks/results/train_speed_profile.json
+	$(BENCH).train_speed --case deep-thin llama-71m --dtype fp32 --compile --no-optimizer-swap --reps 5 --steps 2 --out benchmarks/results/train_speed_compile.json
+
+results:  # docs/results.md from whatever result files exist
+	$(BENCH).report
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

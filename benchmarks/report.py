@@ -2,7 +2,7 @@
 
     python -m benchmarks.report
 
-Reads benchmarks/results/{train_speed,lns_cost}.json, benchmarks/results/{reproduce,reproduce_long}/results.json
+Reads benchmarks/results/{train_speed,lns_cost}.json, benchmarks/results/<experiment>/results.json (EXPERIMENTS)
 and, where it exists, benchmarks/results/gpu_71m/summary.json; copies the plots to docs/img/. Sections whose result file is
 missing say so.
 """
@@ -148,6 +148,7 @@ def claim_numbers(name: str, c: dict) -> str:
 EXPERIMENTS = {
     "reproduce": "4. The paper's claims at CPU scale: every scheme, short budget",
     "reproduce_long": "5. Claims 1-4 with a seven times longer budget",
+    "reproduce_lr5e-4": "6. Claim 5 at a quarter of the learning rate",
 }
 
 
