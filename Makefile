@@ -35,6 +35,7 @@ reproduce-builtin: install  # claims 1-6 on the built-in corpus
 
 reproduce-long: install  # claims 1-4 with 2,000 steps
 	$(BENCH).reproduce run --data shakespeare --variants pre lns --seeds 0 1 2 --steps 2000 --eval-every 250 --jobs 2 --out benchmarks/results/reproduce_long
+	$(VENV)/bin/depthlab compare $(foreach s,pre lns,benchmarks/results/reproduce_long/runs/shakespeare/$(s)-seed0) --labels pre lns --data ../shared/data/shakespeare --out benchmarks/results/reproduce_long/compare
 
 reproduce-lr: install  # claim 5 at a quarter of the learning rate
 	$(BENCH).reproduce run $(SHORT) --variants pre lns post deepnorm mixln --lr 5e-4 --out benchmarks/results/reproduce_lr5e-4

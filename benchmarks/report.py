@@ -194,7 +194,25 @@ def reproduce_section(name: str, r: dict | None) -> list[str]:
                               ("removal_by_depth", "validation-loss increase when a single block is removed")]:
             out.append(f"![{caption}](img/{name}_{data}_{kind}.png)")
         out.append("")
-    return out
+    return out + compare_lines(name)
+
+
+COMPARE_PLOTS = [("variance.png", "variance of the residual stream by relative depth"),
+                 ("angular_adjacent.png", "angular distance between adjacent layers"),
+                 ("removal.png", "loss increase when one block is removed"),
+                 ("logit_lens.png", "logit lens: distance of each layer's prediction from the final one")]
+
+
+def compare_lines(name: str) -> list[str]:
+    """The analysis report of seed 0's final pre and lns models, where the experiment made one."""
+    folder = RESULTS / name / "compare"
+    if not (folder / "metrics.json").exists():
+        return []
+    out = ["Analysis report of the final `pre` and `lns` models of seed 0 (`depthlab compare`, the toolkit's own "
+           "diagnostics on held-out Shakespeare text, see docs/analysis.md; the `make` target shows the command; "
+           f"the full report is `benchmarks/results/{name}/compare/report.html`):", ""]
+    out += [f"![{caption}](img/{name}_compare_{png})" for png, caption in COMPARE_PLOTS if (folder / png).exists()]
+    return out + [""]
 
 
 def _steps(d: dict) -> list[str]:
@@ -209,6 +227,9 @@ def copy_plots() -> None:
     for name in EXPERIMENTS:
         for png in (RESULTS / name).glob("*.png"):
             shutil.copy(png, IMG / f"{name}_{png.name}")
+        for png, _ in COMPARE_PLOTS:
+            if (RESULTS / name / "compare" / png).exists():
+                shutil.copy(RESULTS / name / "compare" / png, IMG / f"{name}_compare_{png}")
     for png in (RESULTS / "gpu_71m").glob("*.png"):
         shutil.copy(png, IMG / f"gpu_71m_{png.name}")
 
