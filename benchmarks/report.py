@@ -206,7 +206,7 @@ COMPARE_PLOTS = [("variance.png", "variance of the residual stream by relative d
 def compare_lines(name: str) -> list[str]:
     """The analysis report of seed 0's final pre and lns models, where the experiment made one."""
     folder = RESULTS / name / "compare"
-    if not (folder / "metrics.json").exists():
+    if not (folder / "compare.json").exists():
         return []
     out = ["Analysis report of the final `pre` and `lns` models of seed 0 (`depthlab compare`, the toolkit's own "
            "diagnostics on held-out Shakespeare text, see docs/analysis.md; the `make` target shows the command; "
