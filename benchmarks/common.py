@@ -47,7 +47,8 @@ def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool):
     `torch.optim.AdamW(...)`, as in the reference code, runs on CPU); `hf` models are called the transformers way."""
     device = x.device
     tc = TrainConfig(lr=1e-4)
-    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in make_optimizer(model, tc).param_groups]
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]}
+              for g in make_optimizer(model, tc).param_groups]
     opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused_adamw)
     # HF: no KV cache in training (its default builds one), as a careful training loop would do.
 

@@ -89,8 +89,8 @@ def _compile_lines(c: dict) -> list[str]:
             s = run["speedup_over_hf"]
             out.append(f"With blocks compiled ({run['case']}, {run['dtype']}): depthlab+compile "
                        f"{s['depthlab+compile']['median']:.2f}x and hf+compile {s['hf+compile']['median']:.2f}x over "
-                       "eager HF with the default AdamW (second table; both compiled models use the fused AdamW): compilation "
-                       "moves both alike, so it is no depthlab advantage.")
+                       "eager HF with the default AdamW (second table; both compiled models use the fused AdamW): "
+                       "compilation moves both alike, so it is no depthlab advantage.")
     return out + [""] if out else []
 
 
@@ -155,7 +155,8 @@ def reproduce(r: dict | None, budget_note: bool = True) -> list[str]:
                        f"{c2['ratio']['std']:.2f} (paper, LLaMA-130M: about 7); deepest-quarter angular distance pre "
                        f"{c3['pre']['mean']:.3f} ± {c3['pre']['std']:.3f}, lns {c3['lns']['mean']:.3f} ± "
                        f"{c3['lns']['std']:.3f}; removing a deepest-quarter block costs "
-                       f"{c4['pre_deep_cost']['mean']:.4f} nats with pre and {c4['lns_deep_cost']['mean']:.4f} with lns "
+                       f"{c4['pre_deep_cost']['mean']:.4f} nats with pre and {c4['lns_deep_cost']['mean']:.4f} with "
+                       "lns "
                        f"(coefficient of variation of the cost across blocks: pre {c4['pre_cv']['mean']:.2f}, lns "
                        f"{c4['lns_cv']['mean']:.2f})." + (" On claims 3 and 4 this is the opposite of the paper's "
                        "picture: `lns`'s deep blocks are the more identity-like ones." if
@@ -167,7 +168,8 @@ def reproduce(r: dict | None, budget_note: bool = True) -> list[str]:
                 g = groups[v]
                 out.append(f"- `{v}`: {c['diverged']} of {len(g['seeds'])} runs diverged (non-finite loss); final val "
                            f"ppl {g['val_ppl']['mean']:.1f} ± {g['val_ppl']['std']:.1f} against `pre`'s "
-                           f"{groups['pre']['val_ppl']['mean']:.1f} ± {groups['pre']['val_ppl']['std']:.1f} at the same "
+                           f"{groups['pre']['val_ppl']['mean']:.1f} ± {groups['pre']['val_ppl']['std']:.1f} at the "
+                           "same "
                            f"lr {r['settings']['lr']:g}; paired Δppl per seed "
                            f"{', '.join(f'{x:+.1f}' for x in c['paired_diff'])}" +
                            (" (worse for every seed)." if c["reproduces"] else "."))
@@ -229,7 +231,8 @@ def longer(short: dict | None, long: dict | None) -> list[str]:
                     "blocks have not become near-identity maps: their input-output angular distance and their "
                     "removal cost both *grew* with training and stay above `lns`'s, whose deep blocks, damped by "
                     "1/sqrt(l), remain the quieter ones, and `lns` still trails in perplexity on every seed. At "
-                    f"{ls['layers']} layers of width {ls['dim']} and {ls['steps'] * ls['batch'] * ls['seq'] / 1e6:.1f}M "
+                    f"{ls['layers']} layers of width {ls['dim']} and "
+                    f"{ls['steps'] * ls['batch'] * ls['seq'] / 1e6:.1f}M "
                     "training tokens, a larger variance does not yet make `pre`'s deep "
                     "layers useless; the paper's effect is reported for 130M-7B models trained on billions of tokens, "
                     "which this CPU budget cannot reach. Claims 1, 3 and 4 are therefore reported as not reproduced "

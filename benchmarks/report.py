@@ -3,8 +3,8 @@
     python -m benchmarks.report
 
 Reads benchmarks/results/{train_speed,lns_cost}.json, benchmarks/results/<experiment>/results.json (EXPERIMENTS)
-and, where it exists, benchmarks/results/gpu_71m/summary.json; copies the plots to docs/img/. Sections whose result file is
-missing say so.
+and, where it exists, benchmarks/results/gpu_71m/summary.json; copies the plots to docs/img/. Sections whose
+result file is missing say so.
 """
 
 from __future__ import annotations

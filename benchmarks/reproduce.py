@@ -5,11 +5,13 @@
 
 `run` trains every (variant, seed) pair (in --jobs worker processes, one thread each) and appends each finished
 run to OUT/runs.jsonl at once, so an interrupted reproduction keeps what it finished; then it summarises.
-A variant is a scheme name, optionally with `+INIT` (e.g. `+scaled`, the scaled init) and/or `+gpas`. After training, each model is probed on
-a fixed validation sample: the residual stream's variance after every block (claim 2), the angular distance
-between each block's input and output, arccos(cos)/pi averaged over tokens (claim 3), and the validation loss
-with each single block removed (claim 4). `summarize` writes OUT/results.json (mean +- std over seeds per
-dataset and variant, the verdict of each claim with the criterion used) and the plots in OUT/.
+A variant is a scheme name, optionally with `+INIT` (e.g. `+scaled`, the scaled init) and/or `+gpas`.
+After training, each model is probed on a fixed validation sample: the residual stream's variance after every
+block (claim 2), the angular distance between each block's input and output, arccos(cos)/pi averaged over tokens
+(claim 3), and the validation loss with each single block removed (claim 4). `summarize` writes
+OUT/results.json (mean +- std over seeds per dataset and variant, the verdict of each claim with the criterion
+used) and the plots in OUT/. One OUT holds one set of settings (steps, lr, model, ...); other settings need
+another --out.
 
 Claims (DESIGN.md section 3): 1 lns reaches lower validation perplexity than pre; 2 much lower variance at the
 deepest layers with lns; 3 adjacent deep layers' angular distance near 0 with pre, clearly above with lns;
@@ -327,7 +329,8 @@ SETTING_KEYS = ("layers", "dim", "heads", "ffn", "vocab", "seq", "batch", "steps
 def cmd_run(a, argv: list[str]) -> None:
     out = Path(a.out)
     settings = {k: getattr(a, k) for k in SETTING_KEYS}
-    previous = json.loads((out / "results.json").read_text()).get("settings") if (out / "results.json").exists() else None
+    result_file = out / "results.json"
+    previous = json.loads(result_file.read_text()).get("settings") if result_file.exists() else None
     if previous:  # one output directory = one set of settings, so that its tables compare like with like
         changed = [f"{k}: {previous.get(k)} -> {settings[k]}" for k in SETTING_KEYS if previous.get(k) != settings[k]]
         if changed:
@@ -342,7 +345,8 @@ def cmd_run(a, argv: list[str]) -> None:
     commands = (previous or {}).get("commands") or ([previous["command"]] if previous and "command" in previous else [])
     settings["commands"] = commands + [command] * (command not in commands)
     args = {**settings, "data": a.data, "runs_dir": a.runs_dir or str(out / "runs")}
-    jobs = [(v, s) for s in a.seeds for v in a.variants] if a.seed_major else [(v, s) for v in a.variants for s in a.seeds]
+    jobs = ([(v, s) for s in a.seeds for v in a.variants] if a.seed_major
+            else [(v, s) for v in a.variants for s in a.seeds])
     t0 = time.time()
     with open(out / "runs.jsonl", "a") as log:
         for r in finished_runs(args, jobs, a.jobs):
