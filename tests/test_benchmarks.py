@@ -170,19 +170,26 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     from benchmarks import report
 
     results = tmp_path / "results"
-    (results / "reproduce").mkdir(parents=True)
-    reproduce.main(["run", "--data", "builtin", "--builtin-mb", "0.05", "--variants", "pre", "lns", "post",
-                    "lns+scaled", "--seeds", "0", "--layers", "2", "--dim", "16", "--heads", "2", "--ffn", "32",
-                    "--vocab", "300", "--seq", "16", "--batch", "2", "--steps", "2", "--eval-every", "1",
-                    "--probe-batches", "1", "--jobs", "1", "--out", str(results / "reproduce")])
+    tiny = ["--data", "builtin", "--builtin-mb", "0.05", "--seeds", "0", "--layers", "2", "--dim", "16", "--heads",
+            "2", "--ffn", "32", "--vocab", "300", "--seq", "16", "--batch", "2", "--eval-every", "1",
+            "--probe-batches", "1", "--jobs", "1"]
+    reproduce.main(["run", *tiny, "--variants", "pre", "lns", "post", "lns+scaled", "--steps", "2",
+                    "--out", str(results / "reproduce")])
     monkeypatch.setattr(report, "RESULTS", results)
     monkeypatch.setattr(report, "DOCS", tmp_path / "docs")
     monkeypatch.setattr(report, "IMG", tmp_path / "docs" / "img")
     text = report.main().read_text()
+    assert "Not run yet (`python -m benchmarks.reproduce run --out benchmarks/results/reproduce_long`)" in text
+    # the longer-budget and lower-lr sections, set against the short runs
+    reproduce.main(["run", *tiny, "--variants", "pre", "lns", "--steps", "3", "--out", str(results / "reproduce_long")])
+    reproduce.main(["run", *tiny, "--variants", "pre", "post", "--steps", "2", "--lr", "1e-4",
+                    "--out", str(results / "reproduce_lr5e-4")])
+    text = report.main().read_text()
     assert "Not run yet (`python -m benchmarks.train_speed`)" in text
     assert "**Not run: no GPU machine was available" in text
     assert "    python -m benchmarks.reproduce run --data builtin" in text
-    assert "Not run yet (`python -m benchmarks.reproduce run --out benchmarks/results/reproduce_long`)" in text
+    assert "**builtin, 2 -> 3 steps:** paired Δppl lns - pre" in text
+    assert "`post` - `pre`" in text and "at lr 0.0001" in text
     for claim in ("1. `lns` reaches lower", "5. `post` less stable", "6. `lns` + `scaled`"):
         assert claim in text
     assert (tmp_path / "docs" / "img" / "reproduce_builtin_var_by_depth.png").exists()
