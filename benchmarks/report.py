@@ -166,6 +166,9 @@ def reproduce_section(name: str, r: dict | None) -> list[str]:
             f"Validation: the first {s['val_tokens']:,} tokens of the held-out documents; the probes (variance, "
             f"angular distance, layer removal) use its first {s['probe_batches'] * 16} windows on the final model.",
             ""]
+    n, seconds = training_time(r)
+    out += [f"Training time: {n} runs, {seconds / 60:.0f} min of one-thread training in all, about "
+            f"{seconds / 120:.0f} min wall with `--jobs 2` on 2 cores (each run's time is in the table).", ""]
     for data, d in r["datasets"].items():
         steps = _steps(d)
         out += [f"### {data}", "", "Claim 1 for every variant run, best first (mean ± std over seeds; Δppl vs pre is "
@@ -215,6 +218,13 @@ def compare_lines(name: str) -> list[str]:
     return out + [""]
 
 
+def training_time(r: dict) -> tuple[int, float]:
+    """Number of runs and their summed wall seconds (each run is one process on one thread)."""
+    groups = [g for d in r["datasets"].values() for g in d["variants"].values()]
+    return (sum(g["wall_s"]["n"] for g in groups),
+            sum(g["wall_s"]["mean"] * g["wall_s"]["n"] for g in groups if g["wall_s"]["n"]))
+
+
 def _steps(d: dict) -> list[str]:
     steps: list[str] = []
     for g in d["variants"].values():
@@ -250,6 +260,13 @@ def main() -> Path:
     sections += [(name, reproduce_section(name, results[name])) for name in EXPERIMENTS]
     for key, body in sections:
         lines += body + prose.get(key, []) + [""]
+    done = [results[name] for name in EXPERIMENTS if results[name]]
+    if done:
+        seconds = sum(training_time(r)[1] for r in done)
+        lines += ["## Time budget", "", f"The reproduction in sections {4}-{3 + len(EXPERIMENTS)} trains "
+                  f"{sum(training_time(r)[0] for r in done)} runs: {seconds / 3600:.1f} h of one-thread training, "
+                  f"about {seconds / 7200:.1f} h wall on 2 cores with `--jobs 2` (plus tokenizer training and probing, "
+                  "a few seconds per run). Each `make reproduce-*` target is one part and can be run on its own.", ""]
     lines += NOT_DONE
     path = DOCS / "results.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
