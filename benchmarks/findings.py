@@ -132,9 +132,21 @@ def _schemes_line(groups: dict) -> str | None:
     rest = [v for v in others if v not in better + worse]
     fmt = lambda vs: ", ".join(f"`{v}` ({others[v]['ppl_minus_pre']['mean']:+.1f})" for v in  # noqa: E731
                                sorted(vs, key=lambda v: others[v]["ppl_minus_pre"]["mean"])) or "none"
-    return (f"- Every scheme against `pre` (paired Δppl, mean over seeds; 'clearly' = the mean is more than one "
+    line = (f"- Every scheme against `pre` (paired Δppl, mean over seeds; 'clearly' = the mean is more than one "
             f"seed-to-seed std from 0): clearly better: {fmt(better)}; clearly worse: {fmt(worse)}; within the "
             f"spread: {fmt(rest)}.")
+    stalled = []  # validation loss barely moved after the first evaluation: stuck near the unigram distribution
+    for v, g in groups.items():
+        curve = [x["mean"] for x in g.get("val_loss_by_step", {}).values() if x["mean"] is not None]
+        if len(curve) > 1 and curve[0] - curve[-1] < 0.1:
+            stalled.append(f"`{v}` (val loss {curve[0]:.2f} -> {curve[-1]:.2f})")
+    if stalled:
+        line += (" Stalled: " + ", ".join(stalled) + " barely learn after the first evaluation at this learning "
+                 "rate (section 6 runs some of them at a lower one).")
+    diverged = [f"`{v}` ({g['diverged']} of {len(g['seeds'])})" for v, g in groups.items() if g["diverged"]]
+    if diverged:
+        line += " Diverged (non-finite loss) on some seeds: " + ", ".join(diverged) + "."
+    return line
 
 
 def reproduce(r: dict | None, budget_note: bool = True) -> list[str]:

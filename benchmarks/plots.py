@@ -32,7 +32,8 @@ def _axes(n_groups: int):
     """A figure for n_groups lines: 20 distinguishable colours and a wider figure when there are many."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2) if n_groups <= 6 else (8.0, 5.0))
     if n_groups > 10:
-        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)
+        colors = plt.get_cmap("tab20").colors  # ten dark hues first, then their light partners
+        ax.set_prop_cycle(color=colors[::2] + colors[1::2])
     return fig, ax
 
 
