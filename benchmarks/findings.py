@@ -149,6 +149,15 @@ def _schemes_line(groups: dict) -> str | None:
     return line
 
 
+def _stuck(c: dict, pre: dict) -> str:
+    """How many seeds ended at more than twice pre's perplexity: not merely worse, but stuck."""
+    k = sum(x > pre["val_ppl"]["mean"] for x in c["paired_diff"])
+    if not k or k == len(c["paired_diff"]):
+        return ""
+    return (f" It ended at more than twice `pre`'s perplexity on {k} of {len(c['paired_diff'])} seeds and close to "
+            "`pre` on the others: instability shows as seed-dependent stalling, not as a uniform gap.")
+
+
 def reproduce(r: dict | None, budget_note: bool = True) -> list[str]:
     if r is None:
         return []
@@ -183,8 +192,8 @@ def reproduce(r: dict | None, budget_note: bool = True) -> list[str]:
                            f"{groups['pre']['val_ppl']['mean']:.1f} ± {groups['pre']['val_ppl']['std']:.1f} at the "
                            "same "
                            f"lr {r['settings']['lr']:g}; paired Δppl per seed "
-                           f"{', '.join(f'{x:+.1f}' for x in c['paired_diff'])}" +
-                           (" (worse for every seed)." if c["reproduces"] else "."))
+                           f"{', '.join(f'{x:+.2f}' for x in c['paired_diff'])}" +
+                           (" (worse for every seed)." if c["reproduces"] else ".") + _stuck(c, groups["pre"]))
         c6 = claims.get("6_lns_scaled_worse")
         if c6:
             out.append(f"- `lns+scaled` against `lns`: paired Δppl {c6['diff']['mean']:+.2f} ± {c6['diff']['std']:.2f} "
