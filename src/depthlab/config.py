@@ -38,8 +38,14 @@ class ModelConfig:
     dyt_alpha_init: float = 0.5  # dyt: initial alpha in gamma * tanh(alpha * x) + beta
     gpas: bool = False  # add-on for pre / lns: gradient-preserving activation scaling after each residual add
     init: str = "auto"  # normal | scaled | depth_scaled | deepnorm; auto = deepnorm for deepnorm, else normal
-    init_std: float = 0.02
-    embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632
+    init_std: float | str = 0.02  # a number, or "auto": sqrt(2 / (5 * dim)), width-matched (0.02 at dim 1000)
+    embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632; tied embeddings use init_std
+
+    @property
+    def weight_std(self) -> float:
+        """init_std as a number: "auto" is the "small init" rule sqrt(2 / (5 d)) of Nguyen & Salazar (2019),
+        which keeps each block's relative update at initialisation about the same at every width."""
+        return (2 / (5 * self.dim)) ** 0.5 if self.init_std == "auto" else float(self.init_std)
 
     @property
     def head_dim(self) -> int:
@@ -139,7 +145,13 @@ def _coerce(value, hint, key: str):
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         if value is None and type(None) in args:
             return None
-        hint = next(a for a in args if a is not type(None))
+        options = [a for a in args if a is not type(None)]
+        for option in options[:-1]:  # the first type that accepts the value, e.g. float | str: 0.02 or "auto"
+            try:
+                return _coerce(value, option, key)
+            except UserError:
+                pass
+        hint = options[-1]
     origin = typing.get_origin(hint)
     if origin is list:
         if isinstance(value, (str, int, float)):
@@ -216,6 +228,8 @@ def validate(cfg: Config) -> Config:
     kv = m.n_kv_heads or m.n_heads
     if kv <= 0 or m.n_heads % kv:
         raise UserError(f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
+    if isinstance(m.init_std, str) and m.init_std != "auto" or not m.weight_std > 0:
+        raise UserError(f"model.init_std must be a positive number or auto, got {m.init_std!r}")
     if not 0 <= m.mixln_ratio <= 1:
         raise UserError(f"model.mixln_ratio must be in [0, 1], got {m.mixln_ratio}")
     if dt.seq_len <= 0 or dt.seq_len > m.max_seq_len:

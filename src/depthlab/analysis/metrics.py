@@ -41,6 +41,24 @@ def angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)) / math.pi
 
 
+def update_ratios(hidden: list[torch.Tensor]) -> list[float]:
+    """update_ratio(l) for each block from the N + 1 stream states of `Transformer(..., return_hidden=True)`."""
+    return [((b.float() - a.float()).norm(dim=-1) / a.float().norm(dim=-1).clamp_min(EPS)).mean().item()
+            for a, b in zip(hidden[:-1], hidden[1:])]
+
+
+@torch.no_grad()
+def init_update_ratios(cfg, seed: int = 0, batch: int = 4, seq_len: int = 64) -> list[float]:
+    """Each block's update ratio at initialisation, on random tokens: whether a configuration starts in the
+    regime where blocks speak (about 0.27 per block for the paper's LLaMA-130M) or nearly silent."""
+    from depthlab.model import Transformer
+
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    idx = torch.randint(cfg.vocab_size, (batch, min(seq_len, cfg.max_seq_len)))
+    return update_ratios(model(idx, return_hidden=True)[1])
+
+
 def unit(h: torch.Tensor) -> torch.Tensor:
     h = h.float()
     return h / h.norm(dim=-1, keepdim=True).clamp_min(EPS)

@@ -33,21 +33,28 @@ def init_normal(model: nn.Module, cfg: ModelConfig, out_std=None) -> None:
     """N(0, init_std) everywhere, N(0, embed_std) for the token embedding; out_std(name) overrides the std of
     output projections."""
     for name, lin in _named_linears(model):
-        std = cfg.init_std
+        std = cfg.weight_std
         if out_std is not None and name.endswith(OUTPUT_PROJECTIONS):
             std = out_std(name)
         nn.init.normal_(lin.weight, 0.0, std)
-    nn.init.normal_(model.embed_tokens.weight, 0.0, cfg.embed_std)
+    init_embedding(model, cfg)
+
+
+def init_embedding(model: nn.Module, cfg: ModelConfig) -> None:
+    """N(0, embed_std), or N(0, init_std) when the embedding is also the LM head: a tied head with the paper's
+    embedding std 0.632 would start with logits of std ~0.632 * sqrt(dim) and a loss far above ln V."""
+    std = cfg.weight_std if cfg.tie_embeddings else cfg.embed_std
+    nn.init.normal_(model.embed_tokens.weight, 0.0, std)
 
 
 def init_scaled(model: nn.Module, cfg: ModelConfig) -> None:
     """GPT-2 / Megatron scaled init: output projections sigma / sqrt(2N)."""
-    init_normal(model, cfg, out_std=lambda name: cfg.init_std / math.sqrt(2 * cfg.n_layers))
+    init_normal(model, cfg, out_std=lambda name: cfg.weight_std / math.sqrt(2 * cfg.n_layers))
 
 
 def init_depth_scaled(model: nn.Module, cfg: ModelConfig) -> None:
     """Depth-scaled init: block l's output projections sigma / sqrt(2l)."""
-    init_normal(model, cfg, out_std=lambda name: cfg.init_std / math.sqrt(2 * _block_index(name)))
+    init_normal(model, cfg, out_std=lambda name: cfg.weight_std / math.sqrt(2 * _block_index(name)))
 
 
 def init_deepnorm(model: nn.Module, cfg: ModelConfig) -> None:
@@ -60,8 +67,8 @@ def init_deepnorm(model: nn.Module, cfg: ModelConfig) -> None:
             gain = 1.0 if name.endswith(("q_proj", "k_proj")) else beta
             nn.init.xavier_normal_(lin.weight, gain=gain)
         else:
-            nn.init.normal_(lin.weight, 0.0, cfg.init_std)
-    nn.init.normal_(model.embed_tokens.weight, 0.0, cfg.embed_std)
+            nn.init.normal_(lin.weight, 0.0, cfg.weight_std)
+    init_embedding(model, cfg)
 
 
 INITS = {"normal": init_normal, "scaled": init_scaled, "depth_scaled": init_depth_scaled, "deepnorm": init_deepnorm}
