@@ -24,7 +24,6 @@ import argparse
 import hashlib
 import json
 import math
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -198,7 +197,8 @@ def run(args) -> None:
     if s["steps"] * s["batch"] * s["seq"] > info["train_tokens"]:
         sys.exit(f"{s['steps']} steps would see more than one epoch of {info['train_tokens']:,} tokens: "
                  f"raise --corpus-mb")
-    (out / "settings.json").write_text(json.dumps(s, indent=2) + "\n")
+    saved = {k: v for k, v in s.items() if k not in ("out", "runs_dir")}  # where files go is not a setting
+    (out / "settings.json").write_text(json.dumps(saved, indent=2) + "\n")
     ctx = get_context("spawn")  # fresh interpreters: no inherited thread pools
     with ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
         for phase in args.phases:
@@ -223,7 +223,14 @@ def settings(args) -> dict:
             "probe_seqs", "ref_depth", "depths", "seeds", "lrs", "init_std", "embed_std", "out")
     s = {k: getattr(args, k) for k in keys}
     s["runs_dir"] = args.runs_dir or str(Path(args.out) / "runs")
-    s["command"] = "python -m benchmarks.depth_study " + " ".join(sys.argv[1:])
+    argv, kept = list(args.argv), []
+    while argv:  # the command as recorded: without --out / --runs-dir, so it names no machine path
+        a = argv.pop(0)
+        if a in ("--out", "--runs-dir"):
+            argv = argv[1:]
+        elif not a.startswith(("--out=", "--runs-dir=")):
+            kept.append(a)
+    s["command"] = "python -m benchmarks.depth_study " + " ".join(kept)
     return s
 
 
@@ -261,6 +268,7 @@ def main(argv=None) -> None:
     sm = sub.add_parser("summarize", help="tables, verdicts, plots from OUT/runs.jsonl")
     sm.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     if args.cmd == "run" and args.init_std != "auto":
         args.init_std = float(args.init_std)
     (run if args.cmd == "run" else summarize)(args)

@@ -90,7 +90,8 @@ def best_rates(runs: dict, s: dict) -> dict:
 def grid_summary(runs: dict, s: dict) -> dict:
     out = {}
     for v in ("pre", "lns", "mixln"):
-        out[v] = {f"{lr:g}": runs[k]["val_loss"] for lr in s["lrs"] if (k := cell_key(s["ref_depth"], v, lr, 0)) in runs}
+        cells = {lr: runs.get(cell_key(s["ref_depth"], v, lr, 0)) for lr in s["lrs"]}
+        out[v] = {f"{lr:g}": r["val_loss"] for lr, r in cells.items() if r}
     return out
 
 
@@ -206,10 +207,10 @@ def profiles(res: dict, runs: dict, out: Path, plt) -> None:
             if not r or r["status"] != "ok":
                 continue
             x = [(i + 1) / L for i in range(L)]
-            for ax, key in zip(axes, ("update_ratio", "removal", "angular")):
+            for ax, key in zip(axes, ("update_ratio", "removal", "angular"), strict=True):
                 ax.plot(x, r[key], style, label=f"{v} N={L}")
     for ax, title in zip(axes, ("update ratio ||dh|| / ||h||", "loss increase when the block is removed",
-                                "angular distance, block input vs output")):
+                                "angular distance, block input vs output"), strict=True):
         ax.set(xlabel="block l / N", title=title)
     axes[1].set_yscale("symlog", linthresh=1e-3)
     axes[0].legend(fontsize=6, ncol=2)
@@ -268,4 +269,37 @@ def section(out: Path, img_prefix: str) -> list[str]:
         for c in d["claims"].values():
             nums = ", ".join(f"{x:+.3g}" if isinstance(x, float) else str(x) for x in c["numbers"])
             lines.append(f"| {d['layers']} | {c['claim']} | {c['verdict']} | {nums} |")
+    return lines + [""]
+
+
+def headline(out: Path) -> list[str]:
+    """What this scale can and cannot say, in a few sentences computed from the study's results."""
+    if not (out / "results.json").exists():
+        return ["The depth study (section 1) has not been run yet: this page cannot yet say whether LNS helps."]
+    res = json.loads((out / "results.json").read_text())
+    s = res["settings"]
+    done = [d for d in res["depths"] if d["seeds"]]
+    tokens = s["steps"] * s["batch"] * s["seq"] / 1e6
+    lines = [f"**What this scale can say.** Width {s['dim']}, depths {', '.join(str(d['layers']) for d in done)}, "
+             f"{tokens:.1f}M tokens per run, each scheme at its own best learning rate, width-matched init "
+             f"(blocks start in the paper's regime). Per depth: "]
+    parts = []
+    for d in done:
+        delta = d["delta_lns_minus_pre"]
+        parts.append(f"N={d['layers']}: curse {d['precondition']['curse']} (Pre-LN deep/shallow update ratio "
+                     f"{fmt(d['pre']['update_deep_over_shallow'], '.2f')}, removal cost "
+                     f"{fmt(d['pre']['removal_deep_over_shallow'], '.2f')}), LNS − Pre-LN "
+                     f"{fmt(delta, '+.3f')} nats over {delta['n']} seed(s): claim 1 {d['claims']['1']['verdict']}")
+    lines[0] += "; ".join(parts) + "."
+    present = [d for d in done if d["precondition"]["curse"] == "present"]
+    if not present:
+        lines.append("In no configuration run here did Pre-LN's deep blocks become identity-like by the criterion "
+                     "below, so the paper's central claim (LNS helps *because* it lifts the curse) is **not testable "
+                     "at this scale and budget**: a difference in loss here says nothing about that mechanism.")
+    missing = [L for L in s["depths"] if L not in {d["layers"] for d in done}]
+    lines.append("**What it cannot say.** Nothing about the paper's model sizes (71M-1B), its data (C4) or its "
+                 f"budgets (billions of tokens); every run here saw {tokens:.1f}M tokens. "
+                 + (f"Depths {missing} were not run. " if missing else "")
+                 + "The long pair (≥ 15M tokens at the reference depth), which would show whether a gap opens or "
+                 "closes with training, has not been run (about 2 h per run on one core).")
     return lines + [""]

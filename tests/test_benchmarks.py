@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -165,31 +166,38 @@ def test_gpu_script_runs_on_cpu_tiny(tmp_path):
 
 
 def test_report_renders_every_section(tmp_path, monkeypatch):
-    """docs/results.md is generated from result files; a missing file is said to be missing, a present one is
-    rendered with its command."""
-    from benchmarks import report
+    """docs/results.md is generated from result files: the depth study's headline, tables and verdicts when it
+    has run, a missing file said to be missing."""
+    from benchmarks import depth_study, report
 
     results = tmp_path / "results"
-    tiny = ["--data", "builtin", "--builtin-mb", "0.05", "--seeds", "0", "--layers", "2", "--dim", "16", "--heads",
-            "2", "--ffn", "32", "--vocab", "300", "--seq", "16", "--batch", "2", "--eval-every", "1",
-            "--probe-batches", "1", "--jobs", "1"]
-    reproduce.main(["run", *tiny, "--variants", "pre", "lns", "post", "lns+scaled", "--steps", "2",
-                    "--out", str(results / "reproduce")])
     monkeypatch.setattr(report, "RESULTS", results)
     monkeypatch.setattr(report, "DOCS", tmp_path / "docs")
     monkeypatch.setattr(report, "IMG", tmp_path / "docs" / "img")
     text = report.main().read_text()
-    assert "Not run yet (`python -m benchmarks.reproduce run --out benchmarks/results/reproduce_long`)" in text
-    # the longer-budget and lower-lr sections, set against the short runs
-    reproduce.main(["run", *tiny, "--variants", "pre", "lns", "--steps", "3", "--out", str(results / "reproduce_long")])
-    reproduce.main(["run", *tiny, "--variants", "pre", "post", "--steps", "2", "--lr", "1e-4",
-                    "--out", str(results / "reproduce_lr5e-4")])
+    assert "has not been run yet" in text and "Not run yet (`make study`)" in text
+    depth_study.main(["run", "--out", str(results / "depth_study"), "--depths", "2", "4", "--ref-depth", "4",
+                      "--seeds", "0", "1", "--lrs", "1e-3", "2e-3", "--phases", "grid", "sweep", "--steps", "3",
+                      "--eval-every", "3", "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "300",
+                      "--seq", "16", "--batch", "2", "--corpus-mb", "0.05", "--probe-seqs", "4", "--jobs", "1"])
     text = report.main().read_text()
     assert "Not run yet (`python -m benchmarks.train_speed`)" in text
     assert "**Not run: no GPU machine was available" in text
-    assert "    python -m benchmarks.reproduce run --data builtin" in text
-    assert "**builtin, 2 -> 3 steps:** paired Δppl lns - pre" in text
-    assert "`post` - `pre`" in text and "at lr 0.0001" in text
-    for claim in ("1. `lns` reaches lower", "5. `post` less stable", "6. `lns` + `scaled`"):
-        assert claim in text
-    assert (tmp_path / "docs" / "img" / "reproduce_builtin_var_by_depth.png").exists()
+    assert "python -m benchmarks.depth_study run --depths 2 4" in text and "## 5. The earlier study" in text
+    assert str(tmp_path) not in text  # the recorded command names no machine path
+    for n in (2, 4):  # every depth has a row with two seeds and a three-way verdict for claim 1
+        assert re.search(rf"^\| {n} \| 2 \| .*\| (reproduces|contradicted|inconclusive|not testable here) \|$",
+                         text, re.M)
+    assert (tmp_path / "docs" / "img" / "depth_study_delta_and_precondition_by_depth.png").exists()
+
+
+def test_depth_study_verdicts_follow_the_precondition():
+    from benchmarks import depth_study_report as r
+
+    cursed = {"update_ratio": [0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.1, 0.1], "removal": [2, 1, 1, 1, 1, 1, .1, .1]}
+    healthy = {"update_ratio": [0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.3, 0.3], "removal": [2, 1, 1, 1, 1, 1, .9, .9]}
+    assert r.precondition([cursed])["curse"] == "present" and r.precondition([healthy])["curse"] == "absent"
+    assert r.verdict("present", [-0.1, -0.2]) == "reproduces"
+    assert r.verdict("present", [0.1, 0.2]) == "contradicted"
+    assert r.verdict("present", [0.1, -0.2]) == "inconclusive"
+    assert r.verdict("absent", [-0.1, -0.2]) == "not testable here"
