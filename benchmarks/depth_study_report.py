@@ -147,13 +147,25 @@ def claims(pre: list[dict], lns: list[dict], curse: str, diffs: list[float]) -> 
     }
 
 
+def llama_130m_init() -> dict:
+    """The paper's LLaMA-130M block shape at initialisation (768 x 12, std 0.02, embedding std 0.632): the regime a
+    small model should start in. The vocabulary does not change the blocks' ratios, so a small one keeps it cheap."""
+    from depthlab.analysis.metrics import init_update_ratios
+    from depthlab.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=256, dim=768, n_layers=12, n_heads=12, ffn_dim=2048, norm_scheme="pre",
+                      init_std=0.02, embed_std=(2 / 5) ** 0.5)
+    r = init_update_ratios(cfg)
+    return {"first": r[0], "deep": part(r, "deep"), "mean": statistics.fmean(r)}
+
+
 def write_summary(out: Path) -> dict | None:
     if not (out / "settings.json").exists():
         return None
     s = json.loads((out / "settings.json").read_text())
     runs = load_runs(out)
     best = best_rates(runs, s)
-    res = {"settings": s, "best_lr": best, "grid": grid_summary(runs, s),
+    res = {"settings": s, "best_lr": best, "grid": grid_summary(runs, s), "llama_130m_init": llama_130m_init(),
            "depths": [depth_summary(runs, s, best, L) for L in sorted(s["depths"])],
            "mixln": {"val_loss": mean_std(r["val_loss"] for r in by_depth(runs, s, "mixln", s["ref_depth"],
                                                                            best["mixln"]))},
@@ -239,16 +251,21 @@ def section(out: Path, img_prefix: str) -> list[str]:
              f"`depthlab.analysis.study.analyze`. {res['runs']} runs, "
              f"{res['train_s'] / 3600:.1f} h of one-thread training.", ""]
     lines += ["Learning-rate grid at the reference depth (seed 0, validation loss; **bold** = the rate used for that "
-              "scheme everywhere else):", "", "| scheme | " + " | ".join(f"lr {lr:g}" for lr in s["lrs"]) + " |",
-              "|---|" + "---|" * len(s["lrs"])]
+              "scheme everywhere else; the last row is the same-rate comparison):", "",
+              "| scheme | " + " | ".join(f"lr {lr:g}" for lr in s["lrs"]) + " |", "|---|" + "---|" * len(s["lrs"])]
     for v, g in res["grid"].items():
         if g:
             cells = [(f"**{g[f'{lr:g}']:.4f}**" if best[v] == lr else f"{g[f'{lr:g}']:.4f}") if f"{lr:g}" in g
                      else "-" for lr in s["lrs"]]
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    pre, lns = res["grid"]["pre"], res["grid"]["lns"]
+    lines.append("| lns − pre | " + " | ".join(f"{lns[k] - pre[k]:+.4f}" if k in pre and k in lns else "-"
+                                               for k in (f"{lr:g}" for lr in s["lrs"])) + " |")
+    ref = res["llama_130m_init"]
     lines += ["", "Each depth, each scheme at its best rate (mean ± std over seeds; Δ paired seed by seed; the "
               "precondition columns are deep-quarter / shallow-quarter ratios of the final Pre-LN model, "
-              f"< {CURSE_THRESHOLD} = identity-like deep blocks):", "",
+              f"< {CURSE_THRESHOLD} = identity-like deep blocks). Update ratio at initialisation for comparison: "
+              f"LLaMA-130M (768 x 12, std 0.02) {ref['first']:.2f} first block / {ref['deep']:.2f} deep quarter.", "",
               "| N | seeds | pre val loss | lns val loss | Δ lns − pre | init update ratio pre: first / deep "
               "(lns deep) | pre update deep/shallow | pre removal deep/shallow | curse | claim 1 |",
               "|---|---|---|---|---|---|---|---|---|---|"]
