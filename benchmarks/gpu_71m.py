@@ -26,8 +26,9 @@ from pathlib import Path
 
 from benchmarks.common import environment, write_result
 from benchmarks.plots import curve, last_depth_stat, plot_by_depth, plot_curves, read_metrics
-from depthlab.config import apply_overrides, preset, validate
+from depthlab.config import apply_overrides, preset
 from depthlab.data.dataset import build_token_data
+from depthlab.model.validate import validate
 from depthlab.train.trainer import train
 
 SCHEMES = ("pre", "lns")

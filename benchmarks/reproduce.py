@@ -42,7 +42,8 @@ OUT = Path(__file__).parent / "results" / "reproduce"
 
 # ---------------------------------------------------------------------------------------------------- training
 def make_config(args: dict, variant: str, seed: int, run_dir: Path):
-    from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig, validate
+    from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig
+    from depthlab.model.validate import validate
 
     scheme, *mods = variant.split("+")
     inits = [m for m in mods if m != "gpas"]

@@ -1,7 +1,8 @@
 import pytest
 
 from depthlab import UserError
-from depthlab.config import PRESETS, Config, apply_overrides, preset, validate
+from depthlab.config import PRESETS, Config, apply_overrides, preset
+from depthlab.model.validate import validate
 
 
 def test_overrides_parse_types_and_dotted_paths():

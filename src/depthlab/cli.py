@@ -17,7 +17,8 @@ EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set mo
 
 
 def build_config(args):
-    from depthlab.config import Config, apply_overrides, preset, validate
+    from depthlab.config import Config, apply_overrides, preset
+    from depthlab.model.validate import validate
 
     if getattr(args, "resume", None):  # continue a run with its own config; flags given override it
         from depthlab.train.checkpoint import newest_valid_checkpoint

@@ -1,4 +1,7 @@
-"""Typed configs: model, data, train. Presets, JSON/YAML files, dotted `--set` overrides, validation.
+"""Typed configs: model, data, train. Presets, JSON/YAML files, dotted `--set` overrides.
+
+Data only: checking values against the scheme and init registries (and every range check) is
+depthlab.model.validate.validate, next to those registries; this module imports nothing from depthlab.model.
 
 Every run directory and every checkpoint stores the fully resolved config as JSON, so a run can always be
 rebuilt exactly (the reference code kept the scheme in an environment variable and lost it).
@@ -37,6 +40,7 @@ class ModelConfig:
     skip_alpha_init: float = 0.0  # skipinit / rezero: initial residual gain
     dyt_alpha_init: float = 0.5  # dyt: initial alpha in gamma * tanh(alpha * x) + beta
     gpas: bool = False  # add-on for pre / lns: gradient-preserving activation scaling after each residual add
+    gpas_gate: str = "per_block"  # per_block: one gate shared by a block's two adds (as GPAS's reference); per_add
     init: str = "auto"  # normal | scaled | depth_scaled | deepnorm; auto = deepnorm for deepnorm, else normal
     init_std: float | str = 0.02  # a number, or "auto": sqrt(2 / (5 * dim)), width-matched (0.02 at dim 1000)
     embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632; tied embeddings use init_std
@@ -204,52 +208,6 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         except yaml.YAMLError:
             target[path[-1]] = raw
     return Config.from_dict(d)
-
-
-def validate(cfg: Config) -> Config:
-    """Raise UserError on impossible settings; return cfg unchanged."""
-    from depthlab.model.init import INITS
-    from depthlab.model.schemes import SCHEMES, GPAS_SCHEMES
-
-    m, t, dt = cfg.model, cfg.train, cfg.data
-    if m.norm_scheme not in SCHEMES:
-        raise UserError(f"unknown norm scheme {m.norm_scheme!r}; valid: {', '.join(SCHEMES)}")
-    if m.init != "auto" and m.init not in INITS:
-        raise UserError(f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
-    if m.gpas and m.norm_scheme not in GPAS_SCHEMES:
-        raise UserError(f"gpas combines with {' and '.join(GPAS_SCHEMES)} only, not {m.norm_scheme!r}")
-    for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
-        if getattr(m, name) <= 0:
-            raise UserError(f"model.{name} must be positive, got {getattr(m, name)}")
-    if m.dim % m.n_heads:
-        raise UserError(f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
-    if m.head_dim % 2:
-        raise UserError(f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
-    kv = m.n_kv_heads or m.n_heads
-    if kv <= 0 or m.n_heads % kv:
-        raise UserError(f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
-    if isinstance(m.init_std, str) and m.init_std != "auto" or not m.weight_std > 0:
-        raise UserError(f"model.init_std must be a positive number or auto, got {m.init_std!r}")
-    if not 0 <= m.mixln_ratio <= 1:
-        raise UserError(f"model.mixln_ratio must be in [0, 1], got {m.mixln_ratio}")
-    if dt.seq_len <= 0 or dt.seq_len > m.max_seq_len:
-        raise UserError(f"data.seq_len={dt.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
-    if not 0 < dt.val_fraction < 1:
-        raise UserError(f"data.val_fraction must be in (0, 1), got {dt.val_fraction}")
-    for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every"):
-        if getattr(t, name) <= 0:
-            raise UserError(f"train.{name} must be positive, got {getattr(t, name)}")
-    if t.lr <= 0 or t.warmup_steps < 0:
-        raise UserError("train.lr must be positive and train.warmup_steps non-negative")
-    if t.on_nonfinite not in ("stop", "skip"):
-        raise UserError(f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
-    if t.parallel not in ("ddp", "fsdp"):
-        raise UserError(f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
-    if t.ckpt_every < 0 or t.keep_last < 1 or t.monitor_every < 0:
-        raise UserError("train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
-    if t.dtype not in ("fp32", "bf16"):
-        raise UserError(f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
-    return cfg
 
 
 # ---------------------------------------------------------------- presets

@@ -77,7 +77,7 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
         return _hf_skeleton(p, trust_remote_code, dtype, device)
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.model import Transformer
-    from depthlab.model.schemes import SCHEMES
+    from depthlab.model.schemes import build_block
     from depthlab.train.checkpoint import CONFIG, TOKENIZER, find_checkpoint
     from depthlab.config import Config
 
@@ -89,7 +89,7 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
     if cfg.model.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     lm = from_depthlab(model.to(device, torch_dtype(dtype)), p.name or str(p))
-    skel = Skeleton(lm, cfg.model.n_layers, files, lambda i: SCHEMES[cfg.model.norm_scheme](cfg.model, i + 1))
+    skel = Skeleton(lm, cfg.model.n_layers, files, lambda i: build_block(cfg.model, i + 1))
     info = {"scheme": cfg.model.norm_scheme, "checkpoint": str(ckpt)}
     return skel, load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len, info
 

@@ -7,8 +7,9 @@ dict always holds the *folded* weights (gamma * l^(-p)): `model.save_pretrained(
 checkpoint that any engine for that family runs correctly, and `load_pretrained(dir)` divides the scale back out and re-installs the hooks to continue training.
 A patched model can never be saved in a form that silently reloads without its scale (DESIGN.md section 4).
 
-Schemes that rewire the block (post, sandwich, ...) cannot be patched onto an arbitrary HF block; import the
-weights into a depthlab Transformer with `import_hf` and train that instead.
+Which schemes can be patched is declared on each scheme (`hf_patchable`, depthlab.model.schemes), and the scale
+of block l is the scheme's own `norm_scale`. Schemes that rewire the block (post, sandwich, ...) cannot be patched
+onto an arbitrary HF block; import the weights into a depthlab Transformer with `import_hf` and train that instead.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from torch import nn
 from depthlab import UserError
 from depthlab.hf.blocks import block_norms, find_blocks
 
-HF_SCHEMES = ("pre", "lns")
 _HANDLES = "_depthlab_handles"
 
 
@@ -97,14 +97,16 @@ def current_scheme(model: nn.Module) -> str:
 
 
 def apply_scheme(model: nn.Module, scheme: str = "lns", lns_power: float = 0.5):
-    """Patch `model` in place to train under `scheme` (see HF_SCHEMES); returns the model.
+    """Patch `model` in place to train under `scheme` (one whose class says `hf_patchable`); returns the model.
 
     The weights are taken as they are: switching a pretrained Pre-LN model to lns changes its function, which is
-    the point of continued pretraining with LNS. Block l (from 1) gets the scale l^(-lns_power).
+    the point of continued pretraining with LNS. Block l (from 1) gets the scheme's norm scale, l^(-lns_power)
+    for lns.
     """
+    from depthlab.config import ModelConfig
     from depthlab.model.schemes import SCHEMES
 
-    if scheme not in HF_SCHEMES:
+    if scheme not in SCHEMES or not SCHEMES[scheme].hf_patchable:
         why = ("it rewires the block (where the norms and residual adds sit), which cannot be patched onto an "
                "arbitrary HF block; import the weights with depthlab.hf.import_hf and train a depthlab Transformer "
                "with that scheme") if scheme in SCHEMES else f"it is not a scheme (valid: {', '.join(SCHEMES)})"
@@ -117,10 +119,12 @@ def apply_scheme(model: nn.Module, scheme: str = "lns", lns_power: float = 0.5):
     for attr in _RECORD:
         if hasattr(model.config, attr):
             delattr(model.config, attr)
-    if scheme == "lns":
-        n = len(find_blocks(model, with_norms=True)[1])
-        _patch(model, [(l + 1) ** -lns_power for l in range(n)], weights_folded=False)
-        model.config.depthlab_scheme, model.config.depthlab_lns_power = "lns", lns_power
+    n = len(find_blocks(model, with_norms=True)[1])
+    cfg = ModelConfig(norm_scheme=scheme, n_layers=n, lns_power=lns_power)
+    scales = [SCHEMES[scheme].norm_scale(cfg, l) for l in range(1, n + 1)]
+    if any(s != 1.0 for s in scales):  # pre: nothing to patch and nothing to record
+        _patch(model, scales, weights_folded=False)
+        model.config.depthlab_scheme, model.config.depthlab_lns_power = scheme, lns_power
     return model
 
 

@@ -1,5 +1,6 @@
 """Weight mapping between depthlab's Transformer and stock Hugging Face models (both directions).
 
+Which schemes map onto which stock class is declared on each scheme (`hf_export`, depthlab.model.schemes).
 `pre` and `lns` map onto stock Llama. For `lns` the constant norm scale folds into the norm weight:
 Norm_g(x) / sqrt(l) == Norm_{g / sqrt(l)}(x), so the exported model is exact and costs nothing extra.
 `sandwich` maps onto stock Gemma-2, whose block is exactly Sandwich-LN (a norm before and after each branch);
@@ -15,8 +16,7 @@ import torch
 from depthlab import UserError
 from depthlab.config import ModelConfig
 from depthlab.model import Transformer
-
-STOCK_LLAMA_SCHEMES = ("pre", "lns")
+from depthlab.model.schemes import SCHEMES, scheme_class
 
 # depthlab name (inside layers.i) -> HF name (inside model.layers.i)
 _PROJECTIONS = {
@@ -67,13 +67,21 @@ def _state_dict(model: Transformer, norms: dict[str, str], norm_weight, embed_sc
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
+def _plain_llama(scheme: str) -> bool:
+    """The scheme's weights are Llama's as they are (norm scales fold into the norm weights); branch gains
+    (layerscale, skipinit) are folded into the projections by the exporter first."""
+    cls = scheme_class(scheme)
+    return cls.hf_export == "llama" and not cls.branch_gains
+
+
 @torch.no_grad()
 def to_hf_llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """HF Llama weights for a `pre` or `lns` model, norm scales folded into the norm weights."""
     cfg = model.cfg
-    if cfg.norm_scheme not in STOCK_LLAMA_SCHEMES or cfg.gpas:
+    if not _plain_llama(cfg.norm_scheme) or cfg.gpas:
+        direct = [name for name in SCHEMES if _plain_llama(name)]
         raise UserError(f"scheme {cfg.norm_scheme!r}{' + gpas' if cfg.gpas else ''} cannot be expressed as a stock "
-                        f"Llama checkpoint (only {', '.join(STOCK_LLAMA_SCHEMES)} without gpas)")
+                        f"Llama checkpoint (only {', '.join(direct)} without gpas)")
     return _state_dict(model, _LLAMA_NORMS, lambda norm: norm.weight * getattr(norm, "scale", 1.0))
 
 
@@ -82,8 +90,9 @@ def to_hf_gemma2_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """HF Gemma-2 weights for a `sandwich` model (untied embeddings: Gemma scales the input embedding by
     sqrt(dim) but not the LM head, so a tied matrix cannot carry the fold)."""
     cfg = model.cfg
-    if cfg.norm_scheme != "sandwich" or cfg.gpas or cfg.tie_embeddings:
-        raise UserError("only sandwich without gpas and with untied embeddings maps onto stock Gemma-2")
+    if scheme_class(cfg.norm_scheme).hf_export != "gemma2" or cfg.gpas or cfg.tie_embeddings:
+        gemma = [name for name, cls in SCHEMES.items() if cls.hf_export == "gemma2"]
+        raise UserError(f"only {', '.join(gemma)} without gpas and with untied embeddings maps onto stock Gemma-2")
     return _state_dict(model, _GEMMA2_NORMS, lambda norm: norm.weight - 1.0, embed_scale=1 / math.sqrt(cfg.dim))
 
 

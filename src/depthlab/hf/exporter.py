@@ -8,7 +8,8 @@ constant or per-channel gain folds exactly into a stock weight, so the exported 
     skipinit     h + alpha W_o y         = h + (alpha W_o) y                                          -> Llama
     sandwich     a norm before and after each branch is Gemma-2's block                    -> Gemma2ForCausalLM
 
-The other schemes are refused, each with its reason (REFUSED): they put a norm or a residual add where no stock
+The other schemes are refused, each with its reason (REFUSED, read from each scheme's `hf_export_refusal` in
+depthlab.model.schemes, where `hf_export` says which stock class a scheme exports to): they put a norm or a residual add where no stock
 block has one. We chose refusal over a remote-code modeling file: a second copy of the model package would drift
 from the first, and engines that run stock models (vLLM, llama.cpp, lm-eval's `hf`) would still not run it. Such
 checkpoints stay depthlab checkpoints (`depthlab eval` works on them directly).
@@ -27,20 +28,10 @@ from depthlab.data.tokenizer import EOT
 from depthlab.hf.convert import (hf_gemma2_config_dict, hf_llama_config_dict, to_hf_gemma2_state_dict,
                                  to_hf_llama_state_dict)
 from depthlab.model import Transformer
+from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL
+from depthlab.model.schemes import SCHEMES, scheme_class
 
-_REWIRED = "stock Llama and Gemma-2 blocks keep norms on the branches and a plain residual add"
-REFUSED = {
-    "post": f"the norm sits on the residual stream after the add; {_REWIRED}",
-    "deepnorm": f"the norm sits after the add and the residual is weighted by alpha; {_REWIRED}",
-    "mixln": f"its first blocks are Post-LN (norm after the add); {_REWIRED}",
-    "peri": "it normalises the embedding output, which neither stock Llama nor Gemma-2 (the sandwich block) does",
-    "reordered": f"its norms sit on the branch outputs, not the inputs (OLMo-2's own layout also adds q/k norms); "
-                 f"{_REWIRED}",
-    "rezero": "its blocks have no norm, and a Llama RMSNorm cannot be made the identity",
-    "dyt": "DyT (tanh) replaces RMSNorm, which no stock model expresses",
-}
-GPAS_REFUSAL = ("gpas scales the residual stream after every add (and RMSNorm's epsilon makes that scale not exactly "
-                "foldable); stock residual adds are plain")
+REFUSED = {name: cls.hf_export_refusal for name, cls in SCHEMES.items() if cls.hf_export is None}
 _BRANCH_OUTPUTS = {"attn_gain": "attn.o_proj", "mlp_gain": "mlp.down_proj"}
 
 
@@ -55,12 +46,14 @@ def hf_weights_and_config(model: Transformer) -> tuple[dict[str, torch.Tensor], 
     cfg = model.cfg
     if cfg.gpas:
         raise UserError(f"cannot export {cfg.norm_scheme} + gpas as a stock checkpoint: {GPAS_REFUSAL}")
-    if cfg.norm_scheme in REFUSED:
-        raise UserError(f"cannot export scheme {cfg.norm_scheme!r} as a stock checkpoint: {REFUSED[cfg.norm_scheme]}")
-    if cfg.norm_scheme == "sandwich":
+    block = scheme_class(cfg.norm_scheme)
+    if block.hf_export is None:
+        raise UserError(f"cannot export scheme {cfg.norm_scheme!r} as a stock checkpoint: {block.hf_export_refusal}")
+    if block.hf_export == "gemma2":
         if cfg.tie_embeddings:
-            raise UserError("cannot export scheme 'sandwich' with tied embeddings: its stock form, Gemma-2, scales the "
-                            "input embedding by sqrt(dim) but not the LM head, so one shared matrix cannot carry both")
+            raise UserError(f"cannot export scheme {cfg.norm_scheme!r} with tied embeddings: its stock form, Gemma-2, "
+                            "scales the input embedding by sqrt(dim) but not the LM head, so one shared matrix cannot "
+                            "carry both")
         return to_hf_gemma2_state_dict(model), hf_gemma2_config_dict(cfg)
     return to_hf_llama_state_dict(_fold_branch_gains(model)), hf_llama_config_dict(cfg)
 
@@ -68,7 +61,7 @@ def hf_weights_and_config(model: Transformer) -> tuple[dict[str, torch.Tensor], 
 @torch.no_grad()
 def _fold_branch_gains(model: Transformer) -> Transformer:
     """An equivalent `pre` model with LayerScale / SkipInit gains folded into the output projections."""
-    if model.cfg.norm_scheme not in ("layerscale", "skipinit"):
+    if not scheme_class(model.cfg.norm_scheme).branch_gains:
         return model
     plain = Transformer(replace(model.cfg, norm_scheme="pre"), init=False)
     state = {k: v for k, v in model.state_dict().items() if k.rsplit(".", 1)[-1] not in _BRANCH_OUTPUTS}

@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from depthlab import UserError
-from depthlab.config import Config, DataConfig, ModelConfig, validate
+from depthlab.config import Config, DataConfig, ModelConfig
 from depthlab.hf.convert import from_hf_llama_state_dict
 from depthlab.model import Transformer
+from depthlab.model.validate import validate
 
 FAMILIES = ("llama", "mistral", "qwen2")
 MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k positions would cost memory for nothing

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from depthlab.config import ModelConfig
+from depthlab.model.schemes import deepnorm_beta, scheme_class
 
 OUTPUT_PROJECTIONS = ("o_proj", "down_proj")  # the projections that write into the residual stream
 
@@ -59,8 +60,6 @@ def init_depth_scaled(model: nn.Module, cfg: ModelConfig) -> None:
 
 def init_deepnorm(model: nn.Module, cfg: ModelConfig) -> None:
     """DeepNet: Xavier-normal, gain beta = (8N)^(-1/4) on v, o and the MLP weights, gain 1 on q and k."""
-    from depthlab.model.schemes import deepnorm_beta
-
     beta = deepnorm_beta(cfg.n_layers)
     for name, lin in _named_linears(model):
         if name.startswith("layers."):
@@ -75,15 +74,14 @@ INITS = {"normal": init_normal, "scaled": init_scaled, "depth_scaled": init_dept
 
 
 def resolve_init(cfg: ModelConfig) -> str:
-    if cfg.init != "auto":
-        return cfg.init
-    return "deepnorm" if cfg.norm_scheme == "deepnorm" else "normal"
+    """The init method's name: model.init, or the scheme's default_init for auto."""
+    return scheme_class(cfg.norm_scheme).default_init if cfg.init == "auto" else cfg.init
 
 
 @torch.no_grad()
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     method = resolve_init(cfg)
-    if cfg.norm_scheme == "lns" and method == "scaled":
-        warnings.warn("lns with scaled init was measured worse than lns alone in the paper "
-                      "(PPL 25.80 vs 25.76 at 130M, 20.79 vs 20.35 at 250M)", stacklevel=2)
+    warning = scheme_class(cfg.norm_scheme).init_warnings.get(method)
+    if warning:
+        warnings.warn(warning, stacklevel=2)
     INITS[method](model, cfg)

@@ -1,8 +1,8 @@
-"""LLaMA building blocks: RMSNorm, RoPE, attention, SwiGLU MLP, the residual add, and the Pre-LN block.
+"""LLaMA building blocks: RMSNorm, DyT, RoPE, attention, SwiGLU MLP, the residual add and GPAS.
 
-Architecture only: no training plumbing. Every normalization scheme in `schemes.py` is a small subclass of
-`PreLNBlock`. Numerics follow Hugging Face's Llama exactly (fp32 RMSNorm statistics, rotate-half RoPE) so that
-weights move between the two with identical logits.
+Architecture only: no training plumbing. The blocks of every normalization scheme are assembled from these
+parts in `schemes.py`. Numerics follow Hugging Face's Llama exactly (fp32 RMSNorm statistics, rotate-half RoPE)
+so that weights move between the two with identical logits.
 """
 
 from __future__ import annotations
@@ -110,49 +110,35 @@ class Residual(nn.Module):
         return (h if self.alpha == 1.0 else self.alpha * h) + update
 
 
-class GPASResidual(Residual):
-    """Gradient-Preserving Activation Scaling (arXiv 2506.22049): the forward pass scales the stream by
-    1 - SiLU(a), the backward pass sees it unscaled: x - SiLU(a) * stopgrad(x)."""
+class GPASGate(nn.Module):
+    """Gradient-Preserving Activation Scaling (arXiv 2506.22049): x - SiLU(a) * stopgrad(x), so the forward pass
+    scales the stream by 1 - SiLU(a) and the backward pass sees it unscaled. One learnable scalar a, from 0."""
 
-    def __init__(self, alpha: float = 1.0):
-        super().__init__(alpha)
+    def __init__(self):
+        super().__init__()
         self.gate = nn.Parameter(torch.zeros(()))
 
-    def forward(self, h: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-        x = super().forward(h, update)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x - F.silu(self.gate) * x.detach()
 
 
-class PreLNBlock(nn.Module):
-    """The vanilla Pre-LN block; every scheme in schemes.py is a small variant of it.
+GPAS_GATES = ("per_block", "per_add")  # model.gpas_gate: one gate shared by a block's two adds, or one per add
 
-        h ─┬──────────────────────(+)─┬──────────────────────(+)─>
-           └─ attn_norm ─ attn ────┘  └─ mlp_norm ─ mlp ──────┘
 
-    layer_id is 1-based (LayerNorm Scaling counts blocks from 1).
-    """
+class GPASResidual(Residual):
+    """The residual add followed by GPAS. `shared` is a gate registered elsewhere (on the block, so that the state
+    dict holds it once: safetensors refuses two entries sharing storage); without it the add owns its own gate."""
 
-    norm_cls: type[nn.Module] = RMSNorm  # DyT swaps this; the model's final norm uses it too
-    embed_norm: bool = False  # Peri-LN also normalises the embedding output
+    def __init__(self, alpha: float = 1.0, shared: GPASGate | None = None):
+        super().__init__(alpha)
+        if shared is None:
+            self.gpas = GPASGate()
+        else:
+            object.__setattr__(self, "gpas", shared)  # a plain reference, not a child module
 
-    def __init__(self, cfg: ModelConfig, layer_id: int):
-        super().__init__()
-        self.layer_id = layer_id
-        self.attn_norm = self.make_norm(cfg)
-        self.attn = Attention(cfg)
-        self.mlp_norm = self.make_norm(cfg)
-        self.mlp = MLP(cfg)
-        residual = GPASResidual if cfg.gpas else Residual
-        self.attn_add = residual()
-        self.mlp_add = residual()
+    @property
+    def gate(self) -> nn.Parameter:
+        return self.gpas.gate
 
-    @classmethod
-    def make_norm(cls, cfg: ModelConfig) -> nn.Module:
-        if cls.norm_cls is DyT:
-            return DyT(cfg.dim, cfg.dyt_alpha_init)
-        return RMSNorm(cfg.dim, cfg.norm_eps)
-
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        h = self.attn_add(h, self.attn(self.attn_norm(h), rope))
-        h = self.mlp_add(h, self.mlp(self.mlp_norm(h)))
-        return h
+    def forward(self, h: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        return self.gpas(super().forward(h, update))

@@ -1,26 +1,68 @@
-"""Normalization schemes: one small variant of the Pre-LN block per scheme, registered by name.
+"""Normalization schemes: one block class per scheme, registered by name. This module is the scheme registry.
 
-To add a scheme, write a subclass of PreLNBlock and decorate it with @register("name"); nothing else changes.
-l is the 1-based block index, N the number of blocks (DESIGN.md section 2). Every scheme keeps the model's
-final norm before the LM head, unscaled.
+Everything the rest of depthlab asks about a scheme is declared once, on its class:
+
+    forward                 where the norms and residual adds sit                the model
+    norm_scale(cfg, l)      constant multiplier on block l's norm outputs        the block, hf.apply_scheme
+    residual_alpha(cfg)     weight of the skip path in alpha * h + F             the block
+    norm_cls, embed_norm    RMSNorm or DyT; a norm on the embedding output       the model
+    default_init            what model.init=auto picks                           model.init
+    init_warnings           {init: why that pairing was measured worse}         model.init
+    supports_gpas *         the GPAS add-on (model.gpas) may be used with it     validate
+    hf_patchable *          hf.apply_scheme can patch it onto any HF decoder     hf.apply
+    hf_export *             the stock HF family it exports to ("llama",          hf.exporter, hf.convert
+                            "gemma2"), or None with hf_export_refusal, the reason in one line
+    branch_gains            attn_gain / mlp_gain multiply the branch outputs;    hf.exporter
+                            export folds them into o_proj / down_proj
+
+To add a scheme, subclass PreLNBlock (or the scheme closest to yours), override what differs and decorate it
+with @register("name"); config validation, `depthlab schemes`, init, export, analysis and hf.apply_scheme read
+the class, nothing else changes. The starred attributes must be stated in the class body of every registered
+scheme (register checks): inherited, they would silently be wrong for a block wired differently.
+
+Where the norms sit, one of the block's two branches drawn (F is attention, then the MLP; l is the 1-based block
+index, N the number of blocks). Every scheme keeps the model's final norm before the LM head, unscaled.
+
+    pre, lns, dyt       h ─┬──────────────(+)─>     lns: norm output times l^(-p)
+                           └─ norm ─ F ────┘        dyt: norm = gamma * tanh(alpha x) + beta
+    post, deepnorm      h ─┬──────(+)─ norm ─>      deepnorm: the skip path times alpha = (2N)^(1/4)
+                           └─ F ───┘
+    mixln               post for blocks l <= floor(r N), pre after
+    sandwich, peri      h ─┬─────────────────────(+)─>      peri: also a norm on the embedding output
+                           └─ norm ─ F ─ norm ────┘
+    reordered           h ─┬──────────────(+)─>
+                           └─ F ─ norm ────┘
+    layerscale,         h ─┬────────────────────(+)─>     g: per-channel (layerscale) or scalar (skipinit,
+    skipinit, rezero       └─ norm ─ F ─ x g ────┘         rezero); rezero has no norm
+    + gpas (pre, lns)   ... (+) ─ x (1 - SiLU(a)), forward only ─>   a: one per block (model.gpas_gate)
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from depthlab import UserError
 from depthlab.config import ModelConfig
-from depthlab.model.llama import DyT, PreLNBlock, Residual
+from depthlab.model.llama import MLP, Attention, DyT, GPASGate, GPASResidual, Residual, RMSNorm
 
 SCHEMES: dict[str, type[PreLNBlock]] = {}
-GPAS_SCHEMES = ("pre", "lns")  # GPAS is an add-on to these
+_MUST_DECLARE = ("supports_gpas", "hf_patchable", "hf_export")
 
 
 def register(name: str):
+    """Class decorator: make the block class the scheme `name`."""
+
     def deco(cls):
+        missing = [attr for attr in _MUST_DECLARE if attr not in vars(cls)]
+        if missing:
+            raise TypeError(f"scheme {name!r}: {cls.__name__} must declare {', '.join(missing)} itself")
+        if cls.hf_export is None and not cls.hf_export_refusal:
+            raise TypeError(f"scheme {name!r}: {cls.__name__} has no stock HF form and must say why "
+                            "(hf_export_refusal)")
         SCHEMES[name] = cls
         cls.scheme = name
         return cls
@@ -28,21 +70,107 @@ def register(name: str):
     return deco
 
 
-register("pre")(PreLNBlock)
+def scheme_class(name: str) -> type[PreLNBlock]:
+    """The block class of scheme `name`."""
+    if name not in SCHEMES:
+        raise UserError(f"unknown norm scheme {name!r}; valid: {', '.join(SCHEMES)}")
+    return SCHEMES[name]
+
+
+def build_block(cfg: ModelConfig, layer_id: int) -> PreLNBlock:
+    """Block `layer_id` (1-based) of a model with config `cfg`."""
+    return scheme_class(cfg.norm_scheme)(cfg, layer_id)
+
+
+def gpas_schemes() -> list[str]:
+    return [name for name, cls in SCHEMES.items() if cls.supports_gpas]
+
+
+GPAS_EXPORT_REFUSAL = ("gpas scales the residual stream after every add (and RMSNorm's epsilon makes that scale not "
+                       "exactly foldable); stock residual adds are plain")
+_REWIRED = "stock Llama and Gemma-2 blocks keep norms on the branches and a plain residual add"
+
+
+@register("pre")
+class PreLNBlock(nn.Module):
+    """Pre-LN: h = h + Attn(Norm(h)); h = h + MLP(Norm(h)). Every other scheme is a small variant of it.
+
+        h ─┬──────────────────────(+)─┬──────────────────────(+)─>
+           └─ attn_norm ─ attn ────┘  └─ mlp_norm ─ mlp ──────┘
+
+    layer_id is 1-based (LayerNorm Scaling counts blocks from 1).
+    """
+
+    scheme: ClassVar[str]  # set by @register
+    norm_cls: ClassVar[type[nn.Module]] = RMSNorm  # DyT swaps this; the model's final norm uses it too
+    embed_norm: ClassVar[bool] = False  # Peri-LN also normalises the embedding output
+    default_init: ClassVar[str] = "normal"
+    init_warnings: ClassVar[dict[str, str]] = {}
+    branch_gains: ClassVar[bool] = False
+    hf_export_refusal: ClassVar[str] = ""
+    supports_gpas: ClassVar[bool] = True
+    hf_patchable: ClassVar[bool] = True
+    hf_export: ClassVar[str | None] = "llama"
+
+    @classmethod
+    def norm_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
+        """The constant, non-learned multiplier on the outputs of block `layer_id`'s norms."""
+        return 1.0
+
+    @classmethod
+    def residual_alpha(cls, cfg: ModelConfig) -> float:
+        return 1.0
+
+    @classmethod
+    def make_norm(cls, cfg: ModelConfig, scale: float = 1.0) -> nn.Module:
+        if cls.norm_cls is DyT:
+            return DyT(cfg.dim, cfg.dyt_alpha_init, scale)
+        return RMSNorm(cfg.dim, cfg.norm_eps, scale)
+
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        scale = self.norm_scale(cfg, layer_id)
+        self.attn_norm = self.make_norm(cfg, scale)
+        self.attn = Attention(cfg)
+        self.mlp_norm = self.make_norm(cfg, scale)
+        self.mlp = MLP(cfg)
+        alpha = self.residual_alpha(cfg)
+        if not cfg.gpas:
+            self.attn_add, self.mlp_add = Residual(alpha), Residual(alpha)
+        elif cfg.gpas_gate == "per_add":
+            self.attn_add, self.mlp_add = GPASResidual(alpha), GPASResidual(alpha)
+        else:  # per_block, as in the GPAS reference: one gate, registered here, applied after both adds
+            self.gpas = GPASGate()
+            self.attn_add, self.mlp_add = GPASResidual(alpha, self.gpas), GPASResidual(alpha, self.gpas)
+
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h = self.attn_add(h, self.attn(self.attn_norm(h), rope))
+        h = self.mlp_add(h, self.mlp(self.mlp_norm(h)))
+        return h
 
 
 @register("lns")
 class LNSBlock(PreLNBlock):
     """LayerNorm Scaling (arXiv 2502.05795): Pre-LN with both norm outputs of block l scaled by l^(-p)."""
 
-    def __init__(self, cfg: ModelConfig, layer_id: int):
-        super().__init__(cfg, layer_id)
-        self.attn_norm.scale = self.mlp_norm.scale = layer_id ** -cfg.lns_power
+    supports_gpas = hf_patchable = True
+    hf_export = "llama"  # Norm_g(x) * s == Norm_{g * s}(x): the scale folds into the norm weight
+    init_warnings = {"scaled": "lns with scaled init was measured worse than lns alone in the paper "
+                               "(PPL 25.80 vs 25.76 at 130M, 20.79 vs 20.35 at 250M)"}
+
+    @classmethod
+    def norm_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
+        return layer_id ** -cfg.lns_power
 
 
 @register("post")
 class PostLNBlock(PreLNBlock):
     """Post-LN: h = Norm(h + Attn(h)); h = Norm(h + MLP(h))."""
+
+    supports_gpas = hf_patchable = False
+    hf_export = None
+    hf_export_refusal = f"the norm sits on the residual stream after the add; {_REWIRED}"
 
     def forward(self, h, rope):
         h = self.attn_norm(self.attn_add(h, self.attn(h, rope)))
@@ -64,15 +192,23 @@ def deepnorm_beta(n_layers: int) -> float:
 class DeepNormBlock(PostLNBlock):
     """DeepNorm: h = Norm(alpha * h + F(h)), alpha = (2N)^(1/4); pair with the `deepnorm` init."""
 
-    def __init__(self, cfg: ModelConfig, layer_id: int):
-        super().__init__(cfg, layer_id)
-        self.attn_add = Residual(deepnorm_alpha(cfg.n_layers))
-        self.mlp_add = Residual(deepnorm_alpha(cfg.n_layers))
+    supports_gpas = hf_patchable = False
+    hf_export = None
+    hf_export_refusal = f"the norm sits after the add and the residual is weighted by alpha; {_REWIRED}"
+    default_init = "deepnorm"
+
+    @classmethod
+    def residual_alpha(cls, cfg: ModelConfig) -> float:
+        return deepnorm_alpha(cfg.n_layers)
 
 
 @register("mixln")
 class MixLNBlock(PreLNBlock):
     """Mix-LN: blocks l <= floor(r * N) are Post-LN, the rest Pre-LN."""
+
+    supports_gpas = hf_patchable = False
+    hf_export = None
+    hf_export_refusal = f"its first blocks are Post-LN (norm after the add); {_REWIRED}"
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id)
@@ -85,6 +221,9 @@ class MixLNBlock(PreLNBlock):
 @register("sandwich")
 class SandwichBlock(PreLNBlock):
     """Sandwich-LN: h = h + Norm(F(Norm(h)))."""
+
+    supports_gpas = hf_patchable = False
+    hf_export = "gemma2"  # Gemma-2's block is exactly Sandwich-LN
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id)
@@ -102,11 +241,20 @@ class PeriLNBlock(SandwichBlock):
     """Peri-LN (arXiv 2502.02732): the sandwich block, plus a norm on the embedding output."""
 
     embed_norm = True
+    supports_gpas = hf_patchable = False
+    hf_export = None
+    hf_export_refusal = ("it normalises the embedding output, which neither stock Llama nor Gemma-2 (the sandwich "
+                         "block) does")
 
 
 @register("reordered")
 class ReorderedBlock(PreLNBlock):
     """OLMo-2 style: h = h + Norm(F(h)); the norms sit on the branch outputs."""
+
+    supports_gpas = hf_patchable = False
+    hf_export = None
+    hf_export_refusal = (f"its norms sit on the branch outputs, not the inputs (OLMo-2's own layout also adds q/k "
+                         f"norms); {_REWIRED}")
 
     def forward(self, h, rope):
         h = self.attn_add(h, self.attn_norm(self.attn(h, rope)))
@@ -117,6 +265,10 @@ class ReorderedBlock(PreLNBlock):
 @register("layerscale")
 class LayerScaleBlock(PreLNBlock):
     """LayerScale: h = h + diag(lambda) F(Norm(h)), lambda learnable per channel."""
+
+    supports_gpas = hf_patchable = False
+    hf_export = "llama"  # h + diag(lam) W_o y == h + (diag(lam) W_o) y
+    branch_gains = True
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id)
@@ -133,6 +285,10 @@ class LayerScaleBlock(PreLNBlock):
 class SkipInitBlock(PreLNBlock):
     """SkipInit: h = h + alpha F(Norm(h)), alpha a learnable scalar per branch."""
 
+    supports_gpas = hf_patchable = False
+    hf_export = "llama"  # h + alpha W_o y == h + (alpha W_o) y
+    branch_gains = True
+
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id)
         self.attn_gain = nn.Parameter(torch.tensor(cfg.skip_alpha_init))
@@ -145,6 +301,10 @@ class SkipInitBlock(PreLNBlock):
 class ReZeroBlock(SkipInitBlock):
     """ReZero: h = h + alpha F(h), no norms in the block."""
 
+    supports_gpas = hf_patchable = False
+    hf_export = None
+    hf_export_refusal = "its blocks have no norm, and a Llama RMSNorm cannot be made the identity"
+
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id)
         self.attn_norm = self.mlp_norm = nn.Identity()
@@ -155,3 +315,6 @@ class DyTBlock(PreLNBlock):
     """Dynamic Tanh: every norm (the final one too) replaced by gamma * tanh(alpha x) + beta."""
 
     norm_cls = DyT
+    supports_gpas = hf_patchable = False
+    hf_export = None
+    hf_export_refusal = "DyT (tanh) replaces RMSNorm, which no stock model expresses"

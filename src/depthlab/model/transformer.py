@@ -9,17 +9,17 @@ from torch import nn
 from depthlab.config import ModelConfig
 from depthlab.model.init import init_weights
 from depthlab.model.llama import rope_cache
-from depthlab.model.schemes import SCHEMES
+from depthlab.model.schemes import build_block, scheme_class
 
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, init: bool = True):
         super().__init__()
         self.cfg = cfg
-        block = SCHEMES[cfg.norm_scheme]
+        block = scheme_class(cfg.norm_scheme)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.embed_norm = block.make_norm(cfg) if block.embed_norm else nn.Identity()
-        self.layers = nn.ModuleList(block(cfg, l) for l in range(1, cfg.n_layers + 1))
+        self.layers = nn.ModuleList(build_block(cfg, l) for l in range(1, cfg.n_layers + 1))
         self.norm = block.make_norm(cfg)  # final norm: never scaled
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         cos, sin = rope_cache(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)

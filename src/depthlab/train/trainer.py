@@ -26,10 +26,11 @@ import torch
 from tqdm import tqdm
 
 from depthlab import UserError, __version__
-from depthlab.config import Config, validate
+from depthlab.config import Config
 from depthlab.data.dataset import PackedSampler, TokenData, build_token_data, eval_batches
 from depthlab.data.tokenizer import load_tokenizer
 from depthlab.model import Transformer, lm_loss
+from depthlab.model.validate import validate
 from depthlab.train import distributed as D
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
 from depthlab.train.checkpoint import (CONFIG, TOKENIZER, find_checkpoint, list_checkpoints, load_trainer_state,

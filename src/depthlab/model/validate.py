@@ -1,0 +1,81 @@
+"""Config validation: every impossible or out-of-range setting becomes one UserError line (exit 2 in the CLI).
+
+It lives next to the scheme and init registries it asks, so that depthlab.config stays plain data.
+"""
+
+from __future__ import annotations
+
+import math
+
+from depthlab import UserError
+from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig
+from depthlab.model.init import INITS
+from depthlab.model.llama import GPAS_GATES
+from depthlab.model.schemes import gpas_schemes, scheme_class
+
+
+def validate(cfg: Config) -> Config:
+    """Raise UserError on impossible settings; return cfg unchanged."""
+    _check_model(cfg.model)
+    _check_data(cfg.data, cfg.model)
+    _check_train(cfg.train)
+    return cfg
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise UserError(message)
+
+
+def _number(obj, section: str, name: str, ok, what: str) -> None:
+    """section.name must be finite (NaN and inf never are) and pass ok; what says what it must be."""
+    v = getattr(obj, name)
+    _require(math.isfinite(v) and ok(v), f"{section}.{name} must be {what}, got {v}")
+
+
+def _check_model(m: ModelConfig) -> None:
+    scheme = scheme_class(m.norm_scheme)
+    _require(m.init == "auto" or m.init in INITS, f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
+    _require(not m.gpas or scheme.supports_gpas,
+             f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")
+    _require(m.gpas_gate in GPAS_GATES, f"model.gpas_gate must be {' or '.join(GPAS_GATES)}, got {m.gpas_gate!r}")
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
+        _require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
+    _require(m.dim % m.n_heads == 0, f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
+    _require(m.head_dim % 2 == 0, f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
+    kv = m.n_kv_heads or m.n_heads
+    _require(kv > 0 and m.n_heads % kv == 0, f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
+    _require(not (isinstance(m.init_std, str) and m.init_std != "auto") and math.isfinite(m.weight_std)
+             and m.weight_std > 0, f"model.init_std must be a positive number or auto, got {m.init_std!r}")
+    _number(m, "model", "mixln_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+    _number(m, "model", "lns_power", lambda v: v >= 0, "a number >= 0")
+    for name in ("norm_eps", "rope_theta", "embed_std"):
+        _number(m, "model", name, lambda v: v > 0, "a positive number")
+    for name in ("layerscale_init", "skip_alpha_init", "dyt_alpha_init"):
+        _number(m, "model", name, lambda v: True, "a finite number")
+
+
+def _check_data(d: DataConfig, m: ModelConfig) -> None:
+    _require(0 < d.seq_len <= m.max_seq_len,
+             f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
+    _require(0 < d.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {d.val_fraction}")
+    _number(d, "data", "builtin_mb", lambda v: v > 0, "a positive number")
+
+
+def _check_train(t: TrainConfig) -> None:
+    for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every"):
+        _require(getattr(t, name) > 0, f"train.{name} must be positive, got {getattr(t, name)}")
+    _number(t, "train", "lr", lambda v: v > 0, "a positive number")
+    _require(t.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
+    _number(t, "train", "min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+    for name in ("beta1", "beta2"):
+        _number(t, "train", name, lambda v: 0 <= v < 1, "in [0, 1)")
+    for name in ("weight_decay", "grad_clip", "peak_flops"):
+        _number(t, "train", name, lambda v: v >= 0, "a number >= 0")
+    _require(t.threads >= 0, f"train.threads must be >= 0 (0: PyTorch's default), got {t.threads}")
+    _require(0 <= t.seed < 2**32, f"train.seed must be in 0..2**32-1, got {t.seed}")
+    _require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
+    _require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
+    _require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
+             "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
+    _require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
