@@ -13,7 +13,7 @@ OUT/results.json (mean +- std over seeds per dataset and variant, the verdict of
 used) and the plots in OUT/. One OUT holds one set of settings (steps, lr, model, ...); other settings need
 another --out.
 
-Claims (DESIGN.md section 3): 1 lns reaches lower validation perplexity than pre; 2 much lower variance at the
+Claims (docs/method.md section 3): 1 lns reaches lower validation perplexity than pre; 2 much lower variance at the
 deepest layers with lns; 3 adjacent deep layers' angular distance near 0 with pre, clearly above with lns;
 4 removing a deep layer costs little with pre, the cost spread more evenly with lns; 5 post, deepnorm and mixln
 less stable at depth under the same learning rate; 6 lns + scaled init worse than lns alone.

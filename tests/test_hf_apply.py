@@ -23,7 +23,7 @@ def logits(model, ids):
 
 
 def folded_by_hand(model, power=0.5):
-    """A plain copy with block l's norm weights times l^(-p): what LNS must compute (DESIGN.md section 1)."""
+    """A plain copy with block l's norm weights times l^(-p): what LNS must compute (docs/method.md section 1)."""
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for l, layer in enumerate(twin.model.layers, 1):

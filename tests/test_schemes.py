@@ -1,4 +1,4 @@
-"""Each scheme puts its norms where DESIGN.md's formula says: checked against hand-written reference blocks."""
+"""Each scheme puts its norms where docs/method.md section 2 says: checked against hand-written reference blocks."""
 
 import math
 import warnings
@@ -49,7 +49,7 @@ def test_lns_scales_norm_outputs_by_l_to_minus_p(p):
 
 
 def reference_block(scheme, blk, h, rope, cfg):
-    """One block written straight from DESIGN.md section 2."""
+    """One block written straight from docs/method.md section 2."""
     attn = lambda x: blk.attn(x, rope)  # noqa: E731
     n1, n2 = blk.attn_norm, blk.mlp_norm
     if scheme == "pre":

@@ -211,7 +211,7 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
 
 
 # ---------------------------------------------------------------- presets
-# The paper's LLaMA sizes (DESIGN.md section 3): sequence 256, global batch 512, cosine to 10%, Adam, wd 0,
+# The paper's LLaMA sizes (docs/method.md section 3): sequence 256, global batch 512, cosine to 10%, Adam, wd 0,
 # embedding std sqrt(2/5) as in the paper-era reference code.
 _PAPER = {
     #            dim, layers, heads, ffn,  lr,   warmup, steps
