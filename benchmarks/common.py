@@ -13,7 +13,7 @@ import platform
 import statistics
 import subprocess
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -127,7 +127,7 @@ def environment() -> dict:
         tf_version = transformers.__version__
     except ImportError:
         tf_version = None
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_commit": commit,
+    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "git_commit": commit,
             "torch": torch.__version__, "transformers": tf_version, "cpu": cpu,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "threads": torch.get_num_threads(), "load_avg_1min": _loadavg()}

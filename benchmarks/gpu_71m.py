@@ -71,8 +71,9 @@ def main(argv=None) -> None:
             "loss_curve": curve(records, "loss"), "val_curve": curve(records, "val_loss"),
             "last_depth_var": last_depth_stat(records), "records": records,
         }
-        print(f"{scheme}: val loss {result.val_loss:.4f} (ppl {result.val_ppl:.2f}), {runs[scheme]['tokens_per_s']:,.0f} "
-              f"tok/s, MFU {runs[scheme]['mfu']:.1%}, {result.wall_s:.0f} s", flush=True)
+        print(f"{scheme}: val loss {result.val_loss:.4f} (ppl {result.val_ppl:.2f}), "
+              f"{runs[scheme]['tokens_per_s']:,.0f} tok/s, MFU {runs[scheme]['mfu']:.1%}, {result.wall_s:.0f} s",
+              flush=True)
     plot_curves({s: [r["records"]] for s, r in runs.items()}, "loss", out / "loss.png",
                 "LLaMA-71M training loss (GPU)", "train loss")
     plot_by_depth({s: [r["last_depth_var"]] for s, r in runs.items()}, out / "var_by_depth.png",
@@ -82,7 +83,8 @@ def main(argv=None) -> None:
     wall = time.time() - t0
     write_result("gpu_71m", {"benchmark": "gpu_71m", "argv": sys.argv[1:] if argv is None else argv,
                              "env": environment(), "wall_s": wall, "runs": runs,
-                             "tokens_per_s_ratio_lns_over_pre": runs["lns"]["tokens_per_s"] / runs["pre"]["tokens_per_s"]},
+                             "tokens_per_s_ratio_lns_over_pre":
+                                 runs["lns"]["tokens_per_s"] / runs["pre"]["tokens_per_s"]},
                  out / "summary.json")
     print(json.dumps({s: {k: r[k] for k in ("val_loss", "tokens_per_s", "mfu")} for s, r in runs.items()}))
     print(f"wrote {out} ({wall:.0f} s wall)")

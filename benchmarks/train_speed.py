@@ -6,9 +6,9 @@ under the same autocast, the same cross-entropy, backward, gradient clipping, an
 parameter groups. `depthlab` is timed as `depthlab train` runs (PyTorch's fused AdamW), `hf` as the reference code
 trains (a plain torch.optim.AdamW, on CPU a per-tensor loop); `depthlab+default_adamw` and `hf+fused_adamw` swap
 the optimizers, separating what the model code and the optimizer each contribute; with --compile both are also
-timed with their blocks compiled
-(`torch.compile` per block, as torchtitan does: one compilation serves every identical block). Figures:
-tokens/s of each, its paired speed-up over HF with the default AdamW (median over interleaved repetitions), and MFU: train_flops_per_token (depthlab.train.flops) against the matmul peak, measured
+timed with their blocks compiled (`torch.compile` per block, as torchtitan does: one compilation serves every
+identical block). Figures: tokens/s of each, its paired speed-up over HF with the default AdamW (median over
+interleaved repetitions), and MFU: train_flops_per_token (depthlab.train.flops) against the matmul peak, measured
 inside every repetition (1024^3 matmuls, the same probe as depthlab.train.flops.measured_matmul_peak) so that
 both see the same load, median over repetitions.
 
@@ -27,8 +27,15 @@ from dataclasses import asdict
 
 import torch
 
-from benchmarks.common import (environment, hf_twin, interleaved, make_train_step, matmul_probe, paired_ratio,
-                               write_result)
+from benchmarks.common import (
+    environment,
+    hf_twin,
+    interleaved,
+    make_train_step,
+    matmul_probe,
+    paired_ratio,
+    write_result,
+)
 from depthlab.config import ModelConfig, TrainConfig
 from depthlab.model import Transformer, lm_loss
 from depthlab.train.flops import train_flops_per_token
@@ -140,8 +147,8 @@ def main(argv=None) -> None:
                 print(f"  profile {name}: {prof['step_cpu_ms']:.0f} ms, optimizer {prof['optimizer_share']:.0%}; " +
                       ", ".join(f"{x['op'][:40]} {x['self_cpu_share']:.0%} x{x['calls']}" for x in prof["top"][:5]))
     wall = time.time() - t0
-    path = write_result("train_speed", {"benchmark": "train_speed", "argv": sys.argv[1:] if argv is None else argv, "env": environment(),
-                                        "wall_s": wall, "runs": runs}, args.out)
+    path = write_result("train_speed", {"benchmark": "train_speed", "argv": sys.argv[1:] if argv is None else argv,
+                                        "env": environment(), "wall_s": wall, "runs": runs}, args.out)
     print(f"wrote {path} ({wall:.0f} s wall)")
 
 

@@ -80,7 +80,8 @@ def test_unsupported_architecture_names_what_was_found():
             self.emb = torch.nn.Embedding(10, 4)
             self.heads = torch.nn.ModuleList([torch.nn.Linear(4, 10), torch.nn.ReLU()])
 
-    with pytest.raises(UserError, match=r"cannot find the decoder blocks of NoBlocks: no list of repeated blocks; module lists found: heads"):
+    with pytest.raises(UserError, match=r"cannot find the decoder blocks of NoBlocks: no list of repeated blocks; "
+                                        r"module lists found: heads"):
         LayeredLM(NoBlocks(), None, "x", "hf", None)
 
 

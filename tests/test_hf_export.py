@@ -7,8 +7,8 @@ from depthlab import UserError
 from depthlab.cli import main
 from depthlab.config import Config
 from depthlab.hf.exporter import REFUSED, export
-from depthlab.model import SCHEMES
 from depthlab.hf.importer import save_as_checkpoint
+from depthlab.model import SCHEMES
 from tests.test_hf_fixtures import load_stock, make_checkpoint, word_tokenizer
 
 

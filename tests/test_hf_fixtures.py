@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from depthlab.config import Config
-from depthlab.model import Transformer
 from depthlab.hf.importer import save_as_checkpoint
+from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
 
 transformers = pytest.importorskip("transformers")

@@ -15,9 +15,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from depthlab.analysis import metrics as metrics_module  # noqa: E402
+from depthlab.analysis import metrics as metrics_module
 
 Runs = list[tuple[str, dict]]
 

@@ -28,7 +28,7 @@ from depthlab.analysis.metrics import Accumulator, unit
 from depthlab.analysis.removal import RemovalSums, run_removal, single_layer_sweep
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
     removal: bool = True
     jacobian: bool = True

@@ -84,7 +84,8 @@ def require(module: str, flag: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UserError(f"{flag} needs the `{module.split('.')[0]}` package: pip install {module.split('.')[0]}") from None
+        package = module.split(".")[0]
+        raise UserError(f"{flag} needs the `{package}` package: pip install {package}") from None
 
 
 class TensorBoardLogger(Callback):
