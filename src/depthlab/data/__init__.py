@@ -5,4 +5,5 @@ tokenizer.py tokenizer.json / transformers directories / byte-level BPE, content
 tokens.py    the held-out rule and batch encoding shared by every path
 prepare.py   `depthlab data prepare`: parallel, resumable tokenization into memory-mappable token files
 dataset.py   build_token_data (prepared or on the fly), PackedSampler, eval_batches
+cli.py       `depthlab data prepare | info`
 """

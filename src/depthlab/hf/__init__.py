@@ -1,6 +1,15 @@
 """Hugging Face interop: export to stock Llama, apply schemes to HF models, import HF weights, prune, and
 multiple-choice evaluation.
 
+    convert.py    weight mapping between depthlab's Transformer and stock HF models, LNS scale folded
+    exporter.py   a depthlab checkpoint -> a stock HF model directory (`depthlab export`)
+    importer.py   an HF Llama-family checkpoint -> a depthlab Transformer / checkpoint (`depthlab import`)
+    blocks.py     find an HF model's decoder blocks and their norms without knowing its family
+    apply.py      apply_scheme / load_pretrained: LNS on an HF model, saved with the scale folded
+    pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`)
+    mc_eval.py    zero-shot multiple choice by log-likelihood (`depthlab eval --tasks`)
+    cli.py        `depthlab export | prune | import`
+
 The public names load on first use, so that `depthlab --help` (which imports depthlab.hf.cli) stays fast.
 """
 

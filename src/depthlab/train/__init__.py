@@ -1,0 +1,10 @@
+"""Training: the loop and what plugs into it.
+
+trainer.py      the loop: packed batches, gradient accumulation, bf16 autocast, validation perplexity,
+                metrics.jsonl, exact resume, the non-finite guard
+optim.py        AdamW with decay on matrices only, linear warmup then cosine decay to a floor
+checkpoint.py   the checkpoint directory format: safetensors weights, atomic writes, sha256 checksums
+callbacks.py    depth monitors, TensorBoard and Weights & Biases loggers, as trainer callbacks
+distributed.py  torchrun: DDP or FSDP2 applied after the model is built, full-state checkpoints
+flops.py        training FLOPs per token and the device's peak, for MFU
+"""
