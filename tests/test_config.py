@@ -7,7 +7,8 @@ from depthlab.model.validate import validate
 
 def test_overrides_parse_types_and_dotted_paths():
     cfg = apply_overrides(preset("cpu-tiny"), ["model.n_layers=24", "train.lr=2e-3", "model.tie_embeddings=true",
-                                               "model.n_kv_heads=2", "data.paths=[a.txt, b.txt]", "model.n_kv_heads=null"])
+                                               "model.n_kv_heads=2", "data.paths=[a.txt, b.txt]",
+                                               "model.n_kv_heads=null"])
     assert cfg.model.n_layers == 24 and cfg.train.lr == 2e-3 and cfg.model.tie_embeddings is True
     assert cfg.data.paths == ["a.txt", "b.txt"] and cfg.model.n_kv_heads is None
 
@@ -41,15 +42,18 @@ def test_gpas_only_with_pre_or_lns():
 
 
 def test_paper_presets_match_design():
-    expect = {"llama-71m": (512, 12, 8, 1368, 1e-3, 1000, 10_000), "llama-130m": (768, 12, 12, 2048, 1e-3, 2000, 20_000),
-              "llama-250m": (768, 24, 16, 2560, 1e-3, 4000, 40_000), "llama-350m": (1024, 24, 16, 2736, 5e-4, 6000, 60_000),
+    expect = {"llama-71m": (512, 12, 8, 1368, 1e-3, 1000, 10_000),
+              "llama-130m": (768, 12, 12, 2048, 1e-3, 2000, 20_000),
+              "llama-250m": (768, 24, 16, 2560, 1e-3, 4000, 40_000),
+              "llama-350m": (1024, 24, 16, 2736, 5e-4, 6000, 60_000),
               "llama-1b": (2048, 24, 32, 5461, 5e-4, 1000, 100_000)}
     for name, (dim, layers, heads, ffn, lr, warmup, steps) in expect.items():
         c = validate(preset(name))
         assert (c.model.dim, c.model.n_layers, c.model.n_heads, c.model.ffn_dim) == (dim, layers, heads, ffn)
         assert (c.train.lr, c.train.warmup_steps, c.train.max_steps) == (lr, warmup, steps)
         assert c.data.seq_len == 256 and c.train.batch_size * c.train.grad_accum == 512
-        assert c.train.min_lr_ratio == 0.1 and c.train.weight_decay == 0 and c.model.embed_std == pytest.approx(0.632, abs=1e-3)
+        assert c.train.min_lr_ratio == 0.1 and c.train.weight_decay == 0
+        assert c.model.embed_std == pytest.approx(0.632, abs=1e-3)
     assert set(PRESETS) == {"cpu-tiny", *expect}
 
 
@@ -63,3 +67,45 @@ def test_json_and_yaml_round_trip(tmp_path):
     (tmp_path / "bad.yaml").write_text("model:\n  colour: red\n")
     with pytest.raises(UserError, match="model.colour"):
         Config.load(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("override,msg", [
+    ("train.beta1=1.5", r"train.beta1 must be in \[0, 1\)"), ("train.beta1=-0.1", "train.beta1"),
+    ("train.beta2=1.0", r"train.beta2 must be in \[0, 1\)"), ("train.beta2=nan", "train.beta2"),
+    ("train.lr=nan", "train.lr must be a positive number, got nan"), ("train.lr=inf", "train.lr"),
+    ("train.lr=-1e-3", "train.lr"), ("train.lr=0", "train.lr"),
+    ("train.threads=-1", "train.threads must be >= 0"), ("train.grad_clip=-1", "train.grad_clip must be a number >= 0"),
+    ("train.grad_clip=inf", "train.grad_clip"), ("train.weight_decay=-0.1", "train.weight_decay"),
+    ("train.weight_decay=nan", "train.weight_decay"),
+    ("train.min_lr_ratio=1.5", r"train.min_lr_ratio must be in \[0, 1\]"),
+    ("train.min_lr_ratio=-0.1", "train.min_lr_ratio"), ("train.warmup_steps=-1", "train.warmup_steps"),
+    ("train.peak_flops=-1", "train.peak_flops"), ("train.seed=-1", "train.seed"),
+    ("model.norm_eps=0", "model.norm_eps must be a positive number"), ("model.norm_eps=-1e-6", "model.norm_eps"),
+    ("model.norm_eps=nan", "model.norm_eps"), ("model.lns_power=-0.5", "model.lns_power must be a number >= 0"),
+    ("model.lns_power=inf", "model.lns_power"), ("model.mixln_ratio=nan", "model.mixln_ratio"),
+    ("model.rope_theta=0", "model.rope_theta"), ("model.embed_std=-1", "model.embed_std"),
+    ("model.init_std=inf", "model.init_std"), ("model.init_std=nan", "model.init_std"),
+    ("model.skip_alpha_init=nan", "model.skip_alpha_init"), ("model.gpas_gate=per_layer", "per_block or per_add"),
+    ("data.builtin_mb=0", "data.builtin_mb"),
+])
+def test_out_of_range_values_are_one_line_user_errors(override, msg):
+    with pytest.raises(UserError, match=msg) as e:
+        validate(apply_overrides(preset("cpu-tiny"), [override]))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override", ["train.beta1=0", "train.beta2=0.95", "train.min_lr_ratio=0",
+                                      "train.min_lr_ratio=1", "train.grad_clip=0", "train.threads=0",
+                                      "model.lns_power=0", "model.gpas_gate=per_add", "model.skip_alpha_init=-0.5"])
+def test_boundary_values_are_accepted(override):
+    validate(apply_overrides(preset("cpu-tiny"), [override]))
+
+
+@pytest.mark.parametrize("override", ["train.beta1=1.5", "train.lr=nan", "train.threads=-1", "model.norm_eps=0"])
+def test_cli_reports_bad_values_in_one_line_with_exit_2(override, capsys, tmp_path):
+    from depthlab.cli import main
+
+    assert main(["train", "--out", str(tmp_path), "--set", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("depthlab: error: " + override.split("=")[0]) and "\n" not in err
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from depthlab import UserError
 from depthlab.model import SCHEMES, Transformer, lm_loss
+from depthlab.model.init import INITS
 from depthlab.model.llama import DyT, RMSNorm
 from depthlab.model.schemes import deepnorm_alpha, deepnorm_beta
 from tests.conftest import tiny_model_config
@@ -141,7 +143,8 @@ def test_deepnorm_init_gains():
         assert lin.weight.std().item() == pytest.approx(xavier(lin, gain), rel=0.05)
 
 
-@pytest.mark.parametrize("init,expect", [("normal", lambda l, n: 0.02), ("scaled", lambda l, n: 0.02 / math.sqrt(2 * n)),
+@pytest.mark.parametrize("init,expect", [("normal", lambda l, n: 0.02),
+                                         ("scaled", lambda l, n: 0.02 / math.sqrt(2 * n)),
                                          ("depth_scaled", lambda l, n: 0.02 / math.sqrt(2 * l))])
 def test_init_methods_output_projection_std(init, expect):
     n = 6
@@ -207,3 +210,102 @@ def test_gpas_scales_forward_but_not_gradient():
     assert torch.allclose(out, (1 - F.silu(torch.tensor(1.5))) * (h + u))
     out.sum().backward()
     assert torch.allclose(h.grad, torch.ones_like(h))  # the stop-gradient passes it unscaled
+
+
+def test_gpas_shares_one_gate_per_block_by_default():
+    cfg = tiny_model_config(norm_scheme="lns", gpas=True)
+    model = Transformer(cfg)
+    gates = [name for name, _ in model.named_parameters() if name.endswith("gpas.gate")]
+    assert gates == [f"layers.{i}.gpas.gate" for i in range(cfg.n_layers)]  # one per block, registered once
+    blk = model.layers[2]
+    assert blk.attn_add.gate is blk.mlp_add.gate is blk.gpas.gate
+    from safetensors.torch import save_file  # refuses two entries sharing storage
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, "/dev/null")
+
+
+def test_shared_gpas_block_matches_hand_written_formula():
+    model = Transformer(tiny_model_config(norm_scheme="lns", gpas=True))
+    for w in model.parameters():
+        if w.dim() == 1:
+            w.data.uniform_(0.5, 1.5)
+    h, blk, rope = block_io(model, 3)
+    blk.gpas.gate.data.fill_(0.7)
+    s, g = 3 ** -0.5, 1 - F.silu(torch.tensor(0.7))  # the LNS scale and the shared GPAS factor
+    h1 = g * (h + blk.attn(s * rms(h, blk.attn_norm.weight), rope))
+    ref = g * (h1 + blk.mlp(s * rms(h1, blk.mlp_norm.weight)))
+    assert torch.allclose(blk(h, rope), ref, atol=1e-5)
+    # the gate's gradient collects both adds' contributions
+    blk(h, rope).sum().backward()
+    assert blk.gpas.gate.grad is not None and blk.gpas.gate.grad.abs() > 0
+
+
+def test_gpas_per_add_gives_each_add_its_own_gate():
+    cfg = tiny_model_config(norm_scheme="pre", gpas=True, gpas_gate="per_add")
+    model = Transformer(cfg)
+    gates = [name for name, _ in model.named_parameters() if name.endswith("gpas.gate")]
+    assert gates == [f"layers.{i}.{add}.gpas.gate" for i in range(cfg.n_layers) for add in ("attn_add", "mlp_add")]
+    h, blk, rope = block_io(model, 2)
+    blk.attn_add.gate.data.fill_(0.3)
+    blk.mlp_add.gate.data.fill_(-1.2)
+    ga, gm = 1 - F.silu(torch.tensor(0.3)), 1 - F.silu(torch.tensor(-1.2))
+    h1 = ga * (h + blk.attn(blk.attn_norm(h), rope))
+    assert torch.allclose(blk(h, rope), gm * (h1 + blk.mlp(blk.mlp_norm(h1))), atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_every_scheme_declares_what_the_rest_of_the_code_asks(scheme):
+    cls = SCHEMES[scheme]
+    assert cls.scheme == scheme
+    for attr in ("supports_gpas", "hf_patchable", "hf_export"):
+        assert attr in vars(cls), f"{scheme} must declare {attr} itself"
+    assert cls.hf_export in ("llama", "gemma2", None)
+    assert (cls.hf_export is None) == bool(cls.hf_export_refusal)  # refused with a one-line reason, or exported
+    assert "\n" not in cls.hf_export_refusal
+    assert cls.default_init in INITS and set(cls.init_warnings) <= set(INITS)
+    assert (cls.__doc__ or "").strip()  # `depthlab schemes` prints its first line
+    cfg = tiny_model_config(norm_scheme=scheme, n_layers=6)
+    scales = [cls.norm_scale(cfg, l) for l in range(1, 7)]
+    assert scales == ([l ** -cfg.lns_power for l in range(1, 7)] if scheme == "lns" else [1.0] * 6)
+
+
+def test_a_new_scheme_is_one_class_and_one_registration():
+    """A scheme registered in a test reaches the model, validation, init, export and hf.apply_scheme."""
+    from depthlab.config import Config, DataConfig
+    from depthlab.hf.apply import apply_scheme
+    from depthlab.hf.exporter import hf_weights_and_config
+    from depthlab.model.schemes import register
+    from depthlab.model.validate import validate
+
+    try:
+        @register("halfnorm")
+        class HalfNormBlock(SCHEMES["pre"]):
+            """Pre-LN with every norm output halved (a test scheme)."""
+
+            supports_gpas = hf_patchable = True
+            hf_export = "llama"
+
+            @classmethod
+            def norm_scale(cls, cfg, layer_id):
+                return 0.5
+
+        cfg = tiny_model_config(norm_scheme="halfnorm", gpas=True)
+        validate(Config(model=cfg, data=DataConfig(seq_len=32)))
+        model = Transformer(cfg)
+        assert all(blk.attn_norm.scale == blk.mlp_norm.scale == 0.5 for blk in model.layers)
+        with pytest.raises(UserError, match="gpas"):
+            hf_weights_and_config(model)
+        state, fields = hf_weights_and_config(Transformer(tiny_model_config(norm_scheme="halfnorm")))
+        assert fields["model_type"] == "llama"
+        from tests.test_hf_fixtures import tiny_hf
+
+        hf = apply_scheme(tiny_hf("llama"), "halfnorm")
+        assert hf.config.depthlab_scheme == "halfnorm" and hf.config.depthlab_layer_scales == [0.5] * 4
+        with pytest.raises(TypeError, match="must declare"):
+            register("undeclared")(type("Undeclared", (HalfNormBlock,), {"__doc__": "x"}))
+        with pytest.raises(TypeError, match="must say why"):
+            register("silent")(type("Silent", (HalfNormBlock,), {"supports_gpas": False, "hf_patchable": False,
+                                                                 "hf_export": None}))
+    finally:
+        for name in ("halfnorm", "undeclared", "silent"):
+            SCHEMES.pop(name, None)

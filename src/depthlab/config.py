@@ -135,11 +135,15 @@ def _build(cls, d: dict, prefix: str):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown:
-        raise UserError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; valid: {', '.join(sorted(names))}")
+        raise UserError(f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; "
+                        f"valid: {', '.join(sorted(names))}")
     kwargs = {}
     for name, value in d.items():
         hint = hints[name]
-        kwargs[name] = _build(hint, value, f"{prefix}{name}.") if dataclasses.is_dataclass(hint) else _coerce(value, hint, prefix + name)
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, prefix + name)
     return cls(**kwargs)
 
 

@@ -4,7 +4,8 @@
 explicit constant scale, exactly as in depthlab's own model. The scheme is recorded on the model config
 (`depthlab_scheme`, `depthlab_lns_power`, and each block's scale in `depthlab_layer_scales`) and the model's state
 dict always holds the *folded* weights (gamma * l^(-p)): `model.save_pretrained(dir)` therefore writes a stock
-checkpoint that any engine for that family runs correctly, and `load_pretrained(dir)` divides the scale back out and re-installs the hooks to continue training.
+checkpoint that any engine for that family runs correctly, and `load_pretrained(dir)` divides the scale back out
+and re-installs the hooks to continue training.
 A patched model can never be saved in a form that silently reloads without its scale (docs/method.md section 4).
 
 Which schemes can be patched is declared on each scheme (`hf_patchable`, depthlab.model.schemes), and the scale

@@ -1,8 +1,9 @@
 """Find the decoder blocks of a Hugging Face model, and the norms of each block, without knowing its family.
 
 A decoder block list is the longest `nn.ModuleList` whose entries share one class (and, where norms are
-needed, own a norm as a direct child). Block norms are the direct children whose class is a norm (RMSNorm / LayerNorm by any name): Llama's
-`input_layernorm` / `post_attention_layernorm`, OLMo-2's `post_attention_layernorm` / `post_feedforward_layernorm`.
+needed, own a norm as a direct child). Block norms are the direct children whose class is a norm (RMSNorm /
+LayerNorm by any name): Llama's `input_layernorm` / `post_attention_layernorm`, OLMo-2's
+`post_attention_layernorm` / `post_feedforward_layernorm`.
 Norms nested deeper (OLMo-2's `self_attn.q_norm`, `k_norm`) act on queries and keys, not on the residual branch,
 and are left out.
 """

@@ -8,11 +8,12 @@ constant or per-channel gain folds exactly into a stock weight, so the exported 
     skipinit     h + alpha W_o y         = h + (alpha W_o) y                                          -> Llama
     sandwich     a norm before and after each branch is Gemma-2's block                    -> Gemma2ForCausalLM
 
-The other schemes are refused, each with its reason (REFUSED, read from each scheme's `hf_export_refusal` in
-depthlab.model.schemes, where `hf_export` says which stock class a scheme exports to): they put a norm or a residual add where no stock
-block has one. We chose refusal over a remote-code modeling file: a second copy of the model package would drift
-from the first, and engines that run stock models (vLLM, llama.cpp, lm-eval's `hf`) would still not run it. Such
-checkpoints stay depthlab checkpoints (`depthlab eval` works on them directly).
+The other schemes are refused, each with its reason (REFUSED): they put a norm or a residual add where no stock
+block has one; which stock class a scheme exports to (`hf_export`), or why it cannot (`hf_export_refusal`), is
+declared on the scheme in depthlab.model.schemes. We chose refusal over a remote-code modeling file: a second
+copy of the model package would drift from the first, and engines that run stock models (vLLM, llama.cpp,
+lm-eval's `hf`) would still not run it. Such checkpoints stay depthlab checkpoints (`depthlab eval` works on them
+directly).
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from depthlab.data.tokenizer import EOT
 from depthlab.hf.convert import (hf_gemma2_config_dict, hf_llama_config_dict, to_hf_gemma2_state_dict,
                                  to_hf_llama_state_dict)
 from depthlab.model import Transformer
-from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL
-from depthlab.model.schemes import SCHEMES, scheme_class
+from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL, SCHEMES, scheme_class
 
 REFUSED = {name: cls.hf_export_refusal for name, cls in SCHEMES.items() if cls.hf_export is None}
 _BRANCH_OUTPUTS = {"attn_gain": "attn.o_proj", "mlp_gain": "mlp.down_proj"}

@@ -7,7 +7,7 @@ Everything the rest of depthlab asks about a scheme is declared once, on its cla
     residual_alpha(cfg)     weight of the skip path in alpha * h + F             the block
     norm_cls, embed_norm    RMSNorm or DyT; a norm on the embedding output       the model
     default_init            what model.init=auto picks                           model.init
-    init_warnings           {init: why that pairing was measured worse}         model.init
+    init_warnings           {init: why that pairing was measured worse}          model.init
     supports_gpas *         the GPAS add-on (model.gpas) may be used with it     validate
     hf_patchable *          hf.apply_scheme can patch it onto any HF decoder     hf.apply
     hf_export *             the stock HF family it exports to ("llama",          hf.exporter, hf.convert
@@ -21,20 +21,23 @@ the class, nothing else changes. The starred attributes must be stated in the cl
 scheme (register checks): inherited, they would silently be wrong for a block wired differently.
 
 Where the norms sit, one of the block's two branches drawn (F is attention, then the MLP; l is the 1-based block
-index, N the number of blocks). Every scheme keeps the model's final norm before the LM head, unscaled.
+index, N the number of blocks; formulas with their sources: docs/method.md section 2). Every scheme keeps the
+model's final norm before the LM head, unscaled.
 
-    pre, lns, dyt       h ─┬──────────────(+)─>     lns: norm output times l^(-p)
-                           └─ norm ─ F ────┘        dyt: norm = gamma * tanh(alpha x) + beta
-    post, deepnorm      h ─┬──────(+)─ norm ─>      deepnorm: the skip path times alpha = (2N)^(1/4)
-                           └─ F ───┘
+    pre, lns, dyt       h ─┬────────────(+)─>         lns: norm output times l^(-p)
+                           └─ norm ─ F ──┘            dyt: norm = gamma * tanh(alpha x) + beta
+    post, deepnorm      h ─┬─────(+)─ norm ─>         deepnorm: the skip path times
+                           └─ F ──┘                   alpha = (2N)^(1/4)
     mixln               post for blocks l <= floor(r N), pre after
-    sandwich, peri      h ─┬─────────────────────(+)─>      peri: also a norm on the embedding output
-                           └─ norm ─ F ─ norm ────┘
-    reordered           h ─┬──────────────(+)─>
-                           └─ F ─ norm ────┘
-    layerscale,         h ─┬────────────────────(+)─>     g: per-channel (layerscale) or scalar (skipinit,
-    skipinit, rezero       └─ norm ─ F ─ x g ────┘         rezero); rezero has no norm
-    + gpas (pre, lns)   ... (+) ─ x (1 - SiLU(a)), forward only ─>   a: one per block (model.gpas_gate)
+    sandwich, peri      h ─┬───────────────────(+)─>  peri: also a norm on the
+                           └─ norm ─ F ─ norm ──┘     embedding output
+    reordered           h ─┬────────────(+)─>
+                           └─ F ─ norm ──┘
+    layerscale,         h ─┬──────────────────(+)─>   g: per-channel (layerscale) or
+    skipinit               └─ norm ─ F ─ x g ──┘      scalar (skipinit)
+    rezero              skipinit without the norm
+    + gpas (pre, lns)   after each (+): x (1 - SiLU(a)) forward, x 1 backward; a: one per block (the default,
+                        model.gpas_gate=per_block, as GPAS's reference) or one per add (per_add)
 """
 
 from __future__ import annotations
