@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
-DATASETS = {"shakespeare": ["/work/shared/data/shakespeare"], "builtin": []}
+# The Shakespeare text sits beside the repository in shared/ (see tests/); other machines pass --data builtin.
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "shakespeare"
+DATASETS = {"shakespeare": [str(SHAKESPEARE)], "builtin": []}
 OUT = Path(__file__).parent / "results" / "reproduce"
 
 
@@ -98,7 +99,8 @@ def run_one(args: dict, variant: str, seed: int) -> dict:
     record["val_curve"] = [(r["step"], r["val_loss"]) for r in metrics if "val_loss" in r]
     record["grad_norm_max"] = max((r["grad_norm"] for r in metrics if "grad_norm" in r), default=None)
     record["monitor_var"] = [(r["step"], r["depth/var"]) for r in metrics if "depth/var" in r]
-    record["monitor_update_ratio"] = [(r["step"], r["depth/update_ratio"]) for r in metrics if "depth/update_ratio" in r]
+    record["monitor_update_ratio"] = [(r["step"], r["depth/update_ratio"]) for r in metrics
+                                      if "depth/update_ratio" in r]
     if record["status"] == "ok":
         model, _, _ = load_checkpoint(result.checkpoint)
         record.update(probe(model, data.val, args["seq"], args["probe_batches"]))
@@ -106,46 +108,15 @@ def run_one(args: dict, variant: str, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- probes
-def probe_batches(tokens: np.ndarray, seq_len: int, n_batches: int, batch: int = 16) -> list[torch.Tensor]:
-    """The first n_batches x batch non-overlapping windows of the validation stream (inputs and targets)."""
-    n = min(n_batches * batch, (len(tokens) - 1) // seq_len)
-    win = torch.from_numpy(tokens[: n * seq_len + 1].astype(np.int64))
-    x, y = win[:-1].view(n, seq_len), win[1:].view(n, seq_len)
-    return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)]
-
-
-def angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """arccos(cosine similarity) / pi per token vector, in [0, 1]; clamped (rounding can leave [-1, 1])."""
-    cos = nn.functional.cosine_similarity(a.flatten(0, -2).double(), b.flatten(0, -2).double(), dim=-1)
-    return torch.arccos(cos.clamp(-1, 1)) / math.pi
-
-
-@torch.no_grad()
 def probe(model, val_tokens: np.ndarray, seq_len: int, n_batches: int) -> dict:
-    """Per block l = 1..N: variance of the stream after it, angular distance between its input and output, and
-    the validation-loss increase when it alone is removed (the other blocks keep their LNS scales)."""
-    from depthlab.model import lm_loss
+    """Per block l = 1..N, from the library's analysis (`benchmarks.depth_study.probe`): the variance of the stream
+    after it, the angular distance between its input and output, and the validation-loss increase when it alone
+    is removed (the other blocks keep their LNS scales)."""
+    from benchmarks.depth_study import probe as library_probe
 
-    model.eval()
-    batches = probe_batches(val_tokens, seq_len, n_batches)
-
-    def loss() -> float:
-        return sum(lm_loss(model(x), y).item() for x, y in batches) / len(batches)
-
-    n = len(model.layers)
-    var, ang = torch.zeros(n), torch.zeros(n)
-    for x, _ in batches:
-        _, hidden = model(x, return_hidden=True)
-        var += torch.stack([h.float().var() for h in hidden[1:]]) / len(batches)
-        ang += torch.stack([angular_distance(hidden[l], hidden[l + 1]).mean() for l in range(n)]).float() / len(batches)
-    full = loss()
-    layers, removal = model.layers, []
-    for l in range(n):
-        model.layers = nn.ModuleList(m for i, m in enumerate(layers) if i != l)
-        removal.append(loss() - full)
-    model.layers = layers
-    return {"probe_loss": full, "var_by_layer": var.tolist(), "angular_by_layer": ang.tolist(),
-            "removal_cost_by_layer": removal}
+    p = library_probe(model, val_tokens, seq_len, n_batches * 16)
+    return {"probe_loss": p["probe_loss"], "var_by_layer": p["var"], "angular_by_layer": p["angular"],
+            "removal_cost_by_layer": p["removal"]}
 
 
 # ---------------------------------------------------------------------------------------------------- summary
@@ -249,7 +220,8 @@ def verdicts(runs: dict) -> dict:
     if lns and "lns+scaled" in runs:
         d = paired({"a": runs["lns+scaled"], "b": lns}, "a", "b", lambda r: r["val_ppl"])
         out["6_lns_scaled_worse"] = {"criterion": "val ppl(lns+scaled) - val ppl(lns) > 0 for every seed",
-                                     "paired_diff": d, "diff": mean_std(d), "reproduces": bool(d) and all(x > 0 for x in d)}
+                                     "paired_diff": d, "diff": mean_std(d),
+                                     "reproduces": bool(d) and all(x > 0 for x in d)}
     return out
 
 
