@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from depthlab.analysis.calibration import calibration_batches
-from depthlab.analysis.layers import load_model
+from depthlab.analysis.run import load_layered
 from depthlab.analysis.layerwise import load_skeleton
 from depthlab.analysis.study import Options, analyze, analyze_layerwise
 from tests.test_analysis_support import TEXT, save_depthlab_checkpoint, save_hf_model
@@ -21,7 +21,7 @@ def test_layerwise_equals_whole_model(tmp_path, kind):
         path = save_depthlab_checkpoint(tmp_path / "ck", "lns", 5)
     else:
         path = save_hf_model(tmp_path / "hf", kind)
-    whole = load_model(str(path))
+    whole = load_layered(str(path))
     skel, tok, _, _ = load_skeleton(str(path))
     assert len(skel.lm.blocks) == 1 and skel.n_layers == whole.lm.n_layers
     n_params = sum(p.numel() for p in skel.lm.model.parameters())

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 import warnings
-from pathlib import Path
 
 from depthlab import UserError, __version__
 
@@ -16,24 +15,31 @@ COMMAND_MODULES: tuple[str, ...] = ("depthlab.data.cli", "depthlab.hf.cli", "dep
 EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set model.n_layers=24 --set train.lr=2e-3"
 
 
-def build_config(args):
-    from depthlab.config import Config, apply_overrides, preset
-    from depthlab.model.validate import validate
+def base_config(args):
+    """The config the flags apply to: with --resume the run's own (its checkpoint's, or a started run's), else
+    the --config file or the preset."""
+    from depthlab.config import Config, preset
+    from depthlab.rundir import CONFIG, Kind, what_is
 
-    if getattr(args, "resume", None):  # continue a run with its own config; flags given override it
-        from depthlab.train.checkpoint import newest_valid_checkpoint
+    if args.resume:
+        from depthlab.train.trainer import resume_point
 
-        src = Path(args.run_dir) if args.resume == "auto" else Path(args.resume)
-        is_ckpt = (src / "config.json").is_file() and (src / "meta.json").is_file()
         # only the config is needed here; the trainer verifies the checkpoint and reports skipped ones, once
-        ckpt = src if is_ckpt else newest_valid_checkpoint(src, warn=lambda msg: None)
-        base = (ckpt or src) / "config.json"
-        cfg = Config.load(base) if base.is_file() else (Config.load(args.config) if args.config else preset(args.preset))
-    else:
-        cfg = Config.load(args.config) if args.config else preset(args.preset)
-    if getattr(args, "init_from", None):  # the architecture comes with the weights; --scheme / --set may change it
-        from depthlab.train.checkpoint import CONFIG, find_checkpoint
+        run_dir, ckpt = resume_point(args.run_dir, args.resume)
+        if ckpt is not None:
+            return Config.load(ckpt / CONFIG)
+        if what_is(run_dir) is Kind.RUN and (run_dir / CONFIG).is_file():
+            return Config.load(run_dir / CONFIG)
+    return Config.load(args.config) if args.config else preset(args.preset)
 
+
+def build_config(args):
+    from depthlab.config import Config, apply_overrides
+    from depthlab.model.validate import validate
+    from depthlab.rundir import CONFIG, find_checkpoint
+
+    cfg = base_config(args)
+    if getattr(args, "init_from", None):  # the architecture comes with the weights; --scheme / --set may change it
         cfg.model = Config.load(find_checkpoint(args.init_from) / CONFIG).model
         cfg.train.init_from = args.init_from
     overrides = list(args.set or [])
@@ -55,7 +61,8 @@ def cmd_train(args) -> None:
     if args.resume == "auto" and not args.run_dir:
         raise UserError("--resume auto needs --run-dir (the run directory to continue)")
     cfg = build_config(args)
-    result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress)
+    result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress,
+                   overwrite=args.overwrite)
     if int(os.environ.get("RANK", 0)):  # under torchrun, rank 0 reports
         return
     print(f"run directory: {result.run_dir}")
@@ -65,31 +72,50 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    if args.tasks:
-        from depthlab.hf.mc_eval import cmd_eval_tasks
+    from depthlab.rundir import load_model
+    from depthlab.train.trainer import resolve_device
 
-        return cmd_eval_tasks(args)
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.seq_len is not None and args.seq_len < 1:
+        raise UserError(f"--seq-len must be at least 1, got {args.seq_len}")
+    device = resolve_device(args.device, "--device")
+    loaded = load_model(args.checkpoint, device=str(device))
+    if args.tasks:
+        from depthlab.hf.mc_eval import evaluate_tasks, scorer_for
+
+        scorer = scorer_for(loaded)
+        for task in args.tasks:
+            res = evaluate_tasks(scorer, task)
+            print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
+        return
+    eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device)
+
+
+def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_size: int, device) -> None:
+    """Per-token loss and perplexity of a loaded model on `data`, or on a run's own validation split."""
     import numpy as np
 
     from depthlab.data.dataset import build_token_data, eval_tokens
-    from depthlab.data.tokenizer import load_tokenizer
-    from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
-    from depthlab.train.trainer import evaluate, resolve_device
+    from depthlab.train.trainer import evaluate
 
-    ckpt = find_checkpoint(args.checkpoint)
-    device = resolve_device(args.device)
-    model, cfg, _ = load_checkpoint(ckpt, device=str(device))
-    tok = load_tokenizer(ckpt / TOKENIZER)
-    if args.data:
-        tokens, source = eval_tokens(args.data, tok, cfg.data.text_field)
+    seq_len = seq_len or loaded.seq_len
+    if seq_len > loaded.context:
+        raise UserError(f"--seq-len {seq_len} is beyond the model's context of {loaded.context} tokens")
+    cfg, tok = loaded.cfg, loaded.fast_tokenizer()
+    if data:
+        tokens, source = eval_tokens(data, tok, cfg.data.text_field if cfg else "text")
+    elif cfg is None:
+        raise UserError(f"{loaded.path} is a Hugging Face model directory with no validation split of its own; "
+                        "give the text to evaluate on with --data")
     else:
-        data = build_token_data(cfg, tokenizer=tok)
-        tokens, source = data.val, f"the run's validation split ({data.source})"
-    seq_len = args.seq_len or cfg.data.seq_len
+        split = build_token_data(cfg, tokenizer=tok)
+        tokens, source = split.val, f"the run's validation split ({split.source})"
     if len(tokens) < seq_len + 1:
         raise UserError(f"only {len(tokens)} tokens in {source}; need at least {seq_len + 1}")
-    res = evaluate(model, np.asarray(tokens), seq_len, args.batch_size, device, cfg.train.dtype)
-    print(f"{ckpt}: scheme {cfg.model.norm_scheme}, data {source}")
+    res = evaluate(loaded.lm(), np.asarray(tokens), seq_len, batch_size, device, cfg.train.dtype if cfg else "fp32")
+    what = f"scheme {cfg.model.norm_scheme}" if cfg else type(loaded.model).__name__
+    print(f"{loaded.path}: {what}, data {source}")
     print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}")
 
 
@@ -100,8 +126,23 @@ def cmd_schemes(args) -> None:
         print(f"{name:11s} {(cls.__doc__ or '').strip().splitlines()[0]}")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors (its own are a usage block plus a line); subcommands inherit it."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("depthlab").strip()
+        print(f"depthlab: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
+MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a directory holding one run, or a " \
+    "Hugging Face model directory"
+OVERWRITE_HELP = "replace OUT even if it is not this command's own kind of output (another run, other files)"
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="depthlab", description="Train and diagnose LLMs whose every layer counts "
+    p = Parser(prog="depthlab", description="Train and diagnose LLMs whose every layer counts "
                                 "(LayerNorm Scaling, arXiv 2502.05795, and other normalization schemes).")
     p.add_argument("--version", action="version", version=f"depthlab {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -114,13 +155,17 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
     t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
     t.add_argument("--data", nargs="+", metavar="PATH", help="a prepared directory (`depthlab data prepare`), or "
-                   "text / JSON lines (C4) / parquet files, folders, globs, hf:NAME datasets (default: built-in corpus)")
+                   "text / JSON lines (C4) / parquet files, folders, globs, hf:NAME datasets (default: built-in "
+                   "corpus)")
     t.add_argument("--out", help="parent directory for a new, timestamped run directory (default: runs)")
     t.add_argument("--run-dir", help="use exactly this run directory (with --resume auto: continue it if it has a "
                    "valid checkpoint, else start it)")
     t.add_argument("--resume", metavar="auto|PATH", help="auto: the newest valid checkpoint in --run-dir; or a "
-                   "checkpoint / run directory. The run's own config is used; --set may change only "
-                   "operational fields (logging, checkpointing, device)")
+                   "checkpoint / run directory, continued in its own run, or with --run-dir in that directory (a "
+                   "branch). The run's own config is used; --set may change only operational fields (logging, "
+                   "checkpointing, device)")
+    t.add_argument("--overwrite", action="store_true", help="use --run-dir even if it holds other files or another "
+                   "run (whose checkpoints and metrics are then deleted)")
     t.add_argument("--max-steps", type=int, help="number of optimizer steps")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
     t.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's weights and architecture (e.g. "
@@ -129,15 +174,17 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("eval", help="validation loss and perplexity of a checkpoint",
-                       description="Per-token mean loss and perplexity of a checkpoint (or a run's newest one), on "
-                       "--data or, by default, on the run's own validation split.")
-    e.add_argument("checkpoint", help="checkpoint directory or run directory (with --tasks: also an HF model dir)")
+    e = sub.add_parser("eval", help="validation loss and perplexity of a model",
+                       description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
+                       "or a Hugging Face model directory), on --data or, by default, on the run's own validation "
+                       "split.")
+    e.add_argument("checkpoint", metavar="MODEL", help=MODEL_HELP)
     e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on, or a prepared "
                    "directory (its validation split)")
     e.add_argument("--tasks", nargs="+", metavar="FILE.jsonl", help="multiple-choice task files instead "
                    "(question, choices, answer index; docs/hf.md): accuracy and length-normalised accuracy")
-    e.add_argument("--seq-len", type=int, help="window length (default: the run's)")
+    e.add_argument("--seq-len", type=int, help="window length (default: the run's; HF models: their context, at "
+                   "most 512)")
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--device", default="auto")
     e.set_defaults(func=cmd_eval)
@@ -162,8 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = lambda msg, cat, *a, **k: f"depthlab: warning: {msg}\n"
     try:
         args.func(args)
-    except UserError as e:
-        print(f"depthlab: error: {e}", file=sys.stderr)
+    except UserError as e:  # one line, whatever the message (a YAML parser's, say) holds
+        print("depthlab: error: " + " ".join(line.strip() for line in str(e).splitlines() if line.strip()),
+              file=sys.stderr)
+        return 2
+    except OSError as e:  # what the machine refuses (a full disk, a vanished file) is not a bug to trace back
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"depthlab: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("depthlab: interrupted", file=sys.stderr)

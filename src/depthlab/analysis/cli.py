@@ -39,15 +39,7 @@ def _request(args, model: str):
                    probes=args.probes)
     from depthlab.train.trainer import resolve_device
 
-    import torch
-
-    try:
-        device = resolve_device(args.device)
-    except RuntimeError as e:
-        raise UserError(f"bad --device {args.device!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}: this PyTorch has no CUDA device")
-    device = str(device)
+    device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
                    args.trust_remote_code, device, args.dtype, opts)
 
@@ -55,20 +47,28 @@ def _request(args, model: str):
 def _results(args, model: str) -> dict:
     """Analyse a model, or reuse an earlier analysis when given its output folder (with metrics.json)."""
     from depthlab.analysis.run import run_request
+    from depthlab.rundir import ANALYSIS_RESULTS, Kind, what_is
 
-    p = Path(model)
-    if (p / "metrics.json").is_file() and not (p / "config.json").is_file():
-        return json.loads((p / "metrics.json").read_text())
+    p = Path(model) / ANALYSIS_RESULTS[0]
+    if what_is(model) is Kind.ANALYSIS and p.is_file():
+        return json.loads(p.read_text())
     return run_request(_request(args, model))
+
+
+def _moved(files: dict[str, Path], tmp: Path, out: Path) -> dict[str, Path]:
+    """The written files' paths once the temporary directory is in place as `out`."""
+    return {k: out / p.relative_to(tmp) for k, p in files.items()}
 
 
 def cmd_analyze(args) -> None:
     from depthlab.analysis.report import write_report
     from depthlab.analysis.study import summary_lines
+    from depthlab.rundir import is_analysis, writing
 
-    res = _results(args, args.model)
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
-    files = write_report(res, out, Path(args.model).resolve().name)
+    with writing(out, is_analysis, "analyze", args.overwrite) as tmp:  # refused before the work, if it is
+        res = _results(args, args.model)
+        files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
     m = res["model"]
     print(f"{args.model}: {m['class']}, blocks {m['blocks']}, final norm {m['final_norm']} "
           f"({res['tokens']} tokens, {res['wall_s']:.1f} s, {res['mode']})")
@@ -80,6 +80,7 @@ def cmd_analyze(args) -> None:
 
 def cmd_compare(args) -> None:
     from depthlab.analysis.report import write_comparison
+    from depthlab.rundir import Kind, is_analysis, model_path, what_is, writing
 
     if len(args.models) < 2:
         raise UserError("compare needs at least two models")
@@ -88,11 +89,16 @@ def cmd_compare(args) -> None:
         raise UserError(f"{len(labels)} labels for {len(args.models)} models")
     if len(set(labels)) != len(labels):
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
-    runs = []
-    for m, lab in zip(args.models, labels):
-        print(f"analysing {m} ...", file=sys.stderr)
-        runs.append((lab, _results(args, m)))
-    files = write_comparison(runs, Path(args.out or "analysis/compare"))
+    for m in args.models:  # every path checked before minutes of analysis go into the first ones
+        if what_is(m) is not Kind.ANALYSIS:
+            model_path(m, warn=lambda msg: None)
+    out = Path(args.out or "analysis/compare")
+    with writing(out, is_analysis, "compare", args.overwrite) as tmp:
+        runs = []
+        for m, lab in zip(args.models, labels):
+            print(f"analysing {m} ...", file=sys.stderr)
+            runs.append((lab, _results(args, m)))
+        files = _moved(write_comparison(runs, tmp), tmp, out)
     print(f"report: {files['report']}")
     print("plots:  " + ", ".join(p.name for p in files.values() if p.suffix == ".png"))
 
@@ -114,7 +120,9 @@ def add_commands(sub) -> None:
                        description="Variance, angular distance, block influence, logit lens, layer removal and "
                        "Jacobians of a depthlab run/checkpoint or any Hugging Face causal-LM directory.")
     a.add_argument("model", help="depthlab run or checkpoint directory, or an HF model directory")
-    a.add_argument("--out", help="output folder (default: analysis/<model name>)")
+    a.add_argument("--out", help="output folder (default: analysis/<model name>); an existing one must be an "
+                   "earlier report")
+    a.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an analysis report")
     _add_model_args(a)
     a.set_defaults(func=cmd_analyze)
 
@@ -123,7 +131,9 @@ def add_commands(sub) -> None:
                        "them against relative depth, e.g. the same model trained with pre and with lns.")
     c.add_argument("models", nargs="+", help="model paths, or folders written by `depthlab analyze`")
     c.add_argument("--labels", nargs="+", help="one label per model")
-    c.add_argument("--out", help="output folder (default: analysis/compare)")
+    c.add_argument("--out", help="output folder (default: analysis/compare); an existing one must be an earlier "
+                   "report")
+    c.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an analysis report")
     _add_model_args(c)
     c.set_defaults(func=cmd_compare)
 

@@ -13,14 +13,13 @@ is what makes layer removal and Jacobians work the same way for every architectu
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from depthlab import UserError
-from depthlab.hf.blocks import find_blocks  # noqa: F401  (re-exported: generic block discovery lives in one place)
+from depthlab.hf.blocks import find_blocks  # generic block discovery lives in one place, shared with hf/
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
 
@@ -247,12 +246,7 @@ def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
     return [(getattr(b, probe), "input") for b in lm.blocks]
 
 
-# --- loading -------------------------------------------------------------------------------------------------
-
-def is_hf_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and not (path / "meta.json").is_file() \
-        and not (path / "checkpoints").is_dir()
-
+# --- wrapping loaded models (loading itself is depthlab.rundir's) ------------------------------------------
 
 def from_depthlab(model, name: str) -> LayeredLM:
     model.eval()
@@ -273,65 +267,3 @@ def from_hf(model, name: str) -> LayeredLM:
         return model(input_ids=ids, attention_mask=mask.long(), use_cache=False).logits
 
     return LayeredLM(model, fwd, name, "hf", head)
-
-
-@dataclass
-class Loaded:
-    lm: LayeredLM
-    tokenizer: object  # tokenizers.Tokenizer (depthlab) or a transformers tokenizer (HF)
-    seq_len: int
-    info: dict = field(default_factory=dict)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    if name not in ("float32", "bfloat16", "float16"):
-        raise UserError(f"unknown dtype {name!r}; valid: float32, bfloat16, float16")
-    return getattr(torch, name)
-
-
-def load_model(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu") -> Loaded:
-    """A depthlab run or checkpoint directory, or an HF causal-LM directory, on `device` in `dtype` (the metrics
-    are accumulated in fp32/fp64 whatever the model's dtype)."""
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"model path {path} does not exist")
-    if is_hf_dir(p):
-        return load_hf(p, trust_remote_code, dtype, device)
-    from depthlab.data.tokenizer import load_tokenizer
-    from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
-
-    ckpt = find_checkpoint(p)
-    model, cfg, meta = load_checkpoint(ckpt, device=str(device))
-    model.to(torch_dtype(dtype))
-    tok = load_tokenizer(ckpt / TOKENIZER)
-    info = {"scheme": cfg.model.norm_scheme, "step": meta.get("step"), "checkpoint": str(ckpt)}
-    return Loaded(from_depthlab(model, p.name or str(p)), tok, cfg.data.seq_len, info)
-
-
-def load_hf(p: Path, trust_remote_code: bool, dtype: str, device: str) -> Loaded:
-    try:
-        import transformers
-    except ImportError:
-        raise UserError("analysing a Hugging Face model needs `transformers` (pip install depthlab[hf])") from None
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(p), trust_remote_code=trust_remote_code, dtype=torch_dtype(dtype)).to(device)
-    except ValueError as e:
-        raise UserError(f"{p}: not a causal LM transformers can load: {str(e).splitlines()[0]}") from None
-    except OSError as e:
-        raise UserError(f"{p}: cannot load: {str(e).splitlines()[0]}") from None
-    tok, seq_len = load_hf_tokenizer(p, model, trust_remote_code)
-    return Loaded(from_hf(model, p.name), tok, seq_len, {"model_type": model.config.model_type})
-
-
-def load_hf_tokenizer(p: Path, model, trust_remote_code: bool):
-    """The tokenizer saved with the model, and a window length the model accepts (at most 512)."""
-    import transformers
-
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError) as e:
-        raise UserError(f"{p}: no usable tokenizer in the model directory ({str(e).splitlines()[0]})") from None
-    cfg = model.config
-    seq_len = min(512, getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 512)
-    return tok, seq_len

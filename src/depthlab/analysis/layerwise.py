@@ -15,7 +15,8 @@ from pathlib import Path
 from safetensors import safe_open
 
 from depthlab import UserError
-from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf, is_hf_dir, torch_dtype
+from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
+from depthlab.rundir import CONFIG, TOKENIZER, Kind, hf_context, load_hf_tokenizer, model_path, torch_dtype
 
 
 class TensorFiles:
@@ -71,17 +72,17 @@ def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> N
 
 
 def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu"):
-    """(Skeleton, tokenizer, seq_len, info) for a depthlab checkpoint or an HF directory."""
+    """(Skeleton, tokenizer, seq_len, info) for any model path (depthlab.rundir.model_path); info["context"] is the
+    longest window the model takes."""
     p = Path(path)
-    if is_hf_dir(p):
-        return _hf_skeleton(p, trust_remote_code, dtype, device)
+    kind, ckpt = model_path(p)
+    if kind is Kind.HF:
+        return _hf_skeleton(ckpt, trust_remote_code, dtype, device)
+    from depthlab.config import Config
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.model import Transformer
     from depthlab.model.schemes import build_block
-    from depthlab.train.checkpoint import CONFIG, TOKENIZER, find_checkpoint
-    from depthlab.config import Config
 
-    ckpt = find_checkpoint(p)
     cfg = Config.load(ckpt / CONFIG)
     files = TensorFiles(ckpt)
     model = Transformer(dataclasses.replace(cfg.model, n_layers=1), init=False)
@@ -90,7 +91,7 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
         model.lm_head.weight = model.embed_tokens.weight
     lm = from_depthlab(model.to(device, torch_dtype(dtype)), p.name or str(p))
     skel = Skeleton(lm, cfg.model.n_layers, files, lambda i: build_block(cfg.model, i + 1))
-    info = {"scheme": cfg.model.norm_scheme, "checkpoint": str(ckpt)}
+    info = {"scheme": cfg.model.norm_scheme, "checkpoint": str(ckpt), "context": cfg.model.max_seq_len}
     return skel, load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len, info
 
 
@@ -98,7 +99,7 @@ def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
     import torch
     import transformers
 
-    from depthlab.analysis.layers import find_blocks, load_hf_tokenizer
+    from depthlab.analysis.layers import find_blocks
 
     config = transformers.AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     n_layers = config.num_hidden_layers
@@ -117,5 +118,5 @@ def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     lm = from_hf(model.to(device, torch_dtype(dtype)), p.name)
-    tok, seq_len = load_hf_tokenizer(p, model, trust_remote_code)
-    return Skeleton(lm, n_layers, files), tok, seq_len, {"model_type": config.model_type}
+    tok, context = load_hf_tokenizer(p, trust_remote_code), hf_context(config)
+    return Skeleton(lm, n_layers, files), tok, min(512, context), {"model_type": config.model_type, "context": context}

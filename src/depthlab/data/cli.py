@@ -17,7 +17,7 @@ def cmd_prepare(args) -> None:
                     text_field=args.text_field, val_fraction=args.val_fraction, workers=args.workers,
                     fatal_bad_files=args.fatal_bad_files, streaming=args.streaming, builtin_mb=args.builtin_mb,
                     tokenizer_sample_mb=args.tokenizer_sample_mb, unit_mb=args.unit_mb,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, overwrite=args.overwrite)
     print_info(args.out, index)
 
 
@@ -45,10 +45,14 @@ def add_commands(sub) -> None:
 
     p = dsub.add_parser("prepare", help="tokenize text into token files", description=PREPARE_HELP)
     p.add_argument("inputs", nargs="*", metavar="INPUT", help="files, folders, globs or hf: specs")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (locked while the job runs; an existing one must "
+                   "hold prepared data)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out even if it holds other files or data "
+                   "prepared from other inputs")
     p.add_argument("--tokenizer", help="a tokenizer.json or a transformers tokenizer directory (default: train "
                    "byte-level BPE on the data)")
-    p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the trained BPE (default 32000)")
+    p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the trained BPE (default 32000, at "
+                   "least 257)")
     p.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text (default text)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for validation")
     p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")

@@ -16,8 +16,8 @@ from tokenizers import Tokenizer
 
 from depthlab import UserError
 from depthlab.config import Config
-from depthlab.data.prepare import is_prepared, load_prepared
-from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, read_documents
+from depthlab.data.prepare import bounded, check_line_lengths, is_prepared, load_prepared
+from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, expand, read_documents
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import is_val, pack, val_period
 
@@ -62,7 +62,9 @@ def split_documents(docs: list[Document], val_fraction: float) -> tuple[list[Doc
 def load_text(cfg: Config) -> tuple[list[Document], str, ReadReport | None]:
     d = cfg.data
     if d.paths:
+        check_line_lengths(expand(d.paths))  # before reading: a giant line is refused, not tokenized for minutes
         docs, report = read_documents(d.paths, d.fatal_bad_files, d.text_field, d.hf_streaming, ON_THE_FLY_MAX_BYTES)
+        docs = [piece for doc in docs for piece in bounded(doc)]  # as `data prepare` cuts them
         return docs, f"{describe_inputs(d.paths)} ({report.summary()})", report
     docs = builtin_documents(d.builtin_mb)
     return docs, f"built-in corpus: {len(docs)} Python standard-library files", None
@@ -116,6 +118,7 @@ def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text"
     if any(is_prepared(p) for p in paths):
         data = _prepared_data(paths, tokenizer)
         return data.val, f"the validation split of {data.source}"
+    check_line_lengths(expand(paths))
     docs, report = read_documents(paths, text_field=text_field)
     return pack(tokenizer, docs), f"{describe_inputs(paths)} ({report.summary()})"
 

@@ -25,6 +25,7 @@ import os
 import queue as queue_lib
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -35,25 +36,49 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from depthlab import UserError
-from depthlab.data.sources import HF_PREFIX, BadFile, builtin_files, describe_inputs, expand, file_documents
-from depthlab.data.tokenizer import TOKENIZER_FILE, eot_id, load_tokenizer, tokenizer_hash, train_bpe
+from depthlab.data.sources import (
+    HF_PREFIX,
+    BadFile,
+    Document,
+    builtin_files,
+    describe_inputs,
+    expand,
+    file_documents,
+    kind_of,
+)
+from depthlab.data.tokenizer import eot_id, load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
+from depthlab.rundir import (
+    PREPARED_FORMAT as FORMAT,
+    PREPARED_INDEX as INDEX,
+    PREPARED_PLAN as PLAN,
+    PREPARED_WORK as WORK,
+    TOKENIZER as TOKENIZER_FILE,
+    Kind,
+    locked,
+    what_is,
+)
 
-FORMAT, VERSION = "depthlab-tokens", 1
-INDEX, WORK, PLAN = "index.json", ".work", "plan.json"
+VERSION = 1
 SPLITS = ("train", "val")
 BATCH_DOCS, BATCH_BYTES = 512, 4_000_000  # one encode_batch call per this many documents or bytes
 # Input bytes per unit (a unit is whole files, so one big file is one unit). Smaller inputs than the minimum run
 # in this process, the tokenizer's own threads encoding each batch: starting a worker process costs about a second.
 UNIT_MIN_BYTES, UNIT_MAX_BYTES = 16e6, 64e6
+# A larger document is cut at line breaks into pieces of at most this size (a 50 MB document would otherwise be
+# one unsplittable item of the held-out rule: the whole validation split, or none of it); a longer single line
+# is refused before any text is read.
+MAX_DOCUMENT_BYTES = 16_000_000
+MIN_VOCAB = 257  # byte-level BPE: the 256 byte tokens and <|endoftext|>
 
 
 def is_prepared(path: str | Path) -> bool:
-    return (Path(path) / INDEX).is_file() or (Path(path) / WORK / PLAN).is_file()
+    """A prepared-data directory, finished or not (depthlab.rundir.what_is decides)."""
+    return what_is(path) is Kind.PREPARED
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
     os.replace(tmp, path)
 
@@ -97,6 +122,54 @@ def _unit_path(work: Path, index: int, suffix: str) -> Path:
     return work / f"unit-{index:05d}.{suffix}"
 
 
+# ---------------------------------------------------------------- oversized documents
+def check_line_lengths(items: list[str], limit: int | None = None) -> None:
+    """Refuse an input holding a single line longer than the limit, before any text is read: it could neither be
+    cut into documents nor tokenized in reasonable time and memory. Only plain files larger than the limit are
+    scanned, a line at a time of at most limit + 1 bytes, stopping at the first such line."""
+    limit = limit or MAX_DOCUMENT_BYTES
+    for item in items:
+        if item.startswith(HF_PREFIX) or kind_of(item) == "parquet" or item.endswith(".gz"):
+            continue  # checked document by document as they are read (bounded)
+        size = os.path.getsize(item)
+        if size > limit and _has_line_longer_than(item, limit):
+            raise UserError(f"{item} holds a single line of more than {limit / 1e6:g} MB (the file is "
+                            f"{size / 1e6:.1f} MB); documents are cut at line breaks only: break it into lines")
+
+
+def _has_line_longer_than(path: str, limit: int) -> bool:
+    with open(path, "rb") as f:
+        while line := f.readline(limit + 1):
+            if len(line.rstrip(b"\r\n")) > limit:
+                return True
+    return False
+
+
+def bounded(doc: Document, limit: int | None = None) -> list[Document]:
+    """The document, or for one larger than the limit its pieces cut at line breaks, each within the limit."""
+    limit = limit or MAX_DOCUMENT_BYTES
+    if len(doc.text) <= limit:
+        return [doc]
+    pieces, current, size = [], [], 0
+    for line in doc.text.splitlines(keepends=True):
+        if len(line) > limit:
+            raise UserError(f"{doc.name} holds a single line of {len(line) / 1e6:.1f} MB, more than the "
+                            f"{limit / 1e6:g} MB a document may have; break it into lines")
+        if size + len(line) > limit:
+            pieces.append("".join(current))
+            current, size = [], 0
+        current.append(line)
+        size += len(line)
+    pieces.append("".join(current))
+    return [Document(f"{doc.name}#{i}", text) for i, text in enumerate(pieces)]
+
+
+def documents(path: str, settings: dict, shard: tuple[int, int] = (0, 1)):
+    """A source's documents as units and the BPE sample see them: oversized ones cut (bounded)."""
+    for doc in file_documents(path, settings["text_field"], settings["streaming"], shard):
+        yield from bounded(doc)
+
+
 # ---------------------------------------------------------------- one unit (runs in a worker process)
 _worker: dict = {}  # per process: the tokenizer and the progress callback
 
@@ -109,7 +182,16 @@ class Stopped(Exception):
     """Another unit failed: this worker stops at its next batch instead of finishing work that will be discarded."""
 
 
+def _exit_with_parent(parent: int) -> None:
+    """A worker's watchdog: exit when the parent is gone (SIGKILL gives it no chance to stop its workers), so an
+    orphan never goes on writing unit files into a directory that a rerun now owns."""
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
+
+
 def _init_worker(tokenizer_json: str, progress_queue, stop, threads: int) -> None:
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     if threads:  # read by the tokenizers thread pool on first use; keeps workers from oversubscribing the cores
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     _worker["tok"] = Tokenizer.from_str(tokenizer_json)
@@ -123,7 +205,7 @@ def run_unit(unit: dict, settings: dict) -> dict:
     eot, dtype = eot_id(tok), token_dtype(tok.get_vocab_size())
     work, k = Path(settings["work"]), unit["index"]
     final = {"tokens": _unit_path(work, k, "bin"), "lengths": _unit_path(work, k, "lengths")}
-    tmp = {name: path.with_name(path.name + ".tmp") for name, path in final.items()}
+    tmp = {name: path.with_name(f"{path.name}.tmp-{os.getpid()}") for name, path in final.items()}
     files = {name: open(path, "wb") for name, path in tmp.items()}
     pending: list[str] = []
     skipped, files_read, n_docs, n_tokens, chars = [], 0, 0, 0, 0
@@ -145,7 +227,7 @@ def run_unit(unit: dict, settings: dict) -> dict:
             # Where to return to if this file turns out bad; files are batched together, not flushed one by one.
             mark = ({name: f.tell() for name, f in files.items()}, n_docs, n_tokens, list(pending))
             try:
-                for doc in file_documents(path, settings["text_field"], settings["streaming"], (shard, shards)):
+                for doc in documents(path, settings, (shard, shards)):
                     pending.append(doc.text)
                     n_docs += 1
                     chars += len(doc.text)
@@ -182,7 +264,7 @@ def _sample_texts(units: list[dict], settings: dict, max_bytes: float) -> list[s
         for path, shard, shards in unit["sources"]:
             mine, start = [], doc_index
             try:
-                for doc in file_documents(path, settings["text_field"], settings["streaming"], (shard, shards)):
+                for doc in documents(path, settings, (shard, shards)):
                     if not is_val(doc_index, settings["period"]):
                         mine.append(doc.text)
                         total += len(doc.text)
@@ -283,18 +365,53 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
     return index
 
 
+def _check_settings(val_fraction: float, vocab_size: int, workers: int, tokenizer: str | None) -> None:
+    if not 0 < val_fraction < 1:
+        raise UserError(f"the validation fraction must be in (0, 1), got {val_fraction}")
+    if tokenizer is None and vocab_size < MIN_VOCAB:
+        raise UserError(f"--vocab-size must be at least {MIN_VOCAB} (the 256 byte tokens and <|endoftext|>), got "
+                        f"{vocab_size}")
+    if workers < 0:
+        raise UserError(f"--workers must be 0 (one per CPU core) or more, got {workers}")
+
+
+def _check_out(out: Path, request: dict, overwrite: bool, log) -> dict | None:
+    """The finished index when `out` already holds exactly this request; None when the job is to run. Refuses
+    anything but missing, empty or prepared-data directories (unless `overwrite`: then it is removed first)."""
+    kind = what_is(out)
+    if kind is Kind.FILE:
+        raise UserError(f"{out} is a file; data prepare writes a directory there: choose another --out")
+    if (out / INDEX).is_file() and kind is Kind.PREPARED:
+        index = json.loads((out / INDEX).read_text())
+        if index.get("request") == request:
+            log(f"{out} is already prepared from these inputs: nothing to do")
+            return index
+        if not overwrite:
+            raise UserError(f"{out} already holds data prepared from other inputs or settings; choose another --out, "
+                            "or pass --overwrite to replace it")
+    ours = kind in (Kind.MISSING, Kind.EMPTY, Kind.PREPARED) or all(p.name == WORK for p in out.iterdir())
+    if not ours and not overwrite:
+        raise UserError(f"{out} is {kind.value}, not a depthlab prepared-data directory; choose another --out, or "
+                        "pass --overwrite to replace it")
+    if not ours or (out / INDEX).is_file():  # with --overwrite: another directory, or data of another request
+        shutil.rmtree(out)
+    return None
+
+
 def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None, vocab_size: int = 32000,
             text_field: str = "text", val_fraction: float = 0.05, workers: int = 0, fatal_bad_files: bool = False,
             streaming: bool = False, builtin_mb: float = 4.0, tokenizer_sample_mb: float = 200.0,
-            unit_mb: float | None = None, progress: bool = True, log=lambda msg: print(msg, file=sys.stderr)) -> dict:
+            unit_mb: float | None = None, progress: bool = True, overwrite: bool = False,
+            log=lambda msg: print(msg, file=sys.stderr)) -> dict:
     """Prepare `inputs` (files, folders, globs, hf: specs; empty: the built-in corpus) into `out`; return the
     index. `tokenizer`: a tokenizer.json or transformers directory; None trains byte-level BPE of `vocab_size`
     on up to `tokenizer_sample_mb` of the training documents. `unit_mb`: input per unit of work (resume
-    granularity; default: automatic)."""
-    if not 0 < val_fraction < 1:
-        raise UserError(f"the validation fraction must be in (0, 1), got {val_fraction}")
+    granularity; default: automatic). `out` is locked for the whole job, so a concurrent prepare into it fails at
+    once; it must be missing, empty or prepared data (unless `overwrite`)."""
+    _check_settings(val_fraction, vocab_size, workers, tokenizer)
     items = [i if i.startswith(HF_PREFIX) else os.path.abspath(i)
              for i in (expand(inputs) if inputs else map(str, builtin_files(builtin_mb)))]
+    check_line_lengths(items)
     source = describe_inputs(inputs) if inputs else "built-in corpus (Python standard library)"
     given = load_tokenizer(tokenizer) if tokenizer else None
     request = {"inputs": fingerprint(items), "text_field": text_field, "val_fraction": val_fraction,
@@ -302,47 +419,49 @@ def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None,
                "tokenizer": tokenizer_hash(given) if given else {"bpe_vocab": vocab_size,
                                                                  "sample_mb": tokenizer_sample_mb}}
     out = Path(out)
-    if (out / INDEX).is_file():
-        if json.loads((out / INDEX).read_text()).get("request") == request:
-            log(f"{out} is already prepared from these inputs: nothing to do")
-            return json.loads((out / INDEX).read_text())
-        raise UserError(f"{out} already holds data prepared from other inputs or settings; choose another --out "
-                        f"or delete it")
-    if out.exists() and (not out.is_dir() or any(p.name != WORK for p in out.iterdir())):
-        raise UserError(f"{out} exists and is not a depthlab prepared-data directory; choose another --out")
-    work = out / WORK
-    workers = workers if workers > 0 else (os.cpu_count() or 1)
-    settings = {"work": str(work), "text_field": text_field, "streaming": streaming,
+    settings = {"work": str(out / WORK), "text_field": text_field, "streaming": streaming,
                 "fatal_bad_files": fatal_bad_files, "period": val_period(val_fraction)}
+    job = {"items": items, "request": request, "source": source, "given": given, "vocab_size": vocab_size,
+           "sample_bytes": tokenizer_sample_mb * 1e6, "unit_bytes": unit_mb and unit_mb * 1e6,
+           "workers": workers if workers > 0 else (os.cpu_count() or 1), "progress": progress}
+    with locked(out, "data prepare"):
+        index = _check_out(out, request, overwrite, log) or _run_job(out, job, settings, log)
+    if index["skipped"]:
+        path, why = index["skipped"][0]
+        log(f"skipped {len(index['skipped'])} bad file(s), e.g. {path}: {why}")
+    return index
+
+
+def _run_job(out: Path, job: dict, settings: dict, log) -> dict:
+    """Plan (or find the plan of an interrupted run), tokenize the units not done yet, and finalize."""
+    work = out / WORK
     try:
         plan_path = work / PLAN
-        if plan_path.is_file() and json.loads(plan_path.read_text()).get("request") != request:
+        if plan_path.is_file() and json.loads(plan_path.read_text()).get("request") != job["request"]:
             log(f"{out}: the inputs or settings changed since the interrupted run; starting over")
             shutil.rmtree(work)
         if not plan_path.is_file():
             work.mkdir(parents=True, exist_ok=True)
-            units = plan_units(items, workers, streaming, unit_mb and unit_mb * 1e6)
-            tok = given or train_bpe(_sample_texts(units, settings, tokenizer_sample_mb * 1e6), vocab_size)
+            units = plan_units(job["items"], job["workers"], settings["streaming"], job["unit_bytes"])
+            tok = job["given"] or train_bpe(_sample_texts(units, settings, job["sample_bytes"]), job["vocab_size"])
             tok.save(str(work / TOKENIZER_FILE))
-            write_json_atomic(plan_path, {"request": request, "units": units})
+            write_json_atomic(plan_path, {"request": job["request"], "units": units})
         plan = json.loads(plan_path.read_text())
         tok = Tokenizer.from_file(str(work / TOKENIZER_FILE))
         todo = [u for u in plan["units"] if not _unit_path(work, u["index"], "json").is_file()]
         if len(todo) < len(plan["units"]):
             log(f"{out}: resuming, {len(plan['units']) - len(todo)} of {len(plan['units'])} units already done")
         if todo:
-            _run_units(todo, settings, tok.to_str(), min(workers, len(todo)), progress)
-        index = _finalize(out, work, plan, tok, source, settings["period"])
+            _run_units(todo, settings, tok.to_str(), min(job["workers"], len(todo)), job["progress"])
+        return _finalize(out, work, plan, tok, job["source"], settings["period"])
     except UserError as e:
         if not isinstance(e, WorkerDied):  # bad input: leave nothing half-written behind
             shutil.rmtree(work, ignore_errors=True)
             with contextlib.suppress(OSError):
                 out.rmdir()  # only if empty: the directory this job (or its interrupted first try) made
         raise
-    if index["skipped"]:
-        path, why = index["skipped"][0]
-        log(f"skipped {len(index['skipped'])} bad file(s), e.g. {path}: {why}")
-    return index
+    except OSError as e:  # a full disk, an unwritable --out
+        raise UserError(f"cannot write {out}: {e.strerror or e}; rerun the same command to resume") from None
 
 
 def load_prepared(path: str | Path) -> tuple[dict, Tokenizer, dict[str, np.ndarray]]:

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import json
 
+from depthlab.rundir import CONFIG, quiet_transformers
 
-def quiet_transformers() -> None:
-    """The CLI prints its own one-line summaries; transformers' per-load progress bars only add noise."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
+OVERWRITE = "replace OUT_DIR even if it is not this command's own kind of output (another run, other files)"
 
 
 def cmd_export(args) -> None:
     from depthlab.hf.exporter import export
 
     quiet_transformers()
-    out = export(args.source, args.out_dir)
-    arch = json.loads((out / "config.json").read_text())["architectures"][0]
+    out = export(args.source, args.out_dir, overwrite=args.overwrite)
+    arch = json.loads((out / CONFIG).read_text())["architectures"][0]
     print(f"exported a stock {arch} to {out} (load with AutoModelForCausalLM.from_pretrained)")
 
 
@@ -26,7 +23,7 @@ def cmd_prune(args) -> None:
 
     quiet_transformers()
     start, end = parse_span(args.remove)
-    out = prune(args.model, start, end, args.out_dir)
+    out = prune(args.model, start, end, args.out_dir, overwrite=args.overwrite)
     print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
 
 
@@ -34,7 +31,8 @@ def cmd_import(args) -> None:
     from depthlab.hf.importer import import_to_checkpoint
 
     quiet_transformers()
-    out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len)
+    out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len,
+                               overwrite=args.overwrite)
     print(f"imported {args.model} as a depthlab checkpoint (scheme {args.scheme}): {out}")
 
 
@@ -44,8 +42,10 @@ def add_commands(sub) -> None:
                        "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: a Llama for pre, "
                        "lns, layerscale and skipinit (scales and gains folded into the weights), a Gemma-2 for "
                        "sandwich; the other schemes are refused with the reason (docs/hf.md).")
-    e.add_argument("source", help="checkpoint directory or run directory (its newest checkpoint)")
-    e.add_argument("out_dir", help="output directory")
+    e.add_argument("source", help="checkpoint, run directory (its newest valid checkpoint) or a directory holding "
+                   "one run")
+    e.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export)")
+    e.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     e.set_defaults(func=cmd_export)
 
     p = sub.add_parser("prune", help="remove a span of layers from a model and save the smaller HF model",
@@ -54,7 +54,9 @@ def add_commands(sub) -> None:
                        "model directory, or a depthlab checkpoint / run (exported first).")
     p.add_argument("model", help="HF model directory, depthlab checkpoint or run directory")
     p.add_argument("--remove", required=True, metavar="START:END", help="layers to remove, e.g. 20:24")
-    p.add_argument("out_dir", help="output directory")
+    p.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export or "
+                   "prune)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_prune)
 
     i = sub.add_parser("import", help="turn an HF Llama / Mistral / Qwen2 directory into a depthlab checkpoint",
@@ -62,7 +64,8 @@ def add_commands(sub) -> None:
                        "(with scheme pre its logits equal the HF model's; with lns the same weights under LNS). "
                        "Checkpoints with nonzero biases (released Qwen2) are refused: use depthlab.hf.apply_scheme.")
     i.add_argument("model", help="Hugging Face model directory")
-    i.add_argument("out_dir", help="checkpoint directory to write")
+    i.add_argument("out_dir", help="checkpoint directory to write (an existing one must be an earlier import)")
+    i.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
     i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
                    "at most 4096)")

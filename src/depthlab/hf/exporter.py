@@ -35,12 +35,6 @@ REFUSED = {name: cls.hf_export_refusal for name, cls in SCHEMES.items() if cls.h
 _BRANCH_OUTPUTS = {"attn_gain": "attn.o_proj", "mlp_gain": "mlp.down_proj"}
 
 
-def is_depthlab_path(path: str | Path) -> bool:
-    """A depthlab checkpoint or run directory (as opposed to a Hugging Face model directory)."""
-    path = Path(path)
-    return (path / "meta.json").is_file() or (path / "checkpoints").is_dir()
-
-
 def hf_weights_and_config(model: Transformer) -> tuple[dict[str, torch.Tensor], dict]:
     """Stock HF weights and config fields equivalent to `model`; UserError with the reason where none exist."""
     cfg = model.cfg
@@ -80,23 +74,29 @@ def hf_tokenizer(tok):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
 
 
-def export(src: str | Path, out_dir: str | Path) -> Path:
-    """Write a stock HF model directory for a depthlab checkpoint or run (its newest checkpoint)."""
+def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Write a stock HF model directory for a depthlab model path (a checkpoint, a run: its newest checkpoint).
+    The directory is written whole (depthlab.rundir.writing): an existing `out_dir` must be an earlier export or
+    prune, unless `overwrite`."""
+    from depthlab.rundir import Kind, is_depthlab_hf, load_model, what_is, writing
+
+    if what_is(src) is Kind.HF:
+        raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
+                        "(a model patched with apply_scheme exports with save_pretrained)")
+    loaded = load_model(src, hf=False)
+    state, fields = hf_weights_and_config(loaded.model)
+    with writing(out_dir, is_depthlab_hf, "export", overwrite) as tmp:
+        _write_hf_dir(tmp, state, fields, loaded)
+    return Path(out_dir)
+
+
+def _write_hf_dir(out: Path, state: dict, fields: dict, loaded) -> None:
     from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from depthlab.data.tokenizer import load_tokenizer
-    from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
+    from depthlab.rundir import EXPORT_INFO
 
-    if (Path(src) / "config.json").is_file() and not is_depthlab_path(src):
-        raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
-                        "(a model patched with apply_scheme exports with save_pretrained)")
-    ckpt = find_checkpoint(src)
-    model, cfg, meta = load_checkpoint(ckpt)
-    state, fields = hf_weights_and_config(model)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = hf_tokenizer(load_tokenizer(ckpt / TOKENIZER)) if (ckpt / TOKENIZER).is_file() else None
+    tok = hf_tokenizer(loaded.tokenizer) if loaded.tokenizer is not None else None
     architectures = fields.pop("architectures")
     fields = {k: v for k, v in fields.items() if k != "torch_dtype"}
     hf_cfg = AutoConfig.for_model(fields.pop("model_type"), **fields, bos_token_id=getattr(tok, "bos_token_id", None),
@@ -110,8 +110,7 @@ def export(src: str | Path, out_dir: str | Path) -> Path:
         tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
         tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
         (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    provenance = {"source": str(ckpt), "scheme": cfg.model.norm_scheme, "step": meta.get("step"),
+    provenance = {"source": str(loaded.path), "scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.get("step"),
                   "architecture": architectures[0],
                   "note": "scheme constants are folded into the weights: load as a plain HF model"}
-    (out / "depthlab_export.json").write_text(json.dumps(provenance, indent=2) + "\n")
-    return out
+    (out / EXPORT_INFO).write_text(json.dumps(provenance, indent=2) + "\n")

@@ -69,6 +69,8 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     scheme="pre" reproduces the HF model's logits; any other scheme that keeps Llama's weight set (lns, and the
     ones that only add parameters: layerscale, skipinit, gpas, ...) starts from the same weights.
     """
+    if max_seq_len is not None and max_seq_len < 1:
+        raise UserError(f"--max-seq-len must be at least 1, got {max_seq_len}")
     hf = _load(src)
     mc = model_config_from_hf(hf.config, max_seq_len, norm_scheme=scheme, **model_overrides)
     state = hf.state_dict()
@@ -100,14 +102,30 @@ def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: dict, tokeni
     return save_checkpoint(path, model.state_dict(), cfg, meta, tokenizer=tokenizer)
 
 
-def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None):
+def is_import(path) -> bool:
+    """A checkpoint of its own, outside any run: what `depthlab import` writes, and may replace."""
+    from depthlab.rundir import Kind, run_of, what_is
+
+    return what_is(path) is Kind.CHECKPOINT and run_of(path) is None
+
+
+def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None,
+                         overwrite: bool = False):
     """import_hf, saved as a depthlab checkpoint (with the HF directory's tokenizer.json when it has one), so that
-    `depthlab eval` and the checkpoint-based tools run on it."""
+    `depthlab eval` and the checkpoint-based tools run on it. An existing `out_dir` must be an earlier import,
+    unless `overwrite`."""
     from pathlib import Path
 
     from tokenizers import Tokenizer
 
-    model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
-    tok_file = Path(src) / "tokenizer.json"
-    tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-    return save_as_checkpoint(out_dir, model, cfg, {"step": 0, "imported_from": str(src)}, tokenizer=tok)
+    from depthlab.rundir import TOKENIZER, Kind, claim, locked, what_is
+
+    kind = what_is(src)
+    if kind not in (Kind.HF, Kind.MISSING):  # a missing path may still name a model in the local HF cache
+        raise UserError(f"cannot import {src}: it is {kind.value}, not a Hugging Face model directory")
+    with locked(out_dir, "import"):
+        claim(Path(out_dir), is_import, "import", overwrite)
+        model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
+        tok_file = Path(src) / TOKENIZER
+        tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
+        return save_as_checkpoint(out_dir, model, cfg, {"step": 0, "imported_from": str(src)}, tokenizer=tok)

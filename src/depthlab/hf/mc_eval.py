@@ -15,9 +15,9 @@ choices. Ties go to the first choice.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -70,34 +70,29 @@ class Scorer:
     device: torch.device
 
 
+def scorer_for(loaded) -> Scorer:
+    """A scorer for a model loaded by depthlab.rundir.load_model (a depthlab checkpoint or an HF model)."""
+    device = next(loaded.model.parameters()).device
+    if loaded.cfg is not None:  # depthlab: our BPE, <|endoftext|> in front
+        from depthlab.data.tokenizer import EOT
+
+        tok = loaded.fast_tokenizer()
+        eot = tok.token_to_id(EOT)
+        return Scorer(loaded.model.eval(), lambda s: tok.encode(s).ids, [] if eot is None else [eot],
+                      loaded.context, device)
+    tok = loaded.tokenizer
+    prefix = [] if tok.bos_token_id is None else [tok.bos_token_id]
+    model = loaded.model
+    return Scorer(lambda x: model(x).logits, lambda s: tok(s, add_special_tokens=False).input_ids, prefix,
+                  loaded.context, device)
+
+
 def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
-    """A scorer for a depthlab checkpoint or run, or for a Hugging Face model directory."""
-    from depthlab.hf.exporter import is_depthlab_path
+    """A scorer for any model path: a depthlab checkpoint or run, or a Hugging Face model directory."""
+    from depthlab.rundir import load_model
     from depthlab.train.trainer import resolve_device
 
-    dev = resolve_device(device)
-    if is_depthlab_path(path):
-        from depthlab.data.tokenizer import EOT, load_tokenizer
-        from depthlab.train.checkpoint import TOKENIZER, find_checkpoint, load_checkpoint
-
-        ckpt = find_checkpoint(path)
-        model, cfg, _ = load_checkpoint(ckpt, device=str(dev))
-        tok = load_tokenizer(ckpt / TOKENIZER)
-        eot = tok.token_to_id(EOT)
-        return Scorer(model.eval(), lambda s: tok.encode(s).ids, [] if eot is None else [eot],
-                      cfg.model.max_seq_len, dev)
-    from transformers import AutoTokenizer
-
-    from depthlab.hf.apply import load_pretrained
-
-    model = load_pretrained(path, dtype=torch.float32).to(dev).eval()
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot load the tokenizer of {path}: {e}") from None
-    prefix = [] if tok.bos_token_id is None else [tok.bos_token_id]
-    return Scorer(lambda x: model(x).logits, lambda s: tok(s, add_special_tokens=False).input_ids, prefix,
-                  model.config.max_position_embeddings, dev)
+    return scorer_for(load_model(path, device=str(resolve_device(device))))
 
 
 def continuation(question: str, choice: str) -> str:
@@ -147,14 +142,3 @@ def evaluate_tasks(model: str | Path | Scorer, tasks: str | Path, device: str = 
         scores.append(lp)
     n = len(questions)
     return {"n": n, "acc": hits / n, "acc_norm": hits_norm / n, "scores": scores}
-
-
-def cmd_eval_tasks(args) -> None:
-    """`depthlab eval MODEL --tasks FILE.jsonl`."""
-    from depthlab.hf.cli import quiet_transformers
-
-    quiet_transformers()
-    scorer = load_scorer(args.checkpoint, args.device)
-    for task in args.tasks:
-        res = evaluate_tasks(scorer, task)
-        print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")

@@ -8,6 +8,7 @@ made consistent: `num_hidden_layers`, every per-layer list (`layer_types`, ...) 
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -58,21 +59,28 @@ def _prune_config(cfg, n: int, kept: list[int]) -> None:
     cfg.num_hidden_layers = len(kept)
 
 
-def prune(src: str | Path, start: int, end: int, out_dir: str | Path) -> Path:
-    """Prune an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model first)."""
+def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
+    first). `out_dir` is written whole (depthlab.rundir.writing): an existing one must be an earlier export or
+    prune, unless `overwrite`."""
     from transformers import AutoTokenizer
 
     from depthlab.hf.apply import load_pretrained
-    from depthlab.hf.exporter import export, is_depthlab_path
+    from depthlab.hf.exporter import export
+    from depthlab.rundir import EXPORT_INFO, Kind, is_depthlab_hf, model_path, writing
 
-    with tempfile.TemporaryDirectory() as tmp:
-        if is_depthlab_path(src):
-            src = export(src, tmp)
-        model = load_pretrained(src)  # a patched (LNS) model keeps each kept layer's own scale
+    kind, path = model_path(src)
+    with tempfile.TemporaryDirectory() as tmp, writing(out_dir, is_depthlab_hf, "prune", overwrite) as out:
+        if kind is Kind.CHECKPOINT:
+            path = export(path, Path(tmp) / "exported")
+        model = load_pretrained(path)  # a patched (LNS) model keeps each kept layer's own scale
         prune_layers(model, start, end)
-        model.save_pretrained(out_dir)
+        model.save_pretrained(out)
         try:
-            AutoTokenizer.from_pretrained(src).save_pretrained(out_dir)
+            AutoTokenizer.from_pretrained(path).save_pretrained(out)
         except (OSError, ValueError, TypeError, KeyError):
             pass  # a model directory without tokenizer files: the pruned one has none either
+        provenance = {"source": str(src), "removed_layers": f"{start}:{end}",
+                      "note": f"model.layers.{start}..{end - 1} removed, the rest renumbered"}
+        (out / EXPORT_INFO).write_text(json.dumps(provenance, indent=2) + "\n")
     return Path(out_dir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import platform
 import random
 import shutil
@@ -31,10 +32,27 @@ from depthlab.data.dataset import PackedSampler, TokenData, build_token_data, ev
 from depthlab.data.tokenizer import load_tokenizer
 from depthlab.model import Transformer, lm_loss
 from depthlab.model.validate import validate
+from depthlab.rundir import (
+    CHECKPOINTS,
+    CONFIG,
+    ENV,
+    METRICS,
+    TOKENIZER,
+    TRAINER,
+    Kind,
+    find_checkpoint,
+    list_checkpoints,
+    load_verified,
+    load_weights,
+    locked,
+    model_path,
+    newest_valid_checkpoint,
+    run_of,
+    what_is,
+)
 from depthlab.train import distributed as D
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
-from depthlab.train.checkpoint import (CONFIG, TOKENIZER, find_checkpoint, list_checkpoints, load_trainer_state,
-                                       load_verified, load_weights, newest_valid_checkpoint, save_checkpoint)
+from depthlab.train.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint, tidy_after_kill
 from depthlab.train.flops import peak_flops, train_flops_per_token
 from depthlab.train.optim import make_optimizer, make_scheduler
 
@@ -58,13 +76,20 @@ class RunResult:
     wall_s: float
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, what: str = "--device") -> torch.device:
+    """The device a flag or config field (`what`) names; one error line when this machine has no such device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError:
-        raise UserError(f"unknown device {name!r} (use auto, cpu, cuda, cuda:N)") from None
+        raise UserError(f"{what}: unknown device {name!r} (use auto, cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{what} {name}: this machine has no CUDA device (PyTorch {torch.__version__} sees none); "
+                        "use cpu or auto")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"{what} {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def seed_everything(seed: int) -> None:
@@ -122,8 +147,8 @@ def environment(device: torch.device, env: D.DistEnv) -> dict:
                                 text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"depthlab": __version__, "git_commit": commit, "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "device": str(device),
+    return {"depthlab": __version__, "git_commit": commit, "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "threads": torch.get_num_threads(), "world_size": env.world_size,
             "started": datetime.now().isoformat(timespec="seconds")}
@@ -159,14 +184,43 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class MetricsLog:
-    """Append-only metrics.jsonl, flushed every line so a crash loses nothing already logged. On resume the
-    lines past the resumed step (written after the last checkpoint by the run that died) are dropped."""
+def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
+    """(lines of steps <= step, how many later ones, how many unreadable) of a metrics.jsonl."""
+    keep, later, broken = [], 0, 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record_step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):  # a partial last line: what SIGKILL mid-write leaves
+            broken += 1
+            continue
+        if record_step <= step:
+            keep.append(line)
+        else:
+            later += 1
+    return keep, later, broken
 
-    def __init__(self, path: Path, resume_step: int | None = None):
-        if resume_step is not None and path.exists():
-            keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= resume_step]
-            path.write_text("".join(line + "\n" for line in keep))
+
+class MetricsLog:
+    """Append-only metrics.jsonl, flushed every line so a crash loses nothing already logged.
+
+    When a run starts at `step` (0 for a fresh start, the checkpoint's step on resume) the lines past that step
+    -- written after the last checkpoint by a run that died -- are dropped, so each step appears once; so is a
+    partial line a kill left, with a warning. A branch (`source`: the parent run's metrics) starts with the
+    parent's lines up to the step it branches at."""
+
+    def __init__(self, path: Path, step: int, source: Path | None = None, warn=print):
+        origin = path if path.exists() else source
+        if origin is not None and origin.exists():
+            keep, later, broken = _records_up_to(origin, step)
+            if broken:
+                warn(f"depthlab: warning: {origin}: dropped {broken} unreadable line(s), a partial line left by a "
+                     "killed run")
+            if later or broken or origin != path:
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text("".join(line + "\n" for line in keep))
+                os.replace(tmp, path)
         self.file = open(path, "a")
 
     def write(self, record: dict) -> None:
@@ -177,23 +231,74 @@ class MetricsLog:
         self.file.close()
 
 
+def resume_point(run_dir: str | Path | None, resume: str | None,
+                 warn=lambda msg: None) -> tuple[Path | None, Path | None]:
+    """(run directory, checkpoint to resume from) for --run-dir and --resume; the run directory is None when a
+    new one is to be named, the checkpoint None for a fresh start.
+
+    --resume auto continues --run-dir from its newest valid checkpoint (or starts it). --resume PATH resumes
+    into --run-dir when given (a branch), else into the run that holds the checkpoint; a checkpoint outside any
+    run needs --run-dir."""
+    if resume is None:
+        return (Path(run_dir) if run_dir else None), None
+    if resume == "auto":
+        if not run_dir:
+            raise UserError("--resume auto needs --run-dir (the run directory to continue)")
+        run_dir = Path(run_dir)
+        return run_dir, (newest_valid_checkpoint(run_dir, warn) if what_is(run_dir) is Kind.RUN else None)
+    _, ckpt = model_path(resume, hf=False, warn=warn)
+    if not (ckpt / TRAINER).is_file():
+        raise UserError(f"{ckpt} holds no training state ({TRAINER}; it was not written by `depthlab train`): "
+                        f"start from its weights with --init-from {ckpt}")
+    if run_dir:
+        return Path(run_dir), ckpt
+    home = run_of(ckpt)
+    if home is None:
+        raise UserError(f"{ckpt} is not inside a run directory (RUN/{CHECKPOINTS}/step_N); give --run-dir to "
+                        "resume it into a run")
+    return home, ckpt
+
+
 class Trainer:
     def __init__(self, cfg: Config, run_dir: str | Path | None = None, resume: str | None = None,
-                 data: TokenData | None = None, callbacks: list[Callback] | None = None, progress: bool = True):
+                 data: TokenData | None = None, callbacks: list[Callback] | None = None, progress: bool = True,
+                 overwrite: bool = False):
         self.cfg = validate(cfg)
         tc = cfg.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
-        self.device = resolve_device(tc.device)
+        self.device = resolve_device(tc.device, "train.device")
         self.env = D.init_distributed(self.device)
         self.device = D.local_device(self.device, self.env)
         self.progress = progress and self.env.is_main
+        self._held = contextlib.ExitStack()  # the run directory's lock, held until close()
+        try:
+            ckpt = self._open_run(run_dir, resume, overwrite)
+            self._build(data, ckpt)
+        except BaseException:
+            self.close()
+            raise
+        self.callbacks = list(callbacks or [])
+        if tc.monitor_every:
+            self.callbacks.append(DepthMonitor(tc.monitor_every))
+        if tc.tensorboard:
+            self.callbacks.append(TensorBoardLogger())
+        if tc.wandb:
+            self.callbacks.append(WandbLogger())
+        if not self.env.is_main:  # rank 0 logs; other ranks only take part in collectives
+            self.callbacks = [c for c in self.callbacks if isinstance(c, DepthMonitor)]
 
-        self.run_dir, ckpt = self._locate(run_dir, resume)
-        if self.env.is_main:
-            self._check_writable()
-        tokenizer = load_tokenizer(self.run_dir / TOKENIZER) if ckpt else None
-        if tc.init_from and not ckpt and not cfg.data.tokenizer:  # continued pretraining keeps the model's tokenizer
+    def close(self) -> None:
+        """Release the run directory (also done by the OS if the process dies)."""
+        self._held.close()
+
+    # ------------------------------------------------------------------ setup
+    def _build(self, data: TokenData | None, ckpt: Path | None) -> None:
+        tc, cfg = self.cfg.train, self.cfg
+        tokenizer = None
+        if ckpt:  # the checkpoint's own tokenizer (a branch's new run directory has none yet)
+            tokenizer = load_tokenizer(ckpt / TOKENIZER if (ckpt / TOKENIZER).is_file() else self.run_dir / TOKENIZER)
+        elif tc.init_from and not cfg.data.tokenizer:  # continued pretraining keeps the model's tokenizer
             src_tok = find_checkpoint(tc.init_from) / TOKENIZER
             tokenizer = load_tokenizer(src_tok) if src_tok.is_file() else None
         seed_everything(tc.seed)
@@ -213,43 +318,55 @@ class Trainer:
         self.sched = make_scheduler(self.opt, tc)
         self.sampler = PackedSampler(self.data.train, cfg.data.seq_len, tc.batch_size, tc.seed, self.env.rank,
                                      self.env.world_size)
-        self.step, self.skipped, self.last_ckpt = 0, 0, None
+        self.step, self.skipped, self.last_ckpt, self.known_good = 0, 0, None, set()
         self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
                      "n_params": self.module.num_params(), "train_tokens": int(len(self.data.train)),
                      "val_tokens": int(len(self.data.val)), "world_size": self.env.world_size}
         if ckpt:
             self._restore(ckpt)
-        self.callbacks = list(callbacks or [])
-        if tc.monitor_every:
-            self.callbacks.append(DepthMonitor(tc.monitor_every))
-        if tc.tensorboard:
-            self.callbacks.append(TensorBoardLogger())
-        if tc.wandb:
-            self.callbacks.append(WandbLogger())
-        if not self.env.is_main:  # rank 0 logs; other ranks only take part in collectives
-            self.callbacks = [c for c in self.callbacks if isinstance(c, DepthMonitor)]
 
-    # ------------------------------------------------------------------ setup
-    def _locate(self, run_dir, resume) -> tuple[Path, Path | None]:
-        """The run directory and the checkpoint to resume from (None: a fresh run)."""
-        if resume in (None, "auto"):
-            if resume == "auto" and run_dir is None:
-                raise UserError("--resume auto needs --run-dir (the run directory to resume in)")
-            run_dir = Path(run_dir) if run_dir else D.broadcast_object(new_run_dir(self.cfg), self.env)
-            ckpt = newest_valid_checkpoint(run_dir, warn=self._warn) if resume == "auto" else None
-            if resume is None and list_checkpoints(run_dir):
-                raise UserError(f"{run_dir} already holds checkpoints; use --resume auto to continue it, or another --run-dir")
-            return run_dir, ckpt
-        ckpt = Path(resume)
-        if not (ckpt / CONFIG).is_file():
-            ckpt = newest_valid_checkpoint(ckpt, warn=self._warn)
-            if ckpt is None:
-                raise UserError(f"no valid checkpoint to resume in {resume}")
-        return ckpt.parent.parent, ckpt
+    def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
+        """Find the run directory and the checkpoint to resume (None: a fresh start); on rank 0, lock the
+        directory for the whole run and check that it is ours to write."""
+        if resume == "auto" and run_dir and self.env.is_main:  # lock before looking for its newest checkpoint
+            self._held.enter_context(locked(run_dir, "train", "run directory "))
+        run_dir, ckpt = resume_point(run_dir, resume, self._warn)
+        self.run_dir = Path(run_dir) if run_dir else D.broadcast_object(new_run_dir(self.cfg), self.env)
+        home = run_of(ckpt) if ckpt else None
+        self.in_place = home is not None and home.resolve() == self.run_dir.resolve()
+        self.branch_of = home if home and not self.in_place else None  # the run a branch starts from
+        if self.env.is_main:
+            self._held.enter_context(locked(self.run_dir, "train", "run directory "))
+            self._claim(ckpt, resume, overwrite)
+            self._check_writable()
+            tidy_after_kill(self.run_dir)
+        return ckpt
+
+    def _claim(self, ckpt: Path | None, resume: str | None, overwrite: bool) -> None:
+        """Refuse a run directory that is not ours to write: a file, another kind of directory, another run."""
+        d, kind = self.run_dir, what_is(self.run_dir)
+        if kind is Kind.FILE:
+            raise UserError(f"cannot write to run directory {d}: it is a file")
+        if kind in (Kind.MISSING, Kind.EMPTY) or (kind is not Kind.RUN and overwrite):
+            return
+        if kind is not Kind.RUN:
+            raise UserError(f"{d} is {kind.value}, not a run directory; choose another --run-dir, or pass "
+                            "--overwrite to write the run into it anyway")
+        if resume == "auto" or not list_checkpoints(d) or self.in_place:
+            return  # continuing it, or a run that never wrote a checkpoint
+        if overwrite:
+            shutil.rmtree(d / CHECKPOINTS)
+            (d / METRICS).unlink(missing_ok=True)
+        elif ckpt is None:
+            raise UserError(f"{d} already holds checkpoints; use --resume auto to continue it, another --run-dir, "
+                            "or --overwrite to start it over")
+        else:
+            raise UserError(f"{d} is another run (it holds checkpoints); branch into a new --run-dir, or pass "
+                            "--overwrite to replace its checkpoints")
 
     def _check_writable(self) -> None:
         """Fail before any work when the run directory cannot be written."""
-        probe = self.run_dir / ".write_test"
+        probe = self.run_dir / f".write_test-{os.getpid()}"
         created = not self.run_dir.exists()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -269,7 +386,8 @@ class Trainer:
         try:
             missing, unexpected = self.module.load_state_dict(state, strict=False)
         except RuntimeError as e:
-            raise UserError(f"cannot start from {src}: its weights do not fit this model ({str(e).splitlines()[1]})") from None
+            raise UserError(f"cannot start from {src}: its weights do not fit this model "
+                            f"({str(e).splitlines()[1]})") from None
         missing = [k for k in missing if not (self.cfg.model.tie_embeddings and k == "lm_head.weight")]
         if missing or unexpected:
             raise UserError(f"cannot start from {src}: missing {missing[:3]}, unexpected {unexpected[:3]} "
@@ -303,6 +421,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.sampler.load_state_dict(meta["loader"])
         self.step, self.skipped, self.last_ckpt = meta["step"], meta.get("skipped", 0), ckpt
+        self.known_good.add(ckpt.name)
         self._warn(f"depthlab: resuming {ckpt} at step {self.step}")
 
     # ------------------------------------------------------------------ checkpoints
@@ -318,8 +437,8 @@ class Trainer:
                     **(extra or {})}
             trainer_state = {"optimizer": optim_state, "scheduler": self.sched.state_dict(), "rng": rng_state()}
             save_checkpoint(path, model_state, self.cfg, meta, self.data.tokenizer, trainer_state)
-            for old in list_checkpoints(self.run_dir)[:-self.cfg.train.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+            self.known_good.add(path.name)
+            prune_checkpoints(self.run_dir, self.cfg.train.keep_last, self.known_good)
         D.barrier(self.env)
         self.last_ckpt = path
         return path
@@ -342,74 +461,44 @@ class Trainer:
         (loss_sum,) = D.all_reduce_sum([loss_sum], self.env)
         return loss_sum / self.env.world_size, grad_norm
 
+    def _start_run(self) -> MetricsLog:
+        """Rank 0: the run directory's config, tokenizer and environment, a one-line banner, and the metrics log
+        (from this step on: later lines, a kill's partial line, or a branch's parent lines are dealt with)."""
+        tc, m = self.cfg.train, self.cfg.model
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.cfg.save(self.run_dir / CONFIG)
+        self.data.tokenizer.save(str(self.run_dir / TOKENIZER))
+        (self.run_dir / ENV).write_text(json.dumps(environment(self.device, self.env), indent=2) + "\n")
+        print(f"depthlab train: preset {self.cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim} "
+              f"({self.module.num_params() / 1e6:.1f}M params), {tc.max_steps} steps on {self.env.world_size} x "
+              f"{self.device.type}; data: {self.data.source}, {len(self.data.train):,} train / "
+              f"{len(self.data.val):,} val tokens", file=sys.stderr)
+        source = self.branch_of / METRICS if self.branch_of else None
+        return MetricsLog(self.run_dir / METRICS, self.step, source, warn=self._warn)
+
     def train(self) -> RunResult:
-        tc, seq_len = self.cfg.train, self.cfg.data.seq_len
+        tc = self.cfg.train
         t0 = time.time()
-        if self.env.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.cfg.save(self.run_dir / "config.json")
-            self.data.tokenizer.save(str(self.run_dir / "tokenizer.json"))
-            (self.run_dir / "env.json").write_text(json.dumps(environment(self.device, self.env), indent=2) + "\n")
-            m = self.cfg.model
-            print(f"depthlab train: preset {self.cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim} "
-                  f"({self.module.num_params() / 1e6:.1f}M params), {tc.max_steps} steps on {self.env.world_size} x "
-                  f"{self.device.type}; data: {self.data.source}, {len(self.data.train):,} train / "
-                  f"{len(self.data.val):,} val tokens", file=sys.stderr)
-        log = MetricsLog(self.run_dir / "metrics.jsonl", self.step if self.last_ckpt else None) if self.env.is_main else None
-        tokens_per_step = tc.batch_size * tc.grad_accum * seq_len * self.env.world_size
-        flops_per_step = train_flops_per_token(self.cfg.model, seq_len) * tokens_per_step
-        peak = peak_flops(self.device, tc.dtype, tc.peak_flops) * self.env.world_size
+        log = self._start_run() if self.env.is_main else None
+        meter = _Meter(self)
         for cb in self.callbacks:
             cb.on_train_start(self)
-
         bar = tqdm(total=tc.max_steps, initial=self.step, desc=f"train {self.cfg.model.norm_scheme}",
                    disable=not self.progress, dynamic_ncols=True)
         self.model.train()
         val: dict = {}
-        t_log, steps_since = time.time(), 0
         while self.step < tc.max_steps:
             for cb in self.callbacks:
                 cb.on_step_start(self, self.step + 1)
             lr = self.sched.get_last_lr()[0]
             loss, grad_norm = self.train_step()
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                if tc.on_nonfinite == "stop":
-                    raise TrainingDiverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at "
-                                           f"step {self.step + 1}; last good checkpoint: {self.last_ckpt or 'none'}")
-                self.skipped += 1
-                self.opt.zero_grad(set_to_none=True)
-                self._warn(f"depthlab: warning: skipped step {self.step + 1} (non-finite loss or gradient), "
-                           f"{self.skipped} skipped so far")
+            if not self._finite(loss, grad_norm):
                 continue
             self.opt.step()
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
             self.step += 1
-            steps_since += 1
-            step = self.step
-
-            record = None
-            if step % tc.log_every == 0 or step == tc.max_steps:
-                now = time.time()
-                tok_s = steps_since * tokens_per_step / max(now - t_log, 1e-9)
-                record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tok_s,
-                          "mfu": steps_since * flops_per_step / max(now - t_log, 1e-9) / peak,
-                          "tokens": step * tokens_per_step}
-                if self.skipped:
-                    record["skipped"] = self.skipped
-                t_log, steps_since = now, 0
-                bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s mfu {record['mfu']:.1%}",
-                                    refresh=False)
-            if step % tc.eval_every == 0 or step == tc.max_steps:
-                val = evaluate(self.model, self.data.val, seq_len, tc.batch_size, self.device, tc.dtype, self.env)
-                record = {**(record or {"step": step, "loss": loss, "lr": lr}), **val}
-            if record:
-                for cb in self.callbacks:
-                    cb.on_log(self, step, record)
-                if log:
-                    log.write(record)
-            if step == tc.max_steps or (tc.ckpt_every and step % tc.ckpt_every == 0):
-                self.save(val if step == tc.max_steps else None)
+            val = self._after_step(loss, lr, grad_norm, meter, bar, log) or val
             bar.update(1)
         bar.close()
         for cb in self.callbacks:
@@ -417,14 +506,74 @@ class Trainer:
         if log:
             log.close()
         if not val:  # resumed a finished run
-            val = evaluate(self.model, self.data.val, seq_len, tc.batch_size, self.device, tc.dtype, self.env)
+            val = evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
+                           self.env)
         return RunResult(self.run_dir, self.last_ckpt, val["val_loss"], val["val_ppl"], self.step, time.time() - t0)
+
+    def _finite(self, loss: float, grad_norm: float) -> bool:
+        """True for a usable step; a non-finite one stops the run, or with on_nonfinite=skip is dropped."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            return True
+        if self.cfg.train.on_nonfinite == "stop":
+            raise TrainingDiverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at "
+                                   f"step {self.step + 1}; last good checkpoint: {self.last_ckpt or 'none'}")
+        self.skipped += 1
+        self.opt.zero_grad(set_to_none=True)
+        self._warn(f"depthlab: warning: skipped step {self.step + 1} (non-finite loss or gradient), "
+                   f"{self.skipped} skipped so far")
+        return False
+
+    def _after_step(self, loss: float, lr: float, grad_norm: float, meter: _Meter, bar, log) -> dict:
+        """Log, evaluate and checkpoint as the config asks after an optimizer step; returns the validation
+        metrics when this step evaluated."""
+        tc, step = self.cfg.train, self.step
+        meter.steps += 1
+        record, val = None, {}
+        if step % tc.log_every == 0 or step == tc.max_steps:
+            record = meter.record(step, loss, lr, grad_norm)
+            if self.skipped:
+                record["skipped"] = self.skipped
+            bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.2e} {record['tokens_per_s']:,.0f} tok/s "
+                                f"mfu {record['mfu']:.1%}", refresh=False)
+        if step % tc.eval_every == 0 or step == tc.max_steps:
+            val = evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
+                           self.env)
+            record = {**(record or {"step": step, "loss": loss, "lr": lr}), **val}
+        if record:
+            for cb in self.callbacks:
+                cb.on_log(self, step, record)
+            if log:
+                log.write(record)
+        if step == tc.max_steps or (tc.ckpt_every and step % tc.ckpt_every == 0):
+            self.save(val if step == tc.max_steps else None)
+        return val
+
+
+class _Meter:
+    """Throughput and MFU over the steps since the last log line."""
+
+    def __init__(self, trainer: Trainer):
+        tc, seq_len, world = trainer.cfg.train, trainer.cfg.data.seq_len, trainer.env.world_size
+        self.tokens_per_step = tc.batch_size * tc.grad_accum * seq_len * world
+        self.flops_per_step = train_flops_per_token(trainer.cfg.model, seq_len) * self.tokens_per_step
+        self.peak = peak_flops(trainer.device, tc.dtype, tc.peak_flops) * world
+        self.t, self.steps = time.time(), 0
+
+    def record(self, step: int, loss: float, lr: float, grad_norm: float) -> dict:
+        now = time.time()
+        elapsed = max(now - self.t, 1e-9)
+        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_s": self.steps * self.tokens_per_step / elapsed,
+                  "mfu": self.steps * self.flops_per_step / elapsed / self.peak, "tokens": step * self.tokens_per_step}
+        self.t, self.steps = now, 0
+        return record
 
 
 def train(cfg: Config, run_dir: Path | None = None, data: TokenData | None = None, progress: bool = True,
-          resume: str | None = None) -> RunResult:
-    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress)
+          resume: str | None = None, overwrite: bool = False) -> RunResult:
+    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress, overwrite=overwrite)
     try:
         return trainer.train()
     finally:
+        trainer.close()
         D.shutdown(trainer.env)
