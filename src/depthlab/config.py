@@ -41,7 +41,7 @@ class ModelConfig:
     dyt_alpha_init: float = 0.5  # dyt: initial alpha in gamma * tanh(alpha * x) + beta
     gpas: bool = False  # add-on for pre / lns: gradient-preserving activation scaling after each residual add
     gpas_gate: str = "per_block"  # per_block: one gate shared by a block's two adds (as GPAS's reference); per_add
-    init: str = "auto"  # normal | scaled | depth_scaled | deepnorm; auto = deepnorm for deepnorm, else normal
+    init: str = "auto"  # normal | scaled | depth_scaled | deepnorm | auto: the scheme's default_init
     init_std: float | str = 0.02  # a number, or "auto": sqrt(2 / (5 * dim)), width-matched (0.02 at dim 1000)
     embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632; tied embeddings use init_std
 

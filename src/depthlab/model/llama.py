@@ -140,5 +140,8 @@ class GPASResidual(Residual):
     def gate(self) -> nn.Parameter:
         return self.gpas.gate
 
+    def extra_repr(self) -> str:
+        return "" if "gpas" in self._modules else "gate shared: the block's gpas"
+
     def forward(self, h: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         return self.gpas(super().forward(h, update))
