@@ -70,3 +70,11 @@ def test_theory_cli(tmp_path, capsys):
     assert main(["theory", "--depth", "200", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "variance_recursion.png").stat().st_size > 1000
     assert "growth exponent" in capsys.readouterr().out
+
+
+def test_too_few_calibration_tokens_warn(tmp_path):
+    ck = save_depthlab_checkpoint(tmp_path / "ck", "pre", 2)
+    (tmp_path / "tiny.txt").write_text("def f(x):\n    return x\n")
+    with pytest.warns(UserWarning, match=r"only \d+ calibration tokens .*asked for 4096.*noisy"):
+        assert main(["analyze", str(ck), "--data", str(tmp_path / "tiny.txt"), "--seq-len", "8", "--no-removal",
+                     "--no-jacobian", "--out", str(tmp_path / "o")]) == 0

@@ -341,3 +341,20 @@ def test_round_trip_on_real_english(tmp_path):
     assert decode_docs(tok, arrays["train"], idx["eot_id"]) == [texts[0], texts[2]]
     assert decode_docs(tok, arrays["val"], idx["eot_id"]) == [texts[1]]
     assert 2 < sum(map(len, texts)) / sum(s["tokens"] for s in idx["splits"].values()) < 6  # chars per token
+
+
+def test_an_oversized_document_is_cut_at_line_breaks_the_same_way_on_both_paths(tmp_path, monkeypatch):
+    """A document over the limit would be one unsplittable item of the held-out rule (all of validation, or
+    none of it): it is cut at line breaks, by `data prepare` and on the fly alike."""
+    monkeypatch.setattr(prep, "MAX_DOCUMENT_BYTES", 1500)
+    lines = [f"line {i}: " + " ".join(WORDS[i % len(WORDS):] + WORDS[:i % len(WORDS)]) + "\n" for i in range(400)]
+    (tmp_path / "big.txt").write_text("".join(lines))
+    pieces = prep.bounded(prep.Document("big.txt", "".join(lines)))
+    assert len(pieces) > 20 and all(len(p.text) <= 1500 for p in pieces) and "".join(p.text for p in pieces) == \
+        "".join(lines)
+    idx = prepare([str(tmp_path / "big.txt")], tmp_path / "out", vocab_size=300, workers=1, **quiet())
+    assert idx["splits"]["train"]["documents"] + idx["splits"]["val"]["documents"] == len(pieces)
+    _, tok, arrays = load_prepared(tmp_path / "out")
+    cfg = config_for(tmp_path / "big.txt", tokenizer=str(tmp_path / "out" / "tokenizer.json"))
+    data = build_token_data(cfg)
+    assert np.array_equal(data.train, arrays["train"]) and np.array_equal(data.val, arrays["val"])

@@ -382,7 +382,7 @@ def _make_parents(path: Path, label: str) -> list[Path]:
             parent.mkdir()
         except OSError as e:
             _remove_empty(made)
-            raise UserError(f"cannot write to {label}{path.parent}: {e.strerror or e} ({parent})") from None
+            raise UserError(f"cannot write to {label}{path}: {e.strerror or e} ({parent})") from None
         made.insert(0, parent)
     return made
 
@@ -398,7 +398,7 @@ def _acquire(lock: Path, directory: Path, what: str, label: str) -> int:
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise UserError(f"cannot write to {label}{directory}: {e.strerror or e} ({lock.parent})") from None
+            raise UserError(f"cannot write to {label}{directory}: {e.strerror or e} (creating {lock})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -85,16 +85,17 @@ def load_trainer_state(ckpt: Path) -> dict:
     return torch.load(ckpt / TRAINER, weights_only=True, map_location="cpu")
 
 
-def prune_checkpoints(run_dir: Path, keep_last: int, known_good: set[str]) -> list[Path]:
+def prune_checkpoints(run_dir: Path, keep_last: int, verdicts: dict[str, bool]) -> list[Path]:
     """Retention: keep the newest `keep_last` *valid* checkpoints and delete everything older than the oldest of
     them. Corrupted checkpoints never count, so they cannot push a valid one out, and the newest valid checkpoint
-    is never deleted. `known_good` caches names verified (or written) by this process, so each is hashed once.
-    Returns the deleted directories."""
+    is never deleted. `verdicts` caches each checkpoint's validity (by name) for this process, so each is hashed
+    once; whoever writes a checkpoint records it as valid. Returns the deleted directories."""
     ckpts = list_checkpoints(run_dir)
     kept = []
     for ckpt in reversed(ckpts):
-        if ckpt.name in known_good or is_valid(ckpt):
-            known_good.add(ckpt.name)
+        if ckpt.name not in verdicts:
+            verdicts[ckpt.name] = is_valid(ckpt)
+        if verdicts[ckpt.name]:
             kept.append(ckpt)
             if len(kept) == keep_last:
                 break

@@ -318,7 +318,7 @@ class Trainer:
         self.sched = make_scheduler(self.opt, tc)
         self.sampler = PackedSampler(self.data.train, cfg.data.seq_len, tc.batch_size, tc.seed, self.env.rank,
                                      self.env.world_size)
-        self.step, self.skipped, self.last_ckpt, self.known_good = 0, 0, None, set()
+        self.step, self.skipped, self.last_ckpt, self.verdicts = 0, 0, None, {}
         self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
                      "n_params": self.module.num_params(), "train_tokens": int(len(self.data.train)),
                      "val_tokens": int(len(self.data.val)), "world_size": self.env.world_size}
@@ -328,8 +328,9 @@ class Trainer:
     def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
         """Find the run directory and the checkpoint to resume (None: a fresh start); on rank 0, lock the
         directory for the whole run and check that it is ours to write."""
-        if resume == "auto" and run_dir and self.env.is_main:  # lock before looking for its newest checkpoint
+        if resume == "auto" and run_dir and self.env.is_main:  # lock before looking for its newest checkpoint,
             self._held.enter_context(locked(run_dir, "train", "run directory "))
+            tidy_after_kill(Path(run_dir))  # which a writer killed mid-save may have left renamed away
         run_dir, ckpt = resume_point(run_dir, resume, self._warn)
         self.run_dir = Path(run_dir) if run_dir else D.broadcast_object(new_run_dir(self.cfg), self.env)
         home = run_of(ckpt) if ckpt else None
@@ -387,7 +388,7 @@ class Trainer:
             missing, unexpected = self.module.load_state_dict(state, strict=False)
         except RuntimeError as e:
             raise UserError(f"cannot start from {src}: its weights do not fit this model "
-                            f"({str(e).splitlines()[1]})") from None
+                            f"({str(e).splitlines()[1].strip()})") from None
         missing = [k for k in missing if not (self.cfg.model.tie_embeddings and k == "lm_head.weight")]
         if missing or unexpected:
             raise UserError(f"cannot start from {src}: missing {missing[:3]}, unexpected {unexpected[:3]} "
@@ -421,7 +422,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.sampler.load_state_dict(meta["loader"])
         self.step, self.skipped, self.last_ckpt = meta["step"], meta.get("skipped", 0), ckpt
-        self.known_good.add(ckpt.name)
+        self.verdicts[ckpt.name] = True
         self._warn(f"depthlab: resuming {ckpt} at step {self.step}")
 
     # ------------------------------------------------------------------ checkpoints
@@ -437,8 +438,8 @@ class Trainer:
                     **(extra or {})}
             trainer_state = {"optimizer": optim_state, "scheduler": self.sched.state_dict(), "rng": rng_state()}
             save_checkpoint(path, model_state, self.cfg, meta, self.data.tokenizer, trainer_state)
-            self.known_good.add(path.name)
-            prune_checkpoints(self.run_dir, self.cfg.train.keep_last, self.known_good)
+            self.verdicts[path.name] = True
+            prune_checkpoints(self.run_dir, self.cfg.train.keep_last, self.verdicts)
         D.barrier(self.env)
         self.last_ckpt = path
         return path

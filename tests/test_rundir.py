@@ -1,0 +1,102 @@
+"""The run-directory layer: what a path is, one loader for every model path, and writers that replace only
+their own kind of output."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from depthlab.cli import main
+from depthlab.rundir import Kind, load_model, model_path, what_is
+from tests.test_hf_fixtures import WORDS, make_checkpoint
+
+TEXT = " ".join(WORDS * 30) + "\n"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A run inside runs/, its export, and a text in the checkpoint's (word-level) vocabulary."""
+    root = tmp_path_factory.mktemp("rundir")
+    make_checkpoint(root / "runs" / "only" / "checkpoints" / "step_0000007", "lns")
+    assert main(["export", str(root / "runs" / "only"), str(root / "hf")]) == 0
+    (root / "text.txt").write_text(TEXT)
+    return root
+
+
+def test_what_is_names_every_kind(world, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    (tmp_path / "prep").mkdir()
+    (tmp_path / "prep" / "index.json").write_text(json.dumps({"format": "depthlab-tokens"}))
+    (tmp_path / "report").mkdir()
+    for name in ("report.html", "metrics.json"):
+        (tmp_path / "report" / name).write_text("{}")
+    expected = {world / "runs": Kind.RUNS, world / "runs" / "only": Kind.RUN,
+                world / "runs" / "only" / "checkpoints" / "step_0000007": Kind.CHECKPOINT, world / "hf": Kind.HF,
+                world / "text.txt": Kind.FILE, world / "missing": Kind.MISSING, tmp_path / "empty": Kind.EMPTY,
+                tmp_path / "other": Kind.OTHER, tmp_path / "prep": Kind.PREPARED, tmp_path / "report": Kind.ANALYSIS}
+    assert {p: what_is(p) for p in expected} == expected
+
+
+def test_one_loader_for_every_model_path(world):
+    for path in (world / "runs", world / "runs" / "only", world / "runs" / "only" / "checkpoints" / "step_0000007"):
+        loaded = load_model(path)
+        assert loaded.kind is Kind.CHECKPOINT and loaded.path.name == "step_0000007"
+        assert loaded.cfg.model.norm_scheme == "lns" and loaded.meta["step"] == 7
+    hf = load_model(world / "hf")
+    assert hf.kind is Kind.HF and hf.cfg is None and hf.context == 32 and hf.seq_len == 32
+    assert model_path(world / "runs")[1] == world / "runs" / "only" / "checkpoints" / "step_0000007"
+
+
+def eval_loss(capsys, *argv) -> float:
+    assert main(["eval", *map(str, argv)]) == 0, capsys.readouterr().err
+    return float(capsys.readouterr().out.split("loss ")[1].split()[0])
+
+
+def test_eval_on_an_exported_hf_directory_gives_the_checkpoints_perplexity(world, capsys):
+    data = ["--data", world / "text.txt", "--seq-len", 16]
+    ours = eval_loss(capsys, world / "runs" / "only", *data)
+    theirs = eval_loss(capsys, world / "hf", *data)
+    assert theirs == pytest.approx(ours, abs=1e-4)  # the export computes the same function on the same tokens
+    assert eval_loss(capsys, world / "runs", *data) == ours  # the parent of one run means that run
+
+
+def test_export_and_analyze_take_the_parent_of_one_run(world, tmp_path, capsys):
+    assert main(["export", str(world / "runs"), str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "depthlab_export.json").read_text())["step"] == 7
+    assert main(["analyze", str(world / "runs"), "--data", str(world / "text.txt"), "--tokens", "32", "--seq-len",
+                 "16", "--no-removal", "--no-jacobian", "--out", str(tmp_path / "report")]) == 0
+    assert what_is(tmp_path / "report") is Kind.ANALYSIS
+    assert main(["compare", str(tmp_path / "report"), str(tmp_path / "report"), "--out", str(tmp_path / "cmp")]) == 0
+
+
+def test_writers_replace_their_own_output_and_others_only_with_overwrite(world, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["export", str(world / "runs"), str(out)]) == 0
+    (out / "stale.txt").write_text("from an earlier export")
+    assert main(["export", str(world / "runs"), str(out)]) == 0  # an earlier export is replaced whole
+    assert not (out / "stale.txt").exists() and what_is(out) is Kind.HF
+    assert main(["prune", str(out), "--remove", "0:1", str(out)]) == 0  # in place: read whole, then replaced
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    assert main(["export", str(world / "runs"), str(mine)]) == 2
+    assert (mine / "notes.txt").read_text() == "my notes"
+    assert main(["export", str(world / "runs"), str(mine), "--overwrite"]) == 0
+    assert what_is(mine) is Kind.HF and not (mine / "notes.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary or lock file left
+
+
+def test_import_replaces_an_earlier_import_but_not_a_run(world, tmp_path, capsys):
+    shutil.copytree(world / "runs" / "only", tmp_path / "run")
+    tok = tmp_path / "hf"
+    shutil.copytree(world / "hf", tok)
+    assert main(["import", str(tok), str(tmp_path / "ckpt")]) == 0
+    assert main(["import", str(tok), str(tmp_path / "ckpt"), "--scheme", "lns"]) == 0
+    assert load_model(tmp_path / "ckpt").cfg.model.norm_scheme == "lns"
+    assert main(["import", str(tok), str(tmp_path / "run" / "checkpoints" / "step_0000007")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
