@@ -32,7 +32,7 @@ STUDY := $(BENCH).depth_study run --runs-dir /tmp/depthlab_study_runs
 
 study: study-grid study-sweep study-mixln
 
-study-grid: install  # pre and lns at 24 blocks, lr 1e-3 / 2e-3 / 4e-3, seed 0
+study-grid: install  # pre and lns at 24 blocks, lr 1e-3 / 2e-3 / 4e-3 / 8e-3, seed 0
 	$(STUDY) --phases grid
 
 study-sweep: install  # pre and lns at 6, 12, 24, 48 blocks, seeds 0 and 1, each at its best rate from the grid

@@ -179,8 +179,9 @@ def phase_cells(phase: str, s: dict, runs: dict) -> list[tuple]:
         best = {v: best_lr(runs, v, ref, lrs) for v in ("pre", "lns")}
         if None in best.values():
             sys.exit("the sweep needs the grid: run --phases grid first")
-        return [(L, v, best[v], seed) for seed in s["seeds"] for L in sorted(s["depths"], reverse=True)
-                for v in ("pre", "lns")]
+        # seed 0 at every depth first (deepest first: the thesis is about depth), then the other seeds
+        return [(L, v, best[v], seed) for seed in s["seeds"]
+                for L in sorted(s["depths"], reverse=seed == s["seeds"][0]) for v in ("pre", "lns")]
     if phase == "mixln":
         cells = [(ref, "mixln", lr, 0) for lr in lrs]
         b = best_lr(runs, "mixln", ref, lrs)
@@ -248,7 +249,7 @@ def main(argv=None) -> None:
     r.add_argument("--depths", nargs="+", type=int, default=[6, 12, 24, 48])
     r.add_argument("--ref-depth", type=int, default=24)
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    r.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 2e-3, 4e-3], help="the grid, spaced x2")
+    r.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 2e-3, 4e-3, 8e-3], help="the grid, spaced x2")
     r.add_argument("--dim", type=int, default=64)
     r.add_argument("--heads", type=int, default=4)
     r.add_argument("--ffn", type=int, default=172)

@@ -261,6 +261,9 @@ def section(out: Path, img_prefix: str) -> list[str]:
     pre, lns = res["grid"]["pre"], res["grid"]["lns"]
     lines.append("| lns − pre | " + " | ".join(f"{lns[k] - pre[k]:+.4f}" if k in pre and k in lns else "-"
                                                for k in (f"{lr:g}" for lr in s["lrs"])) + " |")
+    edge = [f"{v} ({best[v]:g})" for v in ("pre", "lns", "mixln") if best[v] in (min(s["lrs"]), max(s["lrs"]))]
+    if edge:
+        lines += ["", f"Best rate at the edge of the grid for {', '.join(edge)}: its optimum may lie beyond the grid."]
     ref = res["llama_130m_init"]
     lines += ["", "Each depth, each scheme at its best rate (mean ± std over seeds; Δ paired seed by seed; the "
               "precondition columns are deep-quarter / shallow-quarter ratios of the final Pre-LN model, "
