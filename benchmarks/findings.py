@@ -106,7 +106,9 @@ def lns(r: dict | None) -> list[str]:
             f"shared machine, so they cannot resolve 1% (largest median deviation from 1: {worst:.1%}). The direct "
             f"measurement is the work LNS adds, timed alone: at most {ops:.2%} of a `pre` step "
             f"({'within' if ops <= 0.01 else 'outside'} the 1% target). **Inference "
-            f"after export:** {'the exported `lns` model is a stock `LlamaForCausalLM` with the same class, config and parameter shapes as the exported `pre` model' if exact else 'MISMATCH between exported lns and pre'}"
+            "after export:** " + ("the exported `lns` model is a stock `LlamaForCausalLM` with the same class, "
+                                  "config and parameter shapes as the exported `pre` model" if exact
+                                  else "MISMATCH between exported lns and pre") +
             " (the scale lives in the norm weights), so its cost is the cost of `pre` by construction; the timed "
             "forward ratio only shows measurement noise around 1.", ""]
 

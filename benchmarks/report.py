@@ -71,8 +71,9 @@ def speed_section(r: dict | None, compiled: dict | None) -> list[str]:
                 up = run["speedup_over_hf"].get(n)
                 cells = ["1 (reference)", "1"] if up is None else [ratio(up), f"{best_ratio(st['hf'], st[n]):.3f}"]
                 name = f"**{n}**" if n == "depthlab" else n
-                out.append(f"| {run['case']} ({run['params'] / 1e6:.1f}M) | {run['dtype']} | {run['tokens_per_step']} | "
-                           f"{name} | {tok:.0f} | {run['mfu'][n]:.1%} | " + " | ".join(cells) + " |")
+                out.append(f"| {run['case']} ({run['params'] / 1e6:.1f}M) | {run['dtype']} | "
+                           f"{run['tokens_per_step']} | {name} | {tok:.0f} | {run['mfu'][n]:.1%} | "
+                           + " | ".join(cells) + " |")
         out.append("")
     return out
 
@@ -88,13 +89,13 @@ def lns_section(r: dict | None) -> list[str]:
             "share of a `pre` step |", "|---|---|---|---|---|"]
     for t in r["training"]:
         out.append(f"| {t['case']} | {t['dtype']} | {ratio(t['step_time_ratio_lns_over_pre'], '.4f')} |")
-        out[-1] += (f" {best_ratio(t['step_s']['lns'], t['step_s']['pre']):.4f} | {t['scale_ops']['share_of_pre_step']:.2%}"
-                    f" ({t['scale_ops']['multiplies_per_step']} multiplies) |")
+        out[-1] += (f" {best_ratio(t['step_s']['lns'], t['step_s']['pre']):.4f} | "
+                    f"{t['scale_ops']['share_of_pre_step']:.2%} ({t['scale_ops']['multiplies_per_step']} multiplies) |")
     out += ["", "Inference after export (`hf_weights_and_config`, the exporter's mapping; LNS folded into the norm "
                 "weights). The logit check here uses the initial weights (norm weights 1); "
                 "`tests/test_hf_parity.py` checks the fold with random norm weights.", "",
-            "| model | same HF class / config / parameter shapes as exported `pre` | max abs logit difference, exported "
-            "`lns` vs depthlab `lns` | forward time lns / pre | best |", "|---|---|---|---|---|"]
+            "| model | same HF class / config / parameter shapes as exported `pre` | max abs logit difference, "
+            "exported `lns` vs depthlab `lns` | forward time lns / pre | best |", "|---|---|---|---|---|"]
     for i in r["inference"]:
         same = "/".join("yes" if i[k] else "NO" for k in ("same_class", "same_config", "same_parameter_shapes"))
         out.append(f"| {i['case']} | {same} | {i['exported_lns_max_abs_logit_diff']:.1e} | "
@@ -107,7 +108,8 @@ def gpu_section(r: dict | None) -> list[str]:
     out = ["## 4. LLaMA-71M on a GPU: `pre` against `lns`", "",
            "One command, sized to end well within 8 minutes on an H100-class GPU (two runs of 1,200 steps, batch 64 x "
            "256 tokens, bf16, the built-in corpus with a 32k BPE vocabulary, the paper's 71M dimensions; the time is "
-           "an estimate from the FLOP count, not a measurement):", "", "    python -m benchmarks.gpu_71m --out benchmarks/results/gpu_71m", ""]
+           "an estimate from the FLOP count, not a measurement):", "",
+           "    python -m benchmarks.gpu_71m --out benchmarks/results/gpu_71m", ""]
     if r is None:
         return out + ["**Not run: no GPU machine was available to this task.** The script was exercised on CPU "
                       "with tiny overrides only (tests/test_benchmarks.py::test_gpu_script_runs_on_cpu_tiny); its "
