@@ -219,8 +219,8 @@ def model_path(path: str | Path, hf: bool = True, warn: Callable[[str], None] = 
     if kind is Kind.CHECKPOINT or (kind is Kind.HF and hf):
         return kind, p
     if kind is Kind.HF:
-        raise UserError(f"{p} is a Hugging Face model directory, not a depthlab checkpoint; make it one with "
-                        f"`depthlab import {p} OUT_DIR`")
+        raise UserError(f"{p} is a Hugging Face model directory, not a depthlab checkpoint; to train from it, "
+                        f"import it (`depthlab import {p} OUT_DIR`) and start with --init-from OUT_DIR")
     raise UserError(not_a_model(p, kind))
 
 
@@ -250,10 +250,6 @@ class Loaded:
     def seq_len(self) -> int:
         """The default window: the run's own, or for HF models their context up to 512."""
         return self.cfg.data.seq_len if self.cfg is not None else min(512, self.context)
-
-    @property
-    def name(self) -> str:
-        return f"{self.path} (scheme {self.cfg.model.norm_scheme})" if self.cfg is not None else str(self.path)
 
     def lm(self):
         """The model as a module from token ids (B, T) to logits (B, T, V)."""

@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
-from depthlab.rundir import CONFIG, TOKENIZER, Kind, hf_context, load_hf_tokenizer, model_path, torch_dtype
+from depthlab.rundir import CONFIG, TOKENIZER, WEIGHTS, Kind, hf_context, load_hf_tokenizer, model_path, torch_dtype
 
 
 class TensorFiles:
@@ -27,9 +27,9 @@ class TensorFiles:
         if index.is_file():
             wm = json.loads(index.read_text())["weight_map"]
             self.where = {k: folder / f for k, f in wm.items()}
-        elif (folder / "model.safetensors").is_file():
-            with safe_open(str(folder / "model.safetensors"), "pt") as f:
-                self.where = {k: folder / "model.safetensors" for k in f.keys()}
+        elif (folder / WEIGHTS).is_file():
+            with safe_open(str(folder / WEIGHTS), "pt") as f:
+                self.where = {k: folder / WEIGHTS for k in f.keys()}
         else:
             raise UserError(f"layer-by-layer mode needs safetensors weights; none in {folder}")
 

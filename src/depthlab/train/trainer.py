@@ -432,7 +432,7 @@ class Trainer:
         if not all(torch.isfinite(v).all() for v in model_state.values() if v.is_floating_point()):
             raise TrainingDiverged(f"refusing to save non-finite weights at step {self.step}; "
                                    f"last good checkpoint: {self.last_ckpt or 'none'}")
-        path = self.run_dir / "checkpoints" / f"step_{self.step:07d}"
+        path = self.run_dir / CHECKPOINTS / f"step_{self.step:07d}"
         if self.env.is_main:
             meta = {**self.meta, "step": self.step, "skipped": self.skipped, "loader": self.sampler.state_dict(),
                     **(extra or {})}
