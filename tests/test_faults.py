@@ -278,7 +278,7 @@ def test_kill_during_prepare_takes_the_workers_along_and_a_rerun_finishes(tmp_pa
     raw = tmp_path / "raw"
     raw.mkdir()
     for i in range(120):
-        (raw / f"{i:03d}.txt").write_text(" ".join(rng.choice(WORDS, 12000)))
+        (raw / f"{i:03d}.txt").write_text(" ".join(rng.choice(WORDS, 24000)))  # seconds of work to kill
     small_bpe().save(str(tmp_path / "tok.json"))  # given: no BPE training before the units start
     out = tmp_path / "out"
     job = ["data", "prepare", raw, "--out", out, "--tokenizer", tmp_path / "tok.json", "--workers", 2, "--unit-mb",
