@@ -31,11 +31,11 @@ def hf_twin(model, attn: str = "sdpa"):
     (the LNS scale folded into the norm weights, as at export)."""
     import transformers
 
-    from depthlab.hf.convert import hf_llama_config_dict, to_hf_llama_state_dict
+    from depthlab.hf.convert import hf_config_dict, to_hf_state_dict
 
-    fields = {k: v for k, v in hf_llama_config_dict(model.cfg).items() if k not in ("architectures", "torch_dtype")}
+    fields = {k: v for k, v in hf_config_dict(model.cfg).items() if k not in ("architectures", "torch_dtype")}
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields, attn_implementation=attn))
-    missing, unexpected = hf.load_state_dict(to_hf_llama_state_dict(model), strict=False)
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     return hf
 

@@ -54,7 +54,8 @@ def test_paper_presets_match_design():
         assert c.data.seq_len == 256 and c.train.batch_size * c.train.grad_accum == 512
         assert c.train.min_lr_ratio == 0.1 and c.train.weight_decay == 0
         assert c.model.embed_std == pytest.approx(0.632, abs=1e-3)
-    assert set(PRESETS) == {"cpu-tiny", *expect}
+    families = {"qwen2.5-0.5b", "olmo-1b", "olmo-7b", "olmo2-1b"}  # tests/test_arch.py checks their sizes
+    assert set(PRESETS) == {"cpu-tiny", *expect, *families}
 
 
 def test_json_and_yaml_round_trip(tmp_path):

@@ -24,6 +24,7 @@ FAMILIES = {
     "llama": transformers.LlamaConfig,
     "mistral": transformers.MistralConfig,
     "qwen2": transformers.Qwen2Config,
+    "olmo": transformers.OlmoConfig,
     "olmo2": transformers.Olmo2Config,
 }
 

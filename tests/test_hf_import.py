@@ -36,16 +36,17 @@ def test_imported_model_continues_pretraining_with_lns():
     assert losses[-1] < losses[0]
 
 
-def test_qwen2_with_nonzero_biases_is_refused_and_pointed_to_apply_scheme():
+def test_qwen2_with_nonzero_biases_imports_them():
     hf = tiny_hf("qwen2")
     with torch.no_grad():
         hf.model.layers[1].self_attn.k_proj.bias.fill_(0.1)
-    with pytest.raises(UserError, match=r"layers\.1\.self_attn\.k_proj\.bias.*apply_scheme"):
-        import_hf(hf)
+    model, cfg = import_hf(hf)
+    theirs = hf.model.layers[1].self_attn.k_proj.bias
+    assert cfg.model.arch == "qwen2" and torch.equal(model.layers[1].attn.k_proj.bias, theirs)
 
 
 @pytest.mark.parametrize("family,kw,match", [
-    ("olmo2", {}, "supported families"),
+    ("olmo2", {"attention_bias": True}, "attention biases"),
     ("llama", {"hidden_act": "gelu"}, "activation"),
     ("llama", {"head_dim": 16}, "head_dim"),
     ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "RoPE scaling"),

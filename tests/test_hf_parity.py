@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from depthlab.hf.convert import hf_llama_config_dict, to_hf_llama_state_dict
+from depthlab.hf.convert import hf_config_dict, to_hf_state_dict
 from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
 
@@ -9,10 +9,10 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_twin(model: Transformer):
-    cfg = transformers.LlamaConfig(**{k: v for k, v in hf_llama_config_dict(model.cfg).items()
+    cfg = transformers.LlamaConfig(**{k: v for k, v in hf_config_dict(model.cfg).items()
                                       if k not in ("architectures", "torch_dtype")})
     hf = transformers.LlamaForCausalLM(cfg).eval()
-    missing, unexpected = hf.load_state_dict(to_hf_llama_state_dict(model), strict=False)
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
     tied = {"lm_head.weight"} if model.cfg.tie_embeddings else set()
     assert not unexpected and all("rotary" in k or k in tied for k in missing), (missing, unexpected)
     return hf

@@ -259,7 +259,7 @@ def test_every_scheme_declares_what_the_rest_of_the_code_asks(scheme):
     assert cls.scheme == scheme
     for attr in ("supports_gpas", "hf_patchable", "hf_export"):
         assert attr in vars(cls), f"{scheme} must declare {attr} itself"
-    assert cls.hf_export in ("llama", "gemma2", None)
+    assert cls.hf_export in ("family", "gemma2", None)
     assert (cls.hf_export is None) == bool(cls.hf_export_refusal)  # refused with a one-line reason, or exported
     assert "\n" not in cls.hf_export_refusal
     assert cls.default_init in INITS and set(cls.init_warnings) <= set(INITS)
@@ -283,7 +283,7 @@ def test_a_new_scheme_is_one_class_and_one_registration():
             """Pre-LN with every norm output halved (a test scheme)."""
 
             supports_gpas = hf_patchable = True
-            hf_export = "llama"
+            hf_export = "family"
 
             @classmethod
             def norm_scale(cls, cfg, layer_id):

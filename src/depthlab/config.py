@@ -23,6 +23,7 @@ from depthlab import UserError
 
 @dataclass
 class ModelConfig:
+    arch: str = "llama"  # the block's family: llama | qwen2 | olmo | olmo2 (see depthlab.model.arch)
     vocab_size: int = 4096
     dim: int = 128
     n_layers: int = 8
@@ -32,6 +33,7 @@ class ModelConfig:
     max_seq_len: int = 256
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    clip_qkv: float | None = None  # olmo: q, k, v projections clamped to [-c, c] (OLMo-1.7's 8.0); None: off
     tie_embeddings: bool = False
     norm_scheme: str = "lns"  # see depthlab.model.schemes.SCHEMES
     lns_power: float = 0.5  # lns: block l's norm outputs times l^(-lns_power)
@@ -238,7 +240,32 @@ def _paper_preset(name: str) -> Config:
     return Config(model, data, train, preset=name)
 
 
-PRESETS = {"cpu-tiny": lambda: Config(), **{name: (lambda n=name: _paper_preset(n)) for name in _PAPER}}
+# The paper's other architectures, with the published dimensions (docs/method.md section 3). The paper gives only
+# the token budget (Qwen2.5-0.5B shape: 6B tokens, PPL 20.62 -> 19.57; OLMo-7B: 20B tokens, loss 2.69 -> 2.50), not
+# lr, batch, schedule or sequence length: those are the LLaMA recipe above (sequence 256, global batch 512, cosine to
+# 10%, wd 0, bf16) at the paper's lr for its largest models, 5e-4: our choice, not the paper's. OLMo-1B and OLMo-2 1B
+# are not in the paper; they get OLMo-7B's 20B tokens.
+_FAMILY = {
+    #               arch, dim, layers, heads, kv, ffn, vocab, tied, theta, eps, context, tokens
+    "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 4864, 151_936, True, 1e6, 1e-6, 4096, 6e9),
+    "olmo-1b": ("olmo", 2048, 16, 16, 16, 8192, 50_304, True, 1e4, 1e-5, 2048, 20e9),
+    "olmo-7b": ("olmo", 4096, 32, 32, 32, 11008, 50_304, False, 1e4, 1e-5, 2048, 20e9),
+    "olmo2-1b": ("olmo2", 2048, 16, 16, 16, 8192, 100_352, False, 5e5, 1e-6, 4096, 20e9),
+}
+
+
+def _family_preset(name: str) -> Config:
+    arch, dim, layers, heads, kv, ffn, vocab, tied, theta, eps, context, tokens = _FAMILY[name]
+    model = ModelConfig(arch=arch, vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv,
+                        ffn_dim=ffn, max_seq_len=context, rope_theta=theta, norm_eps=eps, tie_embeddings=tied,
+                        norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
+    train = TrainConfig(max_steps=round(tokens / (512 * 256)), batch_size=64, grad_accum=8, lr=5e-4,
+                        warmup_steps=1000, dtype="bf16", eval_every=1000, log_every=10)
+    return Config(model, DataConfig(seq_len=256), train, preset=name)
+
+
+PRESETS = {"cpu-tiny": lambda: Config(), **{name: (lambda n=name: _paper_preset(n)) for name in _PAPER},
+           **{name: (lambda n=name: _family_preset(n)) for name in _FAMILY}}
 
 
 def preset(name: str) -> Config:

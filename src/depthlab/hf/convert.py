@@ -1,10 +1,14 @@
 """Weight mapping between depthlab's Transformer and stock Hugging Face models (both directions).
 
-Which schemes map onto which stock class is declared on each scheme (`hf_export`, depthlab.model.schemes).
-`pre` and `lns` map onto stock Llama. For `lns` the constant norm scale folds into the norm weight:
-Norm_g(x) / sqrt(l) == Norm_{g / sqrt(l)}(x), so the exported model is exact and costs nothing extra.
-`sandwich` maps onto stock Gemma-2, whose block is exactly Sandwich-LN (a norm before and after each branch);
-Gemma's RMSNorm multiplies by (1 + w) and its embedding by sqrt(dim), both folded here.
+Which schemes map onto which stock class is declared on each scheme (`hf_export`, depthlab.model.schemes), and
+which class a family exports to on the family (depthlab.model.arch): `pre` and `lns` map onto the family's own
+class (LlamaForCausalLM, Qwen2ForCausalLM, OlmoForCausalLM, Olmo2ForCausalLM). For `lns` the constant norm scale
+folds into the norm weight, Norm_g(x) / sqrt(l) == Norm_{g / sqrt(l)}(x); OLMo-1's norm has no weight, so there it
+folds into the linear layers that read the norm's output, W (x / sqrt(l)) + b == (W / sqrt(l)) x + b (q, k, v
+after the attention norm, gate and up after the MLP norm). Either way the exported model is exact and costs
+nothing extra. `sandwich` maps onto stock Gemma-2 (llama family only), whose block is exactly Sandwich-LN (a norm
+before and after each branch); Gemma's RMSNorm multiplies by (1 + w) and its embedding by sqrt(dim), both folded
+here.
 """
 
 from __future__ import annotations
@@ -16,18 +20,25 @@ import torch
 from depthlab import UserError
 from depthlab.config import ModelConfig
 from depthlab.model import Transformer
+from depthlab.model.arch import arch_of
 from depthlab.model.schemes import SCHEMES, scheme_class
 
 # depthlab name (inside layers.i) -> HF name (inside model.layers.i)
 _PROJECTIONS = {
     "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
     "attn.v_proj": "self_attn.v_proj", "attn.o_proj": "self_attn.o_proj",
+    "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
     "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj",
 }
 _LLAMA_NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+_OLMO2_NORMS = {"attn_norm": "post_attention_layernorm", "mlp_norm": "post_feedforward_layernorm"}
 _GEMMA2_NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
                  "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
-_BLOCK_NAMES = {**_LLAMA_NORMS, **_PROJECTIONS}
+_READERS = {"attn_norm": ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "mlp_norm": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def _block_names(cfg: ModelConfig) -> dict[str, str]:
+    return {**(_OLMO2_NORMS if arch_of(cfg).norms_after_branch else _LLAMA_NORMS), **_PROJECTIONS}
 
 
 def _shared_config(cfg: ModelConfig) -> dict:
@@ -40,9 +51,19 @@ def _shared_config(cfg: ModelConfig) -> dict:
     }
 
 
-def hf_llama_config_dict(cfg: ModelConfig) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **_shared_config(cfg),
-            "hidden_act": "silu", "mlp_bias": False, "torch_dtype": "float32"}
+def hf_config_dict(cfg: ModelConfig) -> dict:
+    """Config fields of the family's stock class (the `pre` / `lns` export)."""
+    arch = arch_of(cfg)
+    fields = {"architectures": [arch.hf_class], "model_type": arch.hf_model_types[0], **_shared_config(cfg),
+              "hidden_act": "silu", "mlp_bias": False, "torch_dtype": "float32"}
+    if arch.clip_qkv:
+        fields["clip_qkv"] = cfg.clip_qkv
+    if arch.fixed_norm_eps is not None:
+        if cfg.norm_eps != arch.fixed_norm_eps:
+            raise UserError(f"cannot export model.arch={arch.name} with model.norm_eps={cfg.norm_eps}: "
+                            f"{arch.hf_class} fixes its norm's epsilon at {arch.fixed_norm_eps}")
+        del fields["rms_norm_eps"]
+    return fields
 
 
 def hf_gemma2_config_dict(cfg: ModelConfig) -> dict:
@@ -54,55 +75,84 @@ def hf_gemma2_config_dict(cfg: ModelConfig) -> dict:
             "attn_logit_softcapping": None}
 
 
-def _state_dict(model: Transformer, norms: dict[str, str], norm_weight, embed_scale: float = 1.0):
-    out = {"model.embed_tokens.weight": model.embed_tokens.weight * embed_scale,
-           "model.norm.weight": norm_weight(model.norm)}
-    if not model.cfg.tie_embeddings:
-        out["lm_head.weight"] = model.lm_head.weight
-    for i, layer in enumerate(model.layers):
-        for ours, theirs in norms.items():
-            out[f"model.layers.{i}.{theirs}.weight"] = norm_weight(layer.get_submodule(ours))
-        for ours, theirs in _PROJECTIONS.items():
-            out[f"model.layers.{i}.{theirs}.weight"] = layer.get_submodule(ours).weight
-    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+def _our_state(model: Transformer) -> dict[str, torch.Tensor]:
+    """A detached copy of the model's weights (a tied LM head once, as the embedding)."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if model.cfg.tie_embeddings:
+        del state["lm_head.weight"]
+    return state
 
 
-def _plain_llama(scheme: str) -> bool:
-    """The scheme's weights are Llama's as they are (norm scales fold into the norm weights); branch gains
+def _renamed(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """depthlab names -> HF names: layers.i.<ours>.<param> -> model.layers.i.<names[ours]>.<param>; the embedding
+    and the final norm under model.; lm_head as it is."""
+    out = {}
+    for key, v in state.items():
+        if key.startswith("layers."):
+            _, i, rest = key.split(".", 2)
+            module, param = rest.rsplit(".", 1)
+            key = f"model.layers.{i}.{names[module]}.{param}"
+        elif not key.startswith("lm_head."):
+            key = f"model.{key}"
+        out[key] = v.contiguous()
+    return out
+
+
+def _plain(scheme: str) -> bool:
+    """The scheme's weights are its family's stock weights as they are (norm scales fold); branch gains
     (layerscale, skipinit) are folded into the projections by the exporter first."""
     cls = scheme_class(scheme)
-    return cls.hf_export == "llama" and not cls.branch_gains
+    return cls.hf_export == "family" and not cls.branch_gains
 
 
 @torch.no_grad()
-def to_hf_llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """HF Llama weights for a `pre` or `lns` model, norm scales folded into the norm weights."""
+def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """The family's stock weights for a `pre` or `lns` model, each block norm's scale folded into the norm's
+    weight or, for a norm without one (OLMo-1), into the layers reading its output (module docstring)."""
     cfg = model.cfg
-    if not _plain_llama(cfg.norm_scheme) or cfg.gpas:
-        direct = [name for name in SCHEMES if _plain_llama(name)]
+    if not _plain(cfg.norm_scheme) or cfg.gpas:
+        direct = [name for name in SCHEMES if _plain(name)]
         raise UserError(f"scheme {cfg.norm_scheme!r}{' + gpas' if cfg.gpas else ''} cannot be expressed as a stock "
-                        f"Llama checkpoint (only {', '.join(direct)} without gpas)")
-    return _state_dict(model, _LLAMA_NORMS, lambda norm: norm.weight * getattr(norm, "scale", 1.0))
+                        f"{arch_of(cfg).hf_class} checkpoint (only {', '.join(direct)} without gpas)")
+    state = _our_state(model)
+    for i, layer in enumerate(model.layers):
+        for name, readers in _READERS.items():
+            norm = layer.get_submodule(name)
+            # a weightless norm is OLMo-1's, which sits before its branch: its output feeds exactly the readers
+            for target in [name] if hasattr(norm, "weight") else readers:
+                state[f"layers.{i}.{target}.weight"] *= norm.scale
+    return _renamed(state, _block_names(cfg))
 
 
 @torch.no_grad()
 def to_hf_gemma2_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """HF Gemma-2 weights for a `sandwich` model (untied embeddings: Gemma scales the input embedding by
-    sqrt(dim) but not the LM head, so a tied matrix cannot carry the fold)."""
+    """HF Gemma-2 weights for a `sandwich` model of the llama family (untied embeddings: Gemma scales the input
+    embedding by sqrt(dim) but not the LM head, so a tied matrix cannot carry the fold)."""
     cfg = model.cfg
-    if scheme_class(cfg.norm_scheme).hf_export != "gemma2" or cfg.gpas or cfg.tie_embeddings:
+    if scheme_class(cfg.norm_scheme).hf_export != "gemma2" or cfg.gpas or cfg.tie_embeddings or cfg.arch != "llama":
         gemma = [name for name, cls in SCHEMES.items() if cls.hf_export == "gemma2"]
-        raise UserError(f"only {', '.join(gemma)} without gpas and with untied embeddings maps onto stock Gemma-2")
-    return _state_dict(model, _GEMMA2_NORMS, lambda norm: norm.weight - 1.0, embed_scale=1 / math.sqrt(cfg.dim))
+        raise UserError(f"only {', '.join(gemma)} of model.arch=llama, without gpas and with untied embeddings, maps "
+                        "onto stock Gemma-2")
+    state = _our_state(model)
+    for key in state:
+        if key.rsplit(".", 1)[0].endswith("norm"):  # the four block norms and the final one
+            state[key] = state[key] - 1.0
+    state["embed_tokens.weight"] = state["embed_tokens.weight"] * (1 / math.sqrt(cfg.dim))
+    return _renamed(state, {**_GEMMA2_NORMS, **_PROJECTIONS})
 
 
-def from_hf_llama_state_dict(hf_state: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """depthlab weights from HF Llama-layout weights (Llama, Mistral, Qwen2 share the names); biases are left to
-    the caller, which must have checked that they are zero."""
-    out = {"embed_tokens.weight": hf_state["model.embed_tokens.weight"], "norm.weight": hf_state["model.norm.weight"]}
-    if "lm_head.weight" in hf_state:
-        out["lm_head.weight"] = hf_state["lm_head.weight"]
-    for i in range(n_layers):
-        for ours, theirs in _BLOCK_NAMES.items():
-            out[f"layers.{i}.{ours}.weight"] = hf_state[f"model.layers.{i}.{theirs}.weight"]
-    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """depthlab weights from the family's stock HF weights (Llama, Mistral and Qwen2 share Llama's names, OLMo-1's
+    norms have no weights, OLMo-2 names its norms after the branches they follow). An HF name with no depthlab
+    counterpart is kept as it is, so that loading reports it."""
+    ours = {theirs: o for o, theirs in _block_names(cfg).items()}
+    out = {}
+    for key, v in hf_state.items():
+        if key.startswith("model.layers."):
+            i, rest = key.split(".", 3)[2:]
+            module, param = rest.rsplit(".", 1)
+            key = f"layers.{i}.{ours[module]}.{param}" if module in ours else key
+        elif key.startswith("model."):
+            key = key[len("model."):]
+        out[key] = v.detach().clone().contiguous()
+    return out

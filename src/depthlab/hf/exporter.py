@@ -4,8 +4,10 @@ The directory loads with `AutoModelForCausalLM.from_pretrained(dir)`: no depthla
 constant or per-channel gain folds exactly into a stock weight, so the exported model costs nothing extra:
 
     lns          Norm_g(x) / sqrt(l)     = Norm_{g / sqrt(l)}(x)        (norm weight)       -> LlamaForCausalLM
+                 W (x / sqrt(l)) + b     = (W / sqrt(l)) x + b          (OLMo-1: no norm weight, q/k/v, gate/up)
     layerscale   h + diag(lam) W_o y     = h + (diag(lam) W_o) y        (rows of o_proj / down_proj)  -> Llama
     skipinit     h + alpha W_o y         = h + (alpha W_o) y                                          -> Llama
+    (-> Llama: the family's own class, Llama / Qwen2 / OLMo / OLMo-2 for model.arch llama / qwen2 / olmo / olmo2)
     sandwich     a norm before and after each branch is Gemma-2's block                    -> Gemma2ForCausalLM
 
 The other schemes are refused, each with its reason (REFUSED): they put a norm or a residual add where no stock
@@ -26,8 +28,7 @@ import torch
 
 from depthlab import UserError
 from depthlab.data.tokenizer import EOT
-from depthlab.hf.convert import (hf_gemma2_config_dict, hf_llama_config_dict, to_hf_gemma2_state_dict,
-                                 to_hf_llama_state_dict)
+from depthlab.hf.convert import hf_config_dict, hf_gemma2_config_dict, to_hf_gemma2_state_dict, to_hf_state_dict
 from depthlab.model import Transformer
 from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL, SCHEMES, scheme_class
 
@@ -49,7 +50,7 @@ def hf_weights_and_config(model: Transformer) -> tuple[dict[str, torch.Tensor], 
                             "scales the input embedding by sqrt(dim) but not the LM head, so one shared matrix cannot "
                             "carry both")
         return to_hf_gemma2_state_dict(model), hf_gemma2_config_dict(cfg)
-    return to_hf_llama_state_dict(_fold_branch_gains(model)), hf_llama_config_dict(cfg)
+    return to_hf_state_dict(_fold_branch_gains(model)), hf_config_dict(cfg)
 
 
 @torch.no_grad()

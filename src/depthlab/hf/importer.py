@@ -1,12 +1,8 @@
-"""Start a depthlab Transformer from a Hugging Face Llama-family checkpoint (Llama, Mistral, Qwen2).
+"""Start a depthlab Transformer from a Hugging Face checkpoint of a family depthlab models (depthlab.model.arch):
+Llama and Mistral (model.arch=llama), Qwen2 (q/k/v biases included), OLMo-1, OLMo-2.
 
 With scheme="pre" the imported model's logits match the HF model's; then switch the scheme (scheme="lns") for
-continued pretraining with LayerNorm Scaling, as in the paper's Qwen2.5-0.5B experiment.
-
-Qwen2 puts biases on q/k/v. depthlab's model has none, and this package does not grow a second model class for
-them: a checkpoint whose biases are all zero (a freshly initialised Qwen2) imports exactly; one with nonzero
-biases (every released Qwen2 / Qwen2.5) is refused, and the refusal points to `apply_scheme`, which runs LNS on
-the HF Qwen2 model itself, biases included.
+continued pretraining with LayerNorm Scaling, as in the paper's Qwen2.5-0.5B and OLMo experiments.
 """
 
 from __future__ import annotations
@@ -15,11 +11,12 @@ import torch
 
 from depthlab import UserError
 from depthlab.config import Config, DataConfig, ModelConfig
-from depthlab.hf.convert import from_hf_llama_state_dict
+from depthlab.hf.convert import from_hf_state_dict
 from depthlab.model import Transformer
+from depthlab.model.arch import ARCHS
 from depthlab.model.validate import validate
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = {model_type: arch for arch in ARCHS.values() for model_type in arch.hf_model_types}  # HF -> ours
 MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k positions would cost memory for nothing
 
 
@@ -32,10 +29,11 @@ def _load(src):
 
 
 def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) -> ModelConfig:
-    """ModelConfig for a Llama-family HF config; UserError on anything our model computes differently."""
+    """ModelConfig for an HF config of a family we model; UserError on anything our model computes differently."""
     family = hf_cfg.model_type
     if family not in FAMILIES:
         raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}")
+    arch = FAMILIES[family]
     rope = getattr(hf_cfg, "rope_parameters", None) or {  # transformers 4.x kept these as separate fields
         "rope_type": (getattr(hf_cfg, "rope_scaling", None) or {}).get("rope_type", "default"),
         "rope_theta": getattr(hf_cfg, "rope_theta", 10000.0)}
@@ -48,6 +46,8 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) ->
         problems.append(f"RoPE scaling {rope.get('rope_type')!r} (ours is plain RoPE)")
     if getattr(hf_cfg, "mlp_bias", False):
         problems.append("MLP biases")
+    if getattr(hf_cfg, "attention_bias", False):
+        problems.append("attention biases (ours: on q/k/v for qwen2 only)")
     if problems:
         raise UserError(f"cannot import this {family} model: {'; '.join(problems)}")
     seq = max_seq_len or min(hf_cfg.max_position_embeddings, MAX_SEQ_LEN)
@@ -58,7 +58,8 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) ->
     return ModelConfig(
         vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
         n_heads=hf_cfg.num_attention_heads, n_kv_heads=hf_cfg.num_key_value_heads, ffn_dim=hf_cfg.intermediate_size,
-        max_seq_len=seq, rope_theta=float(rope.get("rope_theta", 10000.0)), norm_eps=hf_cfg.rms_norm_eps,
+        max_seq_len=seq, rope_theta=float(rope.get("rope_theta", 10000.0)), arch=arch.name,
+        norm_eps=arch.fixed_norm_eps or hf_cfg.rms_norm_eps, clip_qkv=getattr(hf_cfg, "clip_qkv", None),
         tie_embeddings=bool(hf_cfg.tie_word_embeddings), **overrides)
 
 
@@ -74,15 +75,10 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     hf = _load(src)
     mc = model_config_from_hf(hf.config, max_seq_len, norm_scheme=scheme, **model_overrides)
     state = hf.state_dict()
-    biased = [k for k, v in state.items() if k.endswith(".bias") and v.abs().max() > 0]
-    if biased:
-        raise UserError(f"cannot import: {hf.config.model_type} parameter {biased[0]} (and {len(biased) - 1} more) "
-                        "is a nonzero bias and depthlab's model has no biases; to train this model with LNS, patch it "
-                        "in place instead: depthlab.hf.apply_scheme(model, 'lns')")
     cfg = validate(Config(model=mc, data=DataConfig(seq_len=min(DataConfig.seq_len, mc.max_seq_len)),
                           preset=f"hf-import:{hf.config.model_type}"))
     model = Transformer(mc, init=False)
-    ours = from_hf_llama_state_dict(state, mc.n_layers)
+    ours = from_hf_state_dict(state, mc)
     if mc.tie_embeddings:
         ours.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(ours, strict=False)
@@ -90,7 +86,7 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     # parameters the scheme adds (LayerScale gains, GPAS gates, ...) keep the values their modules start with
     missing = [k for k in missing if k not in allowed_missing and not k.endswith(("_gain", ".gate", ".alpha"))]
     if missing or unexpected:
-        raise UserError(f"scheme {scheme!r} does not fit Llama's weights: missing {missing[:3]}, "
+        raise UserError(f"scheme {scheme!r} does not fit {mc.arch}'s weights: missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}")
     return model.float(), cfg
 

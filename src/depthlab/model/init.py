@@ -1,7 +1,8 @@
 """Weight initialisation, one function per method, chosen by name (`model.init`).
 
-Only Linear and Embedding weights are drawn here; norm weights start at 1 and each scheme's own parameters
-(LayerScale gains, SkipInit alphas, GPAS gates, DyT alphas) start at the values their modules set.
+Only Linear and Embedding weights are drawn here; biases (qwen2's q/k/v) start at 0, norm weights at 1, and each
+scheme's own parameters (LayerScale gains, SkipInit alphas, GPAS gates, DyT alphas) at the values their modules
+set.
 """
 
 from __future__ import annotations
@@ -85,3 +86,6 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     if warning:
         warnings.warn(warning, stacklevel=2)
     INITS[method](model, cfg)
+    for _, lin in _named_linears(model):
+        if lin.bias is not None:
+            nn.init.zeros_(lin.bias)

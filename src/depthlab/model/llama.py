@@ -1,4 +1,4 @@
-"""LLaMA building blocks: RMSNorm, DyT, RoPE, attention, SwiGLU MLP, the residual add and GPAS.
+"""LLaMA building blocks: RMSNorm, DyT, OLMo-1's LayerNorm, RoPE, attention, SwiGLU MLP, the residual add and GPAS.
 
 Architecture only: no training plumbing. The blocks of every normalization scheme are assembled from these
 parts in `schemes.py`. Numerics follow Hugging Face's Llama exactly (fp32 RMSNorm statistics, rotate-half RoPE)
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.config import ModelConfig
+from depthlab.model.arch import arch_of
 
 
 class RMSNorm(nn.Module):
@@ -33,6 +34,23 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.eps}" + (f", scale={self.scale:.4g}" if self.scale != 1.0 else "")
+
+
+class LayerNorm(nn.Module):
+    """OLMo-1's non-parametric LayerNorm: (x - mean) / sqrt(var + eps), no weight and no bias, statistics in fp32.
+    `scale` as in RMSNorm; with no weight to fold it into, export folds it into the linear layers reading the
+    output."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, scale: float = 1.0):
+        super().__init__()
+        self.dim, self.eps, self.scale = dim, eps, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.layer_norm(x.float(), (self.dim,), None, None, self.eps).to(x.dtype)
+        return out if self.scale == 1.0 else out * self.scale
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, no weight" + (f", scale={self.scale:.4g}" if self.scale != 1.0 else "")
 
 
 class DyT(nn.Module):
@@ -65,20 +83,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    """Causal self-attention with RoPE and grouped-query heads. What the families change (depthlab.model.arch):
+    biases on q, k, v (qwen2); RMSNorm on q and on k over all heads, before RoPE (olmo2's QK-norm); q, k, v
+    clamped to [-clip_qkv, clip_qkv] (olmo, when model.clip_qkv is set)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        arch = arch_of(cfg)
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
-        self.q_proj = nn.Linear(cfg.dim, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=False)
+        self.clip_qkv = cfg.clip_qkv
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(cfg.dim, q_dim, bias=arch.qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, kv_dim, bias=arch.qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, kv_dim, bias=arch.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.dim, bias=False)
+        qk_norm = arch.qk_norm
+        self.q_norm = RMSNorm(q_dim, cfg.norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(kv_dim, cfg.norm_eps) if qk_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q = self.q_norm(q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_norm(k).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)

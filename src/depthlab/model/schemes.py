@@ -10,8 +10,10 @@ Everything the rest of depthlab asks about a scheme is declared once, on its cla
     init_warnings           {init: why that pairing was measured worse}          model.init
     supports_gpas *         the GPAS add-on (model.gpas) may be used with it     validate
     hf_patchable *          hf.apply_scheme can patch it onto any HF decoder     hf.apply
-    hf_export *             the stock HF family it exports to ("llama",          hf.exporter, hf.convert
-                            "gemma2"), or None with hf_export_refusal, the reason in one line
+    hf_export *             the stock HF class it exports to ("family": the      hf.exporter, hf.convert
+                            family's own, e.g. Llama; "gemma2"), or None with hf_export_refusal, the reason
+    norms_after_branch      its norms sit on the branch outputs (reordered; the   the block
+                            olmo2 family sets it for every scheme it runs)
     branch_gains            attn_gain / mlp_gain multiply the branch outputs;    hf.exporter
                             export folds them into o_proj / down_proj
 
@@ -38,6 +40,11 @@ model's final norm before the LM head, unscaled.
     rezero              skipinit without the norm
     + gpas (pre, lns)   after each (+): x (1 - SiLU(a)) forward, x 1 backward; a: one per block (the default,
                         model.gpas_gate=per_block, as GPAS's reference) or one per add (per_add)
+
+Architecture families (model.arch: llama, qwen2, olmo, olmo2; depthlab.model.arch) change the parts, not the
+wiring: the norm (OLMo-1's LayerNorm without weight comes from make_norm), the attention (biases, QK-norm). The
+exception is olmo2, whose block puts its norms on the branch outputs; there the schemes that wire their own block
+are refused (family_refusal), and pre / lns / dyt run OLMo-2's block with their norms.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.config import ModelConfig
-from depthlab.model.llama import MLP, Attention, DyT, GPASGate, GPASResidual, Residual, RMSNorm
+from depthlab.model.arch import Arch, arch_of
+from depthlab.model.llama import MLP, Attention, DyT, GPASGate, GPASResidual, LayerNorm, Residual, RMSNorm
 
 SCHEMES: dict[str, type[PreLNBlock]] = {}
 _MUST_DECLARE = ("supports_gpas", "hf_patchable", "hf_export")
@@ -94,6 +102,20 @@ GPAS_EXPORT_REFUSAL = ("gpas scales the residual stream after every add (and RMS
 _REWIRED = "stock Llama and Gemma-2 blocks keep norms on the branches and a plain residual add"
 
 
+def family_refusal(cls: type[PreLNBlock], arch: Arch) -> str:
+    """Why scheme `cls` cannot run on family `arch`, or "" when it can. Only olmo2 fixes where its norms sit (on
+    the branch outputs, with QK-norm); a scheme that wires its own block would replace OLMo-2's block."""
+    def runs(c):
+        return not arch.norms_after_branch or (c.forward is PreLNBlock.forward and not c.norms_after_branch)
+
+    if runs(cls):
+        return ""
+    ok = [name for name, c in SCHEMES.items() if runs(c)]
+    what = (cls.__doc__ or "").split("\n")[0].rstrip(".")
+    return (f"model.arch={arch.name} fixes the block's wiring (h + Norm(F(h)), QK-norm), and scheme {cls.scheme!r} "
+            f"wires its own ({what}); with {arch.name} use {', '.join(ok)}")
+
+
 @register("pre")
 class PreLNBlock(nn.Module):
     """Pre-LN: h = h + Attn(Norm(h)); h = h + MLP(Norm(h)). Every other scheme is a small variant of it.
@@ -113,7 +135,8 @@ class PreLNBlock(nn.Module):
     hf_export_refusal: ClassVar[str] = ""
     supports_gpas: ClassVar[bool] = True
     hf_patchable: ClassVar[bool] = True
-    hf_export: ClassVar[str | None] = "llama"
+    hf_export: ClassVar[str | None] = "family"
+    norms_after_branch: ClassVar[bool] = False
 
     @classmethod
     def norm_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
@@ -126,13 +149,17 @@ class PreLNBlock(nn.Module):
 
     @classmethod
     def make_norm(cls, cfg: ModelConfig, scale: float = 1.0) -> nn.Module:
+        """The scheme's norm (DyT replaces it), else the family's: RMSNorm, or OLMo-1's LayerNorm (no weight)."""
         if cls.norm_cls is DyT:
             return DyT(cfg.dim, cfg.dyt_alpha_init, scale)
+        if arch_of(cfg).norm == "layernorm":
+            return LayerNorm(cfg.dim, cfg.norm_eps, scale)
         return RMSNorm(cfg.dim, cfg.norm_eps, scale)
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
+        self.output_norms = self.norms_after_branch or arch_of(cfg).norms_after_branch  # reordered, olmo2
         scale = self.norm_scale(cfg, layer_id)
         self.attn_norm = self.make_norm(cfg, scale)
         self.attn = Attention(cfg)
@@ -148,6 +175,9 @@ class PreLNBlock(nn.Module):
             self.attn_add, self.mlp_add = GPASResidual(alpha, self.gpas), GPASResidual(alpha, self.gpas)
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if self.output_norms:  # reordered, and the olmo2 family: h + Norm(F(h))
+            h = self.attn_add(h, self.attn_norm(self.attn(h, rope)))
+            return self.mlp_add(h, self.mlp_norm(self.mlp(h)))
         h = self.attn_add(h, self.attn(self.attn_norm(h), rope))
         h = self.mlp_add(h, self.mlp(self.mlp_norm(h)))
         return h
@@ -158,7 +188,8 @@ class LNSBlock(PreLNBlock):
     """LayerNorm Scaling (arXiv 2502.05795): Pre-LN with both norm outputs of block l scaled by l^(-p)."""
 
     supports_gpas = hf_patchable = True
-    hf_export = "llama"  # Norm_g(x) * s == Norm_{g * s}(x): the scale folds into the norm weight
+    hf_export = "family"  # Norm_g(x) * s == Norm_{g * s}(x): the scale folds into the norm weight (or, for a norm
+    # without one, into the layers reading its output: W (s x) + b == (s W) x + b)
     init_warnings = {"scaled": "lns with scaled init was measured worse than lns alone in the paper "
                                "(PPL 25.80 vs 25.76 at 130M, 20.79 vs 20.35 at 250M)"}
 
@@ -254,15 +285,11 @@ class PeriLNBlock(SandwichBlock):
 class ReorderedBlock(PreLNBlock):
     """OLMo-2 style: h = h + Norm(F(h)); the norms sit on the branch outputs."""
 
+    norms_after_branch = True  # PreLNBlock.forward wires it
     supports_gpas = hf_patchable = False
     hf_export = None
-    hf_export_refusal = (f"its norms sit on the branch outputs, not the inputs (OLMo-2's own layout also adds q/k "
-                         f"norms); {_REWIRED}")
-
-    def forward(self, h, rope):
-        h = self.attn_add(h, self.attn_norm(self.attn(h, rope)))
-        h = self.mlp_add(h, self.mlp_norm(self.mlp(h)))
-        return h
+    hf_export_refusal = (f"its norms sit on the branch outputs, not the inputs (OLMo-2's own block also adds q/k "
+                         f"norms: model.arch=olmo2 with scheme pre is that block); {_REWIRED}")
 
 
 @register("layerscale")
@@ -270,7 +297,7 @@ class LayerScaleBlock(PreLNBlock):
     """LayerScale: h = h + diag(lambda) F(Norm(h)), lambda learnable per channel."""
 
     supports_gpas = hf_patchable = False
-    hf_export = "llama"  # h + diag(lam) W_o y == h + (diag(lam) W_o) y
+    hf_export = "family"  # h + diag(lam) W_o y == h + (diag(lam) W_o) y
     branch_gains = True
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
@@ -289,7 +316,7 @@ class SkipInitBlock(PreLNBlock):
     """SkipInit: h = h + alpha F(Norm(h)), alpha a learnable scalar per branch."""
 
     supports_gpas = hf_patchable = False
-    hf_export = "llama"  # h + alpha W_o y == h + (alpha W_o) y
+    hf_export = "family"  # h + alpha W_o y == h + (alpha W_o) y
     branch_gains = True
 
     def __init__(self, cfg: ModelConfig, layer_id: int):

@@ -9,9 +9,10 @@ import math
 
 from depthlab import UserError
 from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig
+from depthlab.model.arch import arch_of
 from depthlab.model.init import INITS
 from depthlab.model.llama import GPAS_GATES
-from depthlab.model.schemes import gpas_schemes, scheme_class
+from depthlab.model.schemes import family_refusal, gpas_schemes, scheme_class
 
 
 def validate(cfg: Config) -> Config:
@@ -34,7 +35,13 @@ def _number(obj, section: str, name: str, ok, what: str) -> None:
 
 
 def _check_model(m: ModelConfig) -> None:
-    scheme = scheme_class(m.norm_scheme)
+    scheme, arch = scheme_class(m.norm_scheme), arch_of(m)
+    refusal = family_refusal(scheme, arch)
+    _require(not refusal, refusal)
+    _require(m.clip_qkv is None or arch.clip_qkv,
+             f"model.clip_qkv is OLMo-1's q/k/v clamp (model.arch=olmo), not {arch.name}'s")
+    _require(m.clip_qkv is None or (math.isfinite(m.clip_qkv) and m.clip_qkv > 0),
+             f"model.clip_qkv must be a positive number or null, got {m.clip_qkv}")
     _require(m.init == "auto" or m.init in INITS, f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
     _require(not m.gpas or scheme.supports_gpas,
              f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")

@@ -1,0 +1,173 @@
+"""Architecture families (model.arch): each family's model against transformers' own class in both directions,
+LNS on each family against its formula (docs/method.md section 2.1), the scheme x family refusals, the presets'
+sizes, and import -> continued pretraining with LNS -> export for every family."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from depthlab import UserError
+from depthlab.config import Config, DataConfig, preset
+from depthlab.hf import import_hf
+from depthlab.hf.convert import hf_config_dict, to_hf_state_dict
+from depthlab.model import SCHEMES, Transformer, lm_loss
+from depthlab.model.arch import ARCHS
+from depthlab.model.validate import validate
+from tests.conftest import tiny_model_config
+from tests.test_hf_fixtures import randomize_norms, tiny_hf, word_tokenizer
+
+transformers = pytest.importorskip("transformers")
+FAMILIES = list(ARCHS)
+HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
+            "olmo2": "Olmo2ForCausalLM"}
+
+
+def family_config(arch, **kw):
+    base = dict(arch=arch, n_kv_heads=2, norm_eps=1e-5 if arch == "olmo" else 1e-6)
+    return tiny_model_config(**{**base, **kw})
+
+
+def randomized(model):
+    """Norm weights in [0.5, 1.5] and biases in [-0.5, 0.5]: a wrong mapping, fold or bias cannot hide."""
+    randomize_norms(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+def hf_twin(model):
+    fields = {k: v for k, v in hf_config_dict(model.cfg).items() if k not in ("architectures", "torch_dtype")}
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**fields)).eval()
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if model.cfg.tie_embeddings else set())
+    return hf
+
+
+def max_diff(model, hf, T=17):
+    ids = torch.randint(0, model.cfg.vocab_size, (3, T))
+    with torch.no_grad():
+        return (model(ids) - hf(ids).logits).abs().max().item()
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("scheme,tie", [("pre", False), ("pre", True), ("lns", False)])
+def test_logits_match_the_familys_stock_class(arch, scheme, tie):
+    model = randomized(Transformer(family_config(arch, norm_scheme=scheme, tie_embeddings=tie)))
+    hf = hf_twin(model)
+    assert type(hf).__name__ == HF_CLASS[arch]
+    assert max_diff(model, hf) < 1e-5
+
+
+def test_olmo_clip_qkv_matches_transformers():
+    model = randomized(Transformer(family_config("olmo", clip_qkv=0.3, norm_scheme="lns")))
+    hf = hf_twin(model)
+    assert hf.config.clip_qkv == 0.3 and max_diff(model, hf) < 1e-5
+    assert max_diff(model, hf_twin(randomized(Transformer(family_config("olmo"))))) > 1e-2  # the clamp acts
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_import_matches_hf_logits_biases_included(arch, tmp_path):
+    kw = {"rms_norm_eps": 1e-6} if arch != "olmo" else {"clip_qkv": 0.5}
+    hf = tiny_hf(arch, tie_word_embeddings=arch == "qwen2", **kw)
+    with torch.no_grad():  # every released Qwen2 / Qwen2.5 has nonzero q/k/v biases
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+    hf.save_pretrained(tmp_path / "m")
+    model, cfg = import_hf(tmp_path / "m")
+    assert cfg.model.arch == arch and cfg.model.norm_scheme == "pre"
+    assert max_diff(model, hf, T=23) < 1e-5
+
+
+def rms(x, w, eps):
+    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def lns_reference(arch, blk, h, rope, s):
+    """Block l of `lns` written from docs/method.md section 2.1: every block norm's output times s = l^(-p)."""
+    attn, mlp, eps = (lambda x: blk.attn(x, rope)), blk.mlp, blk.attn_norm.eps
+    if arch == "olmo2":  # norms on the branch outputs: h + s * Norm(F(h))
+        h = h + s * rms(attn(h), blk.attn_norm.weight, eps)
+        return h + s * rms(mlp(h), blk.mlp_norm.weight, eps)
+    if arch == "olmo":  # LayerNorm without weight or bias
+        h = h + attn(s * F.layer_norm(h, (h.shape[-1],), eps=eps))
+        return h + mlp(s * F.layer_norm(h, (h.shape[-1],), eps=eps))
+    h = h + attn(s * rms(h, blk.attn_norm.weight, eps))
+    return h + mlp(s * rms(h, blk.mlp_norm.weight, eps))
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_lns_on_each_family_follows_its_formula(arch):
+    model = randomized(Transformer(family_config(arch, norm_scheme="lns", n_layers=5, lns_power=0.7)))
+    h = torch.randn(2, 9, model.cfg.dim)
+    rope = (model.rope_cos[:9], model.rope_sin[:9])
+    with torch.no_grad():
+        for l in (1, 4, 5):
+            blk = model.layers[l - 1]
+            assert torch.allclose(blk(h, rope), lns_reference(arch, blk, h, rope, l ** -0.7), atol=1e-5)
+        assert model.norm.scale == 1.0  # the final norm is never scaled
+    if arch == "olmo2":  # QK-norms are not block norms: unscaled
+        assert model.layers[4].attn.q_norm.scale == 1.0
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_every_scheme_runs_on_every_family_or_is_refused_in_one_line(arch, scheme):
+    cfg = Config(model=family_config(arch, norm_scheme=scheme), data=DataConfig(seq_len=16))
+    refused = arch == "olmo2" and scheme not in ("pre", "lns", "dyt")
+    if refused:
+        with pytest.raises(UserError, match=rf"model.arch=olmo2 .*{scheme!r}.*use pre, lns, dyt") as e:
+            validate(cfg)
+        assert "\n" not in str(e.value)
+        return
+    validate(cfg)
+    model = Transformer(cfg.model)
+    ids = torch.randint(0, 97, (2, 9))
+    lm_loss(model(ids[:, :-1]), ids[:, 1:]).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_clip_qkv_is_olmos_only():
+    with pytest.raises(UserError, match="clip_qkv.*olmo"):
+        validate(Config(model=family_config("qwen2", clip_qkv=8.0), data=DataConfig(seq_len=16)))
+
+
+@pytest.mark.parametrize("name,arch,published", [
+    ("qwen2.5-0.5b", "qwen2", 0.494e9), ("olmo-1b", "olmo", 1.177e9), ("olmo-7b", "olmo", 6.888e9),
+    ("olmo2-1b", "olmo2", 1.485e9)])
+def test_presets_have_the_published_sizes(name, arch, published):
+    cfg = validate(preset(name))
+    with torch.device("meta"):
+        n = Transformer(cfg.model, init=False).num_params()
+    assert cfg.model.arch == arch and abs(n / published - 1) < 0.01, n
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_import_continue_with_lns_and_export_for_every_family(arch, tmp_path):
+    from depthlab.cli import main
+    from depthlab.hf.exporter import hf_tokenizer
+    from depthlab.rundir import load_model
+
+    hf = tiny_hf(arch, tie_word_embeddings=arch == "qwen2", vocab_size=17)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(".bias"):
+                p.uniform_(-0.5, 0.5)
+    hf.save_pretrained(tmp_path / "hf")
+    hf_tokenizer(word_tokenizer()).save_pretrained(tmp_path / "hf")
+    text = tmp_path / "text.txt"
+    words = word_tokenizer().get_vocab()
+    text.write_text("\n".join(" ".join(sorted(words)[i % 10:] + ["the sky is blue"]) for i in range(300)))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "ckpt"), "--scheme", "lns"]) == 0
+    sets = ["--set", "data.seq_len=16", "--set", "train.batch_size=4", "--set", "train.eval_every=1000",
+            "--set", "train.monitor_every=0", "--set", "train.warmup_steps=1"]
+    assert main(["train", "--init-from", str(tmp_path / "ckpt"), "--data", str(text), "--max-steps", "5",
+                 "--run-dir", str(tmp_path / "run"), "--no-progress", *sets]) == 0
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    trained = load_model(tmp_path / "run", hf=False).model.eval()
+    assert trained.cfg.arch == arch and trained.cfg.norm_scheme == "lns"
+    stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert type(stock).__name__ == HF_CLASS[arch]
+    assert max_diff(trained, stock) < 1e-5
