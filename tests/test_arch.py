@@ -1,5 +1,5 @@
 """Architecture families (model.arch): each family's model against transformers' own class in both directions,
-LNS on each family against its formula (docs/method.md section 2.1), the scheme x family refusals, the presets'
+LNS on each family against its formula (docs/method.md section 2.4), the scheme x family refusals, the presets'
 sizes, and import -> continued pretraining with LNS -> export for every family."""
 
 import pytest
@@ -86,7 +86,7 @@ def rms(x, w, eps):
 
 
 def lns_reference(arch, blk, h, rope, s):
-    """Block l of `lns` written from docs/method.md section 2.1: every block norm's output times s = l^(-p)."""
+    """Block l of `lns` written from docs/method.md section 2.4: every block norm's output times s = l^(-p)."""
     attn, mlp, eps = (lambda x: blk.attn(x, rope)), blk.mlp, blk.attn_norm.eps
     if arch == "olmo2":  # norms on the branch outputs: h + s * Norm(F(h))
         h = h + s * rms(attn(h), blk.attn_norm.weight, eps)

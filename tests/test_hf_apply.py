@@ -13,6 +13,7 @@ BLOCK_NORMS = {
     "llama": ["input_layernorm", "post_attention_layernorm"],
     "mistral": ["input_layernorm", "post_attention_layernorm"],
     "qwen2": ["input_layernorm", "post_attention_layernorm"],
+    "olmo": ["input_layernorm", "post_attention_layernorm"],
     "olmo2": ["post_attention_layernorm", "post_feedforward_layernorm"],
 }
 
@@ -40,7 +41,7 @@ def test_blocks_and_norms_are_discovered_generically(family):
     assert [name for name, _ in block_norms(blocks[0])] == BLOCK_NORMS[family]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "olmo"])
 def test_lns_scales_each_block_norm_by_one_over_sqrt_l(family):
     model = tiny_hf(family)
     ids = torch.randint(0, 97, (2, 11))
@@ -52,6 +53,11 @@ def test_lns_scales_each_block_norm_by_one_over_sqrt_l(family):
     assert (got - want).abs().max() < 1e-5 and (got - before).abs().max() > 1e-3
     apply_scheme(model, "pre")  # back to the original function, and the record is gone
     assert (logits(model, ids) - before).abs().max() < 1e-6 and not hasattr(model.config, "depthlab_scheme")
+
+
+def test_olmo_norms_have_no_weight_and_are_pointed_to_import():
+    with pytest.raises(UserError, match="no weight to fold.*depthlab import"):
+        apply_scheme(tiny_hf("olmo"), "lns")
 
 
 def test_lns_power_is_a_parameter():

@@ -133,6 +133,11 @@ def _patch(model: nn.Module, layer_scales: list[float], weights_folded: bool) ->
     """Install the scale hooks; with weights_folded, first divide the scale out of the norm weights.
     The per-layer scales are recorded (not just the power): pruning keeps each kept layer's own scale."""
     scales = block_scales(model, layer_scales)
+    weightless = [name for name, norm, _ in scales if getattr(norm, "weight", None) is None]
+    if weightless:
+        raise UserError(f"cannot apply lns to {type(model).__name__}: norm {weightless[0]} has no weight to fold the "
+                        "scale into (OLMo-1's LayerNorm); import it instead, `depthlab import HF_DIR CKPT --scheme "
+                        "lns`, whose export folds the scale into the layers reading the norm")
     bad = [name for name, norm, _ in scales if not _foldable(norm)]
     if bad:
         raise UserError(f"cannot apply lns to {type(model).__name__}: norm {bad[0]} does not scale linearly with "

@@ -10,7 +10,7 @@
 Everything else (SwiGLU, rotate-half RoPE with model.rope_theta, GQA, tied or untied embeddings) is shared. The
 flags are read where they act: Attention (qkv_bias, qk_norm, clip_qkv), the norm factory PreLNBlock.make_norm
 (norm), PreLNBlock.forward (norms_after_branch). Which schemes combine with which family:
-depthlab.model.schemes.family_refusal (docs/method.md section 2.1).
+depthlab.model.schemes.family_refusal (docs/method.md section 2.4).
 """
 
 from __future__ import annotations
