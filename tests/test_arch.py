@@ -171,3 +171,12 @@ def test_import_continue_with_lns_and_export_for_every_family(arch, tmp_path):
     stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(stock).__name__ == HF_CLASS[arch]
     assert max_diff(trained, stock) < 1e-5
+
+
+def test_export_refusals_name_the_family():
+    from depthlab.hf.exporter import hf_weights_and_config
+
+    with pytest.raises(UserError, match="sandwich of model.arch=llama"):
+        hf_weights_and_config(Transformer(family_config("qwen2", norm_scheme="sandwich")))
+    with pytest.raises(UserError, match="OlmoForCausalLM fixes its norm's epsilon at 1e-05"):
+        hf_weights_and_config(Transformer(family_config("olmo", norm_eps=1e-6)))
