@@ -30,7 +30,9 @@ def test_export_loads_as_stock_llama_without_depthlab_and_matches_logits(tmp_pat
         ours = model(ids)
     assert info["class"] == "LlamaForCausalLM" and not info["depthlab_loaded"]
     assert (ours - theirs).abs().max() < 1e-5
-    assert info["encoded"] == word_tokenizer().encode("the sky is blue").ids
+    # the stock tokenizer puts the document separator in front, as the model saw it before every training document
+    tok = word_tokenizer()
+    assert info["encoded"] == [tok.token_to_id("<|endoftext|>")] + tok.encode("the sky is blue").ids
 
 
 @pytest.mark.parametrize("scheme", ["layerscale", "skipinit"])

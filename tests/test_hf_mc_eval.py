@@ -15,12 +15,12 @@ from tests.conftest import tiny_model_config
 from tests.test_hf_fixtures import make_checkpoint, word_tokenizer
 
 # Hand-checked on a model whose next-token distribution is uniform over V = 97 tokens: every token costs
-# ln 97, one word is one token, so a choice of k words scores -k ln 97 and its acc_norm score is that over the
-# bytes of " choice".
-#   q1  " red" (1 tok, 4 B) vs " yellow green" (2 tok, 13 B): acc picks red (-1L > -2L); acc_norm picks
-#       yellow green (-2L/13 = -0.154L > -L/4).  answer 0 -> acc right, acc_norm wrong
+# ln 97 = L, one word is one token, so a choice of k words scores -k L; acc_norm divides that by the choice's
+# characters (lm-eval's definition: the choice alone, without the joining space), acc_bytes by its UTF-8 bytes.
+#   q1  "red" (1 tok, 3 chars) vs "yellow green" (2 tok, 12 chars): acc picks red (-1L > -2L); acc_norm picks
+#       yellow green (-2L/12 = -L/6 > -L/3).  answer 0 -> acc right, acc_norm wrong
 #   q2  the same choices, answer 1       -> acc wrong, acc_norm right
-#   q3  " a b c" (3 tok, 6 B) vs " sky" (1 tok, 4 B): sky wins both (-L vs -3L; -L/4 vs -L/2); answer 1
+#   q3  "a b c" (3 tok, 5 chars) vs "sky" (1 tok, 3 chars): sky wins both (-L vs -3L; -L/3 vs -3L/5); answer 1
 TASK = [
     {"question": "what color is the sky", "choices": ["red", "yellow green"], "answer": 0},
     {"question": "what color is the grass", "choices": ["red", "yellow green"], "answer": 1},
@@ -47,7 +47,8 @@ def uniform_checkpoint(tmp_path):
 def test_hand_checked_task_on_a_uniform_model(uniform_checkpoint, tmp_path):
     res = evaluate_tasks(uniform_checkpoint, write_task(tmp_path / "t.jsonl"))
     L = math.log(97)
-    assert res["n"] == 3 and res["acc"] == pytest.approx(2 / 3) and res["acc_norm"] == pytest.approx(2 / 3)
+    assert res["n"] == 3 and res["acc"] == res["acc_norm"] == res["acc_bytes"] == pytest.approx(2 / 3)
+    assert [p["acc"] for p in res["picks"]] == [0, 0, 1] and [p["acc_norm"] for p in res["picks"]] == [1, 1, 1]
     assert res["scores"] == [pytest.approx([-L, -2 * L], rel=1e-5)] * 2 + [pytest.approx([-3 * L, -L], rel=1e-5)]
 
 

@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
-from depthlab.data.tokenizer import EOT
 from depthlab.hf.convert import hf_config_dict, hf_gemma2_config_dict, to_hf_gemma2_state_dict, to_hf_state_dict
 from depthlab.model import Transformer
 from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL, SCHEMES, scheme_class
@@ -68,11 +67,21 @@ def _fold_branch_gains(model: Transformer) -> Transformer:
 
 
 def hf_tokenizer(tok):
-    """Our `tokenizers.Tokenizer` as a transformers tokenizer; <|endoftext|> is both document start and end."""
+    """Our `tokenizers.Tokenizer` as a transformers tokenizer. The document separator (<|endoftext|>) is BOS and
+    EOS, and a post-processor puts it in front of every encoded text, as the model saw it before every training
+    document: transformers pipelines and lm-eval's `hf` backend then score the export as depthlab does."""
+    from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
-    special = {"bos_token": EOT, "eos_token": EOT} if tok.token_to_id(EOT) is not None else {}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
+    from depthlab.hf.mc_eval import start_token
+
+    sep = start_token(tok)
+    if sep is None:
+        return PreTrainedTokenizerFast(tokenizer_object=tok)
+    tok, name = Tokenizer.from_str(tok.to_str()), tok.id_to_token(sep)  # a copy: the caller's stays as it is
+    tok.post_processor = processors.TemplateProcessing(single=f"{name} $A", pair=f"{name} $A {name} $B:1",
+                                                       special_tokens=[(name, sep)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=name, eos_token=name)
 
 
 def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
@@ -110,6 +119,8 @@ def _write_hf_dir(out: Path, state: dict, fields: dict, loaded) -> None:
         # transformers 5 names the class TokenizersBackend, unknown to 4.x; both know PreTrainedTokenizerFast
         tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
         tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        if tok.bos_token is not None:  # what the post-processor does, for readers of the config
+            tok_cfg.update(add_bos_token=True, add_eos_token=False)
         (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     provenance = {"source": str(loaded.path), "scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.get("step"),
                   "architecture": architectures[0],

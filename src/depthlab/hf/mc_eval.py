@@ -1,15 +1,25 @@
-"""Zero-shot multiple choice by log-likelihood, on local JSONL task files, for depthlab checkpoints and HF models.
+"""Zero-shot multiple choice by log-likelihood, on local JSONL task files, for depthlab checkpoints and HF models,
+with lm-evaluation-harness's semantics (lm_eval 0.4: api/task.py, api/model.py, models/huggingface.py).
 
 Task format: one JSON object per line,
 
     {"question": "The capital of France is", "choices": ["Paris", "Rome", "Berlin"], "answer": 0}
 
-`answer` is the 0-based index of the correct choice. Each choice is scored as the summed log-probability of its
-tokens after the question, log P(" " + choice | question) (a space is inserted unless the question is empty or
-ends in whitespace, or the choice starts with it), with the tokenizer's start token in front (<|endoftext|> for
-depthlab models, BOS for HF models that have one). `acc` takes the highest sum; `acc_norm` the highest sum divided
-by the choice's length in UTF-8 bytes (lm-evaluation-harness's acc_norm), which removes the bias toward short
-choices. Ties go to the first choice.
+`answer` is the 0-based index of the correct choice. As lm-eval's `multiple_choice` output type does with
+`doc_to_text: question`, `doc_to_choice: choices`, `doc_to_target: answer`:
+
+- each choice is the request (context = question, continuation = " " + choice): the target delimiter " " is
+  always inserted, whatever whitespace the question ends or the choice starts with;
+- the context's trailing whitespace is moved to the front of the continuation, the pair is encoded as a whole
+  and split after the context's tokens (so the continuation's tokens are those of the joint text); an empty
+  question is replaced by the prefix token (BOS, or EOS where the tokenizer has no BOS);
+- texts are encoded with the start token: for depthlab checkpoints the document separator (<|endoftext|>), the
+  token that precedes every training document; a depthlab export's tokenizer adds the same through its
+  post-processor, so lm-eval's `hf` backend and transformers pipelines see it by default; any other HF tokenizer
+  adds what it adds by default (add_special_tokens=True), which is what lm-eval's `hf` backend does;
+- the score is the summed log-probability of the continuation's tokens, the input left-truncated to the context;
+- `acc`: argmax of the sums; `acc_norm`: argmax of sum / len(choice) in characters (the choice text alone, without
+  the delimiter); `acc_bytes`: argmax of sum / its UTF-8 bytes. Ties go to the first choice (numpy's argmax).
 """
 
 from __future__ import annotations
@@ -22,6 +32,9 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
+
+DELIMITER = " "  # lm-eval's default target_delimiter
+METRICS = ("acc", "acc_norm", "acc_bytes")
 
 
 @dataclass
@@ -64,27 +77,40 @@ class Scorer:
     """A causal LM reduced to what scoring needs."""
 
     logits: Callable[[torch.Tensor], torch.Tensor]  # (B, T) ids -> (B, T, V)
-    encode: Callable[[str], list[int]]
-    prefix: list[int]  # start token(s) put before every question
+    encode: Callable[[str, bool], list[int]]  # text, with the tokenizer's special tokens? -> ids
+    decode: Callable[[list[int]], str]
+    prefix_id: int | None  # the context of an empty question (lm-eval's prefix_token_id: BOS, else EOS)
+    eot_id: int | None  # end of text (ends generation)
     max_len: int
     device: torch.device
+
+
+def start_token(tok) -> int | None:
+    """The token a depthlab model sees before every document (the packer's separator, data.tokens.pack)."""
+    from depthlab.data.tokenizer import eot_id
+
+    try:
+        return eot_id(tok)
+    except UserError:
+        return None
 
 
 def scorer_for(loaded) -> Scorer:
     """A scorer for a model loaded by depthlab.rundir.load_model (a depthlab checkpoint or an HF model)."""
     device = next(loaded.model.parameters()).device
-    if loaded.cfg is not None:  # depthlab: our BPE, <|endoftext|> in front
-        from depthlab.data.tokenizer import EOT
-
+    if loaded.cfg is not None:  # depthlab: the document separator in front, as before every training document
         tok = loaded.fast_tokenizer()
-        eot = tok.token_to_id(EOT)
-        return Scorer(loaded.model.eval(), lambda s: tok.encode(s).ids, [] if eot is None else [eot],
-                      loaded.context, device)
-    tok = loaded.tokenizer
-    prefix = [] if tok.bos_token_id is None else [tok.bos_token_id]
-    model = loaded.model
-    return Scorer(lambda x: model(x).logits, lambda s: tok(s, add_special_tokens=False).input_ids, prefix,
-                  loaded.context, device)
+        eot = start_token(tok)
+        start = [] if eot is None else [eot]
+
+        def encode(s: str, special: bool = True) -> list[int]:
+            return (start if special else []) + tok.encode(s, add_special_tokens=False).ids
+
+        return Scorer(loaded.model.eval(), encode, tok.decode, eot, eot, loaded.context, device)
+    tok, model = loaded.tokenizer, loaded.model
+    prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return Scorer(lambda x: model(x).logits, lambda s, special=True: tok(s, add_special_tokens=special).input_ids,
+                  tok.decode, prefix, tok.eos_token_id, loaded.context, device)
 
 
 def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
@@ -95,50 +121,81 @@ def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
     return scorer_for(load_model(path, device=str(resolve_device(device))))
 
 
-def continuation(question: str, choice: str) -> str:
-    if not question or question[-1].isspace() or choice[0].isspace():
-        return choice
-    return " " + choice
+def encode_pair(scorer: Scorer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's TemplateLM.loglikelihood / _encode_pair for a causal model: (context ids, continuation ids)."""
+    if not context:
+        cont = scorer.encode(continuation, False)
+        if scorer.prefix_id is None:
+            raise UserError("cannot score an empty question: the tokenizer has no start or end token")
+        return (cont[:1], cont[1:]) if cont and cont[0] == scorer.prefix_id else ([scorer.prefix_id], cont)
+    n = len(context) - len(context.rstrip())
+    if n:
+        context, continuation = context[:-n], context[-n:] + continuation
+    whole = scorer.encode(context + continuation, True)
+    ctx = scorer.encode(context, True)
+    return ctx, whole[len(ctx):]
 
 
 @torch.no_grad()
-def choice_logprobs(scorer: Scorer, question: str, choices: list[str]) -> list[float]:
-    """Summed log-probability of each choice's tokens given the question, all choices in one padded batch."""
-    context = scorer.prefix + scorer.encode(question)
-    conts = [scorer.encode(continuation(question, c)) for c in choices]
-    seqs = []
-    for choice, cont in zip(choices, conts):
-        keep = scorer.max_len + 1 - len(cont)  # truncate the question from the left if needed
-        problem = ("empty question and the tokenizer has no start token" if not context else
-                   f"choice {choice!r} encodes to no tokens" if not cont else
-                   f"choice {choice[:40]!r} is longer than the model's context" if keep < 1 else None)
-        if problem:
-            raise UserError(f"cannot score question {question[:40]!r}: {problem}")
-        seqs.append(context[-keep:] + cont)
-    width = max(map(len, seqs)) - 1
-    x = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):  # right padding: causal attention never lets real tokens see it
-        x[i, :len(s) - 1] = torch.tensor(s[:-1])
+def score_pairs(scorer: Scorer, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    """(summed log-probability of the continuation, whether it is the greedy one) for each (context, continuation)
+    pair, in one right-padded batch; the input is left-truncated to the model's context as lm-eval does."""
+    inps = []
+    for ctx, cont in pairs:
+        if not ctx or not cont or len(cont) > scorer.max_len:
+            why = "no context tokens" if not ctx else "no tokens" if not cont else "more tokens than the context"
+            raise UserError(f"cannot score continuation {scorer.decode(cont)[:40]!r}: it has {why}")
+        inps.append((ctx + cont)[-(scorer.max_len + 1):][:-1])
+    x = torch.zeros(len(inps), max(map(len, inps)), dtype=torch.long)
+    for i, inp in enumerate(inps):  # right padding: causal attention never lets real tokens see it
+        x[i, :len(inp)] = torch.tensor(inp)
     logp = torch.log_softmax(scorer.logits(x.to(scorer.device)).float(), dim=-1).cpu()
     out = []
-    for i, (s, cont) in enumerate(zip(seqs, conts)):
-        pos = torch.arange(len(s) - 1 - len(cont), len(s) - 1)  # the positions that predict the choice's tokens
-        out.append(logp[i, pos, torch.tensor(cont)].sum().item())
+    for i, (inp, (_, cont)) in enumerate(zip(inps, pairs)):
+        rows = logp[i, len(inp) - len(cont):len(inp)]  # the positions that predict the continuation's tokens
+        target = torch.tensor(cont)
+        out.append((rows[torch.arange(len(cont)), target].sum().item(), bool((rows.argmax(-1) == target).all())))
     return out
 
 
+def requests(question: str, choices: list[str]) -> list[tuple[str, str]]:
+    """lm-eval's (context, continuation) requests of a zero-shot question."""
+    return [(question, DELIMITER + c) for c in choices]
+
+
+def choice_logprobs(scorer: Scorer, question: str, choices: list[str]) -> list[float]:
+    """Summed log-probability of each choice's tokens given the question, all choices in one padded batch."""
+    pairs = []
+    for context, cont in requests(question, choices):
+        try:
+            pairs.append(encode_pair(scorer, context, cont))
+        except UserError as e:
+            raise UserError(f"cannot score question {question[:40]!r}: {e}") from None
+    for choice, (_, cont) in zip(choices, pairs):
+        if not cont:
+            raise UserError(f"cannot score question {question[:40]!r}: choice {choice!r} encodes to no tokens")
+    return [ll for ll, _ in score_pairs(scorer, pairs)]
+
+
+def argmax(xs: list[float]) -> int:
+    return max(range(len(xs)), key=xs.__getitem__)  # the first of equal maxima, as numpy.argmax
+
+
+def picks(lls: list[float], choices: list[str]) -> dict[str, int]:
+    """The choice each metric picks: acc (sum), acc_norm (sum / characters), acc_bytes (sum / UTF-8 bytes)."""
+    return {"acc": argmax(lls), "acc_norm": argmax([s / float(len(c)) for s, c in zip(lls, choices)]),
+            "acc_bytes": argmax([s / float(len(c.encode("utf-8"))) for s, c in zip(lls, choices)])}
+
+
 def evaluate_tasks(model: str | Path | Scorer, tasks: str | Path, device: str = "auto") -> dict:
-    """{'n', 'acc', 'acc_norm', 'scores'}: accuracy and byte-length-normalised accuracy over the task file."""
+    """{'n', 'acc', 'acc_norm', 'acc_bytes', 'scores', 'picks'} over the task file: the metrics, each question's
+    per-choice log-likelihoods and each metric's pick."""
     scorer = model if isinstance(model, Scorer) else load_scorer(model, device)
     questions = read_tasks(tasks)
-    hits = hits_norm = 0
-    scores = []
+    scores, chosen = [], []
     for q in questions:
-        lp = choice_logprobs(scorer, q.question, q.choices)
-        lengths = [len(continuation(q.question, c).encode()) for c in q.choices]
-        norm = [s / n for s, n in zip(lp, lengths)]
-        hits += max(range(len(lp)), key=lp.__getitem__) == q.answer
-        hits_norm += max(range(len(norm)), key=norm.__getitem__) == q.answer
-        scores.append(lp)
+        scores.append(choice_logprobs(scorer, q.question, q.choices))
+        chosen.append(picks(scores[-1], q.choices))
     n = len(questions)
-    return {"n": n, "acc": hits / n, "acc_norm": hits_norm / n, "scores": scores}
+    metrics = {m: sum(p[m] == q.answer for p, q in zip(chosen, questions)) / n for m in METRICS}
+    return {"n": n, **metrics, "scores": scores, "picks": chosen}
