@@ -1,9 +1,12 @@
-"""`depthlab export`, `prune` and `import` (the `--tasks` option of `depthlab eval` dispatches to mc_eval)."""
+"""`depthlab export`, `prune` and `import`, and `depthlab eval --harness` (lm-evaluation-harness through
+depthlab.hf.harness; the option is added to the eval command here, with the optional dependency it needs).
+The `--tasks` option of `depthlab eval` dispatches to mc_eval."""
 
 from __future__ import annotations
 
 import json
 
+from depthlab import UserError
 from depthlab.rundir import CONFIG, quiet_transformers
 
 OVERWRITE = "replace OUT_DIR even if it is not this command's own kind of output (another run, other files)"
@@ -36,7 +39,40 @@ def cmd_import(args) -> None:
     print(f"imported {args.model} as a depthlab checkpoint (scheme {args.scheme}): {out}")
 
 
+def cmd_harness(args) -> None:
+    import importlib.util
+
+    from depthlab.rundir import load_model
+    from depthlab.train.trainer import resolve_device
+
+    if args.tasks or args.data:
+        raise UserError("--harness runs lm-evaluation-harness tasks; it does not combine with --tasks or --data")
+    if importlib.util.find_spec("lm_eval") is None:
+        raise UserError("--harness needs lm-evaluation-harness: pip install 'depthlab[eval]' (lm-eval, accelerate)")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    from lm_eval.utils import make_table
+
+    from depthlab.hf.harness import run_harness
+    from depthlab.hf.mc_eval import scorer_for
+
+    loaded = load_model(args.checkpoint, device=str(resolve_device(args.device, "--device")))
+    print(make_table(run_harness(scorer_for(loaded), args.harness, batch_size=args.batch_size)))
+
+
+def add_harness_option(sub) -> None:
+    """`depthlab eval --harness TASK...`: the eval command runs lm-eval's tasks instead when it is given."""
+    e = sub.choices["eval"]
+    e.add_argument("--harness", nargs="+", metavar="TASK", help="run lm-evaluation-harness tasks on the model "
+                   "through depthlab's adapter (any scheme): lm-eval task names, YAML task files or folders of them "
+                   "(needs depthlab[eval]; docs/hf.md)")
+    plain = e.get_default("func")
+    e.set_defaults(func=lambda args: cmd_harness(args) if args.harness else plain(args))
+
+
 def add_commands(sub) -> None:
+    if "eval" in sub.choices:
+        add_harness_option(sub)
     e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
                        description="Write config.json, model.safetensors and tokenizer files that "
                        "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: a Llama for pre, "
