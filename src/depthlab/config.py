@@ -96,6 +96,7 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard)
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False
+    loss_chunk: int = 1024  # tokens per chunk of the LM head + cross-entropy (never the full logits); 0: unchunked
     peak_flops: float = 0.0  # for MFU; 0: a table for known GPUs, a measured matmul peak on CPU
     tensorboard: bool = False
     wandb: bool = False

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from depthlab.config import ModelConfig
+from depthlab.config import ModelConfig, TrainConfig
 from depthlab.model.init import init_weights
 from depthlab.model.llama import rope_cache
+from depthlab.model.loss import linear_cross_entropy, lm_loss
 from depthlab.model.schemes import build_block, scheme_class
 
 
@@ -30,9 +30,12 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, idx: torch.Tensor, return_hidden: bool = False):
+    def forward(self, idx: torch.Tensor, return_hidden: bool = False, *, targets: torch.Tensor | None = None,
+                loss_chunk: int = TrainConfig.loss_chunk, reduction: str = "mean"):
         """idx: (B, T) token ids -> logits (B, T, V). With return_hidden, also the residual stream before each
-        block and after the last one (N + 1 tensors, none of them final-normed)."""
+        block and after the last one (N + 1 tensors, none of them final-normed). With targets (B, T), the fp32
+        cross-entropy instead of the logits, computed `loss_chunk` tokens at a time without ever holding the
+        full logits (depthlab.model.loss; 0: through the full logits, as lm_loss)."""
         T = idx.shape[1]
         rope = (self.rope_cos[:T], self.rope_sin[:T])
         h = self.embed_norm(self.embed_tokens(idx))
@@ -41,13 +44,24 @@ class Transformer(nn.Module):
             h = layer(h, rope)
             if return_hidden:
                 hidden.append(h)
-        logits = self.lm_head(self.norm(h))
-        return (logits, hidden) if return_hidden else logits
+        if targets is not None:
+            out = linear_cross_entropy(self.norm(h), self.lm_head.weight, targets, loss_chunk, reduction)
+        else:
+            out = self.lm_head(self.norm(h))
+        return (out, hidden) if return_hidden else out
 
     def num_params(self, embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n if embeddings else n - self.embed_tokens.weight.numel()
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction=reduction)
+
+def loss_of(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean",
+            loss_chunk: int = TrainConfig.loss_chunk) -> torch.Tensor:
+    """The fp32 LM loss of any module from token ids to logits. A depthlab Transformer (also under DDP or
+    torch.compile) computes it by chunks without the full logits; any other module through its logits."""
+    inner = getattr(model, "module", model)  # DDP, also through torch.compile's wrapper (it forwards attributes)
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile of an unwrapped model
+    if isinstance(inner, Transformer):
+        return model(idx, targets=targets, loss_chunk=loss_chunk, reduction=reduction)
+    return lm_loss(model(idx), targets, reduction)

@@ -79,6 +79,7 @@ def _check_train(t: TrainConfig) -> None:
         _number(t, "train", name, lambda v: 0 <= v < 1, "in [0, 1)")
     for name in ("weight_decay", "grad_clip", "peak_flops"):
         _number(t, "train", name, lambda v: v >= 0, "a number >= 0")
+    _require(t.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: unchunked), got {t.loss_chunk}")
     _require(t.threads >= 0, f"train.threads must be >= 0 (0: PyTorch's default), got {t.threads}")
     _require(0 <= t.seed < 2**32, f"train.seed must be in 0..2**32-1, got {t.seed}")
     _require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")

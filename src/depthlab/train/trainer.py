@@ -30,7 +30,7 @@ from depthlab import UserError, __version__
 from depthlab.config import Config
 from depthlab.data.dataset import PackedSampler, TokenData, build_token_data, eval_batches
 from depthlab.data.tokenizer import load_tokenizer
-from depthlab.model import Transformer, lm_loss
+from depthlab.model import Transformer, loss_of
 from depthlab.model.validate import validate
 from depthlab.rundir import (
     CHECKPOINTS,
@@ -118,8 +118,7 @@ def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_siz
         if b % env.world_size != env.rank:
             continue
         with autocast(device, dtype):
-            logits = model(x.to(device))
-        total += lm_loss(logits, y.to(device), reduction="sum").item()
+            total += loss_of(model, x.to(device), y.to(device), reduction="sum").item()
         count += y.numel()
         mine += 1
     n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
@@ -452,7 +451,7 @@ class Trainer:
         for micro in range(tc.grad_accum):
             x, y = (t.to(self.device) for t in self.sampler.next_batch())
             with D.grad_sync(self.model, micro == tc.grad_accum - 1), autocast(self.device, tc.dtype):
-                loss = lm_loss(self.model(x), y) / tc.grad_accum
+                loss = self.model(x, targets=y, loss_chunk=tc.loss_chunk) / tc.grad_accum
             loss.backward()
             loss_sum += loss.item()
         for cb in self.callbacks:

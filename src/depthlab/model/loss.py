@@ -1,0 +1,100 @@
+"""The language-model loss, with and without the full logits.
+
+`lm_loss(logits, targets)` is the cross-entropy of logits a model returned, in fp32 (the logits are upcast).
+
+`linear_cross_entropy(h, weight, targets, chunk)` is the same loss of `logits = h @ weight.T` that never holds
+the (tokens x vocab) logits: it runs the LM head and the cross-entropy `chunk` tokens at a time and, in the same
+pass, turns each chunk's logit gradient (softmax - one-hot) into its share of dL/dh and dL/dweight, then frees
+it -- the approach of Liger-Kernel's fused linear cross-entropy, in plain PyTorch. The FLOPs are those of the
+unchunked head (nothing is recomputed in backward); the memory for logits is one chunk's (chunk x vocab) fp32
+instead of several (batch x seq x vocab) tensors (logits, their fp32 copy, log-softmax, and their gradients).
+Numerics follow `lm_loss(F.linear(h, weight), targets)`: the head's matmuls run in the autocast dtype when
+autocast is on, the softmax and the loss in fp32; targets equal to -100 are ignored, as F.cross_entropy does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+IGNORE_INDEX = -100
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), reduction=reduction)
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024,
+                         reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of `h @ weight.T` (h: (..., D), weight: (V, D), targets: h's shape without D), `chunk`
+    tokens at a time; chunk 0 (or a chunk covering every token) computes the full logits as `lm_loss` does."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be mean or sum, got {reduction!r}")
+    h, targets = h.flatten(0, -2), targets.flatten()
+    if chunk <= 0 or chunk >= len(h):
+        return lm_loss(F.linear(h, weight), targets, reduction)
+    device = h.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(h, weight, targets, chunk, dtype, reduction)
+    with torch.autocast(device, enabled=False):
+        w = weight.to(dtype)
+        total = sum(_chunk_loss(h[i:i + chunk].to(dtype) @ w.t(), targets[i:i + chunk])[0]
+                    for i in range(0, len(h), chunk))
+    return total / _count(targets) if reduction == "mean" else total
+
+
+def _count(targets: torch.Tensor) -> torch.Tensor:
+    return (targets != IGNORE_INDEX).sum()
+
+
+def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(summed loss, fp32 logits, log-sum-exp per row) of one chunk; ignored rows add nothing."""
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    valid = targets != IGNORE_INDEX
+    picked = z.gather(1, targets.clamp_min(0)[:, None]).squeeze(1)
+    return torch.where(valid, lse - picked, 0.0).sum(), z, lse
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Forward computes the loss and both gradients chunk by chunk; backward only scales them."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk: int, dtype: torch.dtype, reduction: str):
+        scale = 1.0 / _count(targets).clamp_min(1) if reduction == "mean" else torch.ones((), device=h.device)
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        with torch.autocast(h.device.type, enabled=False):
+            w = weight.to(dtype)
+            for i in range(0, len(h), chunk):
+                hc, tc = h[i:i + chunk].to(dtype), targets[i:i + chunk]
+                loss, z, lse = _chunk_loss(hc @ w.t(), tc)
+                total += loss
+                # dL/dz = (softmax(z) - onehot(target)) * scale, formed in place in z's fp32 buffer
+                z.sub_(lse[:, None]).exp_()
+                valid = (tc != IGNORE_INDEX).to(z.dtype)
+                z.scatter_add_(1, tc.clamp_min(0)[:, None], -valid[:, None])
+                g = z.mul_((valid * scale)[:, None]).to(dtype)
+                if grad_h is not None:
+                    grad_h[i:i + chunk] = g @ w
+                if grad_w is not None and g.dtype == grad_w.dtype:
+                    grad_w.addmm_(g.t(), hc)
+                elif grad_w is not None:  # bf16 products, summed over chunks in the weight's fp32
+                    grad_w.add_(g.t() @ hc)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.used = False
+        return total * scale
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        if ctx.used:
+            raise RuntimeError("linear_cross_entropy: backward can run once per forward (its gradients are "
+                               "scaled in place)")
+        ctx.used = True
+        grad_h, grad_w = ctx.saved_tensors
+        grads = [g.mul_(grad_out.to(g.dtype)) if g is not None else None for g in (grad_h, grad_w)]
+        return *grads, None, None, None, None
