@@ -102,7 +102,7 @@ def test_lm_eval_hf_backend_on_the_export_agrees_with_depthlab_question_by_quest
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=str(trained.yaml.parent))
+    manager = TaskManager(include_path=str(trained.yaml.parent), include_defaults=False)
     theirs = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(trained.hf), "dtype": "float32"},
                                      tasks=["depthlab_mc"], task_manager=manager, device="cpu", batch_size=4,
                                      bootstrap_iters=0)
@@ -149,3 +149,14 @@ def test_greedy_generation_stops_at_until(trained):
     assert free
     (cut,) = lm.generate_until([SimpleNamespace(args=("the quick brown", {"until": [free[-1]], "max_gen_toks": 8}))])
     assert free.startswith(cut) and len(cut) < len(free)
+
+
+def test_harness_input_errors_are_one_line(tmp_path, capsys):
+    make_checkpoint(tmp_path / "ckpt", "lns")
+    (tmp_path / "empty").mkdir()
+    for args, msg in [(["--harness", str(tmp_path / "missing.yaml")], "missing.yaml does not exist"),
+                      (["--harness", str(tmp_path / "empty")], "no lm-eval task definition"),
+                      (["--harness", "x", "--tasks", "t.jsonl"], "does not combine with --tasks")]:
+        assert main(["eval", str(tmp_path / "ckpt"), *args, "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("depthlab: error:") and msg in err and err.count("\n") == 1, err

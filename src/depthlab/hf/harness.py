@@ -96,7 +96,7 @@ def task_names_and_paths(items: list[str]) -> tuple[list[str], list[str]]:
     names, include = [], []
     for item in items:
         p = Path(item)
-        if p.is_dir() or p.suffix in (".yaml", ".yml"):
+        if _is_task_path(p):
             if not p.exists():
                 raise UserError(f"task file {p} does not exist")
             files = sorted(p.glob("*.y*ml")) if p.is_dir() else [p]
@@ -108,6 +108,10 @@ def task_names_and_paths(items: list[str]) -> tuple[list[str], list[str]]:
         else:
             names.append(item)
     return names, include
+
+
+def _is_task_path(p: Path) -> bool:
+    return p.is_dir() or p.suffix in (".yaml", ".yml")
 
 
 def _yaml_task_names(path: Path) -> list[str]:
@@ -128,7 +132,8 @@ def run_harness(scorer: Scorer, items: list[str], batch_size: int = 16, limit: i
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local dataset files: never wait for a hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     names, include = task_names_and_paths(items)
-    manager = TaskManager(include_path=include or None)
+    local = len(names) - sum(1 for i in items if not _is_task_path(Path(i)))  # lm-eval's own tasks only if named
+    manager = TaskManager(include_path=include or None, include_defaults=local < len(names))
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         raise UserError(f"lm-eval does not know task(s) {', '.join(unknown)}; give a task name, a YAML task file or "
