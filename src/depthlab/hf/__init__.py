@@ -7,8 +7,9 @@ multiple-choice evaluation.
     blocks.py     find an HF model's decoder blocks and their norms without knowing its family
     apply.py      apply_scheme / load_pretrained: LNS on an HF model, saved with the scale folded
     pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`)
-    mc_eval.py    zero-shot multiple choice by log-likelihood (`depthlab eval --tasks`)
-    cli.py        `depthlab export | prune | import`
+    mc_eval.py    zero-shot multiple choice by log-likelihood, lm-evaluation-harness's semantics (`eval --tasks`)
+    harness.py    lm-evaluation-harness itself on any depthlab model, an lm_eval LM adapter (`eval --harness`)
+    cli.py        `depthlab export | prune | import`, `eval --harness`
 
 The public names load on first use, so that `depthlab --help` (which imports depthlab.hf.cli) stays fast.
 """
