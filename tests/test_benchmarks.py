@@ -75,12 +75,6 @@ def test_lns_cost_export_is_stock_llama_with_lns_logits(monkeypatch):
     assert 0 < t["scale_ops"]["share_of_pre_step"] < 1
 
 
-def test_angular_distance_known_values():
-    a = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 1e-9]])
-    b = torch.tensor([[0.0, 2.0], [3.0, 0.0], [-1.0, 0.0], [1.0, 0.0]])
-    assert reproduce.angular_distance(a, b).tolist() == pytest.approx([0.5, 0.0, 1.0, 0.0], abs=1e-6)
-
-
 def test_probe_identity_block_costs_nothing():
     """A block whose output projections are zero is the identity: removing it costs exactly 0, its input and
     output are at angular distance 0, and the other blocks' removal costs are not all 0."""
