@@ -150,8 +150,9 @@ def make_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a LLaMA-style model (no arguments: the CPU demo)", epilog=EPILOG,
                        description="Train a LLaMA-style model under a normalization scheme. With no arguments: "
                        "the cpu-tiny preset with LNS on the built-in corpus, a few minutes on 2 CPU cores.")
-    t.add_argument("--preset", default="cpu-tiny", help="cpu-tiny (default), llama-71m, llama-130m, llama-250m, "
-                   "llama-350m, llama-1b")
+    from depthlab.config import PRESETS
+
+    t.add_argument("--preset", default="cpu-tiny", help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
     t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
     t.add_argument("--data", nargs="+", metavar="PATH", help="a prepared directory (`depthlab data prepare`), or "
