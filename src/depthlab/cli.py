@@ -119,6 +119,41 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}")
 
 
+def cmd_finetune(args) -> None:
+    from depthlab.train.finetune import finetune, finetune_config
+
+    if args.resume == "auto" and not args.run_dir:
+        raise UserError("--resume auto needs --run-dir (the run directory to continue)")
+    overrides = args.set + ([f"train.out_dir={args.out}"] if args.out else [])
+    cfg, ckpt = finetune_config(args.model, args.data, args.seq_len, overrides)
+    result = finetune(cfg, ckpt, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress,
+                      overwrite=args.overwrite)
+    print(f"run directory: {result.run_dir}")
+    print(f"checkpoint:    {result.checkpoint}")
+    print(f"final validation loss (response tokens) {result.val_loss:.4f} ({result.steps} steps, "
+          f"{result.wall_s:.0f} s)")
+
+
+def add_finetune(sub) -> None:
+    f = sub.add_parser("finetune", help="supervised fine-tuning on Commonsense170K-format instruction data",
+                       epilog=EPILOG, description="Full fine-tuning of a depthlab checkpoint (a run, an import of an "
+                       "HF model or of an export: `depthlab import`) on instruction / input / output records, in "
+                       "LLM-Adapters' prompt template, with the loss on the response tokens only (docs/downstream.md).")
+    f.add_argument("model", metavar="MODEL", help="a depthlab checkpoint or run directory")
+    f.add_argument("--data", required=True, metavar="FILE", help="a JSON array or JSON lines of records with "
+                   "instruction, input, output (commonsense_170k.json)")
+    f.add_argument("--seq-len", type=int, help="tokens per example, longer ones truncated (default: 256, at most "
+                   "the model's context)")
+    f.add_argument("--out", help="parent directory for a new run directory (same as --set train.out_dir=...)")
+    f.add_argument("--run-dir", help="use exactly this run directory (with --resume auto: continue it)")
+    f.add_argument("--resume", metavar="auto|PATH", help="auto: the newest valid checkpoint in --run-dir")
+    f.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field, e.g. "
+                   "train.lr=1e-4 train.max_steps=1000 (defaults: lr 3e-4, 200 steps)")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    f.set_defaults(func=cmd_finetune)
+
+
 def cmd_schemes(args) -> None:
     from depthlab.model.schemes import SCHEMES
 
@@ -190,6 +225,7 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto")
     e.set_defaults(func=cmd_eval)
 
+    add_finetune(sub)
     s = sub.add_parser("schemes", help="list the normalization schemes")
     s.set_defaults(func=cmd_schemes)
 

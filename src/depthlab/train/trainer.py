@@ -315,14 +315,25 @@ class Trainer:
         self.layers = self.module.layers
         self.opt = make_optimizer(self.model, tc)
         self.sched = make_scheduler(self.opt, tc)
-        self.sampler = PackedSampler(self.data.train, cfg.data.seq_len, tc.batch_size, tc.seed, self.env.rank,
-                                     self.env.world_size)
+        self.sampler = self.make_sampler()
         self.step, self.skipped, self.last_ckpt, self.verdicts = 0, 0, None, {}
         self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
                      "n_params": self.module.num_params(), "train_tokens": int(len(self.data.train)),
                      "val_tokens": int(len(self.data.val)), "world_size": self.env.world_size}
         if ckpt:
             self._restore(ckpt)
+
+    def make_sampler(self):
+        """The training batches (a subclass's data hook: fine-tuning's padded examples)."""
+        tc = self.cfg.train
+        return PackedSampler(self.data.train, self.cfg.data.seq_len, tc.batch_size, tc.seed, self.env.rank,
+                             self.env.world_size)
+
+    def validation(self) -> dict:
+        """{'val_loss', 'val_ppl', 'val_tokens'} on the held-out data (a subclass's data hook)."""
+        tc = self.cfg.train
+        return evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
+                        self.env)
 
     def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
         """Find the run directory and the checkpoint to resume (None: a fresh start); on rank 0, lock the
@@ -506,8 +517,7 @@ class Trainer:
         if log:
             log.close()
         if not val:  # resumed a finished run
-            val = evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
-                           self.env)
+            val = self.validation()
         return RunResult(self.run_dir, self.last_ckpt, val["val_loss"], val["val_ppl"], self.step, time.time() - t0)
 
     def _finite(self, loss: float, grad_norm: float) -> bool:
@@ -536,8 +546,7 @@ class Trainer:
             bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.2e} {record['tokens_per_s']:,.0f} tok/s "
                                 f"mfu {record['mfu']:.1%}", refresh=False)
         if step % tc.eval_every == 0 or step == tc.max_steps:
-            val = evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
-                           self.env)
+            val = self.validation()
             record = {**(record or {"step": step, "loss": loss, "lr": lr}), **val}
         if record:
             for cb in self.callbacks:

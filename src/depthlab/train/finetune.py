@@ -1,0 +1,237 @@
+"""Supervised fine-tuning on instruction data in Commonsense170K's format, with the pretraining trainer.
+
+Records: `{"instruction", "input", "output", "answer"}` (LLM-Adapters' `commonsense_170k.json`), as one JSON
+array or as JSON lines. Each record becomes one example, in the prompt template of LLM-Adapters' `finetune.py`
+(`generate_prompt`, the Alpaca template with that code's literal indentation, kept byte for byte so a model
+fine-tuned here answers prompts built by LLM-Adapters' `commonsense_evaluate.py` and vice versa):
+
+    [start token] + encode(prompt) + encode(output) + [end of text]
+
+The prompt and the response are encoded separately and joined, so the boundary is exact; the targets are -100
+on the prompt's tokens (no loss there: LLM-Adapters' `train_on_inputs=False`) and on padding. Examples are
+padded, not packed: each is one row of seq_len + 1 tokens, right-padded (causal attention never lets a real
+token see the padding), longer ones truncated at the end (LLM-Adapters' `cutoff_len`); an example whose
+response does not fit at all is dropped with a warning. The training loop is depthlab's `Trainer` with two data
+hooks (the sampler and the validation loss): exact resume, atomic checkpoints, metrics.jsonl, progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from depthlab import UserError
+from depthlab.data.dataset import PackedSampler, TokenData
+from depthlab.data.tokenizer import eot_id
+from depthlab.model import loss_of
+from depthlab.train import distributed as D
+from depthlab.train.trainer import Trainer, autocast
+
+IGNORE = -100
+FIELDS = ("instruction", "input", "output")
+PROMPT_WITH_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request. \n\n"
+    "                ### Instruction:\n                {instruction}\n                \n"
+    "                ### Input:\n                {input}\n                \n"
+    "                ### Response:\n                ")
+PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.  \n\n"
+    "                ### Instruction:\n                {instruction}\n                \n"
+    "                ### Response:\n                ")
+
+
+def prompt_of(instruction: str, input: str = "") -> str:
+    """LLM-Adapters' generate_prompt without the output: what the response follows."""
+    if input:
+        return PROMPT_WITH_INPUT.format(instruction=instruction, input=input)
+    return PROMPT_NO_INPUT.format(instruction=instruction)
+
+
+def _objects(text: str, path: Path):
+    """(line number, object) for each record of a JSON array or of JSON lines."""
+    dec = json.JSONDecoder()
+    body = text.lstrip()
+    if not body.startswith("["):
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    yield n, json.loads(line)
+                except ValueError as e:
+                    raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
+        return
+    pos = text.index("[") + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] == "]":
+            return
+        line = text.count("\n", 0, pos) + 1
+        try:
+            obj, pos = dec.raw_decode(text, pos)
+        except ValueError as e:
+            raise UserError(f"{path}:{text.count(chr(10), 0, e.pos) + 1}: not JSON ({e.msg})") from None
+        yield line, obj
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of an instruction file; a malformed one is one error line naming its line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read instruction file {path}: {e}") from None
+    out = []
+    for n, rec in _objects(text, path):
+        if not isinstance(rec, dict):
+            raise UserError(f"{path}:{n}: expected an object with 'instruction', 'input' and 'output'")
+        bad = [k for k in FIELDS if not isinstance(rec.get(k, "" if k == "input" else None), str)]
+        if bad or not rec["instruction"].strip() or not rec["output"].strip():
+            raise UserError(f"{path}:{n}: a record needs string 'instruction' and 'output' (non-empty) and "
+                            f"'input'; bad: {', '.join(bad) or 'empty instruction or output'}")
+        out.append({**rec, "input": rec.get("input", ""), "line": n})
+    if not out:
+        raise UserError(f"instruction file {path} holds no records")
+    return out
+
+
+def encode_example(tok, rec: dict, start: int | None, eot: int) -> tuple[list[int], int]:
+    """(token ids, number of prompt tokens) of one record: start, prompt, response, end of text."""
+    prompt = ([] if start is None else [start]) + tok.encode(prompt_of(rec["instruction"], rec["input"]),
+                                                             add_special_tokens=False).ids
+    response = tok.encode(rec["output"], add_special_tokens=False).ids + [eot]
+    return prompt + response, len(prompt)
+
+
+def pad_examples(examples: list[tuple[list[int], int]], seq_len: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets), each (N, seq_len): right-padded rows, targets -100 on prompt and padding."""
+    x = np.full((len(examples), seq_len), pad, dtype=np.int64)
+    y = np.full((len(examples), seq_len), IGNORE, dtype=np.int64)
+    for i, (ids, n_prompt) in enumerate(examples):
+        ids = ids[:seq_len + 1]
+        x[i, :len(ids) - 1] = ids[:-1]
+        y[i, n_prompt - 1:len(ids) - 1] = ids[n_prompt:]
+    return x, y
+
+
+@dataclass
+class InstructionData(TokenData):
+    """TokenData whose train / val are padded rows, flattened (seq_len each), with their targets."""
+
+    train_targets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    val_targets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def build_instruction_data(path: str | Path, tok, seq_len: int, warn=print) -> InstructionData:
+    """Read, encode and pad an instruction file; about a tenth of the records (at least one) held out."""
+    records = read_records(path)
+    eot = eot_id(tok)
+    examples = [encode_example(tok, r, eot, eot) for r in records]
+    keep = [i for i, (_, n) in enumerate(examples) if n < seq_len + 1]
+    if len(keep) < len(examples):
+        lines = [records[i]["line"] for i in range(len(examples)) if i not in set(keep)]
+        warn(f"depthlab: warning: {path}: dropped {len(lines)} record(s) whose prompt fills seq_len {seq_len} "
+             f"(lines {', '.join(map(str, lines[:5]))}{'...' if len(lines) > 5 else ''})")
+    if not keep:
+        raise UserError(f"{path}: no record's response fits in seq_len {seq_len}; raise --seq-len")
+    examples = [examples[i] for i in keep]
+    n_val = max(1, len(examples) // 10) if len(examples) > 1 else 0
+    x, y = pad_examples(examples, seq_len, eot)
+    tx, ty = (x[:len(x) - n_val], y[:len(y) - n_val]) if n_val else (x, y)
+    vx, vy = (x[len(x) - n_val:], y[len(y) - n_val:]) if n_val else (x, y)
+    source = f"{path} ({len(tx)} train / {len(vx)} validation examples, padded to {seq_len})"
+    return InstructionData(tok, tx.reshape(-1), vx.reshape(-1), source, train_targets=ty.reshape(-1),
+                           val_targets=vy.reshape(-1))
+
+
+class ExampleSampler(PackedSampler):
+    """PackedSampler's seeded order and resumable state over padded examples (rows) instead of windows."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1):
+        self.rows, self.targets = x.reshape(-1, seq_len), y.reshape(-1, seq_len)
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.n, self.epoch, self.cursor = len(self.rows), 0, 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self._take(self.batch_size * self.world_size)
+        idx = idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return torch.from_numpy(self.rows[idx]), torch.from_numpy(self.targets[idx])
+
+
+class FinetuneTrainer(Trainer):
+    """The Trainer on padded instruction examples; the loss (training and validation) is the response tokens'."""
+
+    def make_sampler(self):
+        tc = self.cfg.train
+        return ExampleSampler(self.data.train, self.data.train_targets, self.cfg.data.seq_len, tc.batch_size,
+                              tc.seed, self.env.rank, self.env.world_size)
+
+    @torch.no_grad()
+    def validation(self) -> dict:
+        return response_loss(self.model, self.data.val, self.data.val_targets, self.cfg.data.seq_len,
+                             self.cfg.train.batch_size, self.device, self.cfg.train.dtype)
+
+
+@torch.no_grad()
+def response_loss(model, x: np.ndarray, y: np.ndarray, seq_len: int, batch_size: int, device, dtype="fp32") -> dict:
+    """Mean loss over the response tokens of padded examples (flattened rows), and its perplexity."""
+    was = model.training
+    model.eval()
+    rows, targets = x.reshape(-1, seq_len), y.reshape(-1, seq_len)
+    total, count = 0.0, 0
+    for i in range(0, len(rows), batch_size):
+        xb, yb = torch.from_numpy(rows[i:i + batch_size]), torch.from_numpy(targets[i:i + batch_size])
+        with autocast(torch.device(device), dtype):
+            total += loss_of(model, xb.to(device), yb.to(device), reduction="sum").item()
+        count += int((yb != IGNORE).sum())
+    model.train(was)
+    loss = total / max(count, 1)
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": count}
+
+
+def finetune_config(model: str, data: str, seq_len: int | None = None, overrides: list[str] | None = None):
+    """The fine-tuning config: the model's own architecture and data settings, its weights as init_from, the
+    instruction file as data, and fine-tuning defaults (lr 3e-4 -- LLM-Adapters' full fine-tuning used 1e-4 to
+    3e-4 on 7B models --, 100 warmup steps scaled down to the run, weight decay 0) before --set overrides."""
+    from depthlab.config import Config, apply_overrides
+    from depthlab.model.validate import validate
+    from depthlab.rundir import CONFIG, find_checkpoint
+
+    ckpt = find_checkpoint(model)
+    cfg = Config.load(ckpt / CONFIG)
+    cfg.train.init_from, cfg.data.paths = str(model), [str(data)]
+    cfg.data.seq_len = seq_len or min(256, cfg.model.max_seq_len)
+    cfg.train.lr, cfg.train.weight_decay, cfg.train.monitor_every = 3e-4, 0.0, 0
+    cfg.train.max_steps, cfg.train.eval_every, cfg.train.ckpt_every = 200, 50, 0
+    cfg.train.warmup_steps = min(cfg.train.warmup_steps, 20)
+    cfg = apply_overrides(cfg, list(overrides or []))
+    if cfg.data.seq_len > cfg.model.max_seq_len:
+        raise UserError(f"--seq-len {cfg.data.seq_len} is beyond the model's context of {cfg.model.max_seq_len}")
+    return validate(cfg), ckpt
+
+
+def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress: bool = True,
+             overwrite: bool = False):
+    """Fine-tune `ckpt`'s weights on cfg.data.paths[0]; the trainer's RunResult."""
+    from depthlab.data.tokenizer import load_tokenizer
+    from depthlab.rundir import TOKENIZER
+
+    if not (ckpt / TOKENIZER).is_file():
+        raise UserError(f"{ckpt} has no {TOKENIZER}; fine-tuning encodes the instructions with the model's own")
+    data = build_instruction_data(cfg.data.paths[0], load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len,
+                                  lambda msg: print(msg, file=sys.stderr))
+    trainer = FinetuneTrainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress,
+                              overwrite=overwrite)
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()
+        D.shutdown(trainer.env)

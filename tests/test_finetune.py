@@ -1,0 +1,122 @@
+"""depthlab finetune: Commonsense170K-format instruction data, loss on the response tokens only, the same trainer
+(exact resume after a kill), one-line errors for malformed records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from depthlab.config import Config
+from depthlab.hf.importer import save_as_checkpoint
+from depthlab.model import Transformer
+from depthlab.train.callbacks import Callback
+from depthlab.train.finetune import (
+    IGNORE,
+    FinetuneTrainer,
+    build_instruction_data,
+    encode_example,
+    finetune_config,
+    prompt_of,
+    read_records,
+    response_loss,
+)
+from tests.conftest import tiny_model_config
+
+DATA = Path(__file__).parent / "data" / "commonsense"
+TRAIN = DATA / "train.json"
+FAST = ["train.max_steps=12", "train.batch_size=4", "train.lr=3e-3", "train.warmup_steps=2", "train.log_every=1",
+        "train.eval_every=100", "train.device=cpu", "train.threads=1"]
+
+
+def bpe_for_tests():
+    from depthlab.data.tokenizer import train_bpe
+
+    texts = [prompt_of(r["instruction"], r["input"]) + r["output"] for r in read_records(TRAIN)]
+    return train_bpe(texts * 4, 400)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A tiny pretrained-looking checkpoint with a BPE tokenizer fitted to the test data."""
+    path = tmp_path_factory.mktemp("base") / "ckpt"
+    mc = tiny_model_config(vocab_size=400, n_layers=2, max_seq_len=256)
+    torch.manual_seed(0)
+    save_as_checkpoint(path, Transformer(mc), Config(model=mc), {"step": 0}, tokenizer=bpe_for_tests())
+    return path
+
+
+def trainer(base, run_dir, resume=None, extra=(), callbacks=None):
+    cfg, ckpt = finetune_config(str(base), str(TRAIN), seq_len=200, overrides=[*FAST, *extra])
+    from depthlab.data.tokenizer import load_tokenizer
+
+    data = build_instruction_data(TRAIN, load_tokenizer(ckpt / "tokenizer.json"), cfg.data.seq_len)
+    return FinetuneTrainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=False, callbacks=callbacks)
+
+
+def run(t):
+    try:
+        return t.train()
+    finally:
+        t.close()
+
+
+def test_prompt_tokens_carry_no_loss(base):
+    tok = bpe_for_tests()
+    data = build_instruction_data(TRAIN, tok, 200)
+    rec = read_records(TRAIN)[0]
+    ids, n_prompt = encode_example(tok, rec, 0, 0)
+    y = data.train_targets.reshape(-1, 200)[0]
+    assert (y[:n_prompt - 1] == IGNORE).all()  # positions predicting a prompt token
+    assert y[n_prompt - 1:len(ids) - 1].tolist() == ids[n_prompt:]  # the response and the end of text
+    assert (y[len(ids) - 1:] == IGNORE).all()  # padding
+    assert tok.decode(ids[n_prompt:-1]) == rec["output"]
+    assert prompt_of("Q", "").endswith("### Response:\n                ")
+
+
+def test_finetune_lowers_the_response_loss_and_resumes_bitwise_after_a_kill(base, tmp_path):
+    t = trainer(base, tmp_path / "ref")
+    before = response_loss(t.model, t.data.train, t.data.train_targets, 200, 8, "cpu")["val_loss"]
+    ref = run(t)
+    after = response_loss(t.model, t.data.train, t.data.train_targets, 200, 8, "cpu")["val_loss"]
+    print(f"response-token loss on the training examples: before {before:.4f}, after {after:.4f}")
+    assert after < before - 0.5
+
+    class Kill(Callback):
+        def on_step_start(self, trainer, step):
+            if step == 7:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(trainer(base, tmp_path / "run", resume="auto", extra=["train.ckpt_every=3"], callbacks=[Kill()]))
+    resumed = run(trainer(base, tmp_path / "run", resume="auto", extra=["train.ckpt_every=3"]))
+
+    def losses(d):
+        return [json.loads(line)["loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+    assert losses(tmp_path / "run") == losses(tmp_path / "ref") and len(losses(ref.run_dir)) == 12
+    from safetensors.torch import load_file
+
+    a, b = load_file(ref.checkpoint / "model.safetensors"), load_file(resumed.checkpoint / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_finetune_and_malformed_record(base, tmp_path, capsys):
+    from depthlab.cli import main
+
+    bad = tmp_path / "bad.json"
+    records = json.loads(TRAIN.read_text())[:3]
+    records[2] = {"instruction": "no output here", "input": ""}
+    bad.write_text(json.dumps(records, indent=2))
+    line = bad.read_text().split('"no output here"')[0].count("\n")  # the line of the record's "{"
+    out = tmp_path / "ft"
+    code = main(["finetune", str(base), "--data", str(bad), "--run-dir", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{bad}:" in err[0] and f":{line}:" in err[0], err
+    assert not out.exists()
+    code = main(["finetune", str(base), "--data", str(TRAIN), "--run-dir", str(out), "--no-progress",
+                 "--seq-len", "200", "--set", "train.max_steps=2", "--set", "train.batch_size=2"])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "metrics.jsonl").is_file() and list((out / "checkpoints").iterdir())
