@@ -80,7 +80,11 @@ def cmd_eval(args) -> None:
     if args.seq_len is not None and args.seq_len < 1:
         raise UserError(f"--seq-len must be at least 1, got {args.seq_len}")
     device = resolve_device(args.device, "--device")
-    loaded = load_model(args.checkpoint, device=str(device))
+    if args.commonsense:
+        return eval_commonsense(args, device)
+    if len(args.checkpoint) > 1:
+        raise UserError(f"several models ({len(args.checkpoint)}) are compared only with --commonsense DIR")
+    loaded = load_model(args.checkpoint[0], device=str(device))
     if args.tasks:
         from depthlab.hf.mc_eval import evaluate_tasks, scorer_for
 
@@ -90,6 +94,19 @@ def cmd_eval(args) -> None:
             print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
         return
     eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device)
+
+
+def eval_commonsense(args, device) -> None:
+    """The eight-task table (docs/downstream.md) for every model given."""
+    from depthlab.hf.commonsense import evaluate_models, markdown, write_tables
+
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    results = evaluate_models(args.checkpoint, args.commonsense, str(device), args.max_new_tokens,
+                              log=lambda msg: print(msg, file=sys.stderr))
+    md, js = write_tables(results, args.table)
+    print(markdown(results))
+    print(f"wrote {md} and {js}")
 
 
 def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_size: int, device) -> None:
@@ -132,6 +149,16 @@ def cmd_finetune(args) -> None:
     print(f"checkpoint:    {result.checkpoint}")
     print(f"final validation loss (response tokens) {result.val_loss:.4f} ({result.steps} steps, "
           f"{result.wall_s:.0f} s)")
+
+
+def add_commonsense_options(e) -> None:
+    e.add_argument("--commonsense", metavar="DIR", help="the eight commonsense tasks, DIR/<task>/test.json in "
+                   "LLM-Adapters' layout (boolq, piqa, social_i_qa, hellaswag, winogrande, ARC-Easy, ARC-Challenge, "
+                   "openbookqa): greedy generation with answer extraction and log-likelihood, a table of every model "
+                   "(docs/downstream.md)")
+    e.add_argument("--table", default="commonsense", metavar="PREFIX", help="with --commonsense: write PREFIX.md "
+                   "and PREFIX.json (default: commonsense)")
+    e.add_argument("--max-new-tokens", type=int, default=32, help="with --commonsense: greedy decoding length")
 
 
 def add_finetune(sub) -> None:
@@ -214,11 +241,12 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
                        "or a Hugging Face model directory), on --data or, by default, on the run's own validation "
                        "split.")
-    e.add_argument("checkpoint", metavar="MODEL", help=MODEL_HELP)
+    e.add_argument("checkpoint", metavar="MODEL", nargs="+", help=MODEL_HELP + " (several: with --commonsense)")
     e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on, or a prepared "
                    "directory (its validation split)")
     e.add_argument("--tasks", nargs="+", metavar="FILE.jsonl", help="multiple-choice task files instead "
                    "(question, choices, answer index; docs/hf.md): accuracy and length-normalised accuracy")
+    add_commonsense_options(e)
     e.add_argument("--seq-len", type=int, help="window length (default: the run's; HF models: their context, at "
                    "most 512)")
     e.add_argument("--batch-size", type=int, default=16)

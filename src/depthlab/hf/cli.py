@@ -56,7 +56,9 @@ def cmd_harness(args) -> None:
     from depthlab.hf.harness import run_harness
     from depthlab.hf.mc_eval import scorer_for
 
-    loaded = load_model(args.checkpoint, device=str(resolve_device(args.device, "--device")))
+    if len(args.checkpoint) > 1:
+        raise UserError("--harness evaluates one model at a time (several models: --commonsense DIR)")
+    loaded = load_model(args.checkpoint[0], device=str(resolve_device(args.device, "--device")))
     print(make_table(run_harness(scorer_for(loaded), args.harness, batch_size=args.batch_size)))
 
 

@@ -1,0 +1,157 @@
+"""The eight commonsense tasks as the LNS paper (and LLM-Adapters, whose data it uses) evaluates them.
+
+Test files: LLM-Adapters' `dataset/<task>/test.json` layout, DIR/<task>/test.json, each a JSON array (or JSON lines)
+of Commonsense170K-format records: `instruction` (the question with its options and an "Answer format:" line),
+`input`, `output` ("the correct answer is solution1") and `answer` ("solution1").
+
+Two forms, both on the prompt of depthlab.train.finetune (LLM-Adapters' template, encoded as in fine-tuning):
+- generation (the paper's): greedy decoding of up to `max_new_tokens` tokens (stopping at end of text), and the
+  answer is the first match of the task's answer-vocabulary regex in the stripped output, as LLM-Adapters'
+  `commonsense_evaluate.py` `extract_answer` does (no match: wrong);
+- log-likelihood: the record's `output` with its answer replaced by each label of the task's vocabulary that the
+  question offers (the "Answer format:" labels) is scored as the continuation of the prompt; the highest summed
+  log-probability is the pick.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from depthlab import UserError
+from depthlab.hf.mc_eval import Scorer, argmax, score_pairs
+from depthlab.train.finetune import prompt_of, read_records
+
+# LLM-Adapters' directory name -> (the paper's column, the answer vocabulary of extract_answer)
+TASKS = {
+    "boolq": ("BoolQ", ["true", "false"]),
+    "piqa": ("PIQA", ["solution1", "solution2"]),
+    "social_i_qa": ("SIQA", [f"answer{i}" for i in range(1, 6)]),
+    "hellaswag": ("HellaSwag", [f"ending{i}" for i in range(1, 5)]),
+    "winogrande": ("WinoGrande", ["option1", "option2"]),
+    "ARC-Easy": ("ARC-e", [f"answer{i}" for i in range(1, 6)]),
+    "ARC-Challenge": ("ARC-c", [f"answer{i}" for i in range(1, 6)]),
+    "openbookqa": ("OBQA", [f"answer{i}" for i in range(1, 6)]),
+}
+FORMS = ("generation", "loglik")
+
+
+def extract_answer(task: str, text: str) -> str:
+    """LLM-Adapters' extract_answer: the first match of the task's vocabulary in the stripped text, else ''."""
+    found = re.findall("|".join(TASKS[task][1]), text.strip())
+    return found[0] if found else ""
+
+
+def task_files(root: str | Path) -> dict[str, Path]:
+    """{task: DIR/task/test.json} for the tasks present (at least one)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"--commonsense {root}: not a directory (expected DIR/<task>/test.json, e.g. boolq/test.json)")
+    found = {t: root / t / "test.json" for t in TASKS if (root / t / "test.json").is_file()}
+    if not found:
+        raise UserError(f"--commonsense {root}: none of {', '.join(f'{t}/test.json' for t in TASKS)} is there")
+    return found
+
+
+def read_task(task: str, path: Path) -> list[dict]:
+    records = read_records(path)
+    for r in records:
+        if r.get("answer") not in TASKS[task][1]:
+            raise UserError(f"{path}:{r['line']}: 'answer' must be one of {'/'.join(TASKS[task][1])} for {task}, "
+                            f"got {r.get('answer')!r}")
+    return records
+
+
+@torch.no_grad()
+def generate(scorer: Scorer, ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy decoding (no cache: the models here are small), up to end of text or max_new_tokens."""
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        x = torch.tensor([(ids + out)[-scorer.max_len:]], device=scorer.device)
+        nxt = int(scorer.logits(x)[0, -1].argmax())
+        if nxt == scorer.eot_id:
+            break
+        out.append(nxt)
+    return out
+
+
+def offered(task: str, instruction: str) -> list[str]:
+    """The labels the question offers ("Answer format: answer1/answer2/answer3"), else the task's vocabulary."""
+    labels = [w for w in TASKS[task][1] if re.search(rf"\b{w}\b", instruction.rsplit("Answer format:", 1)[-1])]
+    return labels if len(labels) > 1 else TASKS[task][1]
+
+
+def loglik_pick(scorer: Scorer, task: str, rec: dict, ctx: list[int]) -> str:
+    labels = offered(task, rec["instruction"])
+    out = rec["output"] if rec["answer"] in rec["output"] else rec["answer"]
+    pairs = [(ctx, scorer.encode(out.replace(rec["answer"], label), False)) for label in labels]
+    return labels[argmax([ll for ll, _ in score_pairs(scorer, pairs)])]
+
+
+def evaluate_task(scorer: Scorer, task: str, path: Path, max_new_tokens: int = 32) -> dict:
+    """{'n', 'generation', 'loglik', 'outputs'}: both accuracies and each generated answer."""
+    records = read_task(task, path)
+    right = {form: 0 for form in FORMS}
+    outputs = []
+    for rec in records:
+        ctx = scorer.encode(prompt_of(rec["instruction"], rec["input"]), True)
+        text = scorer.decode(generate(scorer, ctx, max_new_tokens))
+        outputs.append(text)
+        right["generation"] += extract_answer(task, text) == rec["answer"]
+        right["loglik"] += loglik_pick(scorer, task, rec, ctx) == rec["answer"]
+    return {"n": len(records), **{f: right[f] / len(records) for f in FORMS}, "outputs": outputs}
+
+
+def evaluate_models(models: list[str], root: str | Path, device: str = "auto", max_new_tokens: int = 32,
+                    log=print) -> dict:
+    """{model: {task: evaluate_task(...)}} for every model and every task present under root."""
+    from depthlab.hf.mc_eval import load_scorer
+
+    files = task_files(root)
+    results = {}
+    for model in models:
+        scorer = load_scorer(model, device)
+        results[model] = {}
+        for task, path in files.items():
+            res = results[model][task] = evaluate_task(scorer, task, path, max_new_tokens)
+            log(f"{model} {task}: {res['n']} questions  generation {res['generation']:.4f}  "
+                f"log-likelihood {res['loglik']:.4f}")
+    return results
+
+
+def table(results: dict, form: str) -> list[list[str]]:
+    """Rows of the Table-2-style table (model, one column per task present, average), accuracies in %."""
+    tasks = [t for t in TASKS if any(t in r for r in results.values())]
+    rows = [["Model", *(TASKS[t][0] for t in tasks), "Avg."]]
+    for model, res in results.items():
+        accs = [100 * res[t][form] for t in tasks if t in res]
+        cells = [f"{100 * res[t][form]:.1f}" if t in res else "-" for t in tasks]
+        rows.append([model, *cells, f"{sum(accs) / len(accs):.1f}"])
+    return rows
+
+
+def markdown(results: dict) -> str:
+    parts = []
+    for form, title in zip(FORMS, ("greedy generation + answer extraction (the paper's)", "log-likelihood")):
+        rows = table(results, form)
+        lines = ["| " + " | ".join(r) + " |" for r in rows]
+        lines.insert(1, "|" + "---|" * len(rows[0]))
+        parts.append(f"### Accuracy (%), {title}\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def write_tables(results: dict, prefix: str | Path) -> tuple[Path, Path]:
+    """PREFIX.md (both tables) and PREFIX.json (every number and generated answer)."""
+    prefix = Path(prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    md, js = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
+    md.write_text(markdown(results))
+    summary = {}
+    for form in FORMS:
+        header, *rows = table(results, form)
+        summary[form] = {r[0]: {h: None if c == "-" else float(c) for h, c in zip(header[1:], r[1:])} for r in rows}
+    js.write_text(json.dumps({"tables": summary, "results": results}, indent=2) + "\n")
+    return md, js

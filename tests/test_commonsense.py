@@ -1,0 +1,73 @@
+"""The eight-task commonsense evaluation: LLM-Adapters' answer extraction, both forms, the table for two models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from depthlab.config import Config
+from depthlab.hf.commonsense import TASKS, extract_answer, offered, task_files
+from depthlab.hf.importer import save_as_checkpoint
+from depthlab.model import Transformer
+from tests.conftest import tiny_model_config
+from tests.test_finetune import bpe_for_tests
+
+EVAL = Path(__file__).parent / "data" / "commonsense" / "eval"
+
+
+def test_answer_extraction_follows_llm_adapters():
+    assert extract_answer("boolq", "  the correct answer is false. true") == "false"
+    assert extract_answer("piqa", "solution3 then solution2") == "solution2"
+    assert extract_answer("hellaswag", "ending4") == "ending4"
+    assert extract_answer("winogrande", "option 1") == ""  # no match: counted wrong
+    assert extract_answer("ARC-Challenge", "answer5") == "answer5"
+    assert offered("social_i_qa", "Q\n\nAnswer1: a Answer2: b Answer3: c\n\nAnswer format: answer1/answer2/answer3") \
+        == ["answer1", "answer2", "answer3"]
+    assert set(task_files(EVAL)) == set(TASKS)
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    root, tok = tmp_path_factory.mktemp("models"), bpe_for_tests()
+    out = []
+    for i, scheme in enumerate(("pre", "lns")):
+        mc = tiny_model_config(vocab_size=400, n_layers=2, max_seq_len=256, norm_scheme=scheme)
+        torch.manual_seed(i)
+        save_as_checkpoint(root / scheme, Transformer(mc), Config(model=mc), {"step": 0}, tokenizer=tok)
+        out.append(root / scheme)
+    return out
+
+
+def test_eval_commonsense_writes_the_table_for_two_models(two_models, tmp_path, capsys):
+    from depthlab.cli import main
+
+    prefix = tmp_path / "table"
+    code = main(["eval", *map(str, two_models), "--commonsense", str(EVAL), "--table", str(prefix),
+                 "--max-new-tokens", "4", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    md = (tmp_path / "table.md").read_text()
+    assert "| Model | BoolQ | PIQA | SIQA | HellaSwag | WinoGrande | ARC-e | ARC-c | OBQA | Avg. |" in md
+    assert md.count(str(two_models[0])) == 2 and md.count(str(two_models[1])) == 2
+    data = json.loads((tmp_path / "table.json").read_text())
+    for form in ("generation", "loglik"):
+        row = data["tables"][form][str(two_models[1])]
+        accs = [row[TASKS[t][0]] for t in TASKS]
+        assert all(0 <= a <= 100 for a in accs) and row["Avg."] == pytest.approx(sum(accs) / 8, abs=0.06)
+    assert len(data["results"][str(two_models[0])]["boolq"]["outputs"]) == 4
+
+
+def test_bad_commonsense_inputs_are_one_line(two_models, tmp_path, capsys):
+    from depthlab.cli import main
+
+    (tmp_path / "boolq").mkdir()
+    rec = {"instruction": "q", "input": "", "output": "the correct answer is maybe", "answer": "maybe"}
+    (tmp_path / "boolq" / "test.json").write_text(json.dumps([rec]))
+    assert main(["eval", str(two_models[0]), "--commonsense", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "test.json:1:" in err[0] and "true/false" in err[0], err
+    assert main(["eval", *map(str, two_models), "--device", "cpu"]) == 2
+    assert "--commonsense" in capsys.readouterr().err
