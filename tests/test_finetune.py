@@ -120,3 +120,19 @@ def test_cli_finetune_and_malformed_record(base, tmp_path, capsys):
                  "--seq-len", "200", "--set", "train.max_steps=2", "--set", "train.batch_size=2"])
     assert code == 0, capsys.readouterr().err
     assert (out / "metrics.jsonl").is_file() and list((out / "checkpoints").iterdir())
+
+
+def test_finetune_from_an_imported_export(base, tmp_path, capsys):
+    """An export (any HF Llama directory) fine-tunes after `depthlab import`; a raw HF directory is one line."""
+    pytest.importorskip("transformers")
+    from depthlab.cli import main
+
+    assert main(["export", str(base), str(tmp_path / "exported")]) == 0
+    code = main(["finetune", str(tmp_path / "exported"), "--data", str(TRAIN), "--run-dir", str(tmp_path / "x")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "depthlab import" in err[0], err
+    assert main(["import", str(tmp_path / "exported"), str(tmp_path / "imported")]) == 0
+    code = main(["finetune", str(tmp_path / "imported"), "--data", str(TRAIN), "--run-dir", str(tmp_path / "ft"),
+                 "--no-progress", "--seq-len", "200", "--set", "train.max_steps=2", "--set", "train.batch_size=2"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "ft" / "metrics.jsonl").is_file()
