@@ -9,6 +9,8 @@ multiple-choice evaluation.
     pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`)
     mc_eval.py    zero-shot multiple choice by log-likelihood, lm-evaluation-harness's semantics (`eval --tasks`)
     harness.py    lm-evaluation-harness itself on any depthlab model, an lm_eval LM adapter (`eval --harness`)
+    commonsense.py  the paper's eight commonsense tasks: generation + answer extraction, log-likelihood, the
+                  Table-2-style table (`eval --commonsense`)
     cli.py        `depthlab export | prune | import`, `eval --harness`
 
 The public names load on first use, so that `depthlab --help` (which imports depthlab.hf.cli) stays fast.
