@@ -40,11 +40,13 @@ def hf_twin(model, attn: str = "sdpa"):
     return hf
 
 
-def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool):
+def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool, loss_chunk: int = TrainConfig.loss_chunk):
     """One training step as a zero-argument callable: forward under autocast, cross-entropy, backward,
     clipping, and AdamW with the trainer's parameter groups and settings, either PyTorch's fused kernel (what
     `depthlab train` uses, `depthlab.train.optim.make_optimizer`) or its default per-tensor loop (what a plain
-    `torch.optim.AdamW(...)`, as in the reference code, runs on CPU); `hf` models are called the transformers way."""
+    `torch.optim.AdamW(...)`, as in the reference code, runs on CPU); `hf` models are called the transformers way
+    (fp32 cross-entropy of the logits), depthlab's as `depthlab train` does (its loss by chunks of `loss_chunk`
+    tokens, 0: through the full logits)."""
     device = x.device
     tc = TrainConfig(lr=1e-4)
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"]}
@@ -54,8 +56,10 @@ def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool):
 
     def step():
         with autocast(device, dtype):
-            logits = model(x, use_cache=False).logits if hf else model(x)
-            loss = lm_loss(logits, y)
+            if hf:
+                loss = lm_loss(model(x, use_cache=False).logits, y)
+            else:
+                loss = model(x, targets=y, loss_chunk=loss_chunk)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -1,8 +1,9 @@
 """LLaMA-71M, `pre` against `lns`, on one GPU in one command.
 
-Sized to end well within 8 minutes on an H100-class GPU (estimate: 2 x 1,200 steps of 16k tokens, 344 MFLOP
-per token, at 20-40% MFU is 1-2 minutes of training, plus tokenizer training and evaluations). It has not yet
-been run on a GPU.
+Sized to end within 8 minutes on an H100-class GPU (estimate: 2 x 1,200 steps of 16k tokens, 344 MFLOP
+per token, at 20-40% MFU is 1-2 minutes of training, plus tokenizer training and evaluations; then the
+throughput / MFU / peak-memory table of benchmarks/gpu_table.py, 71M and 130M, depthlab and LlamaForCausalLM,
+eager and compiled, about 3-4 minutes with compilation). It has not yet been run on a GPU.
 
     python -m benchmarks.gpu_71m --out benchmarks/results/gpu_71m
 
@@ -10,7 +11,8 @@ Both runs use the paper's 71M dimensions (dim 512, 12 layers, 8 heads, FFN 1368,
 embedding std 0.632), bf16 autocast, the same packed data (the built-in corpus, tokenized once and shared) and
 the same seed; only model.norm_scheme differs. Written under --out: summary.json (tokens/s, MFU, final
 validation loss / perplexity, loss curves, last per-layer variance of each run), loss.png, var_by_depth.png,
-and the two run directories (metrics.jsonl, config.json). The step count is far below the paper's 10k (a time
+and the two run directories (metrics.jsonl, config.json); table.json (gpu_table.py's rows) when a GPU is
+present or --table is given. The step count is far below the paper's 10k (a time
 budget, not a reproduction); --max-steps changes it. Tested on CPU with tiny step counts only (see
 tests/test_benchmarks.py).
 """
@@ -24,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from benchmarks import gpu_table
 from benchmarks.common import environment, write_result
 from benchmarks.plots import curve, last_depth_stat, plot_by_depth, plot_curves, read_metrics
 from depthlab.config import apply_overrides, preset
@@ -49,6 +54,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-steps", type=int, default=1200)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config overrides for both runs, e.g. train.compile=true or train.device=cpu")
+    p.add_argument("--table", action=argparse.BooleanOptionalAction, default=None,
+                   help="also run benchmarks/gpu_table.py into OUT/table.json (default: when a GPU is present)")
     args = p.parse_args(argv)
     t0 = time.time()
     out = Path(args.out)
@@ -87,6 +94,8 @@ def main(argv=None) -> None:
                                  runs["lns"]["tokens_per_s"] / runs["pre"]["tokens_per_s"]},
                  out / "summary.json")
     print(json.dumps({s: {k: r[k] for k in ("val_loss", "tokens_per_s", "mfu")} for s, r in runs.items()}))
+    if args.table if args.table is not None else torch.cuda.is_available():
+        gpu_table.main(["--out", str(out / "table.json")])
     print(f"wrote {out} ({wall:.0f} s wall)")
 
 

@@ -195,3 +195,40 @@ def test_depth_study_verdicts_follow_the_precondition():
     assert r.verdict("present", [0.1, 0.2]) == "contradicted"
     assert r.verdict("present", [0.1, -0.2]) == "inconclusive"
     assert r.verdict("absent", [-0.1, -0.2]) == "not testable here"
+
+
+def test_memory_benchmark_tiny(tmp_path, monkeypatch):
+    """Every contender measured in its own process, the ratios and the step-time comparison recorded, and the
+    docs section rendered from the result."""
+    pytest.importorskip("transformers")
+    from benchmarks import memory
+
+    monkeypatch.setitem(memory.CASES, "tiny", dict(TINY_CASE[0], max_seq_len=16))
+    out = tmp_path / "memory.json"
+    r = memory.main(["--case", "tiny", "--batch", "2", "--seq", "16", "--reps", "1", "--time-case", "tiny",
+                     "--out", str(out)])
+    assert json.loads(out.read_text())["ratios"] == r["ratios"]
+    assert [row["contender"] for row in r["rows"]] == list(memory.CONTENDERS)
+    for row in r["rows"]:
+        # weights, gradients, two AdamW moments (and AdamW's step counters)
+        assert 16 * row["params"] <= row["static_tensor_bytes"] <= 16 * row["params"] + 1024
+        assert row["activation_and_logits_bytes"] >= 0 and row["saved_for_backward_bytes"] > 0
+    assert r["ratios"]["tiny fp32"]["depthlab_over_hf"] > 0
+    assert r["step_time"][0]["ratio_chunked_over_unchunked"]["median"] > 0
+    text = "\n".join(memory.section(r))
+    assert "| tiny | fp32 | hf |" in text and "depthlab / HF activation-and-logits memory" in text
+    assert memory.section(None) == ["Not run yet (`python -m benchmarks.memory`)."]
+
+
+def test_gpu_table_runs_on_cpu_tiny(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from benchmarks import gpu_table
+
+    monkeypatch.setitem(gpu_table.CASES, "tiny", dict(TINY_CASE[0], max_seq_len=16))
+    r = gpu_table.main(["--case", "tiny", "--batch", "2", "--seq", "16", "--steps", "1", "--warmup", "1",
+                        "--dtype", "fp32", "--device", "cpu", "--out", str(tmp_path / "t.json")])
+    assert [row["contender"] for row in r["rows"]] == list(gpu_table.CONTENDERS)
+    losses = [row["loss"] for row in r["rows"]]
+    assert all(row["tokens_per_s"] > 0 and row["mfu"] > 0 for row in r["rows"])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-4)  # same weights, same batch, same step
+    assert "Not run: no GPU" in gpu_table.section(r)[0]  # a CPU run is not reported as a GPU result

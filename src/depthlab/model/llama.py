@@ -26,14 +26,53 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * x.to(dtype)
-        return out if self.scale == 1.0 else out * self.scale
+        return _RMSNormFn.apply(x, self.weight, self.eps, self.scale)
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.eps}" + (f", scale={self.scale:.4g}" if self.scale != 1.0 else "")
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm with HF Llama's forward operations (bitwise the same output) that saves only its input and the
+    per-row 1/rms for backward; autograd's own graph also keeps the normalised x (one more activation per norm)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps: float, scale: float):
+        dtype = x.dtype
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        out = weight * (xf * rstd).to(dtype)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.scale = scale
+        return out if scale == 1.0 else out * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        xd = xhat.to(x.dtype)
+        grad = grad if ctx.scale == 1.0 else grad * ctx.scale
+        grad_w = (grad * xd).sum(dim=tuple(range(grad.dim() - 1))).to(weight.dtype)
+        gx = (grad * weight).to(x.dtype).float()
+        grad_x = rstd * (gx - xhat * (gx * xhat).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_w, None, None
+
+
+class _SiluMul(torch.autograd.Function):
+    """silu(gate) * up saving only gate and up (autograd's graph also keeps silu(gate)); backward in fp32."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        g, x, u = grad.float(), gate.float(), up.float()
+        sig = torch.sigmoid(x)
+        grad_gate = g * u * sig * (1 + x * (1 - sig))
+        return grad_gate.to(gate.dtype), (g * x * sig).to(up.dtype)
 
 
 class LayerNorm(nn.Module):
@@ -126,7 +165,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(_SiluMul.apply(self.gate_proj(x), self.up_proj(x)))
 
 
 class Residual(nn.Module):

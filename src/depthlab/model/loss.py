@@ -40,7 +40,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         return _LinearCrossEntropy.apply(h, weight, targets, chunk, dtype, reduction)
     with torch.autocast(device, enabled=False):
         w = weight.to(dtype)
-        total = sum(_chunk_loss(h[i:i + chunk].to(dtype) @ w.t(), targets[i:i + chunk])[0]
+        total = sum(_chunk_softmax(h[i:i + chunk].to(dtype) @ w.t(), targets[i:i + chunk])[0]
                     for i in range(0, len(h), chunk))
     return total / _count(targets) if reduction == "mean" else total
 
@@ -49,13 +49,16 @@ def _count(targets: torch.Tensor) -> torch.Tensor:
     return (targets != IGNORE_INDEX).sum()
 
 
-def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(summed loss, fp32 logits, log-sum-exp per row) of one chunk; ignored rows add nothing."""
+def _chunk_softmax(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, softmax) of one chunk's logits; ignored rows add nothing. The softmax is formed in place in
+    the fp32 logits (for fp32 logits, the matmul's own output): one (chunk x vocab) buffer in all."""
     z = logits.float()
-    lse = torch.logsumexp(z, dim=-1)
-    valid = targets != IGNORE_INDEX
     picked = z.gather(1, targets.clamp_min(0)[:, None]).squeeze(1)
-    return torch.where(valid, lse - picked, 0.0).sum(), z, lse
+    top = z.amax(dim=-1)
+    total = z.sub_(top[:, None]).exp_().sum(dim=-1)
+    z.div_(total[:, None])
+    loss = torch.where(targets != IGNORE_INDEX, total.log() + top - picked, 0.0)  # log-sum-exp - target logit
+    return loss.sum(), z
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -71,10 +74,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             w = weight.to(dtype)
             for i in range(0, len(h), chunk):
                 hc, tc = h[i:i + chunk].to(dtype), targets[i:i + chunk]
-                loss, z, lse = _chunk_loss(hc @ w.t(), tc)
+                loss, z = _chunk_softmax(hc @ w.t(), tc)
                 total += loss
-                # dL/dz = (softmax(z) - onehot(target)) * scale, formed in place in z's fp32 buffer
-                z.sub_(lse[:, None]).exp_()
+                # dL/dz = (softmax(z) - onehot(target)) * scale, in place in the softmax's buffer
                 valid = (tc != IGNORE_INDEX).to(z.dtype)
                 z.scatter_add_(1, tc.clamp_min(0)[:, None], -valid[:, None])
                 g = z.mul_((valid * scale)[:, None]).to(dtype)

@@ -1,0 +1,290 @@
+"""Peak memory of one training step: depthlab against transformers.LlamaForCausalLM, at the paper's 71M and 130M dims.
+
+Contenders, same dimensions and weights (the HF twin of benchmarks/common.py), same batch, same step (forward under
+autocast, fp32 cross-entropy, backward, clipping, AdamW):
+
+    depthlab            as `depthlab train` runs it: the LM head + cross-entropy by chunks of train.loss_chunk
+                        tokens (depthlab.model.loss), never the full logits; fused AdamW
+    depthlab-unchunked  the same with train.loss_chunk=0: the full logits, as before the chunked loss
+    hf                  LlamaForCausalLM as the reference code trains it: logits, lm_loss, a plain AdamW
+
+Each contender runs in a fresh subprocess (one thread), so no allocator state carries over. How the step's own
+memory is separated from weights and optimizer state: a warm-up step first allocates everything a step keeps
+(gradients, kept allocated with zero_grad(set_to_none=False), and both AdamW moments); the resident memory then
+(after gc and malloc_trim) is the *baseline*: weights + gradients + optimizer state (+ the interpreter and
+libraries). The peak is then reset (Linux: `echo 5 > /proc/self/clear_refs` resets VmHWM) and the measured step's
+forward + backward run: `activation_and_logits` = peak RSS - baseline, i.e. the activations saved for backward,
+the logits and their gradients, and every temporary of forward and backward. The optimizer step's own peak is
+measured the same way, separately. The child runs with MALLOC_MMAP_THRESHOLD_=65536, so that glibc returns every
+freed large block to the system and RSS follows live memory. On a GPU the same phases read
+torch.cuda.memory_allocated / max_memory_allocated. A cross-check that depends on no allocator: the bytes of the
+distinct tensors autograd saves for backward during the forward (`saved_for_backward`, parameters excluded).
+
+Step time: depthlab against depthlab-unchunked (the same model, the loss before this change), interleaved in one
+process as benchmarks/common.py does; the paired ratio's median over repetitions.
+
+    python -m benchmarks.memory                                   # 71M and 130M, fp32, 8 x 256 tokens on CPU
+    python -m benchmarks.memory --case llama-71m --dtype bf16 --reps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import environment, hf_twin, interleaved, make_train_step, paired_ratio, write_result
+from depthlab.config import TrainConfig, preset
+from depthlab.model import Transformer, lm_loss
+from depthlab.train.optim import make_optimizer
+from depthlab.train.trainer import autocast
+
+CASES = {"llama-71m": {}, "llama-130m": {}}  # preset names; the values override model dims (tests use tiny ones)
+CONTENDERS = ("depthlab", "depthlab-unchunked", "hf")
+MiB = 2**20
+
+
+def model_config(case: str):
+    cfg = preset(case).model if case in ("llama-71m", "llama-130m") else preset("llama-71m").model
+    for k, v in CASES[case].items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def build(case: str, contender: str, device: torch.device, loss_chunk: int = TrainConfig.loss_chunk):
+    """(model, optimizer, loss function of (x, y)) of a contender."""
+    torch.manual_seed(0)
+    ours = Transformer(model_config(case))
+    if contender == "hf":
+        model = hf_twin(ours).to(device).train()
+        del ours
+        opt = torch.optim.AdamW(_groups(model), lr=1e-4)  # the reference code's plain AdamW
+        return model, opt, lambda x, y: lm_loss(model(x, use_cache=False).logits, y)
+    model = ours.to(device).train()
+    chunk = loss_chunk if contender == "depthlab" else 0
+    return model, make_optimizer(model, TrainConfig(lr=1e-4)), lambda x, y: model(x, targets=y, loss_chunk=chunk)
+
+
+def _groups(model):
+    return [{"params": g["params"], "weight_decay": g["weight_decay"]}
+            for g in make_optimizer(model, TrainConfig()).param_groups]
+
+
+class Meter:
+    """Current and peak memory since the last reset: resident set on CPU, allocated memory on a GPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def reset(self) -> int:
+        """Frees what is garbage, resets the peak, returns the current memory (the baseline)."""
+        gc.collect()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            return torch.cuda.memory_allocated()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")
+        return self._status("VmRSS")
+
+    def peak(self) -> int:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated()
+        return self._status("VmHWM")
+
+    @staticmethod
+    def _status(key: str) -> int:
+        line = next(s for s in Path("/proc/self/status").read_text().splitlines() if s.startswith(key + ":"))
+        return int(line.split()[1]) * 1024
+
+
+def saved_for_backward(model, run):
+    """(bytes of the distinct non-parameter tensors autograd saves during `run()`, run's result)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return sum(seen.values()), out
+
+
+def _tensor_bytes(model, opt) -> int:
+    """Bytes of the weights, their gradients and the optimizer's state tensors (each storage once)."""
+    tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+    tensors += [t for state in opt.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def measure(case: str, contender: str, dtype: str, batch: int, seq: int, device: str,
+            loss_chunk: int = TrainConfig.loss_chunk) -> dict:
+    """One contender's memory (run in a fresh process: see child())."""
+    from transformers import LlamaForCausalLM  # noqa: F401  (loaded by every contender: no library is a step's)
+
+    dev = torch.device(device)
+    meter = Meter(dev)
+    start = meter.reset()
+    model, opt, loss_fn = build(case, contender, dev, loss_chunk)
+    x = torch.randint(0, model_config(case).vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
+    x = x.to(dev)
+    y = torch.roll(x, -1, dims=1)
+
+    def forward():
+        with autocast(dev, dtype):
+            return loss_fn(x, y)
+
+    def optimizer_step():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # gradients stay allocated: part of the baseline
+
+    forward().backward()  # warm-up: gradients, AdamW moments, kernels' one-time state
+    optimizer_step()
+    base = meter.reset()
+    saved, loss = saved_for_backward(model, forward)
+    loss.backward()
+    fwd_bwd = meter.peak() - base
+    del loss
+    base_opt = meter.reset()
+    optimizer_step()
+    return {"contender": contender, "case": case, "dtype": dtype, "batch": batch, "seq_len": seq, "device": device,
+            "params": sum(p.numel() for p in model.parameters()), "static_bytes": base - start,
+            "static_tensor_bytes": _tensor_bytes(model, opt),
+            "activation_and_logits_bytes": fwd_bwd, "saved_for_backward_bytes": saved,
+            "optimizer_step_bytes": meter.peak() - base_opt, "baseline_bytes": base}
+
+
+def child(spec: dict) -> dict:
+    """Runs measure() in a fresh interpreter (one thread, large blocks returned to the system when freed)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), str(Path(__file__).parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    code = ("import json, sys, torch; torch.set_num_threads(1); from benchmarks import memory as m; "
+            "m.CASES.update(json.loads(sys.argv[2])); print(json.dumps(m.measure(**json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(spec), json.dumps(CASES)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"memory child {spec} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def step_time(case: str, dtype: str, batch: int, seq: int, reps: int, device: str) -> dict:
+    """Seconds per step of depthlab's chunked loss and of the full-logits loss, interleaved; their paired ratio."""
+    torch.manual_seed(0)
+    model = Transformer(model_config(case)).to(device).train()
+    x = torch.randint(0, model.cfg.vocab_size, (batch, seq), device=device)
+    y = torch.roll(x, -1, dims=1)
+    hf = hf_twin(model).to(device).train()
+    steps = {name: make_train_step(model, x, y, dtype, hf=False, fused_adamw=True,
+                                   loss_chunk=TrainConfig.loss_chunk if name == "depthlab" else 0)
+             for name in ("depthlab", "depthlab-unchunked")}
+    # depthlab's step before this change: its model code ran HF's operators (docs/results.md), with fused AdamW
+    steps["hf+fused_adamw"] = make_train_step(hf, x, y, dtype, hf=True, fused_adamw=True)
+    clock = time.perf_counter if device.startswith("cuda") else time.process_time
+    times = interleaved(steps, reps, steps=1, clock=clock)
+    return {"case": case, "dtype": dtype, "step_s": times,
+            "ratio_chunked_over_unchunked": paired_ratio(times["depthlab"], times["depthlab-unchunked"]),
+            "ratio_over_hf_fused": paired_ratio(times["depthlab"], times["hf+fused_adamw"])}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per case and dtype: depthlab's activation-and-logits memory over HF's (and the unchunked loss's)."""
+    out = {}
+    for r in rows:
+        key = f"{r['case']} {r['dtype']}"
+        out.setdefault(key, {})[r["contender"]] = r["activation_and_logits_bytes"]
+    return {k: {"depthlab_over_hf": v["depthlab"] / v["hf"],
+                "depthlab_over_unchunked": v["depthlab"] / v["depthlab-unchunked"]} for k, v in out.items()}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--dtype", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    p.add_argument("--batch", type=int, default=8, help="sequences per micro-batch")
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of the step-time comparison")
+    p.add_argument("--time-case", nargs="*", default=["llama-71m"], help="cases whose step time is compared")
+    p.add_argument("--out", help="result file (default benchmarks/results/memory.json)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.time()
+    rows = []
+    for case in args.case:
+        for dtype in args.dtype:
+            for contender in CONTENDERS:
+                rows.append(child(dict(case=case, contender=contender, dtype=dtype, batch=args.batch, seq=args.seq,
+                                       device=args.device)))
+                r = rows[-1]
+                print(f"{case} {dtype} {contender:18s} activations+logits {r['activation_and_logits_bytes'] / MiB:7.0f}"
+                      f" MiB, saved for backward {r['saved_for_backward_bytes'] / MiB:7.0f} MiB, weights+grads+AdamW "
+                      f"{r['static_bytes'] / MiB:6.0f} MiB, optimizer step {r['optimizer_step_bytes'] / MiB:5.0f} MiB",
+                      flush=True)
+    timing = [step_time(c, d, args.batch, args.seq, args.reps, args.device)
+              for c in args.time_case for d in args.dtype if c in args.case]
+    for t in timing:
+        s = t["ratio_chunked_over_unchunked"]
+        h = t["ratio_over_hf_fused"]
+        print(f"{t['case']} {t['dtype']} step time chunked / unchunked {s['median']:.3f} [{s['min']:.3f}, "
+              f"{s['max']:.3f}], / hf+fused_adamw {h['median']:.3f} [{h['min']:.3f}, {h['max']:.3f}]", flush=True)
+    result = {"benchmark": "memory", "argv": sys.argv[1:] if argv is None else argv, "env": environment(),
+              "loss_chunk": TrainConfig.loss_chunk, "batch": args.batch, "seq_len": args.seq, "device": args.device,
+              "rows": rows, "ratios": summarize(rows), "step_time": timing, "wall_s": time.time() - t0}
+    for key, r in result["ratios"].items():
+        print(f"{key}: depthlab / hf activation+logits memory {r['depthlab_over_hf']:.3f}")
+    path = write_result("memory", result, args.out)
+    print(f"wrote {path} ({result['wall_s']:.0f} s wall)")
+    return result
+
+
+def _mib(b: float) -> str:
+    return f"{b / MiB:,.0f}"
+
+
+def section(result: dict | None) -> list[str]:
+    """Markdown lines for docs/results.md from benchmarks/results/memory.json."""
+    if not result:
+        return ["Not run yet (`python -m benchmarks.memory`)."]
+    lines = [f"Peak memory of one training step, micro-batch {result['batch']} x {result['seq_len']} tokens on "
+             f"{result['device']} (`{result['env'].get('device')}`), one thread, each contender in a fresh process; "
+             f"depthlab's loss by chunks of {result['loss_chunk']} tokens. *activations + logits*: peak during "
+             "forward + backward minus the memory held before it (weights, gradients, AdamW moments; on CPU resident "
+             "memory, on GPU allocated memory). *saved for backward*: the distinct tensors autograd keeps.", "",
+             "| case | dtype | contender | activations + logits (MiB) | saved for backward (MiB) | "
+             "weights + grads + AdamW (MiB) | optimizer step (MiB) |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['case']} | {r['dtype']} | {r['contender']} | {_mib(r['activation_and_logits_bytes'])} | "
+                     f"{_mib(r['saved_for_backward_bytes'])} | {_mib(r['static_bytes'])} | "
+                     f"{_mib(r['optimizer_step_bytes'])} |")
+    lines += [""] + [f"- {k}: depthlab / HF activation-and-logits memory **{r['depthlab_over_hf']:.2f}x** (target "
+                     f"<= 0.5x), chunked / unchunked loss {r['depthlab_over_unchunked']:.2f}x"
+                     for k, r in result["ratios"].items()]
+    for t in result["step_time"]:
+        s = t["ratio_chunked_over_unchunked"]
+        h = t["ratio_over_hf_fused"]
+        lines.append(f"- {t['case']} {t['dtype']}: step time chunked / full-logits loss {s['median']:.3f} (min "
+                     f"{s['min']:.3f}, max {s['max']:.3f}); over HF with fused AdamW (depthlab's operators before "
+                     f"the chunked loss) {h['median']:.3f} (min {h['min']:.3f}, max {h['max']:.3f}); "
+                     f"{len(t['step_s']['depthlab'])} interleaved repetitions, CPU time")
+    argv = " ".join(result["argv"])
+    return lines + ["", f"Command: `python -m benchmarks.memory{' ' + argv if argv else ''}` "
+                        f"({result['wall_s'] / 60:.0f} min wall)."]
+
+
+if __name__ == "__main__":
+    main()
