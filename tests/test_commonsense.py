@@ -71,3 +71,16 @@ def test_bad_commonsense_inputs_are_one_line(two_models, tmp_path, capsys):
     assert len(err) == 1 and "test.json:1:" in err[0] and "true/false" in err[0], err
     assert main(["eval", *map(str, two_models), "--device", "cpu"]) == 2
     assert "--commonsense" in capsys.readouterr().err
+
+
+def test_a_checkpoint_and_its_export_answer_alike(two_models, tmp_path, capsys):
+    """The same prompt encoding, start token and greedy decoding through depthlab and through transformers."""
+    pytest.importorskip("transformers")
+    from depthlab.cli import main
+    from depthlab.hf.commonsense import evaluate_models
+
+    assert main(["export", str(two_models[1]), str(tmp_path / "exported")]) == 0
+    res = evaluate_models([str(two_models[1]), str(tmp_path / "exported")], EVAL, "cpu", 4, log=lambda m: None)
+    a, b = res.values()
+    for task in ("boolq", "piqa", "hellaswag"):
+        assert a[task]["outputs"] == b[task]["outputs"] and a[task]["loglik"] == b[task]["loglik"]
