@@ -67,12 +67,13 @@ def _objects(text: str, path: Path):
                     raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
         return
     pos = text.index("[") + 1
+    line, counted = 1, 0  # the line of `pos`, counted incrementally (a count from 0 each time is quadratic)
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= len(text) or text[pos] == "]":
             return
-        line = text.count("\n", 0, pos) + 1
+        line, counted = line + text.count("\n", counted, pos), pos
         try:
             obj, pos = dec.raw_decode(text, pos)
         except ValueError as e:
