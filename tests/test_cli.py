@@ -32,7 +32,8 @@ def assert_user_error(res, *fragments):
 @pytest.fixture
 def text_file(tmp_path):
     f = tmp_path / "a.txt"
-    f.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog, again and again.\n" for i in range(400)))
+    line = "Line {}: the quick brown fox jumps over the lazy dog, again and again.\n"
+    f.write_text("".join(line.format(i) for i in range(400)))
     return f
 
 
@@ -85,7 +86,8 @@ def test_train_end_to_end_and_reload_keeps_scheme(tmp_path, text_file):
 
 @pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="../shared/data/shakespeare not present")
 def test_train_on_shakespeare_folder_then_eval_other_text(tmp_path):
-    res = depthlab("train", "--scheme", "pre", "--data", SHAKESPEARE / "sonnets_gut.txt", SHAKESPEARE / "macbeth_gut.txt",
+    res = depthlab("train", "--scheme", "pre", "--data", SHAKESPEARE / "sonnets_gut.txt",
+                   SHAKESPEARE / "macbeth_gut.txt",
                    "--out", tmp_path, "--max-steps", 4, *TINY)
     assert res.returncode == 0, res.stderr
     run_dir = res.stdout.split("run directory:")[1].split()[0]

@@ -133,7 +133,8 @@ class PoisonGrad(Callback):
 def test_nonfinite_gradient_stops_naming_step_and_checkpoint(tmp_path, corpus):
     cfg = make_cfg(corpus, **{"train.max_steps": 8, "train.ckpt_every": 2})
     trainer = Trainer(cfg, run_dir=tmp_path / "run", callbacks=[PoisonGrad(5)], progress=False)
-    with pytest.raises(TrainingDiverged, match=r"non-finite gradient norm at step 5; last good checkpoint: .*step_0000004"):
+    msg = r"non-finite gradient norm at step 5; last good checkpoint: .*step_0000004"
+    with pytest.raises(TrainingDiverged, match=msg):
         trainer.train()
 
 
@@ -254,7 +255,8 @@ def test_unwritable_output_is_a_clear_error(tmp_path, corpus):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     res = cli("--data", corpus, "--out", blocker / "runs", "--max-steps", 2, *sets())
-    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("depthlab: error: cannot write to run")
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and last.startswith("depthlab: error: cannot write to run")
 
 
 def test_activation_checkpointing_gives_the_same_losses(tmp_path, corpus):
