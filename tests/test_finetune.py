@@ -136,3 +136,17 @@ def test_finetune_from_an_imported_export(base, tmp_path, capsys):
                  "--no-progress", "--seq-len", "200", "--set", "train.max_steps=2", "--set", "train.batch_size=2"])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "ft" / "metrics.jsonl").is_file()
+
+
+def test_malformed_json_lines_and_arrays_name_the_line(tmp_path):
+    from depthlab import UserError
+
+    good = json.dumps({"instruction": "i", "input": "", "output": "o", "answer": "o"})
+    cases = {"a.jsonl": f"{good}\n\n{{not json\n", "b.jsonl": f"{good}\n{json.dumps({'instruction': 'i'})}\n",
+             "c.json": f"[\n{good},\n{good},\n  {{\"instruction\": 3, \"output\": \"o\"}}\n]", "d.json": "[\n{good}\n"}
+    lines = {"a.jsonl": 3, "b.jsonl": 2, "c.json": 4, "d.json": 2}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text.replace("{good}", good))
+        with pytest.raises(UserError, match=f"{name}:{lines[name]}:"):
+            read_records(tmp_path / name)
+    assert len(read_records(TRAIN)) == 22

@@ -71,7 +71,10 @@ def _objects(text: str, path: Path):
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
-        if pos >= len(text) or text[pos] == "]":
+        if pos >= len(text):
+            raise UserError(f"{path}:{text.rstrip().count(chr(10)) + 1}: the JSON array is not closed (a truncated "
+                            "file?)")
+        if text[pos] == "]":
             return
         line, counted = line + text.count("\n", counted, pos), pos
         try:
