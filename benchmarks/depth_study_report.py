@@ -317,9 +317,12 @@ def headline(out: Path) -> list[str]:
                      "below, so the paper's central claim (LNS helps *because* it lifts the curse) is **not testable "
                      "at this scale and budget**: a difference in loss here says nothing about that mechanism.")
     missing = [L for L in s["depths"] if L not in {d["layers"] for d in done}]
+    one_seed = [d["layers"] for d in done if len(d["seeds"]) < 2]
     lines.append("**What it cannot say.** Nothing about the paper's model sizes (71M-1B), its data (C4) or its "
                  f"budgets (billions of tokens); every run here saw {tokens:.1f}M tokens. "
                  + (f"Depths {missing} were not run. " if missing else "")
+                 + (f"Depths {one_seed} have one seed only, so no spread. " if one_seed else "")
+                 + ("`make study-sweep` continues the study where it stopped. " if missing or one_seed else "")
                  + "The long pair (≥ 15M tokens at the reference depth), which would show whether a gap opens or "
                  "closes with training, has not been run (about 2 h per run on one core).")
     return lines + [""]

@@ -122,5 +122,10 @@ def findings(results: dict) -> dict[str, list[str]]:
 NOT_DONE = [
     "## Not measured in this pass",
     "",
-    "- The GPU script (section 4) has not been run: no GPU machine was available to this task.",
+    "- The GPU script (section 4), with its throughput / MFU / peak-memory table for 71M and 130M "
+    "(`benchmarks/gpu_table.py`), has not been run: no GPU machine was available to this task.",
+    "- bf16 on CPU was not made faster: the profile table in section 2 shows where a bf16 step goes (matmuls, "
+    "attention, the fused AdamW, autocast's copies); keeping parameters in bf16 could remove only the copies, not "
+    "enough for 65% of the bf16 matmul peak, and was not attempted.",
+
 ]

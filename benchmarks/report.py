@@ -121,6 +121,12 @@ def gpu_section(r: dict | None) -> list[str]:
     return out + ["", "![loss](img/gpu_71m_loss.png)", ""]
 
 
+def memory_section(r: dict | None) -> list[str]:
+    from benchmarks import memory
+
+    return ["## 5. Memory of a training step: chunked loss against `transformers`", ""] + memory.section(r) + [""]
+
+
 def copy_plots() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     for png in (RESULTS / "depth_study").glob("*.png"):
@@ -130,7 +136,7 @@ def copy_plots() -> None:
 
 
 SUPERSEDED = [
-    "## 5. The earlier study at init std 0.02 (superseded)",
+    "## 6. The earlier study at init std 0.02 (superseded)",
     "",
     "An earlier version of this page reported claims 1-6 on Shakespeare with a 24 x 64 model, init std 0.02, one "
     "learning rate (2e-3; 5e-4 for 300 steps) and at most 2M tokens, and concluded that LNS loses to Pre-LN. That "
@@ -151,7 +157,7 @@ def main() -> Path:
 
     files = {"train_speed": RESULTS / "train_speed.json", "train_speed_compile": RESULTS / "train_speed_compile.json",
              "train_speed_profile": RESULTS / "train_speed_profile.json", "lns_cost": RESULTS / "lns_cost.json",
-             "gpu_71m": RESULTS / "gpu_71m" / "summary.json"}
+             "gpu_71m": RESULTS / "gpu_71m" / "summary.json", "memory": RESULTS / "memory.json"}
     results = {k: load(p) for k, p in files.items()}
     prose = findings(results)
     copy_plots()
@@ -160,7 +166,8 @@ def main() -> Path:
     lines += ["## 1. Does LNS beat Pre-LN, by depth, where the curse has formed?", ""]
     lines += study_report.section(study, "depth_study_")
     sections = [("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
-                ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"]))]
+                ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"])),
+                ("memory", memory_section(results["memory"]))]
     for key, body in sections:
         lines += body + prose.get(key, []) + [""]
     lines += SUPERSEDED + NOT_DONE

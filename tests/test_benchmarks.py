@@ -177,7 +177,7 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     text = report.main().read_text()
     assert "Not run yet (`python -m benchmarks.train_speed`)" in text
     assert "**Not run: no GPU machine was available" in text
-    assert "python -m benchmarks.depth_study run --depths 2 4" in text and "## 5. The earlier study" in text
+    assert "python -m benchmarks.depth_study run --depths 2 4" in text and "## 6. The earlier study" in text
     assert str(tmp_path) not in text  # the recorded command names no machine path
     for n in (2, 4):  # every depth has a row with two seeds and a three-way verdict for claim 1
         assert re.search(rf"^\| {n} \| 2 \| .*\| (reproduces|contradicted|inconclusive|not testable here) \|$",
