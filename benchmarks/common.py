@@ -21,7 +21,7 @@ import torch
 from depthlab.config import TrainConfig
 from depthlab.model import lm_loss
 from depthlab.train.optim import make_optimizer
-from depthlab.train.trainer import autocast
+from depthlab.train.runtime import autocast
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -45,7 +45,7 @@ from benchmarks.common import environment, hf_twin, interleaved, make_train_step
 from depthlab.config import TrainConfig, preset
 from depthlab.model import Transformer, lm_loss
 from depthlab.train.optim import make_optimizer
-from depthlab.train.trainer import autocast
+from depthlab.train.runtime import autocast
 
 CASES = {"llama-71m": {}, "llama-130m": {}}  # preset names; the values override model dims (tests use tiny ones)
 CONTENDERS = ("depthlab", "depthlab-unchunked", "hf")

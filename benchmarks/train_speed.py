@@ -40,7 +40,7 @@ from depthlab.config import ModelConfig, TrainConfig
 from depthlab.model import Transformer, lm_loss
 from depthlab.train.flops import train_flops_per_token
 from depthlab.train.optim import make_optimizer
-from depthlab.train.trainer import autocast
+from depthlab.train.runtime import autocast
 
 # Model dimensions and a batch small enough that one CPU step takes about a second.
 CASES = {

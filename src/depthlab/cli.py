@@ -73,7 +73,7 @@ def cmd_train(args) -> None:
 
 def cmd_eval(args) -> None:
     from depthlab.rundir import load_model
-    from depthlab.train.trainer import resolve_device
+    from depthlab.train.runtime import resolve_device
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
@@ -114,7 +114,7 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     import numpy as np
 
     from depthlab.data.dataset import build_token_data, eval_tokens
-    from depthlab.train.trainer import evaluate
+    from depthlab.train.runtime import evaluate
 
     seq_len = seq_len or loaded.seq_len
     if seq_len > loaded.context:

@@ -37,7 +37,7 @@ def _request(args, model: str):
         raise UserError("--seq-len must be at least 2")
     opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
                    probes=args.probes)
-    from depthlab.train.trainer import resolve_device
+    from depthlab.train.runtime import resolve_device
 
     device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,

@@ -43,7 +43,7 @@ def cmd_harness(args) -> None:
     import importlib.util
 
     from depthlab.rundir import load_model
-    from depthlab.train.trainer import resolve_device
+    from depthlab.train.runtime import resolve_device
 
     if args.tasks or args.data:
         raise UserError("--harness runs lm-evaluation-harness tasks; it does not combine with --tasks or --data")

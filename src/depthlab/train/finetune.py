@@ -31,7 +31,8 @@ from depthlab.data.dataset import PackedSampler, TokenData
 from depthlab.data.tokenizer import eot_id
 from depthlab.model import loss_of
 from depthlab.train import distributed as D
-from depthlab.train.trainer import Trainer, autocast
+from depthlab.train.runtime import autocast
+from depthlab.train.trainer import Trainer
 
 IGNORE = -100
 FIELDS = ("instruction", "input", "output")

@@ -12,25 +12,20 @@ import contextlib
 import json
 import math
 import os
-import platform
-import random
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from depthlab import UserError, __version__
+from depthlab import UserError
 from depthlab.config import Config
-from depthlab.data.dataset import PackedSampler, TokenData, build_token_data, eval_batches
+from depthlab.data.dataset import PackedSampler, TokenData, build_token_data
 from depthlab.data.tokenizer import load_tokenizer
-from depthlab.model import Transformer, loss_of
+from depthlab.model import Transformer
 from depthlab.model.validate import validate
 from depthlab.rundir import (
     CHECKPOINTS,
@@ -55,6 +50,17 @@ from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, 
 from depthlab.train.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint, tidy_after_kill
 from depthlab.train.flops import peak_flops, train_flops_per_token
 from depthlab.train.optim import make_optimizer, make_scheduler
+from depthlab.train.runtime import (
+    autocast,
+    config_diff,
+    environment,
+    evaluate,
+    new_run_dir,
+    resolve_device,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 
 # Config fields that may change when resuming: they do not affect which tokens are seen or the numerics.
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
@@ -74,113 +80,6 @@ class RunResult:
     val_ppl: float
     steps: int
     wall_s: float
-
-
-def resolve_device(name: str, what: str = "--device") -> torch.device:
-    """The device a flag or config field (`what`) names; one error line when this machine has no such device."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"{what}: unknown device {name!r} (use auto, cpu, cuda, cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"{what} {name}: this machine has no CUDA device (PyTorch {torch.__version__} sees none); "
-                        "use cpu or auto")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"{what} {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def autocast(device: torch.device, dtype: str):
-    if dtype == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
-             dtype: str = "fp32", env: D.DistEnv | None = None) -> dict:
-    """Per-token mean loss over every window of the validation stream, and its perplexity. Under torchrun
-    the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that)."""
-    env = env or D.DistEnv()
-    was_training = model.training
-    model.eval()
-    total, count, mine, filler = 0.0, 0, 0, None
-    for b, (x, y) in enumerate(eval_batches(tokens, seq_len, batch_size)):
-        filler = filler if filler is not None else x
-        if b % env.world_size != env.rank:
-            continue
-        with autocast(device, dtype):
-            total += loss_of(model, x.to(device), y.to(device), reduction="sum").item()
-        count += y.numel()
-        mine += 1
-    n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
-    for _ in range(math.ceil(n_batches / env.world_size) - mine):  # FSDP: every rank runs as many forwards
-        with autocast(device, dtype):
-            model(filler.to(device))
-    model.train(was_training)
-    total, count = D.all_reduce_sum([total, float(count)], env)
-    loss = total / count
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": int(count)}
-
-
-def new_run_dir(cfg: Config) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.train.out_dir) / f"{cfg.preset}-{cfg.model.norm_scheme}-{stamp}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = base.with_name(f"{base.name}-{i}"), i + 1
-    return run_dir
-
-
-def environment(device: torch.device, env: D.DistEnv) -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {"depthlab": __version__, "git_commit": commit, "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-            "threads": torch.get_num_threads(), "world_size": env.world_size,
-            "started": datetime.now().isoformat(timespec="seconds")}
-
-
-def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two config dicts, as `key: a -> b`."""
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += config_diff(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
-    return out
-
-
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
