@@ -13,7 +13,8 @@ from depthlab.cli import main
 from depthlab.config import Config
 from depthlab.data import prepare as prep
 from depthlab.data.dataset import build_token_data
-from depthlab.data.prepare import load_prepared, prepare
+from depthlab.data.prepare import prepare
+from depthlab.data.prepared import load_prepared
 from depthlab.data.tokenizer import tokenizer_hash
 from depthlab.data.tokens import is_val, val_period
 from tests.conftest import tiny_model_config

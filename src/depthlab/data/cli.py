@@ -30,7 +30,7 @@ def print_info(path, index: dict) -> None:
 
 
 def cmd_info(args) -> None:
-    from depthlab.data.prepare import load_prepared
+    from depthlab.data.prepared import load_prepared
 
     index, _, _ = load_prepared(args.path)
     if args.json:

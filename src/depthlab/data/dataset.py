@@ -16,7 +16,8 @@ from tokenizers import Tokenizer
 
 from depthlab import UserError
 from depthlab.config import Config
-from depthlab.data.prepare import bounded, check_line_lengths, is_prepared, load_prepared
+from depthlab.data.prepare import bounded, check_line_lengths
+from depthlab.data.prepared import is_prepared, load_prepared
 from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, expand, read_documents
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import is_val, pack, val_period

@@ -36,6 +36,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from depthlab import UserError
+from depthlab.data.prepared import VERSION
 from depthlab.data.sources import (
     HF_PREFIX,
     BadFile,
@@ -59,7 +60,6 @@ from depthlab.rundir import (
     what_is,
 )
 
-VERSION = 1
 SPLITS = ("train", "val")
 BATCH_DOCS, BATCH_BYTES = 512, 4_000_000  # one encode_batch call per this many documents or bytes
 # Input bytes per unit (a unit is whole files, so one big file is one unit). Smaller inputs than the minimum run
@@ -70,11 +70,6 @@ UNIT_MIN_BYTES, UNIT_MAX_BYTES = 16e6, 64e6
 # is refused before any text is read.
 MAX_DOCUMENT_BYTES = 16_000_000
 MIN_VOCAB = 257  # byte-level BPE: the 256 byte tokens and <|endoftext|>
-
-
-def is_prepared(path: str | Path) -> bool:
-    """A prepared-data directory, finished or not (depthlab.rundir.what_is decides)."""
-    return what_is(path) is Kind.PREPARED
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -462,29 +457,3 @@ def _run_job(out: Path, job: dict, settings: dict, log) -> dict:
         raise
     except OSError as e:  # a full disk, an unwritable --out
         raise UserError(f"cannot write {out}: {e.strerror or e}; rerun the same command to resume") from None
-
-
-def load_prepared(path: str | Path) -> tuple[dict, Tokenizer, dict[str, np.ndarray]]:
-    """(index, tokenizer, {split: memory-mapped tokens}) of a prepared directory; UserError if it is not one."""
-    path = Path(path)
-    if not (path / INDEX).is_file():
-        if (path / WORK / PLAN).is_file():
-            raise UserError(f"{path} is an unfinished `depthlab data prepare`; rerun the same command to finish it")
-        raise UserError(f"{path} is not a prepared-data directory (no {INDEX})")
-    try:
-        index = json.loads((path / INDEX).read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {path / INDEX}: {e}") from None
-    if index.get("format") != FORMAT or index.get("version") != VERSION:
-        raise UserError(f"{path / INDEX} is not a {FORMAT} v{VERSION} index")
-    tok = load_tokenizer(path / TOKENIZER_FILE)
-    if tokenizer_hash(tok) != index["tokenizer_hash"]:
-        raise UserError(f"{path / TOKENIZER_FILE} is not the tokenizer the shards were made with "
-                        f"({tokenizer_hash(tok)} != {index['tokenizer_hash']})")
-    arrays = {}
-    for split, info in index["splits"].items():
-        file = path / info["file"]
-        if not file.is_file() or file.stat().st_size != info["tokens"] * np.dtype(index["dtype"]).itemsize:
-            raise UserError(f"{file} is missing or does not hold the {info['tokens']} tokens the index lists")
-        arrays[split] = np.memmap(file, dtype=index["dtype"], mode="r")
-    return index, tok, arrays
