@@ -202,7 +202,7 @@ def run(args) -> None:
     (out / "settings.json").write_text(json.dumps(saved, indent=2) + "\n")
     ctx = get_context("spawn")  # fresh interpreters: no inherited thread pools
     with ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
-        for phase in args.phases:
+        for phase in [] if args.dry_run else args.phases:
             for _ in range(2):  # mixln's seeds are known only once its grid has finished
                 runs = load_runs(out)
                 todo = [c for c in phase_cells(phase, s, runs) if cell_key(*c) not in runs]
@@ -229,7 +229,7 @@ def settings(args) -> dict:
         a = argv.pop(0)
         if a in ("--out", "--runs-dir"):
             argv = argv[1:]
-        elif not a.startswith(("--out=", "--runs-dir=")):
+        elif a != "--dry-run" and not a.startswith(("--out=", "--runs-dir=")):
             kept.append(a)
     s["command"] = "python -m benchmarks.depth_study " + " ".join(kept)
     return s
@@ -266,6 +266,8 @@ def main(argv=None) -> None:
     r.add_argument("--jobs", type=int, default=2, help="worker processes (one thread each)")
     r.add_argument("--out", default=str(OUT))
     r.add_argument("--runs-dir", help="where run directories go (default OUT/runs, git-ignored)")
+    r.add_argument("--dry-run", action="store_true", help="train nothing: record these settings and summarise "
+                   "what has finished (after a partial run with other --depths / --seeds)")
     sm = sub.add_parser("summarize", help="tables, verdicts, plots from OUT/runs.jsonl")
     sm.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)

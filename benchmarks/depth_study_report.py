@@ -67,6 +67,8 @@ def precondition(pre_runs: list[dict]) -> dict:
 
 
 def verdict(curse: str, diffs: list[float], better_if_negative: bool = True) -> str:
+    if curse == "not run":
+        return "not run"
     if curse != "present":
         return "not testable here"
     if not diffs:
@@ -316,6 +318,12 @@ def headline(out: Path) -> list[str]:
         lines.append("In no configuration run here did Pre-LN's deep blocks become identity-like by the criterion "
                      "below, so the paper's central claim (LNS helps *because* it lifts the curse) is **not testable "
                      "at this scale and budget**: a difference in loss here says nothing about that mechanism.")
+    deltas = [x for d in done for x in d["paired_deltas"]]
+    if deltas:
+        lines.append(f"Apart from the mechanism, the outcome: LNS's validation loss was lower than Pre-LN's in "
+                     f"{sum(x < 0 for x in deltas)} of {len(deltas)} paired runs (same seed, same data order), by "
+                     f"{-max(deltas):.3f} to {-min(deltas):.3f} nats; with at most two seeds per depth this is a "
+                     "consistent sign, not a measured effect size.")
     missing = [L for L in s["depths"] if L not in {d["layers"] for d in done}]
     one_seed = [d["layers"] for d in done if len(d["seeds"]) < 2]
     lines.append("**What it cannot say.** Nothing about the paper's model sizes (71M-1B), its data (C4) or its "
