@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -24,15 +23,6 @@ from tests.test_trainer import TINY, losses, make_cfg
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TRAIN = [f"--set={k}={v}" for k, v in TINY.items()] + ["--no-progress"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(1)
-    words = "the quick brown fox jumps over lazy dog and cat sat on mat while birds sing in green trees".split()
-    f = tmp_path_factory.mktemp("data") / "corpus.txt"
-    f.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(3000)))
-    return f
 
 
 def run_main(capsys, *argv) -> tuple[int, str]:

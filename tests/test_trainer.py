@@ -4,7 +4,6 @@ import errno
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -31,15 +30,6 @@ def sets(**extra):
     for k, v in {**TINY, **{k.replace("__", "."): v for k, v in extra.items()}}.items():
         out += ["--set", f"{k}={v}"]
     return out
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    rng = random.Random(1)
-    words = "the quick brown fox jumps over lazy dog and cat sat on mat while birds sing in green trees".split()
-    f = tmp_path_factory.mktemp("data") / "corpus.txt"
-    f.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(3000)))
-    return f
 
 
 def cli(*args, torchrun: int = 0, **popen):
