@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install clean results study study-grid study-sweep study-mixln reproduce-short reproduce-builtin reproduce-long reproduce-lr speed
+.PHONY: demo test install clean results study study-grid study-sweep study-long study-mixln reproduce-short reproduce-builtin reproduce-long reproduce-lr speed
 
 install: $(VENV)/.installed
 
@@ -27,16 +27,19 @@ BENCH := PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(PY) -m benchmarks
 SHORT := --data shakespeare --seeds 0 1 2 --steps 300 --eval-every 100 --jobs 2
 
 # The depth study (docs/results.md, section 1): each part <= 45 min wall on 2 cores except study-sweep (its
-# 48-block runs take about 15 min each per core); parts append to benchmarks/results/depth_study/runs.jsonl.
+# 48-block runs take about 15 min each per core) and study-long; parts append to benchmarks/results/depth_study/runs.jsonl.
 STUDY := $(BENCH).depth_study run --runs-dir /tmp/depthlab_study_runs
 
-study: study-grid study-sweep study-mixln
+study: study-grid study-sweep study-long study-mixln
 
-study-grid: install  # pre and lns at 24 blocks, lr 1e-3 / 2e-3 / 4e-3 / 8e-3, seed 0
+study-grid: install  # pre and lns at 24 blocks, lr 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2, seed 0
 	$(STUDY) --phases grid
 
-study-sweep: install  # pre and lns at 6, 12, 24, 48 blocks, seeds 0 and 1, each at its best rate from the grid
+study-sweep: install  # pre and lns at 6, 12, 24, 48 blocks, seeds 0 and 1 (and 2 at 24), each at its best rate
 	$(STUDY) --phases sweep
+
+study-long: install  # pre and lns at 24 blocks, best rates, seed 0, 15.1M tokens of a 64 MB corpus (about 70 min)
+	$(STUDY) --phases long
 
 study-mixln: install  # mixln at 24 blocks: its own grid, then seed 1 at its best rate
 	$(STUDY) --phases mixln

@@ -8,7 +8,11 @@ The model starts in the paper's regime (width-matched init, `model.init_std=auto
 and every configuration's per-block update ratio at initialisation is recorded next to LLaMA-130M's. Phases:
 
     grid    pre, lns at the reference depth, every learning rate of --lrs, seed 0
-    sweep   pre, lns at every depth of --depths and every seed of --seeds, each at its best rate from the grid
+    sweep   pre, lns at every depth of --depths and every seed of --seeds (at the reference depth every seed of
+            --ref-seeds too), each at its best rate from the grid
+    long    pre, lns at the reference depth and best rates, seed 0, for --long-tokens (>= 15M) on a larger built-in
+            corpus (--long-corpus-mb, the standard library then the installed packages' sources): does the gap
+            close or open as training goes on? Recorded in OUT/long.jsonl
     mixln   mixln at the reference depth: the grid, then the other seeds at its best rate
 
 Every run trains on the same token streams (the built-in corpus, tokenized once into OUT/corpus and recorded by
@@ -35,7 +39,7 @@ import torch
 
 OUT = Path(__file__).parent / "results" / "depth_study"
 PAPER_EMBED_STD = (2 / 5) ** 0.5
-PHASES = ("grid", "sweep", "mixln")
+PHASES = ("grid", "sweep", "long", "mixln")
 
 
 # ---------------------------------------------------------------------------------------------------- settings
@@ -60,7 +64,7 @@ def build_corpus(s: dict) -> dict:
     """Tokenize the built-in corpus once (BPE trained on its training documents); record its content hash."""
     from depthlab.data.dataset import build_token_data
 
-    d = Path(s["runs_dir"]) / "corpus"
+    d = Path(s["runs_dir"]) / s["corpus_dir"]
     if (d / "corpus.json").exists():
         return json.loads((d / "corpus.json").read_text())
     data = build_token_data(make_config(s, 2, "pre", 1e-3, 0))
@@ -81,7 +85,7 @@ def load_corpus(s: dict):
     from depthlab.data.dataset import TokenData
     from depthlab.data.tokenizer import load_tokenizer
 
-    d = Path(s["runs_dir"]) / "corpus"
+    d = Path(s["runs_dir"]) / s["corpus_dir"]
     info = json.loads((d / "corpus.json").read_text())
     val = np.load(d / "val.npy")[:s["val_tokens"]]  # the head of the validation stream keeps evaluations cheap
     return TokenData(load_tokenizer(d / "tokenizer.json"), np.load(d / "train.npy", mmap_mode="r"), val,
@@ -123,7 +127,7 @@ def run_cell(s: dict, layers: int, variant: str, lr: float, seed: int) -> dict:
     from depthlab.train.trainer import TrainingDiverged, train
 
     torch.set_num_threads(1)
-    run_dir = Path(s["runs_dir"]) / cell_key(layers, variant, lr, seed)
+    run_dir = Path(s["runs_dir"]) / (s["tag"] + cell_key(layers, variant, lr, seed))
     if run_dir.exists():
         import shutil
 
@@ -152,8 +156,8 @@ def run_cell(s: dict, layers: int, variant: str, lr: float, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- bookkeeping
-def load_runs(out: Path) -> dict[str, dict]:
-    path = out / "runs.jsonl"
+def load_runs(out: Path, name: str = "runs.jsonl") -> dict[str, dict]:
+    path = out / name
     runs = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -180,8 +184,15 @@ def phase_cells(phase: str, s: dict, runs: dict) -> list[tuple]:
         if None in best.values():
             sys.exit("the sweep needs the grid: run --phases grid first")
         # seed 0 at every depth first (deepest first: the thesis is about depth), then the other seeds
-        return [(L, v, best[v], seed) for seed in s["seeds"]
-                for L in sorted(s["depths"], reverse=seed == s["seeds"][0]) for v in ("pre", "lns")]
+        cells = [(L, v, best[v], seed) for seed in s["seeds"]
+                 for L in sorted(s["depths"], reverse=seed == s["seeds"][0]) for v in ("pre", "lns")]
+        return cells + [(ref, v, best[v], seed) for seed in s["ref_seeds"] if seed not in s["seeds"]
+                        for v in ("pre", "lns")]
+    if phase == "long":
+        best = {v: best_lr(runs, v, ref, lrs) for v in ("pre", "lns")}
+        if None in best.values():
+            sys.exit("the long pair needs the grid: run --phases grid first")
+        return [(ref, v, best[v], 0) for v in ("pre", "lns")]
     if phase == "mixln":
         cells = [(ref, "mixln", lr, 0) for lr in lrs]
         b = best_lr(runs, "mixln", ref, lrs)
@@ -189,40 +200,55 @@ def phase_cells(phase: str, s: dict, runs: dict) -> list[tuple]:
     raise ValueError(phase)
 
 
+def with_corpus(s: dict) -> dict:
+    """s with its corpus built (or found in the cache) and recorded; refuses a budget over one epoch."""
+    info = build_corpus(s)
+    s = {**s, "corpus": info, "corpus_sha256": info["sha256"], "train_tokens": info["train_tokens"]}
+    if s["steps"] * s["batch"] * s["seq"] > info["train_tokens"]:
+        sys.exit(f"{s['steps']} steps would see more than one epoch of {info['train_tokens']:,} tokens: "
+                 f"raise --{'long-' if s['tag'] else ''}corpus-mb")
+    return s
+
+
+def long_settings(s: dict) -> dict:
+    steps = math.ceil(s["long_tokens"] / (s["batch"] * s["seq"]))
+    return {**s, "steps": steps, "eval_every": s["long_eval_every"], "corpus_mb": s["long_corpus_mb"],
+            "corpus_dir": "corpus-long", "tag": "long-"}
+
+
 def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    s = settings(args)
-    info = build_corpus(s)
-    s.update(corpus=info, corpus_sha256=info["sha256"], train_tokens=info["train_tokens"])
-    if s["steps"] * s["batch"] * s["seq"] > info["train_tokens"]:
-        sys.exit(f"{s['steps']} steps would see more than one epoch of {info['train_tokens']:,} tokens: "
-                 f"raise --corpus-mb")
+    s = with_corpus(settings(args))
     saved = {k: v for k, v in s.items() if k not in ("out", "runs_dir")}  # where files go is not a setting
     (out / "settings.json").write_text(json.dumps(saved, indent=2) + "\n")
     ctx = get_context("spawn")  # fresh interpreters: no inherited thread pools
     with ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
         for phase in [] if args.dry_run else args.phases:
+            runs_file = "long.jsonl" if phase == "long" else "runs.jsonl"
+            ps = with_corpus(long_settings(s)) if phase == "long" else s
             for _ in range(2):  # mixln's seeds are known only once its grid has finished
-                runs = load_runs(out)
-                todo = [c for c in phase_cells(phase, s, runs) if cell_key(*c) not in runs]
+                runs, done = load_runs(out), load_runs(out, runs_file)
+                todo = [c for c in phase_cells(phase, s, runs) if cell_key(*c) not in done]
                 if not todo:
                     continue
                 print(f"{phase}: {len(todo)} runs", file=sys.stderr)
-                futures = {pool.submit(run_cell, s, *c): c for c in todo}
+                futures = {pool.submit(run_cell, ps, *c): c for c in todo}
                 for f in as_completed(futures):
                     rec = f.result()
-                    with open(out / "runs.jsonl", "a") as fh:
+                    with open(out / runs_file, "a") as fh:
                         fh.write(json.dumps(rec) + "\n")
-                    print(f"  {cell_key(*futures[f])}: val loss {rec['val_loss']:.4f} ({rec['wall_s']:.0f} s)",
-                          file=sys.stderr)
+                    print(f"  {ps['tag']}{cell_key(*futures[f])}: val loss {rec['val_loss']:.4f} "
+                          f"({rec['wall_s']:.0f} s)", file=sys.stderr)
     summarize(args)
 
 
 def settings(args) -> dict:
     keys = ("dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "eval_every", "corpus_mb", "val_tokens",
-            "probe_seqs", "ref_depth", "depths", "seeds", "lrs", "init_std", "embed_std", "out")
+            "probe_seqs", "ref_depth", "depths", "seeds", "ref_seeds", "lrs", "init_std", "embed_std",
+            "long_tokens", "long_corpus_mb", "long_eval_every", "out")
     s = {k: getattr(args, k) for k in keys}
+    s.update(corpus_dir="corpus", tag="")
     s["runs_dir"] = args.runs_dir or str(Path(args.out) / "runs")
     argv, kept = list(args.argv), []
     while argv:  # the command as recorded: without --out / --runs-dir, so it names no machine path
@@ -249,7 +275,9 @@ def main(argv=None) -> None:
     r.add_argument("--depths", nargs="+", type=int, default=[6, 12, 24, 48])
     r.add_argument("--ref-depth", type=int, default=24)
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    r.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 2e-3, 4e-3, 8e-3], help="the grid, spaced x2")
+    r.add_argument("--ref-seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds at the reference depth")
+    r.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2],
+                   help="the grid, spaced x2")
     r.add_argument("--dim", type=int, default=64)
     r.add_argument("--heads", type=int, default=4)
     r.add_argument("--ffn", type=int, default=172)
@@ -263,6 +291,9 @@ def main(argv=None) -> None:
     r.add_argument("--probe-seqs", type=int, default=64, help="validation windows for the probes")
     r.add_argument("--init-std", default="auto", help="auto (sqrt(2/(5 dim))) or a number")
     r.add_argument("--embed-std", type=float, default=PAPER_EMBED_STD)
+    r.add_argument("--long-tokens", type=float, default=15.1e6, help="training tokens of the long pair")
+    r.add_argument("--long-corpus-mb", type=float, default=64.0, help="MB of the built-in corpus for the long pair")
+    r.add_argument("--long-eval-every", type=int, default=500)
     r.add_argument("--jobs", type=int, default=2, help="worker processes (one thread each)")
     r.add_argument("--out", default=str(OUT))
     r.add_argument("--runs-dir", help="where run directories go (default OUT/runs, git-ignored)")

@@ -77,10 +77,34 @@ def verdict(curse: str, diffs: list[float], better_if_negative: bool = True) -> 
     return "reproduces" if all(good) else "contradicted" if not any(good) else "inconclusive"
 
 
+def seeds_at(s: dict, layers: int) -> list[int]:
+    extra = s.get("ref_seeds", []) if layers == s["ref_depth"] else []
+    return list(dict.fromkeys(s["seeds"] + extra))
+
+
 def by_depth(runs: dict, s: dict, variant: str, layers: int, lr: float | None) -> list[dict]:
     if lr is None:
         return []
-    return [r for seed in s["seeds"] if (r := runs.get(cell_key(layers, variant, lr, seed))) and r["status"] == "ok"]
+    return [r for seed in seeds_at(s, layers)
+            if (r := runs.get(cell_key(layers, variant, lr, seed))) and r["status"] == "ok"]
+
+
+def long_summary(out: Path, best: dict) -> dict | None:
+    """The long pair (OUT/long.jsonl): final losses and lns - pre at every evaluation, so one sees whether the gap
+    closes or opens as training goes on."""
+    runs = load_runs(out, "long.jsonl")
+    pre = next((r for r in runs.values() if r["variant"] == "pre" and r["lr"] == best["pre"]), None)
+    lns = next((r for r in runs.values() if r["variant"] == "lns" and r["lr"] == best["lns"]), None)
+    if not (pre and lns and pre["status"] == lns["status"] == "ok"):
+        return None
+    q = dict(map(tuple, lns["val_curve"]))
+    curve = [(step, q[step] - v) for step, v in pre["val_curve"] if step in q]
+    return {"layers": pre["layers"], "tokens": pre["tokens"], "epochs": pre["epochs"],
+            "corpus_sha256": pre["corpus_sha256"], "wall_s": pre["wall_s"] + lns["wall_s"],
+            "pre_val_loss": pre["val_loss"], "lns_val_loss": lns["val_loss"], "delta_curve": curve,
+            "pre_update_deep_over_shallow": deep_over_shallow(pre["update_ratio"]),
+            "pre_removal_deep_over_shallow": deep_over_shallow(pre["removal"]),
+            "val_curves": {"pre": pre["val_curve"], "lns": lns["val_curve"]}}
 
 
 def best_rates(runs: dict, s: dict) -> dict:
@@ -171,6 +195,7 @@ def write_summary(out: Path) -> dict | None:
            "depths": [depth_summary(runs, s, best, L) for L in sorted(s["depths"])],
            "mixln": {"val_loss": mean_std(r["val_loss"] for r in by_depth(runs, s, "mixln", s["ref_depth"],
                                                                            best["mixln"]))},
+           "long": long_summary(out, best),
            "runs": len(runs), "train_s": sum(r["wall_s"] for r in runs.values())}
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     plot(res, runs, out)
@@ -209,6 +234,26 @@ def plot(res: dict, runs: dict, out: Path) -> None:
     fig.savefig(out / "delta_and_precondition_by_depth.png", dpi=110)
     plt.close(fig)
     profiles(res, runs, out, plt)
+    if res.get("long"):
+        long_plot(res["long"], out, plt)
+
+
+def long_plot(lg: dict, out: Path, plt) -> None:
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    tokens_per_step = lg["tokens"] / lg["val_curves"]["pre"][-1][0]
+    for v, style in (("pre", "o-"), ("lns", "s--")):
+        xs, ys = zip(*lg["val_curves"][v], strict=True)
+        a.plot([x * tokens_per_step / 1e6 for x in xs], ys, style, ms=3, label=v)
+    a.set(xlabel="training tokens (M)", ylabel="validation loss", title=f"N={lg['layers']}, long pair", ylim=(None,
+          max(lg["pre_val_loss"], lg["lns_val_loss"]) + 1.0))
+    a.legend()
+    xs, ys = zip(*lg["delta_curve"], strict=True)
+    b.plot([x * tokens_per_step / 1e6 for x in xs], ys, "o-", ms=3)
+    b.axhline(0, color="k", lw=0.8)
+    b.set(xlabel="training tokens (M)", ylabel="lns - pre (nats)", title="the gap as training goes on")
+    fig.tight_layout()
+    fig.savefig(out / "long_pair.png", dpi=110)
+    plt.close(fig)
 
 
 def profiles(res: dict, runs: dict, out: Path, plt) -> None:
@@ -291,7 +336,24 @@ def section(out: Path, img_prefix: str) -> list[str]:
         for c in d["claims"].values():
             nums = ", ".join(f"{x:+.3g}" if isinstance(x, float) else str(x) for x in c["numbers"])
             lines.append(f"| {d['layers']} | {c['claim']} | {c['verdict']} | {nums} |")
-    return lines + [""]
+    return lines + [""] + long_section(res.get("long"), s, img_prefix)
+
+
+def long_section(lg: dict | None, s: dict, img_prefix: str) -> list[str]:
+    if not lg:
+        return ["The long pair (`make study-long`: pre and lns at the reference depth and best rates, seed 0, "
+                f"{s.get('long_tokens', 15.1e6) / 1e6:.1f}M tokens) has not finished.", ""]
+    at = [lg["delta_curve"][i] for i in sorted({0, len(lg["delta_curve"]) // 4, len(lg["delta_curve"]) // 2,
+                                                  len(lg["delta_curve"]) - 1})]
+    return [f"The long pair (`make study-long`): N={lg['layers']}, seed 0, {lg['tokens'] / 1e6:.1f}M tokens "
+            f"({lg['epochs']:.2f} epochs of a {s.get('long_corpus_mb', 64):g} MB built-in corpus, sha256 "
+            f"`{lg['corpus_sha256'][:16]}…`), {lg['wall_s'] / 3600:.1f} h of one-thread training. Final validation "
+            f"loss pre {lg['pre_val_loss']:.4f}, lns {lg['lns_val_loss']:.4f} "
+            f"(Δ {lg['lns_val_loss'] - lg['pre_val_loss']:+.4f}); lns − pre at step "
+            + ", ".join(f"{st}: {d:+.4f}" for st, d in at)
+            + f". Pre-LN's final deep/shallow update ratio {lg['pre_update_deep_over_shallow']:.2f}, removal cost "
+            f"{lg['pre_removal_deep_over_shallow']:.2f}. One seed: the direction of the curve, not its size, is "
+            "the finding.", "", f"![long pair](img/{img_prefix}long_pair.png)", ""]
 
 
 def headline(out: Path) -> list[str]:
@@ -322,8 +384,8 @@ def headline(out: Path) -> list[str]:
     if deltas:
         lines.append(f"Apart from the mechanism, the outcome: LNS's validation loss was lower than Pre-LN's in "
                      f"{sum(x < 0 for x in deltas)} of {len(deltas)} paired runs (same seed, same data order), by "
-                     f"{-max(deltas):.3f} to {-min(deltas):.3f} nats; with at most two seeds per depth this is a "
-                     "consistent sign, not a measured effect size.")
+                     f"{-max(deltas):.3f} to {-min(deltas):.3f} nats; with {max(len(d['seeds']) for d in done)} or "
+                     "fewer seeds per depth this is a consistent sign, not a measured effect size.")
     missing = [L for L in s["depths"] if L not in {d["layers"] for d in done}]
     one_seed = [d["layers"] for d in done if len(d["seeds"]) < 2]
     lines.append("**What it cannot say.** Nothing about the paper's model sizes (71M-1B), its data (C4) or its "
@@ -331,6 +393,6 @@ def headline(out: Path) -> list[str]:
                  + (f"Depths {missing} were not run. " if missing else "")
                  + (f"Depths {one_seed} have one seed only, so no spread. " if one_seed else "")
                  + ("`make study-sweep` continues the study where it stopped. " if missing or one_seed else "")
-                 + "The long pair (≥ 15M tokens at the reference depth), which would show whether a gap opens or "
-                 "closes with training, has not been run (about 2 h per run on one core).")
+                 + ("" if res.get("long") else "The long pair (≥ 15M tokens at the reference depth), which would "
+                    "show whether a gap opens or closes with training, has not finished."))
     return lines + [""]

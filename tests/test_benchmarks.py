@@ -171,18 +171,27 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     text = report.main().read_text()
     assert "has not been run yet" in text and "Not run yet (`make study`)" in text
     depth_study.main(["run", "--out", str(results / "depth_study"), "--depths", "2", "4", "--ref-depth", "4",
-                      "--seeds", "0", "1", "--lrs", "1e-3", "2e-3", "--phases", "grid", "sweep", "--steps", "3",
-                      "--eval-every", "3", "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "300",
-                      "--seq", "16", "--batch", "2", "--corpus-mb", "0.05", "--probe-seqs", "4", "--jobs", "1"])
+                      "--seeds", "0", "1", "--ref-seeds", "0", "1", "2", "--lrs", "1e-3", "2e-3",
+                      "--phases", "grid", "sweep", "long", "--steps", "3", "--eval-every", "3", "--dim", "16",
+                      "--heads", "2", "--ffn", "32", "--vocab", "300", "--seq", "16", "--batch", "2",
+                      "--corpus-mb", "0.05", "--probe-seqs", "4", "--jobs", "1",
+                      "--long-tokens", "192", "--long-corpus-mb", "0.08", "--long-eval-every", "2"])
     text = report.main().read_text()
     assert "Not run yet (`python -m benchmarks.train_speed`)" in text
     assert "**Not run: no GPU machine was available" in text
     assert "python -m benchmarks.depth_study run --depths 2 4" in text and "## 6. The earlier study" in text
     assert str(tmp_path) not in text  # the recorded command names no machine path
-    for n in (2, 4):  # every depth has a row with two seeds and a three-way verdict for claim 1
-        assert re.search(rf"^\| {n} \| 2 \| .*\| (reproduces|contradicted|inconclusive|not testable here) \|$",
+    for n, seeds in ((2, 2), (4, 3)):  # every depth has a row with its seeds and a three-way verdict for claim 1
+        assert re.search(rf"^\| {n} \| {seeds} \| .*\| (reproduces|contradicted|inconclusive|not testable here) \|$",
                          text, re.M)
     assert (tmp_path / "docs" / "img" / "depth_study_delta_and_precondition_by_depth.png").exists()
+    # the long pair: 6 steps on its own, larger corpus, lns - pre at every evaluation
+    long_runs = [json.loads(x) for x in (results / "depth_study" / "long.jsonl").read_text().splitlines()]
+    assert {(r["variant"], r["tokens"]) for r in long_runs} == {("pre", 192), ("lns", 192)}
+    assert long_runs[0]["corpus_sha256"] != json.loads((results / "depth_study" / "settings.json").read_text())[
+        "corpus_sha256"]
+    assert re.search(r"The long pair .*N=4, seed 0, 0\.0M tokens.*lns − pre at step 2: [+-]\d", text)
+    assert (tmp_path / "docs" / "img" / "depth_study_long_pair.png").exists()
 
 
 def test_depth_study_verdicts_follow_the_precondition():

@@ -3,6 +3,7 @@
 import gzip
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,20 @@ def test_corrupt_parquet_is_a_bad_file(tmp_path):
     for name in ("d.parquet", "junk.parquet"):
         with pytest.raises(BadFile, match="parquet"):
             list(file_documents(str(tmp_path / name)))
+
+
+def test_builtin_corpus_grows_past_the_standard_library_as_a_prefix():
+    """The built-in corpus is the standard library, then the installed packages' sources; a smaller corpus is a
+    prefix of a larger one, so a study's small and large corpora share their first documents."""
+    import sysconfig
+
+    from depthlab.data.sources import builtin_files, builtin_roots
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    small, large = builtin_files(1.0), builtin_files(16.0)
+    assert large[:len(small)] == small and all(f.is_relative_to(stdlib) for f in small)
+    assert sum(f.stat().st_size for f in large) >= 16e6
+    assert not any(f.is_relative_to(stdlib) for f in large[-3:])  # past the standard library's ~12 MB
+    roots = builtin_roots()
+    assert not any({"test", "tests"} & set(f.relative_to(next(r for r in roots if f.is_relative_to(r))).parts)
+                   for f in large)

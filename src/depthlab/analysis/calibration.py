@@ -40,7 +40,7 @@ def read_calibration_text(paths: list[str] | None, n_tokens: int) -> tuple[list[
         return [d.text for d in docs], f"{', '.join(paths)} ({report.summary()})"
     # Python source tokenizes at roughly 3-4 bytes a token; read a little more than needed.
     docs = builtin_documents(max(0.02, n_tokens * 8 / 1e6))
-    return [d.text for d in docs], f"built-in corpus ({len(docs)} Python standard-library files)"
+    return [d.text for d in docs], f"built-in corpus ({len(docs)} Python source files)"
 
 
 def pack_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> list[np.ndarray]:

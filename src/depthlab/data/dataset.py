@@ -68,7 +68,7 @@ def load_text(cfg: Config) -> tuple[list[Document], str, ReadReport | None]:
         docs = [piece for doc in docs for piece in bounded(doc)]  # as `data prepare` cuts them
         return docs, f"{describe_inputs(d.paths)} ({report.summary()})", report
     docs = builtin_documents(d.builtin_mb)
-    return docs, f"built-in corpus: {len(docs)} Python standard-library files", None
+    return docs, f"built-in corpus: {len(docs)} Python source files ({d.builtin_mb:g} MB)", None
 
 
 def _prepared_data(paths: list[str], wanted: Tokenizer | None) -> TokenData:

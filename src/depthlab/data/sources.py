@@ -288,30 +288,42 @@ def read_documents(paths: list[str], fatal_bad_files: bool = False, text_field: 
     return docs, report
 
 
+def _python_files(root: Path) -> list[Path]:
+    """The non-empty .py files under root (no tests, no nested site-packages), in a stable, content-independent
+    shuffle, so a sample spans the whole tree and not just its first folders."""
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
+    files = [f for f in root.rglob("*.py") if not skip & set(f.relative_to(root).parts) and f.stat().st_size]
+    return sorted(files, key=lambda f: hashlib.md5(str(f.relative_to(root)).encode()).hexdigest())
+
+
+def builtin_roots() -> list[Path]:
+    """Where the built-in corpus comes from: the Python standard library first, then the installed packages'
+    sources (torch, transformers, numpy, ... -- present wherever depthlab is installed)."""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys(Path(paths[k]) for k in ("stdlib", "purelib")))
+
+
 def builtin_files(max_mb: float = 4.0) -> list[Path]:
-    """Python standard-library sources (no site-packages, no tests), a deterministic sample of about max_mb."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [f for f in root.rglob("*.py")
-             if not {"site-packages", "test", "tests", "idle_test"} & set(f.relative_to(root).parts)]
-    # A stable, content-independent shuffle so the sample spans the whole library, not just its first folders.
-    files.sort(key=lambda f: hashlib.md5(str(f.relative_to(root)).encode()).hexdigest())
+    """A deterministic sample of about max_mb of Python sources: the standard library (about 12 MB), then, for
+    more, the installed packages. A smaller sample is always a prefix of a larger one."""
     out, total = [], 0
-    for f in files:
-        size = f.stat().st_size
-        if size:  # empty __init__.py files are not documents
+    for root in builtin_roots():
+        for f in _python_files(root):
+            if total >= max_mb * 1e6:
+                return out
             out.append(f)
-            total += size
-        if total >= max_mb * 1e6:
-            break
+            total += f.stat().st_size
     if not out:
-        raise UserError(f"the built-in corpus (Python sources under {root}) is empty on this machine; pass --data")
+        raise UserError(f"the built-in corpus (Python sources under {builtin_roots()[0]}) is empty on this machine; "
+                        f"pass --data")
     return out
 
 
 def builtin_documents(max_mb: float = 4.0) -> list[Document]:
-    root = Path(sysconfig.get_paths()["stdlib"])
+    roots = builtin_roots()
     docs = []
     for f in builtin_files(max_mb):
+        root = next(r for r in roots if f.is_relative_to(r))
         try:
             docs.append(Document(str(f.relative_to(root)), read_text_file(f)))
         except (BadFile, OSError):
