@@ -67,8 +67,9 @@ def cmd_train(args) -> None:
         return
     print(f"run directory: {result.run_dir}")
     print(f"checkpoint:    {result.checkpoint}")
-    print(f"final validation loss {result.val_loss:.4f}, perplexity {result.val_ppl:.2f} "
-          f"({result.steps} steps, {result.wall_s:.0f} s)")
+    metric = (f"top-1 accuracy {result.val['val_acc']:.4f}" if "val_acc" in result.val
+              else f"perplexity {result.val_ppl:.2f}")
+    print(f"final validation loss {result.val_loss:.4f}, {metric} ({result.steps} steps, {result.wall_s:.0f} s)")
 
 
 def cmd_eval(args) -> None:
@@ -93,7 +94,22 @@ def cmd_eval(args) -> None:
             res = evaluate_tasks(scorer, task)
             print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
         return
+    if loaded.cfg is not None and loaded.cfg.model.is_vit:
+        return eval_images(loaded, args.data, args.batch_size, device)
     eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device)
+
+
+def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None:
+    """Loss and top-1 accuracy of a ViT on the validation split of `data` (default: the run's own data)."""
+    from depthlab.data.images import build_image_data
+    from depthlab.train.vision import evaluate_images
+
+    cfg = loaded.cfg
+    m = cfg.model
+    split = build_image_data(data if data else cfg.data.paths, m.image_size, m.channels, cfg.data.val_fraction)
+    res = evaluate_images(loaded.model, split.val_x, split.val_y, batch_size, device, cfg.train.dtype)
+    print(f"{loaded.path}: ViT, scheme {m.norm_scheme}, data {split.source}")
+    print(f"loss {res['val_loss']:.4f}  top-1 accuracy {res['val_acc']:.4f}  images {res['val_images']}")
 
 
 def eval_commonsense(args, device) -> None:

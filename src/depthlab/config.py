@@ -46,6 +46,15 @@ class ModelConfig:
     init: str = "auto"  # normal | scaled | depth_scaled | deepnorm | auto: the scheme's default_init
     init_std: float | str = 0.02  # a number, or "auto": sqrt(2 / (5 * dim)), width-matched (0.02 at dim 1000)
     embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632; tied embeddings use init_std
+    lns_placement: str = "norm"  # lns: scale the norm outputs (norm, the LLM placement) or the branch outputs
+    # (branch: h + l^(-p) F(Norm(h)), the paper's best placement for ViT)
+    # model.arch=vit only: images in, classes out (depthlab.model.vit)
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
+    num_classes: int = 1000
+    pool: str = "cls"  # cls: a class token; mean: the mean of the patch tokens
+    pos_embed: str = "learned"  # learned | sincos (fixed 2-D sine-cosine)
 
     @property
     def weight_std(self) -> float:
@@ -56,6 +65,14 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def is_vit(self) -> bool:
+        return self.arch == "vit"
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
 
 
 @dataclass
@@ -265,8 +282,39 @@ def _family_preset(name: str) -> Config:
     return Config(model, DataConfig(seq_len=256), train, preset=name)
 
 
+# Vision Transformers (model.arch=vit): the original ViT's Ti / S / B shapes at patch 16 and 224 px for ImageNet, with
+# DeiT's recipe (AdamW, lr 1e-3 at global batch 1024, weight decay 0.05, 300 epochs, 5 warmup epochs), and LNS on
+# the branch outputs, the placement the paper found best for ViT. vit-digits is the CPU preset: scikit-learn's
+# 8 x 8 handwritten digits (shipped with the package), patch 2, a deep-thin 12 x 64 model.
+_VIT = {
+    #          dim, layers, heads
+    "vit-ti": (192, 12, 3),
+    "vit-s": (384, 12, 6),
+    "vit-b": (768, 12, 12),
+}
+
+
+def _vit_preset(name: str) -> Config:
+    dim, layers, heads = _VIT[name]
+    model = ModelConfig(arch="vit", dim=dim, n_layers=layers, n_heads=heads, ffn_dim=4 * dim, norm_eps=1e-6,
+                        norm_scheme="lns", lns_placement="branch")
+    epoch = 1_281_167 // 1024
+    train = TrainConfig(max_steps=300 * epoch, batch_size=128, grad_accum=8, lr=1e-3, warmup_steps=5 * epoch,
+                        weight_decay=0.05, dtype="bf16", eval_every=epoch, log_every=10)
+    return Config(model, DataConfig(), train, preset=name)
+
+
+def _vit_digits() -> Config:
+    model = ModelConfig(arch="vit", dim=64, n_layers=12, n_heads=4, ffn_dim=256, norm_eps=1e-6, image_size=8,
+                        patch_size=2, channels=1, num_classes=10, norm_scheme="lns", lns_placement="branch")
+    train = TrainConfig(max_steps=1500, batch_size=64, lr=1e-3, warmup_steps=150, weight_decay=0.05,
+                        eval_every=250, log_every=50)
+    return Config(model, DataConfig(val_fraction=0.2), train, preset="vit-digits")
+
+
 PRESETS = {"cpu-tiny": lambda: Config(), **{name: (lambda n=name: _paper_preset(n)) for name in _PAPER},
-           **{name: (lambda n=name: _family_preset(n)) for name in _FAMILY}}
+           **{name: (lambda n=name: _family_preset(n)) for name in _FAMILY},
+           **{name: (lambda n=name: _vit_preset(n)) for name in _VIT}, "vit-digits": _vit_digits}
 
 
 def preset(name: str) -> Config:

@@ -311,12 +311,12 @@ def load_weights(ckpt: Path, device: str = "cpu") -> dict:
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple:
     """(model, config, meta) from a checkpoint or a run directory; the model is rebuilt with its saved scheme."""
     from depthlab.config import Config
-    from depthlab.model import Transformer
+    from depthlab.model import build_model
 
     ckpt = find_checkpoint(path)
     meta = load_verified(ckpt)
     cfg = Config.load(ckpt / CONFIG)
-    model = Transformer(cfg.model, init=False).to(device)
+    model = build_model(cfg.model, init=False).to(device)
     missing, unexpected = model.load_state_dict(load_weights(ckpt, device), strict=False)
     missing = [k for k in missing if not (cfg.model.tie_embeddings and k == "lm_head.weight")]
     if missing or unexpected:

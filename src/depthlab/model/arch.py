@@ -6,8 +6,12 @@
             by transformers); optional clamp of q, k, v (model.clip_qkv)
     olmo2   RMSNorm on q and on k (QK-norm, over all heads, before RoPE);    -> Olmo2ForCausalLM
             the block's two norms sit on the branch outputs: h + Norm(F(h))
+    vit     the Vision Transformer's block (depthlab.model.vit): LayerNorm   -> ViTForImageClassification
+            with weight and bias, biases on every projection, a GELU MLP,
+            bidirectional attention, no RoPE (positions are added to the patch embeddings)
 
-Everything else (SwiGLU, rotate-half RoPE with model.rope_theta, GQA, tied or untied embeddings) is shared. The
+Everything else (SwiGLU, rotate-half RoPE with model.rope_theta, GQA, tied or untied embeddings) is shared by the
+language families. The
 flags are read where they act: Attention (qkv_bias, qk_norm, clip_qkv), the norm factory PreLNBlock.make_norm
 (norm), PreLNBlock.forward (norms_after_branch). Which schemes combine with which family:
 depthlab.model.schemes.family_refusal (docs/method.md section 2.4).
@@ -32,6 +36,9 @@ class Arch:
     qk_norm: bool = False  # RMSNorm on the q and k projections' outputs
     norms_after_branch: bool = False  # h + Norm(F(h)) instead of h + F(Norm(h))
     clip_qkv: bool = False  # the stock class can clamp q, k, v to [-c, c]
+    out_bias: bool = False  # biases on o_proj and on the MLP's projections too
+    mlp: str = "swiglu"  # swiglu: down(silu(gate(x)) * up(x)); gelu: down(gelu(up(x)))
+    causal: bool = True  # causal attention with RoPE (language), or bidirectional without (vision)
 
 
 ARCHS = {a.name: a for a in (
@@ -39,6 +46,8 @@ ARCHS = {a.name: a for a in (
     Arch("qwen2", "Qwen2ForCausalLM", ("qwen2",), qkv_bias=True),
     Arch("olmo", "OlmoForCausalLM", ("olmo",), norm="layernorm", fixed_norm_eps=1e-5, clip_qkv=True),
     Arch("olmo2", "Olmo2ForCausalLM", ("olmo2",), qk_norm=True, norms_after_branch=True),
+    Arch("vit", "ViTForImageClassification", ("vit",), qkv_bias=True, norm="layernorm_affine", out_bias=True,
+         mlp="gelu", causal=False),
 )}
 
 

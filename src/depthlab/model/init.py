@@ -45,8 +45,9 @@ def init_normal(model: nn.Module, cfg: ModelConfig, out_std=None) -> None:
 def init_embedding(model: nn.Module, cfg: ModelConfig) -> None:
     """N(0, embed_std), or N(0, init_std) when the embedding is also the LM head: a tied head with the paper's
     embedding std 0.632 would start with logits of std ~0.632 * sqrt(dim) and a loss far above ln V."""
-    std = cfg.weight_std if cfg.tie_embeddings else cfg.embed_std
-    nn.init.normal_(model.embed_tokens.weight, 0.0, std)
+    if isinstance(getattr(model, "embed_tokens", None), nn.Embedding):  # a ViT's patch embedding is a Linear
+        std = cfg.weight_std if cfg.tie_embeddings else cfg.embed_std
+        nn.init.normal_(model.embed_tokens.weight, 0.0, std)
 
 
 def init_scaled(model: nn.Module, cfg: ModelConfig) -> None:

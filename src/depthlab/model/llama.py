@@ -76,20 +76,24 @@ class _SiluMul(torch.autograd.Function):
 
 
 class LayerNorm(nn.Module):
-    """OLMo-1's non-parametric LayerNorm: (x - mean) / sqrt(var + eps), no weight and no bias, statistics in fp32.
-    `scale` as in RMSNorm; with no weight to fold it into, export folds it into the linear layers reading the
-    output."""
+    """LayerNorm, statistics in fp32: (x - mean) / sqrt(var + eps), then weight and bias when affine (the ViT's),
+    none for OLMo-1's non-parametric one. `scale` as in RMSNorm: it folds into weight and bias, or, with no weight,
+    into the linear layers reading the output."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, scale: float = 1.0):
+    def __init__(self, dim: int, eps: float = 1e-5, scale: float = 1.0, affine: bool = False):
         super().__init__()
         self.dim, self.eps, self.scale = dim, eps, scale
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.layer_norm(x.float(), (self.dim,), None, None, self.eps).to(x.dtype)
+        w, b = (None, None) if self.weight is None else (self.weight.float(), self.bias.float())
+        out = F.layer_norm(x.float(), (self.dim,), w, b, self.eps).to(x.dtype)
         return out if self.scale == 1.0 else out * self.scale
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, no weight" + (f", scale={self.scale:.4g}" if self.scale != 1.0 else "")
+        return (f"{self.dim}, eps={self.eps}" + (", no weight" if self.weight is None else "")
+                + (f", scale={self.scale:.4g}" if self.scale != 1.0 else ""))
 
 
 class DyT(nn.Module):
@@ -123,8 +127,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     """Causal self-attention with RoPE and grouped-query heads. What the families change (depthlab.model.arch):
-    biases on q, k, v (qwen2); RMSNorm on q and on k over all heads, before RoPE (olmo2's QK-norm); q, k, v
-    clamped to [-clip_qkv, clip_qkv] (olmo, when model.clip_qkv is set)."""
+    biases on q, k, v (qwen2, vit) and o (vit); RMSNorm on q and on k over all heads, before RoPE (olmo2's
+    QK-norm); q, k, v clamped to [-clip_qkv, clip_qkv] (olmo, when model.clip_qkv is set); bidirectional without
+    RoPE (vit: called with rope=None)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -136,12 +141,13 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.dim, q_dim, bias=arch.qkv_bias)
         self.k_proj = nn.Linear(cfg.dim, kv_dim, bias=arch.qkv_bias)
         self.v_proj = nn.Linear(cfg.dim, kv_dim, bias=arch.qkv_bias)
-        self.o_proj = nn.Linear(q_dim, cfg.dim, bias=False)
+        self.o_proj = nn.Linear(q_dim, cfg.dim, bias=arch.out_bias)
+        self.causal = arch.causal
         qk_norm = arch.qk_norm
         self.q_norm = RMSNorm(q_dim, cfg.norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(kv_dim, cfg.norm_eps) if qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.clip_qkv is not None:
@@ -149,22 +155,27 @@ class Attention(nn.Module):
         q = self.q_norm(q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_norm(k).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); for the vit family the original ViT's down(gelu(up(x))), with biases."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+        arch = arch_of(cfg)
+        self.gelu = arch.mlp == "gelu"
+        self.gate_proj = None if self.gelu else nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=arch.out_bias)
+        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=arch.out_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gelu:
+            return self.down_proj(F.gelu(self.up_proj(x)))
         return self.down_proj(_SiluMul.apply(self.gate_proj(x), self.up_proj(x)))
 
 

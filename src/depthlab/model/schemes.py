@@ -106,7 +106,8 @@ def family_refusal(cls: type[PreLNBlock], arch: Arch) -> str:
     """Why scheme `cls` cannot run on family `arch`, or "" when it can. Only olmo2 fixes where its norms sit (on
     the branch outputs, with QK-norm); a scheme that wires its own block would replace OLMo-2's block."""
     def runs(c):
-        return not arch.norms_after_branch or (c.forward is PreLNBlock.forward and not c.norms_after_branch)
+        family_wired = c.forward in (PreLNBlock.forward, LNSBlock.forward)  # both wire h + Norm(F(h)) for olmo2
+        return not arch.norms_after_branch or (family_wired and not c.norms_after_branch)
 
     if runs(cls):
         return ""
@@ -152,8 +153,8 @@ class PreLNBlock(nn.Module):
         """The scheme's norm (DyT replaces it), else the family's: RMSNorm, or OLMo-1's LayerNorm (no weight)."""
         if cls.norm_cls is DyT:
             return DyT(cfg.dim, cfg.dyt_alpha_init, scale)
-        if arch_of(cfg).norm == "layernorm":
-            return LayerNorm(cfg.dim, cfg.norm_eps, scale)
+        if arch_of(cfg).norm.startswith("layernorm"):
+            return LayerNorm(cfg.dim, cfg.norm_eps, scale, affine=arch_of(cfg).norm == "layernorm_affine")
         return RMSNorm(cfg.dim, cfg.norm_eps, scale)
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
@@ -185,17 +186,45 @@ class PreLNBlock(nn.Module):
 
 @register("lns")
 class LNSBlock(PreLNBlock):
-    """LayerNorm Scaling (arXiv 2502.05795): Pre-LN with both norm outputs of block l scaled by l^(-p)."""
+    """LayerNorm Scaling (arXiv 2502.05795): Pre-LN with both norm outputs of block l scaled by l^(-p).
+
+    model.lns_placement=branch scales the branch outputs instead, h + l^(-p) F(Norm(h)): the placement the paper
+    found best for ViT (after the attention and MLP outputs). Where the norms already sit on the branch outputs
+    (olmo2), the two placements are the same function.
+    """
 
     supports_gpas = hf_patchable = True
     hf_export = "family"  # Norm_g(x) * s == Norm_{g * s}(x): the scale folds into the norm weight (or, for a norm
-    # without one, into the layers reading its output: W (s x) + b == (s W) x + b)
+    # without one, into the layers reading its output: W (s x) + b == (s W) x + b); on the branch, into the output
+    # projections: s (W y + b) == (s W) y + s b
     init_warnings = {"scaled": "lns with scaled init was measured worse than lns alone in the paper "
                                "(PPL 25.80 vs 25.76 at 130M, 20.79 vs 20.35 at 250M)"}
 
     @classmethod
     def norm_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
-        return layer_id ** -cfg.lns_power
+        return 1.0 if cfg.lns_placement == "branch" else layer_id ** -cfg.lns_power
+
+    @classmethod
+    def branch_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
+        """The constant multiplier on block `layer_id`'s branch outputs (1 unless lns_placement=branch)."""
+        return layer_id ** -cfg.lns_power if cfg.lns_placement == "branch" else 1.0
+
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__(cfg, layer_id)
+        self.out_scale = self.branch_scale(cfg, layer_id)
+
+    def forward(self, h, rope):
+        s = self.out_scale
+        if s == 1.0:
+            return super().forward(h, rope)
+        if self.output_norms:  # olmo2: h + Norm(F(h)) * s
+            h = self.attn_add(h, self.attn_norm(self.attn(h, rope)) * s)
+            return self.mlp_add(h, self.mlp_norm(self.mlp(h)) * s)
+        h = self.attn_add(h, self.attn(self.attn_norm(h), rope) * s)
+        return self.mlp_add(h, self.mlp(self.mlp_norm(h)) * s)
+
+    def extra_repr(self) -> str:
+        return f"branch scale={self.out_scale:.4g}" if self.out_scale != 1.0 else ""
 
 
 @register("post")

@@ -10,6 +10,7 @@ from depthlab.model.init import init_weights
 from depthlab.model.llama import rope_cache
 from depthlab.model.loss import linear_cross_entropy, lm_loss
 from depthlab.model.schemes import build_block, scheme_class
+from depthlab.model.vit import ViT
 
 
 class Transformer(nn.Module):
@@ -56,12 +57,17 @@ class Transformer(nn.Module):
 
 
 
+def build_model(cfg: ModelConfig, init: bool = True) -> Transformer | ViT:
+    """The model a config describes: a ViT for model.arch=vit, else the language model."""
+    return ViT(cfg, init) if cfg.is_vit else Transformer(cfg, init)
+
+
 def loss_of(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean",
             loss_chunk: int = TrainConfig.loss_chunk) -> torch.Tensor:
     """The fp32 LM loss of any module from token ids to logits. A depthlab Transformer (also under DDP or
     torch.compile) computes it by chunks without the full logits; any other module through its logits."""
     inner = getattr(model, "module", model)  # DDP, also through torch.compile's wrapper (it forwards attributes)
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile of an unwrapped model
-    if isinstance(inner, Transformer):
+    if isinstance(inner, Transformer | ViT):
         return model(idx, targets=targets, loss_chunk=loss_chunk, reduction=reduction)
     return lm_loss(model(idx), targets, reduction)

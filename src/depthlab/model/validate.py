@@ -49,7 +49,7 @@ def _check_model(m: ModelConfig) -> None:
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
         _require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
     _require(m.dim % m.n_heads == 0, f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
-    _require(m.head_dim % 2 == 0, f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
+    _require(m.head_dim % 2 == 0 or m.is_vit, f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
     kv = m.n_kv_heads or m.n_heads
     _require(kv > 0 and m.n_heads % kv == 0, f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
     _require(not (isinstance(m.init_std, str) and m.init_std != "auto") and math.isfinite(m.weight_std)
@@ -60,10 +60,29 @@ def _check_model(m: ModelConfig) -> None:
         _number(m, "model", name, lambda v: v > 0, "a positive number")
     for name in ("layerscale_init", "skip_alpha_init", "dyt_alpha_init"):
         _number(m, "model", name, lambda v: True, "a finite number")
+    _require(m.lns_placement in LNS_PLACEMENTS,
+             f"model.lns_placement must be {' or '.join(LNS_PLACEMENTS)}, got {m.lns_placement!r}")
+    if m.is_vit:
+        _check_vit(m)
+
+
+LNS_PLACEMENTS = ("norm", "branch")
+
+
+def _check_vit(m: ModelConfig) -> None:
+    for name in ("image_size", "patch_size", "channels", "num_classes"):
+        _require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
+    _require(m.image_size % m.patch_size == 0,
+             f"model.patch_size={m.patch_size} must divide model.image_size={m.image_size}")
+    _require(m.pool in ("cls", "mean"), f"model.pool must be cls or mean, got {m.pool!r}")
+    _require(m.pos_embed in ("learned", "sincos"), f"model.pos_embed must be learned or sincos, got {m.pos_embed!r}")
+    _require(m.pos_embed != "sincos" or m.dim % 4 == 0,
+             f"model.pos_embed=sincos needs model.dim divisible by 4, got {m.dim}")
+    _require(not m.tie_embeddings, "model.tie_embeddings has no meaning for a ViT (no token embedding)")
 
 
 def _check_data(d: DataConfig, m: ModelConfig) -> None:
-    _require(0 < d.seq_len <= m.max_seq_len,
+    _require(m.is_vit or 0 < d.seq_len <= m.max_seq_len,
              f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
     _require(0 < d.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {d.val_fraction}")
     _number(d, "data", "builtin_mb", lambda v: v > 0, "a positive number")

@@ -15,11 +15,16 @@ GPU_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12,
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """6 x (matmul parameters, LM head included, embedding lookup excluded) + 12 x L x T x d for attention
-    scores and values (PaLM, appendix B)."""
+    scores and values (PaLM, appendix B). For a ViT a token is a patch: its embedding is a matmul, its MLP has two
+    matrices, and the class head runs once per image (seq_len tokens)."""
     kv = (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-    per_layer = 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv + 3 * cfg.dim * cfg.ffn_dim
-    matmul_params = cfg.n_layers * per_layer + cfg.dim * cfg.vocab_size
-    return 6 * matmul_params + 12 * cfg.n_layers * seq_len * cfg.dim
+    mlp_mats = 2 if cfg.is_vit else 3  # GELU vs SwiGLU
+    per_layer = 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv + mlp_mats * cfg.dim * cfg.ffn_dim
+    if cfg.is_vit:
+        outer = cfg.channels * cfg.patch_size ** 2 * cfg.dim + cfg.dim * cfg.num_classes / seq_len
+    else:
+        outer = cfg.dim * cfg.vocab_size
+    return 6 * (cfg.n_layers * per_layer + outer) + 12 * cfg.n_layers * seq_len * cfg.dim
 
 
 @functools.cache

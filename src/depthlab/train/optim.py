@@ -9,12 +9,16 @@ from torch.distributed.tensor import DTensor
 
 from depthlab.config import TrainConfig
 
+NO_DECAY = ("cls_token", "pos_embed")  # a ViT's class token and positions, excluded as in timm / DeiT
+
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    decay = [p.dim() >= 2 and n.rsplit(".", 1)[-1] not in NO_DECAY for n, p in named]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},  # norms, gains, scalars
+        {"params": [p for p, d in zip(params, decay) if d], "weight_decay": cfg.weight_decay},
+        {"params": [p for p, d in zip(params, decay) if not d], "weight_decay": 0.0},  # norms, gains, scalars
     ]
     # The fused kernel: on CPU the default is a per-tensor loop that took up to a third of a step
     # (docs/results.md); FSDP2's DTensor parameters keep the default implementation.

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from depthlab import UserError
 from depthlab.config import Config
 from depthlab.data.dataset import PackedSampler, TokenData, build_token_data
 from depthlab.data.tokenizer import load_tokenizer
-from depthlab.model import Transformer
+from depthlab.model import build_model
 from depthlab.model.validate import validate
 from depthlab.rundir import (
     CHECKPOINTS,
@@ -61,6 +61,7 @@ from depthlab.train.runtime import (
     seed_everything,
     set_rng_state,
 )
+from depthlab.train.vision import VisionHooks
 
 # Config fields that may change when resuming: they do not affect which tokens are seen or the numerics.
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
@@ -80,6 +81,7 @@ class RunResult:
     val_ppl: float
     steps: int
     wall_s: float
+    val: dict = field(default_factory=dict)  # every validation metric (a ViT's val_acc too)
 
 
 def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
@@ -193,17 +195,11 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _build(self, data: TokenData | None, ckpt: Path | None) -> None:
         tc, cfg = self.cfg.train, self.cfg
-        tokenizer = None
-        if ckpt:  # the checkpoint's own tokenizer (a branch's new run directory has none yet)
-            tokenizer = load_tokenizer(ckpt / TOKENIZER if (ckpt / TOKENIZER).is_file() else self.run_dir / TOKENIZER)
-        elif tc.init_from and not cfg.data.tokenizer:  # continued pretraining keeps the model's tokenizer
-            src_tok = find_checkpoint(tc.init_from) / TOKENIZER
-            tokenizer = load_tokenizer(src_tok) if src_tok.is_file() else None
         seed_everything(tc.seed)
-        self.data = data or build_token_data(cfg, tokenizer=tokenizer)
+        self.data = data or self.load_data(self.saved_tokenizer(ckpt))
 
         seed_everything(tc.seed)  # model init does not depend on how much randomness the data step used
-        self.module = Transformer(cfg.model).to(self.device)
+        self.module = build_model(cfg.model).to(self.device)
         if tc.init_from and not ckpt:
             self._init_from(tc.init_from)
         if tc.activation_checkpointing:
@@ -217,10 +213,31 @@ class Trainer:
         self.sampler = self.make_sampler()
         self.step, self.skipped, self.last_ckpt, self.verdicts = 0, 0, None, {}
         self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
-                     "n_params": self.module.num_params(), "train_tokens": int(len(self.data.train)),
-                     "val_tokens": int(len(self.data.val)), "world_size": self.env.world_size}
+                     "n_params": self.module.num_params(), **self.data_meta(), "world_size": self.env.world_size}
         if ckpt:
             self._restore(ckpt)
+
+    # ------------------------------------------------------------------ data hooks (fine-tuning, vision override)
+    def saved_tokenizer(self, ckpt: Path | None):
+        """The tokenizer the data must use: the resumed checkpoint's (a branch's new run directory has none yet),
+        or with train.init_from the parent model's (continued pretraining keeps it); None: train one."""
+        if ckpt:
+            return load_tokenizer(ckpt / TOKENIZER if (ckpt / TOKENIZER).is_file() else self.run_dir / TOKENIZER)
+        if self.cfg.train.init_from and not self.cfg.data.tokenizer:
+            src_tok = find_checkpoint(self.cfg.train.init_from) / TOKENIZER
+            return load_tokenizer(src_tok) if src_tok.is_file() else None
+        return None
+
+    def load_data(self, tokenizer):
+        """The training and validation data (tokenizer: the checkpoint's or the parent model's, if any)."""
+        return build_token_data(self.cfg, tokenizer=tokenizer)
+
+    def data_meta(self) -> dict:
+        """What the checkpoint records about the data; its train_* entries must match on resume."""
+        return {"train_tokens": int(len(self.data.train)), "val_tokens": int(len(self.data.val))}
+
+    def tokens_per_sample(self) -> int:
+        return self.cfg.data.seq_len
 
     def make_sampler(self):
         """The training batches (a subclass's data hook: fine-tuning's padded examples)."""
@@ -322,9 +339,11 @@ class Trainer:
                          f"train.batch_size to {saved_global / self.env.world_size:g}")
         if diffs:
             raise UserError(f"cannot resume {ckpt} with a different config: " + "; ".join(diffs))
-        if meta.get("tokenizer_hash") != self.data.tokenizer_hash or meta.get("train_tokens") != len(self.data.train):
+        sizes = {k: v for k, v in self.data_meta().items() if k.startswith("train_")}
+        if meta.get("tokenizer_hash") != self.data.tokenizer_hash or any(meta.get(k) != v for k, v in sizes.items()):
+            saved = ", ".join(f"{meta.get(k)} {k.split('_', 1)[1]}" for k in sizes)
             raise UserError(f"cannot resume {ckpt}: the training data or tokenizer differs from the checkpoint's "
-                            f"({meta.get('train_tokens')} tokens, tokenizer {meta.get('tokenizer_hash')})")
+                            f"({saved}, tokenizer {meta.get('tokenizer_hash')})")
         state = load_trainer_state(ckpt)
         D.load_full_state(self.module, self.opt, load_weights(ckpt), state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
@@ -375,14 +394,17 @@ class Trainer:
         """Rank 0: the run directory's config, tokenizer and environment, a one-line banner, and the metrics log
         (from this step on: later lines, a kill's partial line, or a branch's parent lines are dealt with)."""
         tc, m = self.cfg.train, self.cfg.model
+        meta = self.data_meta()
+        unit = next(k for k in meta if k.startswith("train_")).split("_", 1)[1]
+        sizes = f"{meta['train_' + unit]:,} train / {meta['val_' + unit]:,} val {unit}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cfg.save(self.run_dir / CONFIG)
-        self.data.tokenizer.save(str(self.run_dir / TOKENIZER))
+        if self.data.tokenizer is not None:  # image data has none
+            self.data.tokenizer.save(str(self.run_dir / TOKENIZER))
         (self.run_dir / ENV).write_text(json.dumps(environment(self.device, self.env), indent=2) + "\n")
         print(f"depthlab train: preset {self.cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim} "
               f"({self.module.num_params() / 1e6:.1f}M params), {tc.max_steps} steps on {self.env.world_size} x "
-              f"{self.device.type}; data: {self.data.source}, {len(self.data.train):,} train / "
-              f"{len(self.data.val):,} val tokens", file=sys.stderr)
+              f"{self.device.type}; data: {self.data.source}, {sizes}", file=sys.stderr)
         source = self.branch_of / METRICS if self.branch_of else None
         return MetricsLog(self.run_dir / METRICS, self.step, source, warn=self._warn)
 
@@ -417,7 +439,8 @@ class Trainer:
             log.close()
         if not val:  # resumed a finished run
             val = self.validation()
-        return RunResult(self.run_dir, self.last_ckpt, val["val_loss"], val["val_ppl"], self.step, time.time() - t0)
+        return RunResult(self.run_dir, self.last_ckpt, val["val_loss"], val.get("val_ppl", math.nan), self.step,
+                         time.time() - t0, val)
 
     def _finite(self, loss: float, grad_norm: float) -> bool:
         """True for a usable step; a non-finite one stops the run, or with on_nonfinite=skip is dropped."""
@@ -461,7 +484,7 @@ class _Meter:
     """Throughput and MFU over the steps since the last log line."""
 
     def __init__(self, trainer: Trainer):
-        tc, seq_len, world = trainer.cfg.train, trainer.cfg.data.seq_len, trainer.env.world_size
+        tc, seq_len, world = trainer.cfg.train, trainer.tokens_per_sample(), trainer.env.world_size
         self.tokens_per_step = tc.batch_size * tc.grad_accum * seq_len * world
         self.flops_per_step = train_flops_per_token(trainer.cfg.model, seq_len) * self.tokens_per_step
         self.peak = peak_flops(trainer.device, tc.dtype, tc.peak_flops) * world
@@ -477,9 +500,14 @@ class _Meter:
         return record
 
 
+class VisionTrainer(VisionHooks, Trainer):
+    """The trainer for model.arch=vit: images and labels, validation loss and top-1 accuracy."""
+
+
 def train(cfg: Config, run_dir: Path | None = None, data: TokenData | None = None, progress: bool = True,
           resume: str | None = None, overwrite: bool = False) -> RunResult:
-    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress, overwrite=overwrite)
+    trainer_class = VisionTrainer if cfg.model.is_vit else Trainer
+    trainer = trainer_class(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress, overwrite=overwrite)
     try:
         return trainer.train()
     finally:
