@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install clean results study study-grid study-sweep study-long study-mixln reproduce-short reproduce-builtin reproduce-long reproduce-lr speed
+.PHONY: demo test install clean results study study-grid study-sweep study-long study-mixln study-vit reproduce-short reproduce-builtin reproduce-long reproduce-lr speed
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,11 @@ study-long: install  # pre and lns at 24 blocks, best rates, seed 0, 15.1M token
 
 study-mixln: install  # mixln at 24 blocks: its own grid, then seed 1 at its best rate
 	$(STUDY) --phases mixln
+
+# The paper's ViT row (docs/results.md, section 7): pre vs LNS after the norm vs LNS on the branch outputs, a
+# 12 x 64 ViT on scikit-learn's digits, a rate grid then 3 seeds at each variant's best rate (about 30 min).
+study-vit: install
+	$(BENCH).vit_study run --runs-dir /tmp/depthlab_vit_runs
 
 # The earlier study at init std 0.02 (docs/results.md, section 5: superseded, kept for the record).
 reproduce-short: install  # claims 1-6 and every scheme on Shakespeare, 300 steps

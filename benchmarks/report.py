@@ -131,6 +131,8 @@ def copy_plots() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     for png in (RESULTS / "depth_study").glob("*.png"):
         shutil.copy(png, IMG / f"depth_study_{png.name}")
+    for png in (RESULTS / "vit_study").glob("*.png"):
+        shutil.copy(png, IMG / png.name)
     for png in (RESULTS / "gpu_71m").glob("*.png"):
         shutil.copy(png, IMG / f"gpu_71m_{png.name}")
 
@@ -152,7 +154,7 @@ SUPERSEDED = [
 
 
 def main() -> Path:
-    from benchmarks import depth_study_report as study_report
+    from benchmarks import depth_study_report as study_report, vit_study
     from benchmarks.findings import INTRO, NOT_DONE, findings
 
     files = {"train_speed": RESULTS / "train_speed.json", "train_speed_compile": RESULTS / "train_speed_compile.json",
@@ -170,7 +172,10 @@ def main() -> Path:
                 ("memory", memory_section(results["memory"]))]
     for key, body in sections:
         lines += body + prose.get(key, []) + [""]
-    lines += SUPERSEDED + NOT_DONE
+    lines += SUPERSEDED
+    lines += ["## 7. Vision Transformers: where LNS goes", ""] + vit_study.section(RESULTS / "vit_study",
+                                                                                   "img/vit_study.png")
+    lines += NOT_DONE
     path = DOCS / "results.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {path}")

@@ -194,6 +194,25 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     assert (tmp_path / "docs" / "img" / "depth_study_long_pair.png").exists()
 
 
+def test_vit_study_tiny_writes_verdicts_and_its_report_section(tmp_path):
+    from benchmarks import vit_study
+
+    out = tmp_path / "vit"
+    vit_study.main(["run", "--lrs", "1e-3", "2e-3", "--seeds", "0", "1", "--steps", "4", "--batch", "8", "--jobs",
+                    "1", "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    runs = vit_study.load_runs(out)
+    assert len(runs) == 3 * 2 + 3  # the grid, then seed 1 at each variant's best rate
+    assert all(r["images_seen"] == 32 and 0 <= r["val_acc"] <= 1 and r["val_images"] == 359 for r in runs.values())
+    res = json.loads((out / "results.json").read_text())
+    assert res["variants"]["lns-branch"]["acc"]["n"] == 2 and len(res["lns-norm_minus_pre"]["paired"]) == 2
+    text = "\n".join(vit_study.section(out, "img/vit_study.png"))
+    assert "python -m benchmarks.vit_study run --lrs 1e-3 2e-3" in text and str(tmp_path) not in text
+    assert re.search(r"\| LNS on the branch outputs beats Pre-LN \| [+-]0\.\d{4}, [+-]0\.\d{4} \|", text)
+    assert (out / "vit_study.png").exists()
+    assert vit_study.verdict([0.01, 0.02], True) == "reproduces" and vit_study.verdict([-0.01, -0.02], True) == \
+        "contradicted" and vit_study.verdict([0.01, -0.02], True) == "inconclusive"
+
+
 def test_depth_study_verdicts_follow_the_precondition():
     from benchmarks import depth_study_report as r
 
