@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from depthlab import UserError, __version__
-from depthlab.config import Config
+from depthlab.config import Config, TrainConfig
 from depthlab.data.dataset import eval_batches
 from depthlab.model import loss_of
 from depthlab.train import distributed as D
@@ -51,7 +51,7 @@ def autocast(device: torch.device, dtype: str):
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
-             dtype: str = "fp32", env: D.DistEnv | None = None) -> dict:
+             dtype: str = "fp32", env: D.DistEnv | None = None, loss_chunk: int = TrainConfig.loss_chunk) -> dict:
     """Per-token mean loss over every window of the validation stream, and its perplexity. Under torchrun
     the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that)."""
     env = env or D.DistEnv()
@@ -63,13 +63,13 @@ def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_siz
         if b % env.world_size != env.rank:
             continue
         with autocast(device, dtype):
-            total += loss_of(model, x.to(device), y.to(device), reduction="sum").item()
+            total += loss_of(model, x.to(device), y.to(device), reduction="sum", loss_chunk=loss_chunk).item()
         count += y.numel()
         mine += 1
     n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
     for _ in range(math.ceil(n_batches / env.world_size) - mine):  # FSDP: every rank runs as many forwards
         with autocast(device, dtype):
-            model(filler.to(device))
+            loss_of(model, filler.to(device), filler.to(device), loss_chunk=loss_chunk)  # no full logits either
     model.train(was_training)
     total, count = D.all_reduce_sum([total, float(count)], env)
     loss = total / count

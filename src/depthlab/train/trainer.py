@@ -66,7 +66,8 @@ from depthlab.train.vision import VisionHooks
 # Config fields that may change when resuming: they do not affect which tokens are seen or the numerics.
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
                                              "device", "threads", "out_dir", "compile", "activation_checkpointing",
-                                             "peak_flops", "tensorboard", "wandb", "parallel", "on_nonfinite")}
+                                             "peak_flops", "tensorboard", "wandb", "parallel", "on_nonfinite",
+                                             "loss_chunk")}  # a memory knob: the same loss to 1e-5, not bitwise
 
 
 class TrainingDiverged(UserError):
@@ -249,7 +250,7 @@ class Trainer:
         """{'val_loss', 'val_ppl', 'val_tokens'} on the held-out data (a subclass's data hook)."""
         tc = self.cfg.train
         return evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
-                        self.env)
+                        self.env, tc.loss_chunk)
 
     def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
         """Find the run directory and the checkpoint to resume (None: a fresh start); on rank 0, lock the
