@@ -28,6 +28,8 @@ TINY = ("--set model.dim=32 --set model.n_layers=2 --set model.n_heads=2 --set m
         "--set train.eval_every=2 --set train.log_every=1 --set train.warmup_steps=1 --set train.monitor_every=0 "
         "--no-progress --max-steps 2")
 TRAIN = "train --data {txt} --run-dir {tmp}/r {T}"  # a fresh run that would finish in a second if it started
+VIT = ("train --preset vit-digits --run-dir {tmp}/v --no-progress --max-steps 2 --set model.dim=32 "
+       "--set model.n_layers=2 --set model.n_heads=2 --set model.ffn_dim=64")
 UNWRITABLE = "/sys/depthlab-test-out"  # EPERM even for root (the tests may run as root, where chmod does not bite)
 AN = "--tokens 64 --no-removal --no-jacobian --probes 1"
 CONFIG_VALIDATION = "config validation of values (config.py, another change)"
@@ -66,6 +68,15 @@ CASES = [
     ("train-vocab-below-tokenizer", TRAIN + " --set model.vocab_size=100", "model.vocab_size"),
     ("train-max-steps-not-int", TRAIN + " --max-steps abc", "invalid int value"),
     ("train-unknown-flag", TRAIN + " --bogus", "unrecognized arguments"),
+    # --- train: vision transformers
+    ("vit-patch-not-dividing", VIT + " --set model.patch_size=3", "must divide"),
+    ("vit-unknown-pool", VIT + " --set model.pool=max", "model.pool"),
+    ("vit-unknown-positions", VIT + " --set model.pos_embed=rope", "model.pos_embed"),
+    ("vit-lns-placement", VIT + " --set model.lns_placement=after", "lns_placement"),
+    ("vit-too-few-classes", VIT + " --set model.num_classes=4", "10 classes"),
+    ("vit-text-as-images", VIT + " --data {txt}", "must be a .npz"),
+    ("vit-two-image-sources", VIT + " --data {txt} {txt}", "one"),
+    ("vit-missing-images", VIT + " --data {tmp}/missing.npz", "missing.npz"),
     # --- train: config files
     ("train-config-missing", TRAIN + " --config {tmp}/missing.yaml", "cannot read config"),
     ("train-config-yaml-syntax", TRAIN + " --config {yaml_bad}", "cannot read config"),
