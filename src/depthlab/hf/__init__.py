@@ -4,6 +4,7 @@ multiple-choice evaluation.
     convert.py    weight mapping between depthlab's Transformer and stock HF models, LNS scale folded
     exporter.py   a depthlab checkpoint -> a stock HF model directory (`depthlab export`)
     importer.py   an HF Llama-family checkpoint -> a depthlab Transformer / checkpoint (`depthlab import`)
+    vit.py        a depthlab ViT <-> stock ViTForImageClassification (export's ViT branch; import_hf_vit)
     blocks.py     find an HF model's decoder blocks and their norms without knowing its family
     apply.py      apply_scheme / load_pretrained: LNS on an HF model, saved with the scale folded
     pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`)
@@ -18,7 +19,7 @@ The public names load on first use, so that `depthlab --help` (which imports dep
 
 _API = {
     "apply_scheme": "apply", "load_pretrained": "apply", "export": "exporter", "import_hf": "importer",
-    "evaluate_tasks": "mc_eval", "prune": "pruning", "prune_layers": "pruning",
+    "import_hf_vit": "vit", "evaluate_tasks": "mc_eval", "prune": "pruning", "prune_layers": "pruning",
 }
 __all__ = list(_API)
 

@@ -18,7 +18,8 @@ def cmd_export(args) -> None:
     quiet_transformers()
     out = export(args.source, args.out_dir, overwrite=args.overwrite)
     arch = json.loads((out / CONFIG).read_text())["architectures"][0]
-    print(f"exported a stock {arch} to {out} (load with AutoModelForCausalLM.from_pretrained)")
+    auto = "AutoModelForImageClassification" if arch == "ViTForImageClassification" else "AutoModelForCausalLM"
+    print(f"exported a stock {arch} to {out} (load with {auto}.from_pretrained)")
 
 
 def cmd_prune(args) -> None:
@@ -79,7 +80,9 @@ def add_commands(sub) -> None:
                        description="Write config.json, model.safetensors and tokenizer files that "
                        "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: a Llama for pre, "
                        "lns, layerscale and skipinit (scales and gains folded into the weights), a Gemma-2 for "
-                       "sandwich; the other schemes are refused with the reason (docs/hf.md).")
+                       "sandwich; a ViT (model.arch=vit: pre, lns, layerscale, skipinit) as a "
+                       "ViTForImageClassification with its image processor; the other schemes are refused with the "
+                       "reason (docs/hf.md).")
     e.add_argument("source", help="checkpoint, run directory (its newest valid checkpoint) or a directory holding "
                    "one run")
     e.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export)")

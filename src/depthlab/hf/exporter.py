@@ -94,6 +94,10 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
         raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
                         "(a model patched with apply_scheme exports with save_pretrained)")
     loaded = load_model(src, hf=False)
+    if loaded.cfg.model.is_vit:  # images: a stock ViTForImageClassification (depthlab.hf.vit)
+        from depthlab.hf.vit import export_vit
+
+        return export_vit(loaded, out_dir, overwrite)
     state, fields = hf_weights_and_config(loaded.model)
     with writing(out_dir, is_depthlab_hf, "export", overwrite) as tmp:
         _write_hf_dir(tmp, state, fields, loaded)
