@@ -150,6 +150,15 @@ def test_depthlab_export_of_a_trained_digits_run_loads_in_stock_transformers(tmp
     got = processor(Image.fromarray(pixels), return_tensors="pt")["pixel_values"]
     want = (torch.from_numpy(pixels).float() / 255 - meta["pixel_mean"][0]) / meta["pixel_std"][0]
     assert got.shape == (1, 1, 8, 8) and torch.allclose(got[0, 0], want, atol=1e-5)
+    # and back: `depthlab import` of the export is a depthlab ViT checkpoint with the run's classes and pixel
+    # statistics, which `depthlab eval` scores exactly as the run itself
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    back, back_cfg, back_meta = load_checkpoint(tmp_path / "back")
+    assert back_cfg.model.is_vit and back_meta["classes"] == meta["classes"]
+    assert np.allclose(back_meta["pixel_mean"], meta["pixel_mean"]) and np.allclose(back_meta["pixel_std"],
+                                                                                      meta["pixel_std"])
+    with torch.no_grad():
+        assert (back.eval()(x) - ours).abs().max() <= 1e-5
 
 
 def test_import_of_a_stock_vit_and_back(tmp_path):

@@ -121,7 +121,41 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
         raise UserError(f"cannot import {src}: it is {kind.value}, not a Hugging Face model directory")
     with locked(out_dir, "import"):
         claim(Path(out_dir), is_import, "import", overwrite)
+        meta = {"step": 0, "imported_from": str(src)}
+        if _model_type(src) == "vit":
+            model, cfg, vit_meta = _import_vit(src, scheme)
+            return save_as_checkpoint(out_dir, model, cfg, {**meta, **vit_meta})
         model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
         tok_file = Path(src) / TOKENIZER
         tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-        return save_as_checkpoint(out_dir, model, cfg, {"step": 0, "imported_from": str(src)}, tokenizer=tok)
+        return save_as_checkpoint(out_dir, model, cfg, meta, tokenizer=tok)
+
+
+def _model_type(src) -> str | None:
+    import json
+    from pathlib import Path
+
+    path = Path(src) / "config.json"
+    try:
+        return json.loads(path.read_text()).get("model_type") if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _import_vit(src, scheme: str) -> tuple:
+    """A stock ViTForImageClassification directory as a depthlab ViT, with its class names and, when it has a
+    preprocessor config, its pixel normalisation in the checkpoint's meta (as a depthlab ViT run records them)."""
+    import json
+    from pathlib import Path
+
+    from depthlab.hf.vit import import_hf_vit
+
+    model, mc = import_hf_vit(src, scheme=scheme)
+    id2label = {int(k): v for k, v in (json.loads((Path(src) / "config.json").read_text()).get("id2label")
+                                       or {}).items()}
+    meta = {"classes": [id2label.get(i, str(i)) for i in range(mc.num_classes)]}
+    pre = Path(src) / "preprocessor_config.json"
+    if pre.is_file():
+        p = json.loads(pre.read_text())
+        meta.update(pixel_mean=p.get("image_mean"), pixel_std=p.get("image_std"))
+    return model, Config(mc), meta
