@@ -1,7 +1,7 @@
-"""Curse-of-depth diagnostics for any causal LM.
+"""Curse-of-depth diagnostics for any causal LM, and for depthlab ViTs.
 
     layers.py       discover blocks / final norm / head of a depthlab or HF model; capture and replay blocks
-    calibration.py  calibration text -> batches with a mask of real tokens
+    calibration.py  calibration text -> batches with a mask of real tokens; a ViT's validation images
     metrics.py      the metric definitions, as streaming accumulators
     removal.py      layer removal from cached prefix activations
     jacobian.py     block and output Jacobians by random projections, one token's block Jacobian

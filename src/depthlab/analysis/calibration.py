@@ -1,9 +1,14 @@
-"""Calibration text -> batches of token ids with a mask of real tokens.
+"""Calibration data -> batches: token ids with a mask of real tokens (language models), or images with their labels
+(a ViT).
 
 depthlab tokenizers: the documents are packed into one stream (EOT between documents) and cut into full windows,
 so there is no padding at all. HF tokenizers: each document is tokenized on its own and cut into windows of at
 most seq_len tokens (each starting with BOS when the tokenizer adds one); short windows are right-padded and the
 attention mask marks the real tokens. Every metric reads the mask, so a pad is never taken as "the last token".
+
+Images (a depthlab ViT): the validation split rebuilt from the run's config (or of another image source), normalised
+with the run's training statistics; the mask is all True over the tokens each image becomes (patches and the class
+token), so the stream metrics read a ViT's tokens as they read text tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +25,27 @@ from depthlab import UserError
 class Batch:
     ids: torch.Tensor  # (B, T) long
     mask: torch.Tensor  # (B, T) bool, True on real tokens
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        """What the model is called on."""
+        return self.ids
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+@dataclass
+class ImageBatch:
+    images: torch.Tensor  # (B, C, H, W) float32, normalised as in training
+    labels: torch.Tensor  # (B,) long class ids
+    mask: torch.Tensor  # (B, T) bool, all True: every patch token (and the class token) is real
+    ids = None  # no token ids (a class attribute, not a field): the stream statistics report no token_id
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        return self.images
 
     @property
     def n_tokens(self) -> int:
@@ -105,3 +131,25 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
     if top >= vocab_size:
         raise UserError(f"the tokenizer produced id {top}, beyond the model's vocabulary of {vocab_size}")
     return to_batches(windows, batch_size, pad_id)
+
+
+def image_batches(cfg, meta: dict, paths: list[str] | None, n_images: int | None, batch_size: int,
+                  device: str = "cpu") -> tuple[list[ImageBatch], str]:
+    """The validation split of the run's images (or of the one image source in `paths`), at most n_images of them,
+    normalised with the run's own training statistics (meta's pixel_mean / pixel_std) as the model saw them."""
+    from depthlab.data.images import build_image_data, eval_image_batches
+
+    m = cfg.model
+    data = build_image_data(paths or cfg.data.paths, m.image_size, m.channels, cfg.data.val_fraction)
+    x, y = data.val_x[:n_images], data.val_y[:n_images]
+    if int(y.max()) >= m.num_classes:
+        raise UserError(f"the calibration images have class {int(y.max())}, beyond the model's {m.num_classes} classes")
+    mean, std = meta.get("pixel_mean", data.mean), meta.get("pixel_std", data.std)
+    if (list(mean), list(std)) != (data.mean, data.std):  # another source: undo its statistics, apply the run's
+        shape = (1, -1, 1, 1)
+        raw = x * np.asarray(data.std, np.float32).reshape(shape) + np.asarray(data.mean, np.float32).reshape(shape)
+        x = (raw - np.asarray(mean, np.float32).reshape(shape)) / np.asarray(std, np.float32).reshape(shape)
+    T = m.n_patches + (m.pool == "cls")
+    batches = [ImageBatch(im.to(device), lab.to(device), torch.ones(len(lab), T, dtype=torch.bool, device=device))
+               for im, lab in eval_image_batches(x, y, batch_size)]
+    return batches, f"validation split of {data.source} ({len(y)} images used)"

@@ -10,9 +10,11 @@ from depthlab import UserError
 
 
 def _add_model_args(p) -> None:
-    p.add_argument("--data", nargs="+", metavar="PATH", help="calibration text files or folders "
-                   "(default: the built-in corpus)")
-    p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default 4096)")
+    p.add_argument("--data", nargs="+", metavar="PATH", help="calibration text files or folders (default: the "
+                   "built-in corpus); for a ViT one image source, whose validation split is used (default: the "
+                   "run's own)")
+    p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default 4096; language models)")
+    p.add_argument("--images", type=int, help="a ViT's calibration images (default: the whole validation split)")
     p.add_argument("--seq-len", type=int, help="window length (default: the run's, or 512 for HF models)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--layer-by-layer", action="store_true", help="keep one block's weights in memory at a time "
@@ -33,6 +35,8 @@ def _request(args, model: str):
     for name in ("tokens", "batch_size", "probes"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.images is not None and args.images < 1:
+        raise UserError("--images must be at least 1")
     if args.seq_len is not None and args.seq_len < 2:
         raise UserError("--seq-len must be at least 2")
     opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
@@ -41,7 +45,7 @@ def _request(args, model: str):
 
     device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
-                   args.trust_remote_code, device, args.dtype, opts)
+                   args.trust_remote_code, device, args.dtype, opts, args.images)
 
 
 def _results(args, model: str) -> dict:
@@ -70,8 +74,9 @@ def cmd_analyze(args) -> None:
         res = _results(args, args.model)
         files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
     m = res["model"]
+    size = f"{res['sequences']} images, {res['tokens']} tokens" if "task" in res else f"{res['tokens']} tokens"
     print(f"{args.model}: {m['class']}, blocks {m['blocks']}, final norm {m['final_norm']} "
-          f"({res['tokens']} tokens, {res['wall_s']:.1f} s, {res['mode']})")
+          f"({size}, {res['wall_s']:.1f} s, {res['mode']})")
     for line in summary_lines(res):
         print("  " + line)
     print(f"report: {files['report']}")
@@ -80,7 +85,8 @@ def cmd_analyze(args) -> None:
 
 def cmd_compare(args) -> None:
     from depthlab.analysis.report import write_comparison
-    from depthlab.rundir import Kind, is_analysis, model_path, what_is, writing
+    from depthlab.analysis.run import task_of
+    from depthlab.rundir import is_analysis, writing
 
     if len(args.models) < 2:
         raise UserError("compare needs at least two models")
@@ -89,9 +95,9 @@ def cmd_compare(args) -> None:
         raise UserError(f"{len(labels)} labels for {len(args.models)} models")
     if len(set(labels)) != len(labels):
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
-    for m in args.models:  # every path checked before minutes of analysis go into the first ones
-        if what_is(m) is not Kind.ANALYSIS:
-            model_path(m, warn=lambda msg: None)
+    tasks = {m: task_of(m) for m in args.models}  # every path checked before minutes of analysis go into the first
+    if len(set(tasks.values())) > 1:
+        raise UserError("compare needs models of one kind: " + ", ".join(f"{m} is {t}" for m, t in tasks.items()))
     out = Path(args.out or "analysis/compare")
     with writing(out, is_analysis, "compare", args.overwrite) as tmp:
         runs = []
@@ -116,9 +122,10 @@ def cmd_theory(args) -> None:
 
 
 def add_commands(sub) -> None:
-    a = sub.add_parser("analyze", help="curse-of-depth diagnostics of a causal LM, with plots and a report",
+    a = sub.add_parser("analyze", help="curse-of-depth diagnostics of a causal LM or a ViT, with plots and a report",
                        description="Variance, angular distance, block influence, logit lens, layer removal and "
-                       "Jacobians of a depthlab run/checkpoint or any Hugging Face causal-LM directory.")
+                       "Jacobians of a depthlab run/checkpoint (language model or ViT) or any Hugging Face "
+                       "causal-LM directory.")
     a.add_argument("model", help="depthlab run or checkpoint directory, or an HF model directory")
     a.add_argument("--out", help="output folder (default: analysis/<model name>); an existing one must be an "
                    "earlier report")

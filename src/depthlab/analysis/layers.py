@@ -1,4 +1,5 @@
-"""A causal LM seen as a stack of blocks: discovery, capture and replay, for depthlab models and any HF model.
+"""A causal LM seen as a stack of blocks: discovery, capture and replay, for depthlab models and any HF model; a
+depthlab ViT the same way (its head reads the class from the pooled final-normed stream).
 
 Nothing here is looked up in a per-class table. The block list is the largest nn.ModuleList of repeated modules;
 a traced forward pass then proves the discovery: every block must feed the next one, the final norm is the module
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from depthlab import UserError
+from depthlab.analysis.calibration import last_real_index
 from depthlab.hf.blocks import find_blocks  # generic block discovery lives in one place, shared with hf/
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
@@ -53,13 +55,15 @@ def _first_tensor(x):
 class LayeredLM:
     """A causal LM as embedding -> blocks -> final norm -> head, with capture and replay.
 
-    `forward_fn(ids, mask)` runs the whole model and returns logits; for depthlab models the calibration batches
-    are packed (no padding), for HF models the attention mask is passed on.
+    `forward_fn(inputs, mask)` runs the whole model and returns logits; for depthlab models the calibration
+    batches are packed (no padding), for HF models the attention mask is passed on. A classifier (a ViT) has `pool`:
+    its inputs are images, its head reads head(pool(final_norm(h))) and its logits are (B, classes).
     """
 
-    def __init__(self, model: nn.Module, forward_fn, name: str, kind: str, head: nn.Module,
-                 mid_probes: list | None = None):
+    def __init__(self, model: nn.Module, forward_fn, name: str, kind: str, head,
+                 mid_probes: list | None = None, pool=None):
         self.model, self.forward_fn, self.name, self.kind, self.head = model, forward_fn, name, kind, head
+        self.pool = pool
         self.blocks_path, self.blocks = find_blocks(model)
         self.norm: nn.Module | None = None
         self.norm_path = ""
@@ -70,9 +74,20 @@ class LayeredLM:
     def n_layers(self) -> int:
         return len(self.blocks)
 
+    @property
+    def classifier(self) -> bool:
+        return self.pool is not None
+
+    def readout(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, d): where the prediction is read from the stream: each sequence's last real token, or a
+        classifier's pooled token (a ViT's class token, or the mean of its patch tokens)."""
+        if self.pool is not None:
+            return self.pool(h)
+        return h[torch.arange(h.shape[0], device=mask.device), last_real_index(mask)]
+
     # --- capture ---------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def trace(self, ids: torch.Tensor, mask: torch.Tensor) -> Trace:
+    def trace(self, inputs: torch.Tensor, mask: torch.Tensor) -> Trace:
         L = self.n_layers
         calls: list[BlockCall | None] = [None] * L
         hidden: list[torch.Tensor | None] = [None] * (L + 1)
@@ -107,7 +122,7 @@ class LayeredLM:
                 if self.mid_probes and self.mid_probes[i] is not None:
                     mod, where = self.mid_probes[i]
                     handles.append(mod.register_forward_hook(mid_hook(i, where)))
-            logits = self.forward_fn(ids, mask)
+            logits = self.forward_fn(inputs, mask)
         finally:
             for h in handles:
                 h.remove()
@@ -153,7 +168,7 @@ class LayeredLM:
 
     # --- discovery checks ------------------------------------------------------------------------------------
     @torch.no_grad()
-    def discover(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+    def discover(self, inputs: torch.Tensor, mask: torch.Tensor) -> None:
         """Find the final norm and prove the block chain and the head on one traced batch."""
         seen: list[tuple[str, nn.Module, torch.Tensor]] = []
         inside = {id(m) for m in self.blocks.modules()}
@@ -170,7 +185,7 @@ class LayeredLM:
             if id(mod) not in inside and mod is not self.model and not isinstance(mod, nn.ModuleList):
                 handles.append(mod.register_forward_pre_hook(record(name)))
         try:
-            tr = self.trace(ids, mask)
+            tr = self.trace(inputs, mask)
         finally:
             for h in handles:
                 h.remove()
@@ -195,7 +210,7 @@ class LayeredLM:
                             f"(blocks {self.blocks_path}, final norm {self.norm_path}: {type(self.norm).__name__}, "
                             f"head {type(self.head).__name__}); logit scaling or soft-capping is not supported")
         if self.mid_probes is None:
-            self.mid_probes = hf_mid_probes(self, ids, mask)
+            self.mid_probes = hf_mid_probes(self, inputs, mask)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "class": type(self.model).__name__,
@@ -249,12 +264,38 @@ def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
 # --- wrapping loaded models (loading itself is depthlab.rundir's) ------------------------------------------
 
 def from_depthlab(model, name: str) -> LayeredLM:
+    from depthlab.model.vit import ViT
+
+    if isinstance(model, ViT):
+        return from_vit(model, name)
     model.eval()
 
     def fwd(ids, mask):
         return model(ids)  # packed batches: no padding, the mask is all ones
 
     return LayeredLM(model, fwd, name, "depthlab", model.lm_head, depthlab_mid_probes(model))
+
+
+class PooledHead:
+    """A ViT's head as read from the final-normed stream: head(pool(h)). A plain callable, not a module, so the
+    ViT does not appear twice in a module tree."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.head(self.model.pool(h))
+
+
+def from_vit(model, name: str) -> LayeredLM:
+    """A depthlab ViT: images in (cast to the weights' dtype), class logits out; the blocks are called as
+    block(h, None) (no RoPE), so the recorded calls replay as for a language model."""
+    model.eval()
+
+    def fwd(images, mask):
+        return model(images.to(model.head.weight.dtype))
+
+    return LayeredLM(model, fwd, name, "depthlab-vit", PooledHead(model), depthlab_mid_probes(model), model.pool)
 
 
 def from_hf(model, name: str) -> LayeredLM:

@@ -84,6 +84,9 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
     from depthlab.model.schemes import build_block
 
     cfg = Config.load(ckpt / CONFIG)
+    if cfg.model.is_vit:
+        raise UserError(f"{ckpt}: layer-by-layer mode is for language models; analyse a ViT in whole-model mode "
+                        "(without --layer-by-layer)")
     files = TensorFiles(ckpt)
     model = Transformer(dataclasses.replace(cfg.model, n_layers=1), init=False)
     load_non_block(model, files, "layers", cfg.model.tie_embeddings)

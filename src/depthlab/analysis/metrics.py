@@ -89,7 +89,8 @@ class Accumulator:
         self.n_pred = 0
 
     # --- per stream state ------------------------------------------------------------------------------------
-    def stream(self, s: int, h: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor) -> None:
+    def stream(self, s: int, h: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None) -> None:
+        """ids: the token ids, to name the token of the largest |h| (None for images: no token_id)."""
         x = h.float()[mask]  # (N, d)
         self.count[s] += x.numel()
         self.sum[s] += float(x.double().sum())
@@ -101,7 +102,8 @@ class Accumulator:
             tok, ch = divmod(flat, x.shape[1])
             rows, cols = mask.nonzero(as_tuple=True)
             r, c = int(rows[tok]), int(cols[tok])
-            self.max_abs[s] = (top, {"channel": ch, "position": c, "token_id": int(ids[r, c])})
+            where = {"channel": ch, "position": c}
+            self.max_abs[s] = (top, where if ids is None else {**where, "token_id": int(ids[r, c])})
         if s == 0:
             self.tokens += x.shape[0]
 

@@ -1,4 +1,5 @@
-"""Layer removal: the perplexity when one block, or a contiguous run of n blocks, is skipped.
+"""Layer removal: the perplexity when one block, or a contiguous run of n blocks, is skipped; for a classifier (a
+ViT), the cross-entropy against the labels and the top-1 accuracy instead.
 
 Non-destructive: blocks are skipped by replaying the others on cached activations; no weight or module is
 touched. The sweep reuses the traced pass: removing block l only re-runs blocks l+1..L from the cached input of
@@ -12,9 +13,10 @@ import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from depthlab.analysis.calibration import Batch
+from depthlab.analysis.calibration import Batch, ImageBatch
 from depthlab.analysis.layers import LayeredLM, Trace
 
 
@@ -27,14 +29,44 @@ def next_token_nll(logits: torch.Tensor, batch: Batch) -> tuple[float, int]:
     return float(nll[pred].sum()), int(pred.sum())
 
 
-class RemovalSums:
-    """Summed NLL per removal, over batches."""
+@torch.no_grad()
+def class_scores(logits: torch.Tensor, batch: ImageBatch) -> tuple[float, int, int]:
+    """Summed cross-entropy against the labels, the number of images, and how many the top-1 class gets right."""
+    lg = logits.float()
+    nll = F.cross_entropy(lg, batch.labels, reduction="sum")
+    return float(nll), len(batch.labels), int((lg.argmax(-1) == batch.labels).sum())
 
-    def __init__(self, n_layers: int):
+
+def scores(logits: torch.Tensor, batch: Batch | ImageBatch) -> tuple[float, int, int]:
+    """(summed loss, count, correct top-1): next-token NLL over text (correct unused: 0), cross-entropy over images."""
+    if isinstance(batch, ImageBatch):
+        return class_scores(logits, batch)
+    return (*next_token_nll(logits, batch), 0)
+
+
+class RemovalSums:
+    """Summed loss per removal, over batches; and, for a classifier, the correct top-1 predictions."""
+
+    def __init__(self, n_layers: int, classify: bool = False):
         self.base, self.single, self.count = 0.0, [0.0] * n_layers, 0
         self.runs: dict[tuple[int, int], float] = {}  # (start 0-based, n) -> summed NLL
+        self.classify = classify
+        self.correct: dict = {}  # "base" | block l (0-based) | (start, n) -> correct top-1 predictions
+
+    def add(self, key, logits: torch.Tensor, batch: Batch | ImageBatch) -> None:
+        """One batch's scores for `key`: "base" (nothing removed), block l (0-based) or a run (start, n)."""
+        loss, count, correct = scores(logits, batch)
+        if key == "base":
+            self.base, self.count = self.base + loss, self.count + count
+        elif isinstance(key, tuple):
+            self.runs[key] = self.runs.get(key, 0.0) + loss
+        else:
+            self.single[key] += loss
+        self.correct[key] = self.correct.get(key, 0) + correct
 
     def results(self, n_layers: int) -> dict:
+        if self.classify:
+            return self.class_results()
         n = max(self.count, 1)
         base = self.base / n
         ppl = lambda s: math.exp(min(s / n, 50.0))  # noqa: E731
@@ -46,17 +78,30 @@ class RemovalSums:
                                                                                         key=lambda x: x[0][1])]
         return out
 
+    def class_results(self) -> dict:
+        """Loss and top-1 accuracy per removal: delta_loss = loss - base loss, acc_drop = base accuracy - accuracy."""
+        n = max(self.count, 1)
+        base, acc = self.base / n, self.correct.get("base", 0) / n
+
+        def row(s, key):
+            a = self.correct.get(key, 0) / n
+            return {"loss": s / n, "delta_loss": s / n - base, "acc": a, "acc_drop": acc - a}
+
+        runs = sorted(self.runs.items(), key=lambda x: x[0][1])
+        return {"base_loss": base, "base_acc": acc,
+                "single": [{"block": l + 1, **row(s, l)} for l, s in enumerate(self.single)],
+                "runs": [{"n": k, "start_block": st + 1, "blocks": [st + 1, st + k], **row(s, (st, k))}
+                         for (st, k), s in runs]}
+
 
 @torch.no_grad()
 def single_layer_sweep(lm: LayeredLM, batch: Batch, tr: Trace, sums: RemovalSums) -> None:
     """Add this batch's NLL with each block removed in turn, re-running only the suffix after the removed block."""
     L = lm.n_layers
-    base, count = next_token_nll(tr.logits, batch)
-    sums.base += base
-    sums.count += count
+    sums.add("base", tr.logits, batch)
     for l in range(L):
         h = lm.run_blocks(l + 1, L, tr.hidden[l], tr.calls)
-        sums.single[l] += next_token_nll(lm.logits(h), batch)[0]
+        sums.add(l, lm.logits(h), batch)
 
 
 @torch.no_grad()
@@ -64,7 +109,7 @@ def run_removal(lm: LayeredLM, batch: Batch, tr: Trace, runs: list[tuple[int, in
     """Blocks start..start+n-1 (0-based start) removed: stream state `start` goes straight to block start+n."""
     for start, n in runs:
         h = lm.run_blocks(start + n, lm.n_layers, tr.hidden[start], tr.calls)
-        sums.runs[(start, n)] = sums.runs.get((start, n), 0.0) + next_token_nll(lm.logits(h), batch)[0]
+        sums.add((start, n), lm.logits(h), batch)
 
 
 class _Skip(nn.Module):
@@ -93,7 +138,7 @@ def naive_single_layer_sweep(lm: LayeredLM, batches: list[Batch]) -> list[float]
         tot, cnt = 0.0, 0
         with skipping(lm, l):
             for b in batches:
-                s, c = next_token_nll(lm.forward_fn(b.ids, b.mask), b)
+                s, c, _ = scores(lm.forward_fn(b.inputs, b.mask), b)
                 tot, cnt = tot + s, cnt + c
         losses.append(tot / max(cnt, 1))
     return losses

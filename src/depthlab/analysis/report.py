@@ -1,7 +1,8 @@
 """metrics.json, CSV tables, PNG plots and one self-contained HTML report (images embedded as base64).
 
 Every plot function takes a list of (label, results) so the same code draws one model (`analyze`) and an overlay
-of several (`compare`).
+of several (`compare`). A classifier's results (a ViT: "task" set) have no logit lens, removal scored by loss and
+top-1 accuracy instead of perplexity, and "last token" angular distances read at the pooled readout.
 """
 
 from __future__ import annotations
@@ -27,6 +28,18 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _key_name(res: dict, key: str) -> str:
+    """"last token" / "all tokens", or a classifier's readout (its "last_token" distances are read there)."""
+    return res["readout"] if key == "last_token" and "readout" in res else key.replace("_", " ")
+
+
+def removal_metrics(res: dict) -> list[tuple[str, str]]:
+    """(key, title) of what a removal is scored by: perplexity, or a classifier's loss and top-1 accuracy."""
+    if "base_acc" in res.get("removal", {}):
+        return [("delta_loss", "Δ loss"), ("acc_drop", "top-1 accuracy drop")]
+    return [("delta_ppl", "Δ perplexity")]
 
 
 def _log_if_positive(ax) -> None:
@@ -67,7 +80,7 @@ def plot_angular(label: str, res: dict, path: Path) -> Path:
                        extent=(0.5, L + 0.5, 0.5, L + 0.5))
         ax.set_xlabel("first removed block l + 1")
         ax.set_ylabel("blocks removed n")
-        ax.set_title(f"{label}: d(l, l+n), {key.replace('_', ' ')}", fontsize=10)
+        ax.set_title(f"{label}: d(l, l+n), {_key_name(res, key)}", fontsize=10)
         fig.colorbar(im, ax=ax)
     return _save(fig, path)
 
@@ -98,7 +111,8 @@ def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False)
         x = [(l + 1) / L if normalise_depth else l + 1 for l in range(L)]
         for key, ls in (("last_token", "-"), ("all_tokens", ":")):
             D = res["angular"][key]
-            ax.plot(x, [D[l][l + 1] for l in range(L)], ls, marker="o", ms=3, label=f"{label} ({key})")
+            name = key if "readout" not in res else _key_name(res, key)
+            ax.plot(x, [D[l][l + 1] for l in range(L)], ls, marker="o", ms=3, label=f"{label} ({name})")
     ax.set_xlabel("relative depth" if normalise_depth else "block l")
     ax.set_title("angular distance between the input and output of block l", fontsize=10)
     ax.set_ylim(bottom=0)
@@ -108,31 +122,34 @@ def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False)
 
 
 def plot_removal(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    """One row per removal score (Δ perplexity; a classifier's Δ loss and accuracy drop): single blocks, best runs."""
     runs = [(lab, r) for lab, r in runs if "removal" in r]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    keys = removal_metrics(runs[0][1])
+    fig, grid = plt.subplots(len(keys), 2, figsize=(12, 3.8 * len(keys)), squeeze=False)
     width = 0.8 / max(len(runs), 1)
-    for k, (label, res) in enumerate(runs):
-        single = res["removal"]["single"]
-        L = len(single)
-        if normalise_depth:
-            axes[0].plot([(s["block"]) / L for s in single], [s["delta_ppl"] for s in single], marker="o", ms=3,
+    for axes, (key, title) in zip(grid, keys):
+        for k, (label, res) in enumerate(runs):
+            single = res["removal"]["single"]
+            L = len(single)
+            if normalise_depth:
+                axes[0].plot([(s["block"]) / L for s in single], [s[key] for s in single], marker="o", ms=3,
+                             label=label)
+            else:
+                axes[0].bar([s["block"] - 0.4 + width * (k + 0.5) for s in single], [s[key] for s in single],
+                            width=width, label=label)
+            rr = res["removal"]["runs"]
+            first = single[res["angular"]["best_block"][0]["start_block"] - 1]  # n = 1: the angular choice
+            axes[1].plot([1] + [r["n"] for r in rr], [first[key]] + [r[key] for r in rr], marker="o", ms=3,
                          label=label)
-        else:
-            axes[0].bar([s["block"] - 0.4 + width * (k + 0.5) for s in single], [s["delta_ppl"] for s in single],
-                        width=width, label=label)
-        rr = res["removal"]["runs"]
-        first = single[res["angular"]["best_block"][0]["start_block"] - 1]  # n = 1: the angular choice
-        axes[1].plot([1] + [r["n"] for r in rr], [first["delta_ppl"]] + [r["delta_ppl"] for r in rr],
-                     marker="o", ms=3, label=label)
-    axes[0].set_title("Δ perplexity when one block is removed", fontsize=10)
-    axes[0].set_xlabel("relative depth" if normalise_depth else "block")
-    axes[1].set_title("Δ perplexity, best run of n blocks removed (chosen by angular distance)", fontsize=9)
-    axes[1].set_xlabel("n")
-    axes[1].xaxis.get_major_locator().set_params(integer=True)
-    for ax in axes:
-        ax.set_yscale("symlog", linthresh=0.1)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        axes[0].set_title(f"{title} when one block is removed", fontsize=10)
+        axes[0].set_xlabel("relative depth" if normalise_depth else "block")
+        axes[1].set_title(f"{title}, best run of n blocks removed (chosen by angular distance)", fontsize=9)
+        axes[1].set_xlabel("n")
+        axes[1].xaxis.get_major_locator().set_params(integer=True)
+        for ax in axes:
+            ax.set_yscale("symlog", linthresh=0.01 if key == "acc_drop" else 0.1)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
     return _save(fig, path)
 
 
@@ -213,7 +230,11 @@ def block_rows(res: dict) -> list[dict]:
     for i, r in enumerate(rows):
         if "removal" in res:
             s = res["removal"]["single"][i]
-            r.update(removal_ppl=s["ppl"], removal_delta_ppl=s["delta_ppl"])
+            if "base_acc" in res["removal"]:
+                r.update(removal_loss=s["loss"], removal_delta_loss=s["delta_loss"], removal_acc=s["acc"],
+                         removal_acc_drop=s["acc_drop"])
+            else:
+                r.update(removal_ppl=s["ppl"], removal_delta_ppl=s["delta_ppl"])
         j = res.get("jacobian")
         if j:
             r.update(jac_block_gain=j["block_gain"][i], jac_block_vs_identity=j["block_vs_identity"][i])
@@ -278,6 +299,21 @@ def write_html(path: Path, title: str, intro: list[str], sections: list[tuple[st
     return path
 
 
+def report_intro(res: dict, label: str) -> list[str]:
+    m = res.get("model", {})
+    unit = "images" if "task" in res else "sequences"
+    intro = [f"Model: {m.get('name', label)} ({m.get('class', '')}); blocks {m.get('blocks', '')}; "
+             f"final norm {m.get('final_norm', '')}; mode {res.get('mode', '')}.",
+             f"Calibration data: {res.get('data', {}).get('source', '')}; {res['tokens']} tokens in "
+             f"{res['sequences']} {unit}."]
+    r = res.get("removal")
+    if r and "base_acc" in r:
+        intro.append(f"On the calibration images: loss {r['base_loss']:.4g}, top-1 accuracy {r['base_acc']:.4g}.")
+    elif r:
+        intro.append(f"Perplexity on the calibration data: {r['base_ppl']:.4g}.")
+    return intro + [f"Note: {n}." for n in res.get("notes", [])]
+
+
 def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     """Everything for one model under `out`; returns the written files by kind."""
     out.mkdir(parents=True, exist_ok=True)
@@ -295,13 +331,6 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
         plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
     tables = write_tables(res, out)
-    m = res.get("model", {})
-    intro = [f"Model: {m.get('name', label)} ({m.get('class', '')}); blocks {m.get('blocks', '')}; "
-             f"final norm {m.get('final_norm', '')}; mode {res.get('mode', '')}.",
-             f"Calibration data: {res.get('data', {}).get('source', '')}; {res['tokens']} tokens in "
-             f"{res['sequences']} sequences."]
-    if "removal" in res:
-        intro.append(f"Perplexity on the calibration data: {res['removal']['base_ppl']:.4g}.")
     sec = [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
         "index", "name", "variance", "rms", "max_abs", "max_over_rms", "channel", "position", "token_id",
         "lens_kl", "lens_ce"])),
@@ -311,14 +340,21 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     if "lens" in plots:
         sec.append(("Logit lens", _img(plots["lens"])))
     if "removal" in plots:
-        sec.append(("Layer removal", _img(plots["removal"]) + _table(res["removal"]["runs"],
-                                                                     ["n", "blocks", "ppl", "delta_ppl"])))
+        cols = ["loss", "delta_loss", "acc", "acc_drop"] if "base_acc" in res["removal"] else ["ppl", "delta_ppl"]
+        sec.append(("Layer removal", _img(plots["removal"]) + _table(res["removal"]["runs"], ["n", "blocks", *cols])))
     if "jacobian" in plots:
         sec.append(("Jacobians", _img(plots["jacobian"]) + _img(plots["jacobian_heatmaps"])))
     files = {"metrics": out / "metrics.json", **plots}
-    files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", intro, sec)
+    files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", report_intro(res, label), sec)
     files.update({t.stem: t for t in tables})
     return files
+
+
+def _base_score(res: dict) -> dict:
+    r = res.get("removal")
+    if r and "base_acc" in r:
+        return {"loss": r["base_loss"], "acc": r["base_acc"]}
+    return {"ppl": r["base_ppl"]} if r else {}
 
 
 def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
@@ -327,8 +363,9 @@ def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
     (out / "compare.json").write_text(json.dumps({lab: r for lab, r in runs}, indent=1) + "\n")
     plots = {"variance": plot_variance(runs, out / "variance.png", True),
              "adjacent": plot_adjacent_angular(runs, out / "angular_adjacent.png", True),
-             "blocks": plot_blocks(runs, out / "block_metrics.png", True),
-             "lens": plot_lens(runs, out / "logit_lens.png", True)}
+             "blocks": plot_blocks(runs, out / "block_metrics.png", True)}
+    if any("lens" in r for _, r in runs):
+        plots["lens"] = plot_lens(runs, out / "logit_lens.png", True)
     if any("removal" in r for _, r in runs):
         plots["removal"] = plot_removal(runs, out / "removal.png", True)
     if any("jacobian" in r for _, r in runs):
@@ -336,8 +373,7 @@ def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
     summary = [{"model": lab, "layers": len(r["blocks"]), "variance_last": r["states"][-1]["variance"],
                 "variance_embedding": r["states"][0]["variance"],
                 "mean_adjacent_angular": sum(r["angular"]["last_token"][l][l + 1] for l in range(len(r["blocks"])))
-                / len(r["blocks"]), **({"ppl": r["removal"]["base_ppl"]} if "removal" in r else {})}
-               for lab, r in runs]
+                / len(r["blocks"]), **_base_score(r)} for lab, r in runs]
     _write_csv(out / "compare.csv", summary)
     sec = [("Summary", _table(summary, list(summary[0])))] + [(k.replace("_", " ").capitalize(), _img(p))
                                                               for k, p in plots.items()]

@@ -1,15 +1,16 @@
-"""From a model path to results: load, read calibration text, batch, analyse. Shared by the CLI, `compare`
-and the benchmark."""
+"""From a model path to results: load, read calibration text (or a ViT's validation images), batch, analyse.
+Shared by the CLI, `compare` and the benchmark."""
 
 from __future__ import annotations
 
+import json
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from depthlab import UserError
-from depthlab.analysis.calibration import Batch, calibration_batches, read_calibration_text
+from depthlab.analysis.calibration import Batch, ImageBatch, calibration_batches, image_batches, read_calibration_text
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.study import Options, analyze, analyze_layerwise
 
@@ -26,14 +27,17 @@ class Request:
     device: str = "cpu"
     dtype: str = "float32"
     options: Options = field(default_factory=Options)
+    images: int | None = None  # a ViT's calibration images (default: the whole validation split)
 
 
 @dataclass
 class LayeredModel:
     lm: LayeredLM
-    tokenizer: object  # tokenizers.Tokenizer (depthlab) or a transformers tokenizer (HF)
+    tokenizer: object  # tokenizers.Tokenizer (depthlab) or a transformers tokenizer (HF); None for a ViT
     seq_len: int  # the default window
     info: dict  # about the model, including "context": the longest window it takes
+    cfg: object = None  # the depthlab Config (None for HF)
+    meta: dict = field(default_factory=dict)  # the checkpoint's meta.json (a ViT's pixel statistics)
 
 
 def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float32",
@@ -49,8 +53,29 @@ def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float
         return LayeredModel(from_hf(loaded.model, loaded.path.name), loaded.tokenizer, loaded.seq_len, info)
     info = {"scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.get("step"), "checkpoint": str(loaded.path),
             "context": loaded.context}
-    return LayeredModel(from_depthlab(loaded.model, Path(path).name or str(path)), loaded.fast_tokenizer(),
-                        loaded.seq_len, info)
+    lm = from_depthlab(loaded.model, Path(path).name or str(path))
+    if lm.classifier:
+        info = {**info, "arch": "vit", "pool": loaded.cfg.model.pool}
+    tok = None if lm.classifier else loaded.fast_tokenizer()
+    return LayeredModel(lm, tok, loaded.seq_len, info, loaded.cfg, loaded.meta)
+
+
+LM_TASK = "language modelling"
+
+
+def task_of(path: str) -> str:
+    """What a model path (or an earlier analysis folder) holds: "image classification" for a depthlab ViT, else
+    "language modelling". Reads configs only; checks the path as `model_path` does."""
+    from depthlab.config import Config
+    from depthlab.rundir import ANALYSIS_RESULTS, CONFIG, Kind, model_path, what_is
+
+    if what_is(path) is Kind.ANALYSIS:
+        p = Path(path) / ANALYSIS_RESULTS[0]
+        return json.loads(p.read_text()).get("task", LM_TASK) if p.is_file() else LM_TASK
+    kind, ckpt = model_path(path, warn=lambda msg: None)
+    if kind is Kind.HF or not Config.load(ckpt / CONFIG).model.is_vit:
+        return LM_TASK
+    return "image classification"
 
 
 def _vocab_size(lm) -> int:
@@ -69,6 +94,13 @@ def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Ba
     return [Batch(b.ids.to(req.device), b.mask.to(req.device)) for b in batches], source
 
 
+def _image_batches(req: Request, loaded: LayeredModel) -> tuple[list[ImageBatch], dict]:
+    if req.seq_len is not None:
+        raise UserError("--seq-len does not apply to a ViT: each image is one sequence of patch tokens")
+    batches, source = image_batches(loaded.cfg, loaded.meta, req.data, req.images, req.batch_size, req.device)
+    return batches, {"source": source, "images": sum(len(b.labels) for b in batches), "batch_size": req.batch_size}
+
+
 def run_request(req: Request) -> dict:
     t0 = time.perf_counter()
     if req.layerwise:
@@ -79,12 +111,18 @@ def run_request(req: Request) -> dict:
     else:
         loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
-    batches, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
+    if lm.classifier:
+        batches, data = _image_batches(req, loaded)
+    elif req.images is not None:
+        raise UserError("--images is for a ViT; a language model's calibration size is --tokens")
+    else:
+        batches, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
+        data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
     res = analyze_layerwise(skel, batches, req.options) if req.layerwise else analyze(lm, batches, req.options)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     if req.layerwise:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
-    res["data"] = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
+    res["data"] = data
     res["run"] = {"device": str(req.device), "dtype": req.dtype}
     res["wall_s"] = time.perf_counter() - t0
     return res
