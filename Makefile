@@ -45,7 +45,7 @@ study-mixln: install  # mixln at 24 blocks: its own grid, then seed 1 at its bes
 	$(STUDY) --phases mixln
 
 # The paper's ViT row (docs/results.md, section 7): pre vs LNS after the norm vs LNS on the branch outputs, a
-# 12 x 64 ViT on scikit-learn's digits, a rate grid then 3 seeds at each variant's best rate (about 30 min).
+# 12 x 64 ViT on scikit-learn's digits, 600 steps, a rate grid then 3 seeds at each best rate (about 45 min).
 study-vit: install
 	$(BENCH).vit_study run --runs-dir /tmp/depthlab_vit_runs
 

@@ -197,7 +197,7 @@ def main(argv=None) -> None:
     r = sub.add_parser("run", help="train what is missing, then summarise")
     r.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3], help="the grid, spaced x2")
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    r.add_argument("--steps", type=int, default=1000)
+    r.add_argument("--steps", type=int, default=600)
     r.add_argument("--batch", type=int, default=64)
     r.add_argument("--jobs", type=int, default=2, help="worker processes (one thread each)")
     r.add_argument("--out", default=str(OUT))
