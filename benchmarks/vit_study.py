@@ -195,7 +195,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.vit_study", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="train what is missing, then summarise")
-    r.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3], help="the grid, spaced x2")
+    r.add_argument("--lrs", nargs="+", type=float, default=[5e-4, 1e-3, 2e-3, 4e-3], help="the grid, spaced x2")
     r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     r.add_argument("--steps", type=int, default=600)
     r.add_argument("--batch", type=int, default=64)
