@@ -18,24 +18,31 @@ the logits and their gradients, and every temporary of forward and backward. The
 measured the same way, separately. The child runs with MALLOC_MMAP_THRESHOLD_=65536, so that glibc returns every
 freed large block to the system and RSS follows live memory. On a GPU the same phases read
 torch.cuda.memory_allocated / max_memory_allocated. A cross-check that depends on no allocator: the bytes of the
-distinct tensors autograd saves for backward during the forward (`saved_for_backward`, parameters excluded).
+distinct tensors autograd saves for backward during the forward (`saved_for_backward`, parameters excluded), also
+split by the module that saved each (`saved_by_module_bytes`; the docs table lists them per block).
 
-Step time: depthlab against depthlab-unchunked (the same model, the loss before this change), interleaved in one
-process as benchmarks/common.py does; the paired ratio's median over repetitions.
+Step time: depthlab against depthlab-unchunked (the same model, the loss before the chunked loss) and against HF's
+operators with fused AdamW, interleaved in one process as benchmarks/common.py does; the paired ratio's median over
+repetitions. With --time-against COMMIT, also this tree's depthlab step against the same step at a git commit
+(say, the one before a change), each in its own worker process, one step of each per round in alternating order.
 
     python -m benchmarks.memory                                   # 71M and 130M, fp32, 8 x 256 tokens on CPU
     python -m benchmarks.memory --case llama-71m --dtype bf16 --reps 2
+    python -m benchmarks.memory --dtype fp32 bf16 --reps 5 --time-against 79dadac   # as in results/memory.json
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,19 +115,37 @@ class Meter:
 
 
 def saved_for_backward(model, run):
-    """(bytes of the distinct non-parameter tensors autograd saves during `run()`, run's result)."""
+    """(bytes of the distinct non-parameter tensors autograd saves during `run()`, those bytes by the module that
+    saved each first -- its name with block indices as `*`, "" for the model's own forward, the loss --, run's
+    result)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
+    seen, stack = {}, [""]
+
+    def enter(module, args, name):
+        stack.append(re.sub(r"\.\d+(?=\.|$)", ".*", name))
+
+    def leave(module, args, out):
+        stack.pop()
 
     def pack(t):
         s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            seen[s.data_ptr()] = s.nbytes()
+        if s.data_ptr() not in params and s.data_ptr() not in seen:
+            seen[s.data_ptr()] = (s.nbytes(), stack[-1])
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = run()
-    return sum(seen.values()), out
+    handles = [h for name, m in model.named_modules() if name
+               for h in (m.register_forward_pre_hook(functools.partial(enter, name=name)),
+                         m.register_forward_hook(leave))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = run()
+    finally:
+        for h in handles:
+            h.remove()
+    by_module = {}
+    for nbytes, where in seen.values():
+        by_module[where] = by_module.get(where, 0) + nbytes
+    return sum(by_module.values()), dict(sorted(by_module.items(), key=lambda kv: -kv[1])), out
 
 
 def _tensor_bytes(model, opt) -> int:
@@ -155,7 +180,7 @@ def measure(case: str, contender: str, dtype: str, batch: int, seq: int, device:
     forward().backward()  # warm-up: gradients, AdamW moments, kernels' one-time state
     optimizer_step()
     base = meter.reset()
-    saved, loss = saved_for_backward(model, forward)
+    saved, saved_by_module, loss = saved_for_backward(model, forward)
     loss.backward()
     fwd_bwd = meter.peak() - base
     del loss
@@ -165,6 +190,7 @@ def measure(case: str, contender: str, dtype: str, batch: int, seq: int, device:
             "params": sum(p.numel() for p in model.parameters()), "static_bytes": base - start,
             "static_tensor_bytes": _tensor_bytes(model, opt),
             "activation_and_logits_bytes": fwd_bwd, "saved_for_backward_bytes": saved,
+            "saved_by_module_bytes": saved_by_module, "n_layers": model_config(case).n_layers,
             "optimizer_step_bytes": meter.peak() - base_opt, "baseline_bytes": base}
 
 
@@ -201,6 +227,78 @@ def step_time(case: str, dtype: str, batch: int, seq: int, reps: int, device: st
             "ratio_over_hf_fused": paired_ratio(times["depthlab"], times["hf+fused_adamw"])}
 
 
+# A worker of step_time_against, run with one source tree first on the path: builds the case's model and the
+# training step as step_time does, then runs one step per line read from stdin and prints its seconds and loss.
+_AB_WORKER = """
+import json, sys, time, torch
+torch.set_num_threads(1)
+from benchmarks.common import make_train_step
+from depthlab.config import preset
+from depthlab.model import Transformer
+s = json.loads(sys.argv[1])
+cfg = preset(s["case"] if s["case"] in ("llama-71m", "llama-130m") else "llama-71m").model
+for k, v in s["overrides"].items():
+    setattr(cfg, k, v)
+torch.manual_seed(0)
+model = Transformer(cfg).to(s["device"]).train()
+x = torch.randint(0, cfg.vocab_size, (s["batch"], s["seq"]), generator=torch.Generator().manual_seed(1))
+x = x.to(s["device"])
+step = make_train_step(model, x, torch.roll(x, -1, dims=1), s["dtype"], hf=False, fused_adamw=True)
+cuda = s["device"].startswith("cuda")
+clock = time.perf_counter if cuda else time.process_time
+step()
+print("ready", flush=True)
+for _ in sys.stdin:
+    t0 = clock()
+    loss = step().item()
+    print(clock() - t0, loss, flush=True)
+"""
+
+
+def _worker(tree: Path, spec: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(tree / "src"), str(tree)])}
+    w = subprocess.Popen([sys.executable, "-c", _AB_WORKER, spec], cwd=tree, env=env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if w.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"step-time worker in {tree} failed to start")
+    return w
+
+
+def _ask(w: subprocess.Popen) -> tuple[float, float]:
+    w.stdin.write("step\n")
+    w.stdin.flush()
+    seconds, loss = w.stdout.readline().split()
+    return float(seconds), float(loss)
+
+
+def step_time_against(ref: str, case: str, dtype: str, batch: int, seq: int, reps: int, device: str) -> dict:
+    """Seconds per training step of depthlab in this tree and at git commit `ref` (its src/ and benchmarks/,
+    archived to a temporary directory), each in its own worker process, one step of each per round and the order
+    reversed every other round; the paired ratio this tree / ref, and the largest difference of their losses."""
+    root = Path(__file__).parents[1]
+    commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    spec = json.dumps(dict(case=case, overrides=CASES[case], dtype=dtype, batch=batch, seq=seq, device=device))
+    runs = {"ref": [], "here": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", commit, "src", "benchmarks"], cwd=root, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        workers = {"ref": _worker(Path(tmp), spec), "here": _worker(root, spec)}
+        try:
+            for r in range(reps):
+                for name in list(workers) if r % 2 == 0 else list(workers)[::-1]:
+                    runs[name].append(_ask(workers[name]))
+        finally:
+            for w in workers.values():
+                w.stdin.close()
+                w.wait()
+    times = {name: [t for t, _ in v] for name, v in runs.items()}
+    return {"case": case, "dtype": dtype, "ref": commit, "step_s": times,
+            "ratio_here_over_ref": paired_ratio(times["here"], times["ref"]),
+            "max_loss_difference": max(abs(a[1] - b[1]) for a, b in zip(runs["here"], runs["ref"]))}
+
+
 def summarize(rows: list[dict]) -> dict:
     """Per case and dtype: depthlab's activation-and-logits memory over HF's (and the unchunked loss's)."""
     out = {}
@@ -209,6 +307,24 @@ def summarize(rows: list[dict]) -> dict:
         out.setdefault(key, {})[r["contender"]] = r["activation_and_logits_bytes"]
     return {k: {"depthlab_over_hf": v["depthlab"] / v["hf"],
                 "depthlab_over_unchunked": v["depthlab"] / v["depthlab-unchunked"]} for k, v in out.items()}
+
+
+def _timings(args) -> tuple[list[dict], list[dict]]:
+    """The step-time comparisons main() asks for: within this tree (step_time), against a commit (--time-against)."""
+    cases = [(c, d) for c in args.time_case for d in args.dtype if c in args.case]
+    timing = [step_time(c, d, args.batch, args.seq, args.reps, args.device) for c, d in cases]
+    for t in timing:
+        s = t["ratio_chunked_over_unchunked"]
+        h = t["ratio_over_hf_fused"]
+        print(f"{t['case']} {t['dtype']} step time chunked / unchunked {s['median']:.3f} [{s['min']:.3f}, "
+              f"{s['max']:.3f}], / hf+fused_adamw {h['median']:.3f} [{h['min']:.3f}, {h['max']:.3f}]", flush=True)
+    against = [step_time_against(args.time_against, c, d, args.batch, args.seq, args.reps, args.device)
+               for c, d in (cases if args.time_against else [])]
+    for t in against:
+        s = t["ratio_here_over_ref"]
+        print(f"{t['case']} {t['dtype']} step time this tree / {t['ref']} {s['median']:.3f} [{s['min']:.3f}, "
+              f"{s['max']:.3f}], largest loss difference {t['max_loss_difference']:.2e}", flush=True)
+    return timing, against
 
 
 def main(argv=None) -> dict:
@@ -220,6 +336,8 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of the step-time comparison")
     p.add_argument("--time-case", nargs="*", default=["llama-71m"], help="cases whose step time is compared")
+    p.add_argument("--time-against", metavar="COMMIT", help="also time each time-case's step against depthlab at "
+                   "this git commit (e.g. the commit before a change): paired ratio this tree / COMMIT")
     p.add_argument("--out", help="result file (default benchmarks/results/memory.json)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -235,16 +353,11 @@ def main(argv=None) -> dict:
                       f" MiB, saved for backward {r['saved_for_backward_bytes'] / MiB:7.0f} MiB, weights+grads+AdamW "
                       f"{r['static_bytes'] / MiB:6.0f} MiB, optimizer step {r['optimizer_step_bytes'] / MiB:5.0f} MiB",
                       flush=True)
-    timing = [step_time(c, d, args.batch, args.seq, args.reps, args.device)
-              for c in args.time_case for d in args.dtype if c in args.case]
-    for t in timing:
-        s = t["ratio_chunked_over_unchunked"]
-        h = t["ratio_over_hf_fused"]
-        print(f"{t['case']} {t['dtype']} step time chunked / unchunked {s['median']:.3f} [{s['min']:.3f}, "
-              f"{s['max']:.3f}], / hf+fused_adamw {h['median']:.3f} [{h['min']:.3f}, {h['max']:.3f}]", flush=True)
+    timing, against = _timings(args)
     result = {"benchmark": "memory", "argv": sys.argv[1:] if argv is None else argv, "env": environment(),
               "loss_chunk": TrainConfig.loss_chunk, "batch": args.batch, "seq_len": args.seq, "device": args.device,
-              "rows": rows, "ratios": summarize(rows), "step_time": timing, "wall_s": time.time() - t0}
+              "rows": rows, "ratios": summarize(rows), "step_time": timing, "step_time_against": against,
+              "wall_s": time.time() - t0}
     for key, r in result["ratios"].items():
         print(f"{key}: depthlab / hf activation+logits memory {r['depthlab_over_hf']:.3f}")
     path = write_result("memory", result, args.out)
@@ -281,9 +394,40 @@ def section(result: dict | None) -> list[str]:
                      f"{s['min']:.3f}, max {s['max']:.3f}); over HF with fused AdamW (depthlab's operators before "
                      f"the chunked loss) {h['median']:.3f} (min {h['min']:.3f}, max {h['max']:.3f}); "
                      f"{len(t['step_s']['depthlab'])} interleaved repetitions, CPU time")
+    for t in result.get("step_time_against", []):
+        s = t["ratio_here_over_ref"]
+        lines.append(f"- {t['case']} {t['dtype']}: step time over depthlab at {t['ref']} (before this change) "
+                     f"{s['median']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}); {len(t['step_s']['here'])} "
+                     f"interleaved repetitions in two worker processes, CPU time; largest loss difference "
+                     f"{t['max_loss_difference']:.1e}")
+    lines += breakdown(result["rows"])
     argv = " ".join(result["argv"])
     return lines + ["", f"Command: `python -m benchmarks.memory{' ' + argv if argv else ''}` "
                         f"({result['wall_s'] / 60:.0f} min wall)."]
+
+
+def breakdown(rows: list[dict]) -> list[str]:
+    """Markdown table: what each contender saves for backward per block, by the module that saved it."""
+    rows = [r for r in rows if r.get("saved_by_module_bytes") and r["contender"] != "depthlab-unchunked"]
+    if not rows:
+        return []
+    lines = ["", "Saved for backward per block (MiB), by the module that saved each tensor first (attention: q, k, v "
+             "and its output; a norm: its input and 1/rms; depthlab's projections recompute a norm's output):", "",
+             "| case | dtype | contender | per block, by module | block total | outside the blocks |",
+             "|---|---|---|---|---:|---:|"]
+    for r in rows:
+        per_block, outside = {}, 0
+        for where, nbytes in r["saved_by_module_bytes"].items():
+            block = re.match(r".*?\.\*(?:\.(.*))?$", where)  # layers.*.attn -> attn; layers.* -> block
+            if block:
+                key = block.group(1) or "block"
+                per_block[key] = per_block.get(key, 0) + nbytes / r["n_layers"]
+            else:
+                outside += nbytes
+        parts = ", ".join(f"{k} {v / MiB:.1f}" for k, v in per_block.items())
+        lines.append(f"| {r['case']} | {r['dtype']} | {r['contender']} | {parts} | "
+                     f"{sum(per_block.values()) / MiB:.1f} | {outside / MiB:.0f} |")
+    return lines
 
 
 if __name__ == "__main__":

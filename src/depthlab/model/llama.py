@@ -32,19 +32,25 @@ class RMSNorm(nn.Module):
         return f"{self.weight.numel()}, eps={self.eps}" + (f", scale={self.scale:.4g}" if self.scale != 1.0 else "")
 
 
+def _rms_out(xf: torch.Tensor, dtype: torch.dtype, weight: torch.Tensor, rstd: torch.Tensor, scale: float):
+    """RMSNorm's output from its fp32 input xf (of dtype `dtype`) and 1/rms, with HF Llama's operations: the
+    norm's forward, and the recomputation by a projection that reads it (_Project), bitwise the same."""
+    out = weight * (xf * rstd).to(dtype)
+    return out if scale == 1.0 else out * scale
+
+
 class _RMSNormFn(torch.autograd.Function):
     """RMSNorm with HF Llama's forward operations (bitwise the same output) that saves only its input and the
-    per-row 1/rms for backward; autograd's own graph also keeps the normalised x (one more activation per norm)."""
+    per-row 1/rms for backward. The projections reading its output (_Project) save nothing more: they recompute
+    it from what the norm saved."""
 
     @staticmethod
     def forward(ctx, x, weight, eps: float, scale: float):
-        dtype = x.dtype
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        out = weight * (xf * rstd).to(dtype)
         ctx.save_for_backward(x, weight, rstd)
         ctx.scale = scale
-        return out if scale == 1.0 else out * scale
+        return _rms_out(xf, x.dtype, weight, rstd, scale)
 
     @staticmethod
     def backward(ctx, grad):
@@ -58,21 +64,110 @@ class _RMSNormFn(torch.autograd.Function):
         return grad_x.to(x.dtype), grad_w, None, None
 
 
-class _SiluMul(torch.autograd.Function):
-    """silu(gate) * up saving only gate and up (autograd's graph also keeps silu(gate)); backward in fp32."""
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a linear layer computes in: autocast's when autocast is on for x's device, else x's."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def _norm_source(x: torch.Tensor) -> tuple | None:
+    """(input, weight, 1/rms, scale) of the RMSNorm whose output x is, as that norm saved them for its backward;
+    None when x is no RMSNorm's output (or under torch.compile, whose partitioner decides what is saved)."""
+    if torch.compiler.is_compiling():
+        return None
+    node = x.grad_fn
+    if node is None or not isinstance(node, _RMSNormFn._backward_cls):
+        return None
+    try:
+        return (*node.saved_tensors, node.scale)
+    except RuntimeError:  # the norm's graph was already run backward and freed: x is then saved as it is
+        return None
+
+
+class _Project(torch.autograd.Function):
+    """Linear projections of one input, (F.linear(x, w_i, b_i) for each i), as autocast computes them (x and the
+    weights in the compute dtype). What autocast's linears would save for backward -- a copy of x per projection
+    and a low-precision copy of every weight -- is replaced by the weights themselves (recast in backward) and
+    one copy of x in the compute dtype; or, when x is an RMSNorm's output, by nothing: x is recomputed in backward
+    from the input and 1/rms the norm keeps anyway. The input's gradient is summed in x's own dtype, as autograd
+    does through autocast's casts."""
 
     @staticmethod
-    def forward(ctx, gate, up):
-        ctx.save_for_backward(gate, up)
-        return F.silu(gate) * up
+    def forward(ctx, x, dtype: torch.dtype, *params):
+        xc = x.to(dtype)
+        weights, biases = params[0::2], params[1::2]
+        outs = tuple(F.linear(xc, w.to(dtype), None if b is None else b.to(dtype)) for w, b in zip(weights, biases))
+        norm = _norm_source(x)
+        ctx.norm_scale = None if norm is None else norm[-1]
+        ctx.save_for_backward(*((xc,) if norm is None else norm[:-1]), *weights)
+        ctx.dtype, ctx.x_dtype, ctx.bias_dtypes = dtype, x.dtype, [None if b is None else b.dtype for b in biases]
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        if ctx.norm_scale is None:
+            xc, weights = saved[0], saved[1:]
+        else:
+            (x, norm_w, rstd), weights = saved[:3], saved[3:]
+            xc = _rms_out(x.float(), x.dtype, norm_w, rstd, ctx.norm_scale).to(ctx.dtype)
+        x2 = xc.reshape(-1, xc.shape[-1])
+        grad_x, grad_params = None, []
+        for i, (w, g, b_dtype) in enumerate(zip(weights, grads, ctx.bias_dtypes)):
+            g = g.to(xc.dtype)
+            g2 = g.reshape(-1, g.shape[-1])
+            need_w, need_b = ctx.needs_input_grad[2 + 2 * i], ctx.needs_input_grad[3 + 2 * i]
+            grad_params.append((g2.t() @ x2).to(w.dtype) if need_w else None)
+            grad_params.append(g2.sum(0).to(b_dtype) if need_b else None)
+            if ctx.needs_input_grad[0]:
+                gx = (g @ w.to(xc.dtype)).to(ctx.x_dtype)
+                grad_x = gx if grad_x is None else grad_x.add_(gx)  # grad_x: this backward's own tensor
+        return grad_x, None, *grad_params
+
+
+def project(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
+    """(linear(x) for each linear), as nn.Linear under autocast computes them, saving for backward at most one
+    copy of x and no copy of a weight (see _Project)."""
+    params = [t for lin in linears for t in (lin.weight, lin.bias)]
+    return _Project.apply(x, compute_dtype(x), *params)
+
+
+def _silu_mul_grad(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of silu(gate) * up with respect to gate and up, computed in fp32, returned in their dtype."""
+    g, x, u = grad.float(), gate.float(), up.float()
+    sig = torch.sigmoid(x)
+    grad_up = (g * x).mul_(sig).to(up.dtype)
+    tail = (1 - sig).mul_(x).add_(1)  # 1 + x (1 - sig)
+    grad_gate = (g * u).mul_(sig).mul_(tail).to(gate.dtype)
+    return grad_gate, grad_up
+
+
+class _SwiGLUDown(torch.autograd.Function):
+    """down(silu(gate) * up) in gate's dtype (weight and bias cast to it, as autocast does) that saves only gate,
+    up and the weight: the product is recomputed in backward for the weight's gradient, the weight recast."""
+
+    @staticmethod
+    def forward(ctx, gate, up, weight, bias):
+        dtype = gate.dtype
+        prod = F.silu(gate).mul_(up)
+        ctx.save_for_backward(gate, up, weight)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return F.linear(prod, weight.to(dtype), None if bias is None else bias.to(dtype))
 
     @staticmethod
     def backward(ctx, grad):
-        gate, up = ctx.saved_tensors
-        g, x, u = grad.float(), gate.float(), up.float()
-        sig = torch.sigmoid(x)
-        grad_gate = g * u * sig * (1 + x * (1 - sig))
-        return grad_gate.to(gate.dtype), (g * x * sig).to(up.dtype)
+        gate, up, weight = ctx.saved_tensors
+        g = grad.to(gate.dtype)
+        g2 = g.reshape(-1, g.shape[-1])
+        grad_w = grad_b = None
+        if ctx.needs_input_grad[2]:
+            prod = F.silu(gate).mul_(up)
+            grad_w = (g2.t() @ prod.reshape(-1, prod.shape[-1])).to(weight.dtype)
+            del prod
+        if ctx.needs_input_grad[3]:
+            grad_b = g2.sum(0).to(ctx.bias_dtype)
+        grad_gate, grad_up = _silu_mul_grad(g @ weight.to(gate.dtype), gate, up)
+        return grad_gate, grad_up, grad_w, grad_b
 
 
 class LayerNorm(nn.Module):
@@ -149,7 +244,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         q = self.q_norm(q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
@@ -159,7 +254,7 @@ class Attention(nn.Module):
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.n_kv_heads != self.n_heads)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return project(y.transpose(1, 2).reshape(B, T, -1), self.o_proj)[0]
 
 
 class MLP(nn.Module):
@@ -176,7 +271,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gelu:
             return self.down_proj(F.gelu(self.up_proj(x)))
-        return self.down_proj(_SiluMul.apply(self.gate_proj(x), self.up_proj(x)))
+        gate, up = project(x, self.gate_proj, self.up_proj)
+        return _SwiGLUDown.apply(gate, up, self.down_proj.weight, self.down_proj.bias)
 
 
 class Residual(nn.Module):

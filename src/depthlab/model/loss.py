@@ -40,7 +40,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         return _LinearCrossEntropy.apply(h, weight, targets, chunk, dtype, reduction)
     with torch.autocast(device, enabled=False):
         w = weight.to(dtype)
-        total = sum(_chunk_softmax(h[i:i + chunk].to(dtype) @ w.t(), targets[i:i + chunk])[0]
+        total = sum(_chunk_softmax(h[i:i + chunk].to(dtype), w, targets[i:i + chunk])[0]
                     for i in range(0, len(h), chunk))
     return total / _count(targets) if reduction == "mean" else total
 
@@ -49,10 +49,11 @@ def _count(targets: torch.Tensor) -> torch.Tensor:
     return (targets != IGNORE_INDEX).sum()
 
 
-def _chunk_softmax(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed loss, softmax) of one chunk's logits; ignored rows add nothing. The softmax is formed in place in
-    the fp32 logits (for fp32 logits, the matmul's own output): one (chunk x vocab) buffer in all."""
-    z = logits.float()
+def _chunk_softmax(hc: torch.Tensor, w: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed loss, softmax) of one chunk's logits hc @ w.T; ignored rows add nothing. The softmax is formed in
+    place in the fp32 logits (for fp32 logits, the matmul's own output; low-precision logits are freed as soon as
+    they are upcast): one (chunk x vocab) fp32 buffer in all."""
+    z = (hc @ w.t()).float()
     picked = z.gather(1, targets.clamp_min(0)[:, None]).squeeze(1)
     top = z.amax(dim=-1)
     total = z.sub_(top[:, None]).exp_().sum(dim=-1)
@@ -74,18 +75,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
             w = weight.to(dtype)
             for i in range(0, len(h), chunk):
                 hc, tc = h[i:i + chunk].to(dtype), targets[i:i + chunk]
-                loss, z = _chunk_softmax(hc @ w.t(), tc)
+                loss, z = _chunk_softmax(hc, w, tc)
                 total += loss
                 # dL/dz = (softmax(z) - onehot(target)) * scale, in place in the softmax's buffer
                 valid = (tc != IGNORE_INDEX).to(z.dtype)
                 z.scatter_add_(1, tc.clamp_min(0)[:, None], -valid[:, None])
                 g = z.mul_((valid * scale)[:, None]).to(dtype)
+                del z  # in low precision, the fp32 buffer goes before the matmuls
                 if grad_h is not None:
                     grad_h[i:i + chunk] = g @ w
                 if grad_w is not None and g.dtype == grad_w.dtype:
                     grad_w.addmm_(g.t(), hc)
                 elif grad_w is not None:  # bf16 products, summed over chunks in the weight's fp32
                     grad_w.add_(g.t() @ hc)
+                del g  # else this chunk's buffer would still be held while the next chunk's is made
         ctx.save_for_backward(grad_h, grad_w)
         ctx.used = False
         return total * scale
