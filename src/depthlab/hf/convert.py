@@ -119,7 +119,7 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         for name, readers in _READERS.items():
             norm = layer.get_submodule(name)
             # a weightless norm is OLMo-1's, which sits before its branch: its output feeds exactly the readers
-            for target in [name] if hasattr(norm, "weight") else readers:
+            for target in [name] if getattr(norm, "weight", None) is not None else readers:
                 state[f"layers.{i}.{target}.weight"] *= norm.scale
     return _renamed(state, _block_names(cfg))
 
