@@ -55,7 +55,8 @@ def test_paper_presets_match_design():
         assert c.train.min_lr_ratio == 0.1 and c.train.weight_decay == 0
         assert c.model.embed_std == pytest.approx(0.632, abs=1e-3)
     families = {"qwen2.5-0.5b", "olmo-1b", "olmo-7b", "olmo2-1b"}  # tests/test_arch.py checks their sizes
-    assert set(PRESETS) == {"cpu-tiny", *expect, *families}
+    vits = {"vit-ti", "vit-s", "vit-b", "vit-digits"}  # tests/test_vit.py checks them
+    assert set(PRESETS) == {"cpu-tiny", *expect, *families, *vits}
 
 
 def test_json_and_yaml_round_trip(tmp_path):
