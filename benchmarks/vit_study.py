@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
+
+from benchmarks.depth_study_report import mean_std
 
 OUT = Path(__file__).parent / "results" / "vit_study"
 VARIANTS = {"pre": ["model.norm_scheme=pre"],
@@ -99,11 +100,6 @@ def run(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- summary
-def mean_std(xs: list[float]) -> dict:
-    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)} \
-        if xs else {"mean": None, "std": None, "n": 0}
-
-
 def verdict(diffs: list[float], want_positive: bool) -> str:
     """Paired accuracy differences (variant - pre): every seed in the paper's direction, every seed against it,
     or the seeds disagree (a one-seed result is called inconclusive)."""
