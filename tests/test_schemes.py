@@ -212,7 +212,7 @@ def test_gpas_scales_forward_but_not_gradient():
     assert torch.allclose(h.grad, torch.ones_like(h))  # the stop-gradient passes it unscaled
 
 
-def test_gpas_shares_one_gate_per_block_by_default():
+def test_gpas_shares_one_gate_per_block_by_default(tmp_path):
     cfg = tiny_model_config(norm_scheme="lns", gpas=True)
     model = Transformer(cfg)
     gates = [name for name, _ in model.named_parameters() if name.endswith("gpas.gate")]
@@ -221,7 +221,7 @@ def test_gpas_shares_one_gate_per_block_by_default():
     assert blk.attn_add.gate is blk.mlp_add.gate is blk.gpas.gate
     from safetensors.torch import save_file  # refuses two entries sharing storage
 
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, "/dev/null")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "w.safetensors"))
 
 
 def test_shared_gpas_block_matches_hand_written_formula():
