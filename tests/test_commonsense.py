@@ -58,6 +58,19 @@ def test_eval_commonsense_writes_the_table_for_two_models(two_models, tmp_path, 
         accs = [row[TASKS[t][0]] for t in TASKS]
         assert all(0 <= a <= 100 for a in accs) and row["Avg."] == pytest.approx(sum(accs) / 8, abs=0.06)
     assert len(data["results"][str(two_models[0])]["boolq"]["outputs"]) == 4
+    assert oct((tmp_path / "table.md").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    code = main(["eval", str(two_models[0]), "--commonsense", str(EVAL), "--table", str(prefix),  # its own table
+                 "--max-new-tokens", "4", "--device", "cpu"])
+    assert code == 0 and str(two_models[1]) not in (tmp_path / "table.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.json", "table.md"]
+
+
+def _umask() -> int:
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def test_bad_commonsense_inputs_are_one_line(two_models, tmp_path, capsys):

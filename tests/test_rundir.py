@@ -79,8 +79,12 @@ def test_writers_replace_their_own_output_and_others_only_with_overwrite(world, 
     (out / "stale.txt").write_text("from an earlier export")
     assert main(["export", str(world / "runs"), str(out)]) == 0  # an earlier export is replaced whole
     assert not (out / "stale.txt").exists() and what_is(out) is Kind.HF
-    assert main(["prune", str(out), "--remove", "0:1", str(out)]) == 0  # in place: read whole, then replaced
-    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 3
+    assert main(["prune", str(out), "--remove", "0:1", str(out)]) == 2  # never over its own input
+    assert "own input" in capsys.readouterr().err
+    assert main(["prune", str(out), "--remove", "0:1", str(out), "--overwrite"]) == 2  # not even with --overwrite
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
+    assert main(["prune", str(out), "--remove", "0:1", str(tmp_path / "pruned")]) == 0
+    assert json.loads((tmp_path / "pruned" / "config.json").read_text())["num_hidden_layers"] == 3
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("my notes")
@@ -96,6 +100,9 @@ def test_import_replaces_an_earlier_import_but_not_a_run(world, tmp_path, capsys
     tok = tmp_path / "hf"
     shutil.copytree(world / "hf", tok)
     assert main(["import", str(tok), str(tmp_path / "ckpt")]) == 0
+    assert main(["import", str(tok), str(tmp_path / "ckpt"), "--scheme", "lns"]) == 2  # an lns export: the scale
+    assert "a second time" in capsys.readouterr().err                                 # is in its weights already
+    (tok / "depthlab_export.json").unlink()  # a stock model: the scale is applied once
     assert main(["import", str(tok), str(tmp_path / "ckpt"), "--scheme", "lns"]) == 0
     assert load_model(tmp_path / "ckpt").cfg.model.norm_scheme == "lns"
     assert main(["import", str(tok), str(tmp_path / "run" / "checkpoints" / "step_0000007")]) == 2

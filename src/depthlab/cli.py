@@ -30,7 +30,10 @@ def base_config(args):
             return Config.load(ckpt / CONFIG)
         if what_is(run_dir) is Kind.RUN and (run_dir / CONFIG).is_file():
             return Config.load(run_dir / CONFIG)
-    return Config.load(args.config) if args.config else preset(args.preset)
+    if args.config and args.preset:
+        raise UserError("--config and --preset both give the whole starting config; pass one of them (adjust "
+                        "either with --set)")
+    return Config.load(args.config) if args.config else preset(args.preset or "cpu-tiny")
 
 
 def build_config(args):
@@ -107,6 +110,9 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None
     cfg = loaded.cfg
     m = cfg.model
     split = build_image_data(data if data else cfg.data.paths, m.image_size, m.channels, cfg.data.val_fraction)
+    if len(split.val_y) and int(split.val_y.max()) >= m.num_classes:
+        raise UserError(f"{split.source}: labels go up to {int(split.val_y.max())}, but the model has "
+                        f"{m.num_classes} classes (0..{m.num_classes - 1})")
     res = evaluate_images(loaded.model, split.val_x, split.val_y, batch_size, device, cfg.train.dtype)
     print(f"{loaded.path}: ViT, scheme {m.norm_scheme}, data {split.source}")
     print(f"loss {res['val_loss']:.4f}  top-1 accuracy {res['val_acc']:.4f}  images {res['val_images']}")
@@ -114,13 +120,17 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None
 
 def eval_commonsense(args, device) -> None:
     """The eight-task table (docs/downstream.md) for every model given."""
-    from depthlab.hf.commonsense import evaluate_models, markdown, write_tables
+    from depthlab.hf.commonsense import evaluate_models, is_table, markdown, table_paths, write_tables
+    from depthlab.rundir import writing_files
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    results = evaluate_models(args.checkpoint, args.commonsense, str(device), args.max_new_tokens,
-                              log=lambda msg: print(msg, file=sys.stderr))
-    md, js = write_tables(results, args.table)
+    md, js = table_paths(args.table)
+    inputs = (*args.checkpoint, args.commonsense)
+    with writing_files([md, js], is_table, "eval --commonsense", args.overwrite, inputs) as tmps:  # before the work
+        results = evaluate_models(args.checkpoint, args.commonsense, str(device), args.max_new_tokens,
+                                  log=lambda msg: print(msg, file=sys.stderr))
+        write_tables(results, *tmps)
     print(markdown(results))
     print(f"wrote {md} and {js}")
 
@@ -136,6 +146,13 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     if seq_len > loaded.context:
         raise UserError(f"--seq-len {seq_len} is beyond the model's context of {loaded.context} tokens")
     cfg, tok = loaded.cfg, loaded.fast_tokenizer()
+    if not data and loaded.meta.get("task") == "finetune":
+        from depthlab.train.finetune import validation_of_finetune
+
+        res = validation_of_finetune(loaded, batch_size, device)
+        print(f"{loaded.path}: scheme {cfg.model.norm_scheme}, fine-tuned on {cfg.data.paths[0]} (held-out records)")
+        print(f"response loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}")
+        return
     if data:
         tokens, source = eval_tokens(data, tok, cfg.data.text_field if cfg else "text")
     elif cfg is None:
@@ -173,7 +190,9 @@ def add_commonsense_options(e) -> None:
                    "openbookqa): greedy generation with answer extraction and log-likelihood, a table of every model "
                    "(docs/downstream.md)")
     e.add_argument("--table", default="commonsense", metavar="PREFIX", help="with --commonsense: write PREFIX.md "
-                   "and PREFIX.json (default: commonsense)")
+                   "and PREFIX.json (default: commonsense); existing ones must be an earlier table")
+    e.add_argument("--overwrite", action="store_true", help="with --commonsense: replace PREFIX.md / PREFIX.json "
+                   "even if they are not an earlier table")
     e.add_argument("--max-new-tokens", type=int, default=32, help="with --commonsense: greedy decoding length")
 
 
@@ -230,7 +249,7 @@ def make_parser() -> argparse.ArgumentParser:
                        "the cpu-tiny preset with LNS on the built-in corpus, a few minutes on 2 CPU cores.")
     from depthlab.config import PRESETS
 
-    t.add_argument("--preset", default="cpu-tiny", help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
+    t.add_argument("--preset", help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
     t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
     t.add_argument("--data", nargs="+", metavar="PATH", help="a prepared directory (`depthlab data prepare`), or "

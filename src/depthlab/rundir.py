@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -308,6 +308,19 @@ def load_weights(ckpt: Path, device: str = "cpu") -> dict:
     return load_file(str(ckpt / WEIGHTS), device=device)
 
 
+def save_weights(state: dict, path: Path, metadata: dict | None = None) -> None:
+    """safetensors' file, with the permissions of any other file we write: safetensors writes a 0600 temporary
+    file and renames it into place, so the mode is set here from the umask."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(state, str(path), metadata=metadata)
+    except SafetensorError as e:  # a full disk or a file-size limit, as the OSError it is
+        raise OSError(str(e).strip().splitlines()[-1]) from None
+    usual_mode(path)
+
+
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple:
     """(model, config, meta) from a checkpoint or a run directory; the model is rebuilt with its saved scheme."""
     from depthlab.config import Config
@@ -443,9 +456,11 @@ def locked(directory: str | Path, what: str, label: str = "") -> Iterator[Path]:
             _remove_empty(made)
 
 
-def claim(out: Path, own: Callable[[Path], bool], what: str, overwrite: bool = False) -> Kind:
-    """Check that `what` may write `out`: missing, empty, its own kind of output, or any directory with
-    --overwrite; never a file. Returns what `out` is."""
+def claim(out: Path, own: Callable[[Path], bool], what: str, overwrite: bool = False,
+          inputs: Iterable[str | Path] = ()) -> Kind:
+    """Check that `what` may write `out`: never one of its `inputs` (nor inside or above one), never a file;
+    missing, empty, its own kind of output, or any directory with --overwrite. Returns what `out` is."""
+    refuse_own_input(out, inputs, what)
     kind = what_is(out)
     if kind is Kind.FILE:
         raise UserError(f"{out} is a file; {what} writes a directory there: choose another path")
@@ -455,32 +470,88 @@ def claim(out: Path, own: Callable[[Path], bool], what: str, overwrite: bool = F
                     f"to replace it")
 
 
+def refuse_own_input(out: Path, inputs: Iterable[str | Path], what: str, inside: bool = False) -> None:
+    """A command never replaces what it reads (the path itself or a directory above it; with `inside`, a file
+    within it too), --overwrite or not."""
+    o = Path(os.path.realpath(out))
+    for inp in inputs:
+        i = Path(os.path.realpath(inp))
+        if o == i or o in i.parents or (inside and i in o.parents):
+            raise UserError(f"{out} is {what}'s own input ({inp}); write the output to another path")
+
+
 def is_depthlab_hf(path: Path) -> bool:
     """An HF directory depthlab wrote (export or prune): the kind `export` and `prune` may replace."""
     return what_is(path) is Kind.HF and (path / EXPORT_INFO).is_file()
 
 
 def is_analysis(path: Path) -> bool:
-    return what_is(path) is Kind.ANALYSIS
+    """`depthlab analyze` output (compare's has compare.json instead of metrics.json)."""
+    return what_is(path) is Kind.ANALYSIS and (path / ANALYSIS_RESULTS[0]).is_file()
+
+
+def is_comparison(path: Path) -> bool:
+    return what_is(path) is Kind.ANALYSIS and (path / ANALYSIS_RESULTS[1]).is_file()
 
 
 @contextlib.contextmanager
-def writing(out: str | Path, own: Callable[[Path], bool], what: str, overwrite: bool = False) -> Iterator[Path]:
+def writing(out: str | Path, own: Callable[[Path], bool], what: str, overwrite: bool = False,
+            inputs: Iterable[str | Path] = ()) -> Iterator[Path]:
     """Write the directory `out` whole: under its lock, after `claim`, the block writes into a fresh temporary
     sibling, which replaces `out` only when the block succeeds; on any failure nothing is left behind."""
     out = Path(out)
     with locked(out, what):
-        claim(out, own, what, overwrite)
+        claim(out, own, what, overwrite, inputs)
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir()
             yield tmp
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    usual_mode(f)
             _swap_in(tmp, out)
         except OSError as e:
             raise UserError(f"cannot write {out}: {e.strerror or e}") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def writing_files(outs: list[Path], own: Callable[[Path], bool], what: str, overwrite: bool = False,
+                  inputs: Iterable[str | Path] = ()) -> Iterator[list[Path]]:
+    """`writing` for single files: each of `outs` must be missing, or its own kind of output (`own`), or any file
+    with --overwrite; never a directory, never an input. The block writes the temporary siblings it is given,
+    which replace the targets only when it succeeds; on any failure the old files are intact."""
+    outs = [Path(o) for o in outs]
+    for out in outs:
+        refuse_own_input(out, inputs, what, inside=True)
+        if out.is_dir():
+            raise UserError(f"{out} is a directory; {what} writes a file there: choose another path")
+        if out.exists() and not (overwrite or own(out)):
+            raise UserError(f"{out} exists and is not {what} output; choose another path, or pass --overwrite "
+                            "to replace it")
+    with locked(outs[0], what):  # the first file's lock; its directory is created if missing
+        tmps = [o.parent / f".{o.name}.tmp-{os.getpid()}" for o in outs]
+        try:
+            yield tmps
+            for tmp, out in zip(tmps, outs):
+                usual_mode(tmp)
+                os.replace(tmp, out)
+        except OSError as e:
+            raise UserError(f"cannot write {outs[0]}: {e.strerror or e}; the old files are intact") from None
+        finally:
+            for tmp in tmps:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+
+
+def usual_mode(path: Path) -> None:
+    """The permissions any file we create gets from the umask: libraries that write a temporary file and rename
+    it (safetensors) leave 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def _swap_in(tmp: Path, out: Path) -> None:

@@ -74,6 +74,14 @@ def simulate(depth: int = 1000, c: float = 1.0, sigma0: float = 1.0, power: floa
                       sigma0 ** 2 + c * sigma0 * (l - 1), upper, sigma0 ** 2 * l ** 2, c, sigma0, power)
 
 
+PLOT, TABLE = "variance_recursion.png", "variance_recursion.csv"
+
+
+def is_theory(path: Path) -> bool:
+    """A folder `depthlab theory` wrote (the one it may write over)."""
+    return path.is_dir() and (path / TABLE).is_file() and {p.name for p in path.iterdir()} <= {PLOT, TABLE}
+
+
 def write_theory_report(sim: Simulation, out: Path) -> dict[str, Path]:
     import matplotlib
 
@@ -101,10 +109,10 @@ def write_theory_report(sim: Simulation, out: Path) -> dict[str, Path]:
                      "log-log axes: powers of L are straight lines", fontsize=9)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    plot = out / "variance_recursion.png"
+    plot = out / PLOT
     fig.savefig(plot, dpi=110)
     plt.close(fig)
-    table = out / "variance_recursion.csv"
+    table = out / TABLE
     np.savetxt(table, np.column_stack([sim.depth, sim.pre, sim.lns, sim.pre_lower, sim.pre_upper, sim.lns_upper]),
                delimiter=",", header="depth,pre_ln,lns,lower_L,pre_upper_exp,lns_upper_L2", comments="")
     return {"plot": plot, "table": table}

@@ -48,14 +48,22 @@ def _request(args, model: str):
                    args.trust_remote_code, device, args.dtype, opts, args.images)
 
 
-def _results(args, model: str) -> dict:
+def _results(args, model: str, log=lambda: None) -> dict:
     """Analyse a model, or reuse an earlier analysis when given its output folder (with metrics.json)."""
     from depthlab.analysis.run import run_request
     from depthlab.rundir import ANALYSIS_RESULTS, Kind, what_is
 
     p = Path(model) / ANALYSIS_RESULTS[0]
     if what_is(model) is Kind.ANALYSIS and p.is_file():
-        return json.loads(p.read_text())
+        try:
+            res = json.loads(p.read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            raise UserError(f"cannot read {p}: {getattr(e, 'msg', None) or e}") from None
+        if not (isinstance(res, dict) and isinstance(res.get("model"), dict) and isinstance(res.get("blocks"), list)):
+            raise UserError(f"{p} is not what `depthlab analyze` writes (no model and blocks); analyze the model "
+                            "again")
+        return res
+    log()
     return run_request(_request(args, model))
 
 
@@ -70,7 +78,7 @@ def cmd_analyze(args) -> None:
     from depthlab.rundir import is_analysis, writing
 
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
-    with writing(out, is_analysis, "analyze", args.overwrite) as tmp:  # refused before the work, if it is
+    with writing(out, is_analysis, "analyze", args.overwrite, [args.model]) as tmp:  # refused before the work
         res = _results(args, args.model)
         files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
     m = res["model"]
@@ -86,7 +94,7 @@ def cmd_analyze(args) -> None:
 def cmd_compare(args) -> None:
     from depthlab.analysis.report import write_comparison
     from depthlab.analysis.run import task_of
-    from depthlab.rundir import is_analysis, writing
+    from depthlab.rundir import is_comparison, writing
 
     if len(args.models) < 2:
         raise UserError("compare needs at least two models")
@@ -99,23 +107,35 @@ def cmd_compare(args) -> None:
     if len(set(tasks.values())) > 1:
         raise UserError("compare needs models of one kind: " + ", ".join(f"{m} is {t}" for m, t in tasks.items()))
     out = Path(args.out or "analysis/compare")
-    with writing(out, is_analysis, "compare", args.overwrite) as tmp:
+    with writing(out, is_comparison, "compare", args.overwrite, args.models) as tmp:
         runs = []
         for m, lab in zip(args.models, labels):
-            print(f"analysing {m} ...", file=sys.stderr)
-            runs.append((lab, _results(args, m)))
+            runs.append((lab, _results(args, m, log=lambda m=m: print(f"analysing {m} ...", file=sys.stderr))))
         files = _moved(write_comparison(runs, tmp), tmp, out)
     print(f"report: {files['report']}")
     print("plots:  " + ", ".join(p.name for p in files.values() if p.suffix == ".png"))
 
 
-def cmd_theory(args) -> None:
-    from depthlab.theory import simulate, write_theory_report
+MAX_THEORY_DEPTH = 1_000_000  # iterated in Python and drawn point by point: 10^8 took 23.6 GB
 
-    if args.depth < 2:
-        raise UserError("--depth must be at least 2")
+
+def cmd_theory(args) -> None:
+    import math
+
+    from depthlab.rundir import writing
+    from depthlab.theory import is_theory, simulate, write_theory_report
+
+    if not 2 <= args.depth <= MAX_THEORY_DEPTH:
+        raise UserError(f"--depth must be between 2 and {MAX_THEORY_DEPTH:,}, got {args.depth:,}")
+    for name in ("c", "sigma0"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
+            raise UserError(f"--{name} must be a positive finite number, got {getattr(args, name)}")
+    if not (math.isfinite(args.power) and args.power >= 0):
+        raise UserError(f"--power must be a finite number >= 0, got {args.power}")
     sim = simulate(args.depth, c=args.c, sigma0=args.sigma0, power=args.power)
-    files = write_theory_report(sim, Path(args.out))
+    out = Path(args.out)
+    with writing(out, is_theory, "theory", args.overwrite) as tmp:
+        files = {k: out / p.name for k, p in write_theory_report(sim, tmp).items()}
     for line in sim.summary():
         print(line)
     print(f"plot: {files['plot']}")
@@ -139,8 +159,8 @@ def add_commands(sub) -> None:
     c.add_argument("models", nargs="+", help="model paths, or folders written by `depthlab analyze`")
     c.add_argument("--labels", nargs="+", help="one label per model")
     c.add_argument("--out", help="output folder (default: analysis/compare); an existing one must be an earlier "
-                   "report")
-    c.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an analysis report")
+                   "comparison")
+    c.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a comparison")
     _add_model_args(c)
     c.set_defaults(func=cmd_compare)
 
@@ -151,5 +171,7 @@ def add_commands(sub) -> None:
     t.add_argument("--c", type=float, default=1.0, help="the constant of the Θ-recursion (default 1)")
     t.add_argument("--sigma0", type=float, default=1.0, help="standard deviation of the embedding output")
     t.add_argument("--power", type=float, default=0.5, help="LNS exponent p in l^(-p) (default 0.5)")
-    t.add_argument("--out", default="analysis/theory")
+    t.add_argument("--out", default="analysis/theory", help="output folder (default: analysis/theory); an "
+                   "existing one must be an earlier theory plot")
+    t.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a theory plot")
     t.set_defaults(func=cmd_theory)

@@ -37,6 +37,7 @@ TASKS = {
     "openbookqa": ("OBQA", [f"answer{i}" for i in range(1, 6)]),
 }
 FORMS = ("generation", "loglik")
+TABLE_MARK = "depthlab eval --commonsense"  # in the JSON half of a table: what may be written over
 
 
 def extract_answer(task: str, text: str) -> str:
@@ -143,15 +144,24 @@ def markdown(results: dict) -> str:
     return "\n".join(parts)
 
 
-def write_tables(results: dict, prefix: str | Path) -> tuple[Path, Path]:
-    """PREFIX.md (both tables) and PREFIX.json (every number and generated answer)."""
+def is_table(path: Path) -> bool:
+    """PREFIX.md or PREFIX.json written by write_tables: the JSON half holds its tables and results."""
+    from depthlab.rundir import _read_json
+
+    d = _read_json(path.with_suffix(".json"))
+    return isinstance(d, dict) and d.get("written_by") == TABLE_MARK and path.suffix in (".md", ".json")
+
+
+def table_paths(prefix: str | Path) -> tuple[Path, Path]:
     prefix = Path(prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    md, js = prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
-    md.write_text(markdown(results))
+    return prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
+
+
+def write_tables(results: dict, md: Path, js: Path) -> None:
+    """The .md file (both tables) and the .json file (every number and generated answer)."""
     summary = {}
     for form in FORMS:
         header, *rows = table(results, form)
         summary[form] = {r[0]: {h: None if c == "-" else float(c) for h, c in zip(header[1:], r[1:])} for r in rows}
-    js.write_text(json.dumps({"tables": summary, "results": results}, indent=2) + "\n")
-    return md, js
+    md.write_text(markdown(results))
+    js.write_text(json.dumps({"written_by": TABLE_MARK, "tables": summary, "results": results}, indent=2) + "\n")

@@ -105,10 +105,9 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
 
 
 def _write_hf_dir(out: Path, state: dict, fields: dict, loaded) -> None:
-    from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from depthlab.rundir import EXPORT_INFO, WEIGHTS
+    from depthlab.rundir import EXPORT_INFO, WEIGHTS, save_weights
 
     tok = hf_tokenizer(loaded.tokenizer) if loaded.tokenizer is not None else None
     architectures = fields.pop("architectures")
@@ -117,7 +116,7 @@ def _write_hf_dir(out: Path, state: dict, fields: dict, loaded) -> None:
                                   eos_token_id=getattr(tok, "eos_token_id", None), pad_token_id=None)
     hf_cfg.architectures, hf_cfg.dtype = architectures, "float32"
     hf_cfg.save_pretrained(out)
-    save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
+    save_weights(state, out / WEIGHTS, {"format": "pt"})
     if tok is not None:
         tok.save_pretrained(out)
         # transformers 5 names the class TokenizersBackend, unknown to 4.x; both know PreTrainedTokenizerFast

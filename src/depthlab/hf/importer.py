@@ -119,8 +119,13 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
     kind = what_is(src)
     if kind not in (Kind.HF, Kind.MISSING):  # a missing path may still name a model in the local HF cache
         raise UserError(f"cannot import {src}: it is {kind.value}, not a Hugging Face model directory")
+    exported = _exported_scheme(src)
+    if exported not in (None, "pre") and scheme == exported:
+        raise UserError(f"{src} is a depthlab export of a {exported} model: its weights already carry the {exported} "
+                        f"constants, and --scheme {scheme} would apply them a second time; import it with --scheme "
+                        "pre (the same logits), or use the run it was exported from")
     with locked(out_dir, "import"):
-        claim(Path(out_dir), is_import, "import", overwrite)
+        claim(Path(out_dir), is_import, "import", overwrite, inputs=[src])
         meta = {"step": 0, "imported_from": str(src)}
         if _model_type(src) == "vit":
             model, cfg, vit_meta = _import_vit(src, scheme)
@@ -132,14 +137,23 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
 
 
 def _model_type(src) -> str | None:
-    import json
     from pathlib import Path
 
-    path = Path(src) / "config.json"
-    try:
-        return json.loads(path.read_text()).get("model_type") if path.is_file() else None
-    except (OSError, ValueError):
-        return None
+    from depthlab.rundir import CONFIG, _read_json
+
+    d = _read_json(Path(src) / CONFIG)
+    return d.get("model_type") if isinstance(d, dict) else None
+
+
+def _exported_scheme(src) -> str | None:
+    """The scheme a depthlab export was trained with (its constants folded into the weights), from its
+    provenance file; None for any other model."""
+    from pathlib import Path
+
+    from depthlab.rundir import EXPORT_INFO, _read_json
+
+    d = _read_json(Path(src) / EXPORT_INFO)
+    return d.get("scheme") if isinstance(d, dict) else None
 
 
 def _import_vit(src, scheme: str) -> tuple:

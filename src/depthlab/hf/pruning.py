@@ -70,7 +70,8 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite:
     from depthlab.rundir import EXPORT_INFO, Kind, is_depthlab_hf, model_path, writing
 
     kind, path = model_path(src)
-    with tempfile.TemporaryDirectory() as tmp, writing(out_dir, is_depthlab_hf, "prune", overwrite) as out:
+    with tempfile.TemporaryDirectory() as tmp, writing(out_dir, is_depthlab_hf, "prune", overwrite,
+                                                             inputs=[src]) as out:
         if kind is Kind.CHECKPOINT:
             path = export(path, Path(tmp) / "exported")
         model = load_pretrained(path)  # a patched (LNS) model keeps each kept layer's own scale

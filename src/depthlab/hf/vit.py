@@ -158,16 +158,15 @@ def export_vit(loaded, out_dir: str | Path, overwrite: bool = False) -> Path:
 
 
 def _write_vit_dir(out: Path, state: dict, fields: dict, loaded) -> None:
-    from safetensors.torch import save_file
     from transformers import AutoConfig
 
-    from depthlab.rundir import EXPORT_INFO, WEIGHTS
+    from depthlab.rundir import EXPORT_INFO, WEIGHTS, save_weights
 
     architectures = fields.pop("architectures")
     hf_cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
     hf_cfg.architectures, hf_cfg.dtype = architectures, "float32"
     hf_cfg.save_pretrained(out)
-    save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})  # the names save_pretrained writes
+    save_weights(state, out / WEIGHTS, {"format": "pt"})  # the names save_pretrained writes
     processor = image_processor_dict(loaded.cfg.model, loaded.meta)
     if processor is not None:
         (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")

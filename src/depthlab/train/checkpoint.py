@@ -22,8 +22,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from depthlab import UserError
 from depthlab.config import Config
@@ -44,6 +42,7 @@ from depthlab.rundir import (  # noqa: F401 (re-exported)
     load_weights,
     newest_valid_checkpoint,
     previous_checkpoint,
+    save_weights,
     verify_checkpoint,
 )
 
@@ -59,7 +58,7 @@ def save_checkpoint(path: str | Path, state: dict[str, torch.Tensor], cfg: Confi
         weights = {k: v.detach().contiguous().cpu() for k, v in state.items()}
         if cfg.model.tie_embeddings:
             weights.pop("lm_head.weight", None)  # safetensors refuses shared storage; the tie is in the config
-        save_file(weights, str(tmp / WEIGHTS))
+        save_weights(weights, tmp / WEIGHTS)
         cfg.save(tmp / CONFIG)
         if tokenizer is not None:
             tokenizer.save(str(tmp / TOKENIZER))
@@ -74,7 +73,7 @@ def save_checkpoint(path: str | Path, state: dict[str, torch.Tensor], cfg: Confi
             os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
-    except (OSError, RuntimeError, SafetensorError) as e:  # a full disk: torch.save raises RuntimeError
+    except (OSError, RuntimeError) as e:  # a full disk: torch.save raises RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
         why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
         raise UserError(f"cannot write checkpoint {path}: {why}; earlier checkpoints are intact") from None
