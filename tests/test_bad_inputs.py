@@ -61,6 +61,9 @@ CASES = [
     ("train-unknown-device", TRAIN + " --set train.device=tpu", "unknown device"),
     ("train-max-steps-negative", TRAIN + " --max-steps -1", "train.max_steps"),
     ("train-batch-size-0", TRAIN + " --set train.batch_size=0", "train.batch_size"),
+    ("train-batch-size-huge", TRAIN + " --set train.batch_size=10000000000", "train.batch_size"),
+    ("train-vocab-huge", TRAIN + " --set model.vocab_size=1000000000000", "model.vocab_size"),
+    ("train-dim-huge", TRAIN + " --set model.dim=1000000000000 --set model.n_heads=1", "parameters"),
     ("train-grad-accum-0", TRAIN + " --set train.grad_accum=0", "train.grad_accum"),
     ("train-kv-heads", TRAIN + " --set model.n_kv_heads=3", "n_kv_heads"),
     ("train-warmup-negative", TRAIN + " --set train.warmup_steps=-1", "warmup_steps"),
@@ -77,8 +80,10 @@ CASES = [
     ("vit-text-as-images", VIT + " --data {txt}", "must be a .npz"),
     ("vit-two-image-sources", VIT + " --data {txt} {txt}", "one"),
     ("vit-missing-images", VIT + " --data {tmp}/missing.npz", "missing.npz"),
+    ("vit-billion-classes", VIT + " --data {npz_huge_label}", "1,000,000,001 classes"),
     # --- train: config files
     ("train-config-missing", TRAIN + " --config {tmp}/missing.yaml", "cannot read config"),
+    ("train-config-and-preset", TRAIN + " --config {json_unknown} --preset llama-71m", "pass one of them"),
     ("train-config-yaml-syntax", TRAIN + " --config {yaml_bad}", "cannot read config"),
     ("train-config-yaml-list", TRAIN + " --config {yaml_list}", "must be a mapping"),
     ("train-config-unknown-key", TRAIN + " --config {json_unknown}", "unknown config key"),
@@ -148,6 +153,7 @@ CASES = [
     ("eval-tasks-hf-malformed", "eval {hf} --tasks {tasks_bad}", "not JSON"),
     ("eval-tasks-on-prepared", "eval {prep} --tasks {tasks}", "prepared-data directory"),
     ("eval-no-model", "eval", "required"),
+    ("finetune-deep-json", "finetune {run} --data {deep_json}", "nested too deeply"),
     # --- export
     ("export-missing", "export {tmp}/missing {tmp}/o", "does not exist"),
     ("export-hf-dir", "export {hf} {tmp}/o", "Hugging Face model directory"),
@@ -177,6 +183,8 @@ CASES = [
     ("prune-onto-file", "prune {hf} --remove 0:1 {txt}", "is a file"),
     ("prune-unwritable", "prune {hf} --remove 0:1 " + UNWRITABLE + "/o", "cannot write"),
     ("prune-onto-foreign", "prune {hf} --remove 0:1 {victim_foreign}", "--overwrite"),
+    ("prune-onto-its-source", "prune {victim_hf} --remove 0:1 {victim_hf}", "own input"),
+    ("prune-onto-its-source-overwrite", "prune {victim_hf} --remove 0:1 {victim_hf} --overwrite", "own input"),
     # --- import
     ("import-missing", "import {tmp}/missing {tmp}/o", "no such directory"),
     ("import-a-run", "import {run} {tmp}/o", "run directory"),
@@ -187,6 +195,7 @@ CASES = [
     ("import-onto-file", "import {hf} {txt}", "is a file"),
     ("import-unwritable", "import {hf} " + UNWRITABLE + "/o", "cannot write"),
     ("import-onto-foreign", "import {hf} {victim_foreign}", "--overwrite"),
+    ("import-lns-export-as-lns", "import {hf} {tmp}/o --scheme lns", "a second time"),
     # --- analyze, compare, theory
     ("analyze-missing", "analyze {tmp}/missing", "does not exist"),
     ("analyze-foreign-dir", "analyze {foreign}", "neither a checkpoint nor a run directory"),
@@ -211,7 +220,21 @@ CASES = [
     ("compare-missing-model", "compare {run} {tmp}/missing " + AN, "does not exist"),
     ("compare-prepared", "compare {run} {prep} " + AN, "prepared-data directory"),
     ("compare-out-run", "compare {run} {run} " + AN + " --out {victim}", "run directory"),
-    ("theory-depth-1", "theory --depth 1 --out {tmp}/o", "--depth must be at least 2"),
+    ("compare-garbage-metrics", "compare {analysis} {run} " + AN + " --out {tmp}/o", "not what `depthlab analyze`"),
+    ("compare-out-an-analysis", "compare {run} {run} " + AN + " --out {victim_analysis}", "--overwrite"),
+    ("compare-out-its-input", "compare {victim_analysis} {run} " + AN + " --out {victim_analysis} --overwrite",
+     "own input"),
+    ("theory-depth-1", "theory --depth 1 --out {tmp}/o", "--depth must be between 2"),
+    ("theory-depth-huge", "theory --depth 100000000 --out {tmp}/o", "--depth must be between 2"),
+    ("theory-c-nan", "theory --c nan --out {tmp}/o", "--c must be"),
+    ("theory-sigma0-0", "theory --sigma0 0 --out {tmp}/o", "--sigma0 must be"),
+    ("theory-out-foreign", "theory --depth 10 --out {victim_foreign}", "--overwrite"),
+    ("theory-out-analysis", "theory --depth 10 --out {victim_analysis}", "--overwrite"),
+    # --- eval --commonsense --table: files
+    ("table-onto-users-file", "eval {run} --commonsense {commonsense} --table {victim_docs}/README", "--overwrite"),
+    ("table-onto-its-input", "eval {victim_hf} --commonsense {commonsense} --table {victim_hf}/config --overwrite",
+     "own input"),
+    ("table-onto-a-directory", "eval {run} --commonsense {commonsense} --table {victim_foreign}/sub", "is a directory"),
     ("theory-depth-not-int", "theory --depth x", "invalid int value"),
     # --- data prepare / info
     ("prepare-vocab-0", "data prepare {docs} --out {tmp}/o --vocab-size 0 --workers 1 --no-progress", "--vocab-size"),
@@ -245,7 +268,8 @@ CASES = [
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",
-           "victim_user_hf": "user_hf", "victim_runs": "runs1"}
+           "victim_user_hf": "user_hf", "victim_runs": "runs1", "victim_analysis": "analysis",
+           "victim_docs": "mydocs"}
 
 
 # ---------------------------------------------------------------- the world
@@ -325,7 +349,18 @@ def build_world(root: Path) -> dict[str, str]:
     w.update(post=str(root / "post"), imported=str(root / "imported"))
     (root / "foreign").mkdir()
     (root / "foreign" / "notes.txt").write_text("my own notes\n")
+    (root / "foreign" / "sub.md").mkdir()
     w["foreign"] = str(root / "foreign")
+    (root / "mydocs").mkdir()
+    (root / "mydocs" / "README.md").write_text("# my project\n")
+    (root / "mydocs" / "README.json").write_text('{"mine": true}\n')
+    import numpy as np
+
+    np.savez(root / "huge_label.npz", x=np.zeros((20, 8, 8), np.float32), y=np.array([0] * 19 + [10**9]))
+    w["npz_huge_label"] = str(root / "huge_label.npz")
+    w["commonsense"] = str(Path(__file__).parent / "data" / "commonsense" / "eval")
+    (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    w["deep_json"] = str(root / "deep.json")
     (root / "analysis").mkdir()
     (root / "analysis" / "metrics.json").write_text("{}\n")
     (root / "analysis" / "report.html").write_text("<html></html>\n")

@@ -321,3 +321,47 @@ def test_a_loose_checkpoint_resumes_only_into_a_given_run_dir(tmp_path, corpus, 
     code, err = run_main(capsys, "train", "--resume", loose, "--run-dir", tmp_path / "new", "--max-steps", 4, *args)
     assert code == 0, err
     assert [c.name for c in list_checkpoints(tmp_path / "new")] == ["step_0000004"]
+
+
+def test_a_run_whose_every_step_is_nonfinite_stops_instead_of_skipping_forever(tmp_path, corpus, capsys):
+    run = tmp_path / "run"
+    code, err = run_main(capsys, "train", "--run-dir", run, "--data", corpus, "--max-steps", 6, *TRAIN,
+                         "--set", "train.on_nonfinite=skip", "--set", "train.lr=1e30", "--set", "train.max_skips=3")
+    lines = err.splitlines()
+    assert code == 2 and lines[-1].startswith("depthlab: error: step ") and "Traceback" not in err
+    assert "4 times in a row (train.max_skips=3); last good checkpoint: none" in lines[-1]
+    assert sum("skipped step" in line for line in lines) == 3
+
+
+def test_written_files_get_the_usual_permissions(tmp_path, corpus, capsys):
+    umask = os.umask(0o022)
+    try:
+        run = tmp_path / "run"
+        assert run_main(capsys, "train", "--run-dir", run, "--data", corpus, "--max-steps", 1, *TRAIN)[0] == 0
+        assert main(["export", str(run), str(tmp_path / "hf")]) == 0
+    finally:
+        os.umask(umask)
+    ckpt = list_checkpoints(run)[-1]
+    for f in [ckpt / "model.safetensors", ckpt / "meta.json", tmp_path / "hf" / "model.safetensors"]:
+        assert oct(f.stat().st_mode & 0o777) == oct(0o644), f  # safetensors alone leaves 0600
+
+
+def test_a_failed_file_write_leaves_the_old_files_whole(tmp_path):
+    import errno
+
+    from depthlab import UserError
+    from depthlab.rundir import writing_files
+
+    old = [tmp_path / "t.md", tmp_path / "t.json"]
+    for f in old:
+        f.write_text("old " + f.name)
+    with pytest.raises(UserError, match="No space left on device; the old files are intact"):
+        with writing_files(old, lambda p: True, "test") as (md, js):
+            md.write_text("new")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert [f.read_text() for f in old] == ["old t.md", "old t.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.md"]  # no temporary or lock file left
+    with writing_files(old, lambda p: True, "test") as (md, js):
+        md.write_text("new md")
+        js.write_text("new json")
+    assert [f.read_text() for f in old] == ["new md", "new json"]

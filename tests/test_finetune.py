@@ -118,8 +118,14 @@ def test_cli_finetune_and_malformed_record(base, tmp_path, capsys):
     assert not out.exists()
     code = main(["finetune", str(base), "--data", str(TRAIN), "--run-dir", str(out), "--no-progress",
                  "--seq-len", "200", "--set", "train.max_steps=2", "--set", "train.batch_size=2"])
-    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
     assert (out / "metrics.jsonl").is_file() and list((out / "checkpoints").iterdir())
+    final = float(printed.out.split("final validation loss (response tokens) ")[1].split()[0])
+    assert main(["eval", str(out)]) == 0  # the run's own validation: its held-out records' responses
+    shown = capsys.readouterr().out
+    assert "held-out records" in shown and float(shown.split("response loss ")[1].split()[0]) == \
+        pytest.approx(final, abs=1e-4)
 
 
 def test_finetune_from_an_imported_export(base, tmp_path, capsys):

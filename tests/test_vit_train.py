@@ -75,6 +75,12 @@ def test_vit_sigkill_then_resume_reproduces_losses_bitwise(tmp_path):
     ev = cli("eval", tmp_path / "ref")  # the run's own validation split, the same number as training's last
     assert ev.returncode == 0, ev.stderr
     assert f"loss {final(run)['val_loss']:.4f}  top-1 accuracy {final(run)['val_acc']:.4f}  images 359" in ev.stdout
+    import numpy as np
+
+    rng = np.random.default_rng(0)  # images whose labels the 10-class head cannot have
+    np.savez(tmp_path / "more.npz", x=rng.random((40, 8, 8), np.float32), y=np.arange(40) % 12)
+    ev = cli("eval", tmp_path / "ref", "--data", tmp_path / "more.npz")
+    assert ev.returncode == 2 and ev.stderr.count("\n") == 1 and "but the model has 10 classes" in ev.stderr, ev.stderr
 
 
 def test_vit_needs_as_many_classes_as_the_data(tmp_path):

@@ -109,6 +109,7 @@ class TrainConfig:
     ckpt_every: int = 0  # 0: only at the end
     keep_last: int = 3  # checkpoints kept (the newest k)
     on_nonfinite: str = "stop"  # stop | skip (skip the batch and count it)
+    max_skips: int = 10  # with skip: consecutive skipped steps after which the run stops
     monitor_every: int = 50  # depth monitors (per-layer variance, update ratio, grad norm); 0 disables
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard)
     compile: bool = False  # torch.compile the model

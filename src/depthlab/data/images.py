@@ -108,6 +108,9 @@ def fit_images(x: np.ndarray, divisor: float, image_size: int, channels: int) ->
     return out
 
 
+MAX_CLASSES = 100_000  # ImageNet-21k has 21,841; a label of 10^9 would build a billion class names
+
+
 def labels_of(y: np.ndarray, n: int, where: str) -> np.ndarray:
     """y as int64 class ids, one per image: integer-valued and non-negative."""
     y = np.asarray(y)
@@ -121,6 +124,9 @@ def labels_of(y: np.ndarray, n: int, where: str) -> np.ndarray:
         raise UserError(f"{where}: labels must be integer class ids, got dtype {y.dtype}")
     if n and y.min() < 0:
         raise UserError(f"{where}: labels must be class ids >= 0, found {int(y.min())}")
+    if n and y.max() >= MAX_CLASSES:
+        raise UserError(f"{where}: a label of {int(y.max()):,} means {int(y.max()) + 1:,} classes; at most "
+                        f"{MAX_CLASSES:,} are supported (class ids count from 0)")
     return y.astype(np.int64)
 
 

@@ -327,8 +327,9 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
     n_docs = sum(r["documents"] for r in records)
     n_val = held_out_count(n_docs, period)
     if not n_val or n_val == n_docs:
-        raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by document; "
-                        f"give more documents or a larger --val-fraction")
+        raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by whole "
+                        f"documents; give more documents or a larger --val-fraction, or train on it directly with "
+                        f"`depthlab train --data {source}` (which cuts fewer than 20 documents into pieces at lines)")
     dtype = token_dtype(tok.get_vocab_size())
     docs, tokens, first = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0
     with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:

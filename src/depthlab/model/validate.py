@@ -20,7 +20,39 @@ def validate(cfg: Config) -> Config:
     _check_model(cfg.model)
     _check_data(cfg.data, cfg.model)
     _check_train(cfg.train)
+    _check_fits(cfg)
     return cfg
+
+
+def approx_params(m: ModelConfig) -> int:
+    """Parameters of the model a config builds, from its shapes (norms and biases left out)."""
+    kv = (m.n_kv_heads or m.n_heads) * m.head_dim
+    block = 2 * m.dim * m.dim + 2 * m.dim * kv + 3 * m.dim * m.ffn_dim
+    embed = 0 if m.is_vit else m.vocab_size * m.dim * (1 if m.tie_embeddings else 2)
+    return m.n_layers * block + embed
+
+
+def _host_memory() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _check_fits(cfg: Config) -> None:
+    """On the CPU, a model whose fp32 weights or one batch's activations exceed the machine's memory is refused
+    before anything is allocated (the allocator's own failure is a traceback, or the kernel's OOM killer)."""
+    import torch
+
+    if cfg.train.device not in ("cpu", "auto") or (cfg.train.device == "auto" and torch.cuda.is_available()):
+        return
+    mem, m = _host_memory(), cfg.model
+    params = approx_params(m)
+    _require(4 * params <= mem, f"a model of {params:,} parameters needs {4 * params / 2**30:,.0f} GiB for its fp32 "
+             f"weights alone; this machine has {mem / 2**30:,.0f} GiB (model.dim={m.dim}, model.n_layers="
+             f"{m.n_layers}, model.vocab_size={m.vocab_size})")
+    tokens = cfg.train.batch_size * (1 if m.is_vit else cfg.data.seq_len)
+    _require(4 * tokens * m.dim <= mem, f"train.batch_size={cfg.train.batch_size:,}: one batch's activations alone "
+             f"need {4 * tokens * m.dim / 2**30:,.0f} GiB; this machine has {mem / 2**30:,.0f} GiB")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -102,6 +134,7 @@ def _check_train(t: TrainConfig) -> None:
     _require(t.threads >= 0, f"train.threads must be >= 0 (0: PyTorch's default), got {t.threads}")
     _require(0 <= t.seed < 2**32, f"train.seed must be in 0..2**32-1, got {t.seed}")
     _require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
+    _require(t.max_skips >= 0, f"train.max_skips must be >= 0, got {t.max_skips}")
     _require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
     _require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
              "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")

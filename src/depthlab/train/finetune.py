@@ -66,6 +66,8 @@ def _objects(text: str, path: Path):
                     yield n, json.loads(line)
                 except ValueError as e:
                     raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
+                except RecursionError:
+                    raise UserError(f"{path}:{n}: JSON nested too deeply for a record") from None
         return
     pos = text.index("[") + 1
     line, counted = 1, 0  # the line of `pos`, counted incrementally (a count from 0 each time is quadratic)
@@ -82,6 +84,8 @@ def _objects(text: str, path: Path):
             obj, pos = dec.raw_decode(text, pos)
         except ValueError as e:
             raise UserError(f"{path}:{text.count(chr(10), 0, e.pos) + 1}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}:{line}: JSON nested too deeply for a record") from None
         yield line, obj
 
 
@@ -176,8 +180,14 @@ class ExampleSampler(PackedSampler):
         return torch.from_numpy(self.rows[idx]).long(), torch.from_numpy(self.targets[idx]).long()
 
 
+TASK = "finetune"  # in a fine-tuning checkpoint's meta.json: its validation loss is the responses'
+
+
 class FinetuneTrainer(Trainer):
     """The Trainer on padded instruction examples; the loss (training and validation) is the response tokens'."""
+
+    def data_meta(self) -> dict:
+        return {**super().data_meta(), "task": TASK}
 
     def make_sampler(self):
         tc = self.cfg.train
@@ -226,6 +236,16 @@ def finetune_config(model: str, data: str, seq_len: int | None = None, overrides
     if cfg.data.seq_len > cfg.model.max_seq_len:
         raise UserError(f"--seq-len {cfg.data.seq_len} is beyond the model's context of {cfg.model.max_seq_len}")
     return validate(cfg), ckpt
+
+
+def validation_of_finetune(loaded, batch_size: int, device) -> dict:
+    """A fine-tuning checkpoint's own validation: the held-out records of its instruction file, scored on their
+    response tokens as during fine-tuning."""
+    cfg = loaded.cfg
+    data = build_instruction_data(cfg.data.paths[0], loaded.fast_tokenizer(), cfg.data.seq_len,
+                                  lambda msg: print(msg, file=sys.stderr))
+    return response_loss(loaded.model, data.val, data.val_targets, cfg.data.seq_len, batch_size, device,
+                         cfg.train.dtype)
 
 
 def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress: bool = True,

@@ -67,6 +67,7 @@ from depthlab.train.vision import VisionHooks
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
                                              "device", "threads", "out_dir", "compile", "activation_checkpointing",
                                              "peak_flops", "tensorboard", "wandb", "parallel", "on_nonfinite",
+                                             "max_skips",
                                              "loss_chunk")}  # a memory knob: the same loss to 1e-5, not bitwise
 
 
@@ -213,6 +214,7 @@ class Trainer:
         self.sched = make_scheduler(self.opt, tc)
         self.sampler = self.make_sampler()
         self.step, self.skipped, self.last_ckpt, self.verdicts = 0, 0, None, {}
+        self.skipped_in_a_row = 0
         self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
                      "n_params": self.module.num_params(), **self.data_meta(), "world_size": self.env.world_size}
         if ckpt:
@@ -446,11 +448,17 @@ class Trainer:
     def _finite(self, loss: float, grad_norm: float) -> bool:
         """True for a usable step; a non-finite one stops the run, or with on_nonfinite=skip is dropped."""
         if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.skipped_in_a_row = 0
             return True
         if self.cfg.train.on_nonfinite == "stop":
             raise TrainingDiverged(f"non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} at "
                                    f"step {self.step + 1}; last good checkpoint: {self.last_ckpt or 'none'}")
         self.skipped += 1
+        self.skipped_in_a_row += 1
+        if self.skipped_in_a_row > self.cfg.train.max_skips:  # every batch diverges: skipping would never end
+            raise TrainingDiverged(f"step {self.step + 1} was non-finite {self.skipped_in_a_row} times in a row "
+                                   f"(train.max_skips={self.cfg.train.max_skips}); last good checkpoint: "
+                                   f"{self.last_ckpt or 'none'}")
         self.opt.zero_grad(set_to_none=True)
         self._warn(f"depthlab: warning: skipped step {self.step + 1} (non-finite loss or gradient), "
                    f"{self.skipped} skipped so far")
