@@ -58,7 +58,7 @@ def test_hf_model_without_tokenizer_is_a_clear_error(tmp_path, capsys):
     (["compare", "{tmp}"], "at least two models"),
     (["analyze", "{tmp}", "--device", "cuda:0" if not __import__("torch").cuda.is_available() else "bogus"],
      "--device"),
-    (["theory", "--depth", "1"], "--depth must be at least 2"),
+    (["theory", "--depth", "1"], "--depth must be between 2"),
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, argv, msg):
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
