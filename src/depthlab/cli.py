@@ -84,10 +84,11 @@ def cmd_eval(args) -> None:
     if args.seq_len is not None and args.seq_len < 1:
         raise UserError(f"--seq-len must be at least 1, got {args.seq_len}")
     device = resolve_device(args.device, "--device")
-    if args.commonsense:
+    if args.commonsense or args.mmlu:
         return eval_commonsense(args, device)
     if len(args.checkpoint) > 1:
-        raise UserError(f"several models ({len(args.checkpoint)}) are compared only with --commonsense DIR")
+        raise UserError(f"several models ({len(args.checkpoint)}) are compared only with --commonsense DIR or "
+                        "--mmlu DIR")
     loaded = load_model(args.checkpoint[0], device=str(device))
     if args.tasks:
         from depthlab.hf.mc_eval import evaluate_tasks, scorer_for
@@ -119,17 +120,17 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None
 
 
 def eval_commonsense(args, device) -> None:
-    """The eight-task table (docs/downstream.md) for every model given."""
+    """The eight-task table, and with --mmlu the paper's table (docs/downstream.md), for every model given."""
     from depthlab.hf.commonsense import evaluate_models, is_table, markdown, table_paths, write_tables
     from depthlab.rundir import writing_files
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     md, js = table_paths(args.table)
-    inputs = (*args.checkpoint, args.commonsense)
+    inputs = [p for p in (*args.checkpoint, args.commonsense, args.mmlu) if p]
     with writing_files([md, js], is_table, "eval --commonsense", args.overwrite, inputs) as tmps:  # before the work
         results = evaluate_models(args.checkpoint, args.commonsense, str(device), args.max_new_tokens,
-                                  log=lambda msg: print(msg, file=sys.stderr))
+                                  log=lambda msg: print(msg, file=sys.stderr), mmlu=args.mmlu, shots=args.mmlu_shots)
         write_tables(results, *tmps)
     print(markdown(results))
     print(f"wrote {md} and {js}")
@@ -189,8 +190,14 @@ def add_commonsense_options(e) -> None:
                    "LLM-Adapters' layout (boolq, piqa, social_i_qa, hellaswag, winogrande, ARC-Easy, ARC-Challenge, "
                    "openbookqa): greedy generation with answer extraction and log-likelihood, a table of every model "
                    "(docs/downstream.md)")
-    e.add_argument("--table", default="commonsense", metavar="PREFIX", help="with --commonsense: write PREFIX.md "
-                   "and PREFIX.json (default: commonsense); existing ones must be an earlier table")
+    e.add_argument("--mmlu", metavar="DIR", help="MMLU from local files (cais/mmlu's SUBJECT/test-*.parquet and "
+                   "dev-*.parquet, or the original test/SUBJECT_test.csv and dev/SUBJECT_dev.csv), scored as "
+                   "lm-evaluation-harness's mmlu task; with --commonsense the table gets the paper's columns (MMLU, "
+                   "BoolQ, ARC-e, PIQA, HellaSwag, OBQA, WinoGrande)")
+    e.add_argument("--mmlu-shots", type=int, default=0, metavar="K", help="with --mmlu: examples from each subject's "
+                   "dev split in front of every question (0 or 5 as in the paper's harness; default 0)")
+    e.add_argument("--table", default="commonsense", metavar="PREFIX", help="with --commonsense / --mmlu: write "
+                   "PREFIX.md and PREFIX.json (default: commonsense); existing ones must be an earlier table")
     e.add_argument("--overwrite", action="store_true", help="with --commonsense: replace PREFIX.md / PREFIX.json "
                    "even if they are not an earlier table")
     e.add_argument("--max-new-tokens", type=int, default=32, help="with --commonsense: greedy decoding length")

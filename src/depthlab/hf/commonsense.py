@@ -106,12 +106,15 @@ def evaluate_task(scorer: Scorer, task: str, path: Path, max_new_tokens: int = 3
     return {"n": len(records), **{f: right[f] / len(records) for f in FORMS}, "outputs": outputs}
 
 
-def evaluate_models(models: list[str], root: str | Path, device: str = "auto", max_new_tokens: int = 32,
-                    log=print) -> dict:
-    """{model: {task: evaluate_task(...)}} for every model and every task present under root."""
+def evaluate_models(models: list[str], root: str | Path | None, device: str = "auto", max_new_tokens: int = 32,
+                    log=print, mmlu: str | Path | None = None, shots: int = 0) -> dict:
+    """{model: {task: evaluate_task(...)}} for every model and every task present under root, and with `mmlu`
+    (an MMLU directory, depthlab.hf.mmlu) {model: {"mmlu": evaluate_mmlu(...)}} too."""
     from depthlab.hf.mc_eval import load_scorer
+    from depthlab.hf.mmlu import evaluate_mmlu, read_mmlu
 
-    files = task_files(root)
+    files = task_files(root) if root is not None else {}
+    subjects = read_mmlu(mmlu) if mmlu is not None else None  # every input is read before the first model
     results = {}
     for model in models:
         scorer = load_scorer(model, device)
@@ -120,7 +123,33 @@ def evaluate_models(models: list[str], root: str | Path, device: str = "auto", m
             res = results[model][task] = evaluate_task(scorer, task, path, max_new_tokens)
             log(f"{model} {task}: {res['n']} questions  generation {res['generation']:.4f}  "
                 f"log-likelihood {res['loglik']:.4f}")
+        if subjects is not None:
+            res = results[model]["mmlu"] = evaluate_mmlu(scorer, subjects, shots)
+            log(f"{model} mmlu ({shots}-shot): {res['n']} questions in {len(res['subjects'])} subjects  micro "
+                f"{res['micro']:.4f}  macro {res['macro']:.4f}")
     return results
+
+
+# The paper's downstream table, in its column order; MMLU is scored by log-likelihood (lm-eval's task), the other
+# columns by the form of the table.
+PAPER = ("mmlu", "boolq", "ARC-Easy", "piqa", "hellaswag", "openbookqa", "winogrande")
+
+
+def paper_table(results: dict, form: str) -> list[list[str]]:
+    """Rows of the paper's table (MMLU's micro average, then its six commonsense columns, average), in %."""
+    def acc(res: dict, col: str) -> float | None:
+        if col == "mmlu":
+            return res["mmlu"]["micro"] if "mmlu" in res else None
+        return res[col][form] if col in res else None
+
+    cols = [c for c in PAPER if any(acc(r, c) is not None for r in results.values())]
+    rows = [["Model", *("MMLU" if c == "mmlu" else TASKS[c][0] for c in cols), "Avg."]]
+    for model, res in results.items():
+        accs = [acc(res, c) for c in cols]
+        given = [100 * a for a in accs if a is not None]
+        rows.append([model, *("-" if a is None else f"{100 * a:.1f}" for a in accs),
+                     f"{sum(given) / len(given):.1f}" if given else "-"])
+    return rows
 
 
 def table(results: dict, form: str) -> list[list[str]]:
@@ -134,13 +163,30 @@ def table(results: dict, form: str) -> list[list[str]]:
     return rows
 
 
+def _markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(r) + " |" for r in rows]
+    lines.insert(1, "|" + "---|" * len(rows[0]))
+    return "\n".join(lines) + "\n"
+
+
+FORM_TITLES = {"generation": "greedy generation + answer extraction (the paper's)", "loglik": "log-likelihood"}
+
+
+def has_tasks(results: dict) -> bool:
+    return any(t in r for r in results.values() for t in TASKS)
+
+
 def markdown(results: dict) -> str:
     parts = []
-    for form, title in zip(FORMS, ("greedy generation + answer extraction (the paper's)", "log-likelihood")):
-        rows = table(results, form)
-        lines = ["| " + " | ".join(r) + " |" for r in rows]
-        lines.insert(1, "|" + "---|" * len(rows[0]))
-        parts.append(f"### Accuracy (%), {title}\n\n" + "\n".join(lines) + "\n")
+    if has_tasks(results):
+        for form in FORMS:
+            parts.append(f"### Accuracy (%), {FORM_TITLES[form]}\n\n" + _markdown_table(table(results, form)))
+    mmlu = next((r["mmlu"] for r in results.values() if "mmlu" in r), None)
+    if mmlu is not None:
+        for form in FORMS if has_tasks(results) else FORMS[:1]:
+            scoring = f"the other columns by {FORM_TITLES[form]}" if has_tasks(results) else "no other columns"
+            parts.append(f"### The paper's table (%): MMLU by log-likelihood ({mmlu['shots']}-shot, micro average "
+                         f"over {mmlu['n']} questions), {scoring}\n\n" + _markdown_table(paper_table(results, form)))
     return "\n".join(parts)
 
 
@@ -157,11 +203,16 @@ def table_paths(prefix: str | Path) -> tuple[Path, Path]:
     return prefix.with_name(prefix.name + ".md"), prefix.with_name(prefix.name + ".json")
 
 
+def _numbers(rows: list[list[str]]) -> dict:
+    header, *body = rows
+    return {r[0]: {h: None if c == "-" else float(c) for h, c in zip(header[1:], r[1:])} for r in body}
+
+
 def write_tables(results: dict, md: Path, js: Path) -> None:
-    """The .md file (both tables) and the .json file (every number and generated answer)."""
-    summary = {}
-    for form in FORMS:
-        header, *rows = table(results, form)
-        summary[form] = {r[0]: {h: None if c == "-" else float(c) for h, c in zip(header[1:], r[1:])} for r in rows}
+    """The .md file (every table) and the .json file (every number and generated answer)."""
+    summary = {form: _numbers(table(results, form)) for form in FORMS} if has_tasks(results) else {}
+    if any("mmlu" in r for r in results.values()):
+        summary.update({f"paper_{form}": _numbers(paper_table(results, form))
+                        for form in (FORMS if has_tasks(results) else FORMS[:1])})
     md.write_text(markdown(results))
     js.write_text(json.dumps({"written_by": TABLE_MARK, "tables": summary, "results": results}, indent=2) + "\n")
