@@ -155,3 +155,31 @@ def test_mmlu_input_errors_are_one_line(world, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("depthlab: error:") and msg in err and err.count("\n") == 1, err
         assert not (tmp_path / "t.md").exists()
+
+
+def test_the_recipe_from_pretraining_to_the_paper_table(world, tmp_path, capsys):
+    """docs/downstream.md's recipe on tiny models: pretrain pre and lns, fine-tune both, one table."""
+    from depthlab.train.finetune import prompt_of, read_records
+    from tests.test_commonsense import EVAL
+    from tests.test_finetune import TRAIN
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(prompt_of(r["instruction"], r["input"]) + r["output"]
+                                for r in read_records(TRAIN)) * 4)
+    tiny = [f"--set={k}={v}" for k, v in {"model.dim": 32, "model.n_layers": 2, "model.n_heads": 2,
+                                           "model.ffn_dim": 64, "model.vocab_size": 400, "model.max_seq_len": 256,
+                                           "data.seq_len": 64, "train.batch_size": 4, "train.eval_every": 1000,
+                                           "train.warmup_steps": 2, "train.monitor_every": 0}.items()]
+    for scheme in ("pre", "lns"):
+        assert main(["train", "--scheme", scheme, "--data", str(corpus), "--run-dir", str(tmp_path / scheme),
+                     "--max-steps", "10", "--no-progress", *tiny]) == 0
+        assert main(["finetune", str(tmp_path / scheme), "--data", str(TRAIN), "--run-dir",
+                     str(tmp_path / f"{scheme}-ft"), "--seq-len", "200", "--no-progress", "--set",
+                     "train.max_steps=3", "--set", "train.batch_size=2"]) == 0
+    capsys.readouterr()
+    models = [str(tmp_path / f"{s}-ft") for s in ("pre", "lns")]
+    assert main(["eval", *models, "--commonsense", str(EVAL), "--mmlu", str(world[0] / "parquet"),
+                 "--table", str(tmp_path / "paper"), "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    rows = json.loads((tmp_path / "paper.json").read_text())["tables"]["paper_generation"]
+    assert list(rows) == models and all(set(r) == {"MMLU", "BoolQ", "ARC-e", "PIQA", "HellaSwag", "OBQA",
+                                                   "WinoGrande", "Avg."} for r in rows.values())
