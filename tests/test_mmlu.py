@@ -38,6 +38,7 @@ def make_mmlu(root, n_dev=5, n_test=6, seed=0):
     return data
 
 
+PROMPT = "{{question.strip()}}" + "".join(f"\\n{c}. {{{{choices[{i}]}}}}" for i, c in enumerate("ABCD"))
 TASK = """task: dl_mmlu_{s}
 dataset_path: parquet
 dataset_kwargs:
@@ -49,7 +50,7 @@ fewshot_split: dev
 fewshot_config:
   sampler: first_n
 output_type: multiple_choice
-doc_to_text: "{{{{question.strip()}}}}\\nA. {{{{choices[0]}}}}\\nB. {{{{choices[1]}}}}\\nC. {{{{choices[2]}}}}\\nD. {{{{choices[3]}}}}\\nAnswer:"
+doc_to_text: "{prompt}\\nAnswer:"
 doc_to_choice: ["A", "B", "C", "D"]
 doc_to_target: answer
 description: "The following are multiple choice questions (with answers) about {name}.\\n\\n"
@@ -71,7 +72,8 @@ def world(tmp_path_factory):
     tasks = tmp / "tasks"
     tasks.mkdir()
     for s in SUBJECTS:
-        (tasks / f"{s}.yaml").write_text(TASK.format(s=s, root=tmp / "parquet", name=s.replace("_", " ")))
+        (tasks / f"{s}.yaml").write_text(TASK.format(s=s, root=tmp / "parquet", name=s.replace("_", " "),
+                                                        prompt=PROMPT))
     (tasks / "group.yaml").write_text(GROUP.format(tasks=", ".join(f"dl_mmlu_{s}" for s in SUBJECTS)))
     return tmp, data, tasks
 
@@ -87,7 +89,7 @@ def test_both_layouts_read_the_same_questions(world):
 
 
 @pytest.mark.parametrize("shots", [0, 5])
-def test_mmlu_agrees_with_lm_eval_question_by_question(world, trained, shots):
+def test_mmlu_agrees_with_lm_eval_question_by_question(world, trained, shots):  # noqa: F811
     lm_eval = pytest.importorskip("lm_eval")
     pytest.importorskip("accelerate")
     from lm_eval.tasks import TaskManager
@@ -115,7 +117,7 @@ def test_mmlu_agrees_with_lm_eval_question_by_question(world, trained, shots):
         assert ours["macro"] == pytest.approx(sum(ours["subjects"][s]["acc"] for s in SUBJECTS) / 3)
 
 
-def test_the_paper_table_for_two_models(world, trained, tmp_path, capsys):
+def test_the_paper_table_for_two_models(world, trained, tmp_path, capsys):  # noqa: F811
     from depthlab.hf.exporter import export
     from tests.test_commonsense import EVAL
 
