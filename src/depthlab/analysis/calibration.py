@@ -76,6 +76,24 @@ def pack_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> list[np.nda
     return [stream[i * seq_len:(i + 1) * seq_len] for i in range(n_windows)]
 
 
+def sample_windows(stream: np.ndarray, n_windows: int, seq_len: int, seed: int = 0) -> np.ndarray:
+    """A seeded sample of n_windows non-overlapping windows spread over the whole stream (all of them when it holds
+    fewer), in stream order, as an (n, seq_len) array: a probe that reads the whole split, not its first files."""
+    total = len(stream) // seq_len
+    if total < 1:
+        raise UserError(f"{len(stream)} tokens cannot fill one window of {seq_len}")
+    starts = np.sort(np.random.default_rng(seed).choice(total, min(n_windows, total), replace=False)) * seq_len
+    return np.stack([np.asarray(stream[s:s + seq_len], dtype=np.int64) for s in starts])
+
+
+def probe_batches(stream: np.ndarray, n_windows: int, seq_len: int, batch_size: int = 16, seed: int = 0,
+                  device: str = "cpu") -> list[Batch]:
+    """Full (unpadded) windows of a packed token stream, sampled by `sample_windows`, as analysis batches."""
+    ids = torch.from_numpy(sample_windows(stream, n_windows, seq_len, seed)).to(device)
+    return [Batch(ids[i:i + batch_size], torch.ones_like(ids[i:i + batch_size], dtype=torch.bool))
+            for i in range(0, len(ids), batch_size)]
+
+
 def padded_windows(docs_ids: list[list[int]], n_tokens: int, seq_len: int,
                    bos: int | None = None) -> list[np.ndarray]:
     """Windows of at most seq_len tokens cut from each document; each starts with `bos` when given."""

@@ -21,6 +21,8 @@ def _add_model_args(p) -> None:
                    "(for models larger than memory; no removal study)")
     p.add_argument("--no-removal", action="store_true", help="skip the layer-removal study")
     p.add_argument("--no-jacobian", action="store_true", help="skip the Jacobians")
+    p.add_argument("--no-init", action="store_true", help="skip the curse index of the same model at "
+                   "initialisation (depthlab runs: rebuilt from the run's config and seed)")
     p.add_argument("--probes", type=int, default=4, help="random projections per Jacobian estimate")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
@@ -45,7 +47,7 @@ def _request(args, model: str):
 
     device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
-                   args.trust_remote_code, device, args.dtype, opts, args.images)
+                   args.trust_remote_code, device, args.dtype, opts, args.images, not args.no_init)
 
 
 def _results(args, model: str) -> dict:

@@ -18,7 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from depthlab.analysis import metrics as metrics_module
+from depthlab.analysis import curse as curse_module, metrics as metrics_module
+from depthlab.analysis.curse import index_lines
 
 Runs = list[tuple[str, dict]]
 
@@ -314,6 +315,21 @@ def report_intro(res: dict, label: str) -> list[str]:
     return intro + [f"Note: {n}." for n in res.get("notes", [])]
 
 
+def index_html(res: dict) -> str:
+    """The curse index first: its summary lines, then the per-block interior costs and Gromov's contiguous runs."""
+    idx = res["curse_index"]
+    body = "".join(f"<p>{html.escape(x)}</p>" for x in index_lines(idx, idx.get("at_init")))
+    adj = idx["adjacent_angular"]
+    rows = [{"block": l + 1, "removal_cost": c, "update_ratio": b["update_ratio"],
+             "angular_last": adj["last_token"][l], "angular_all": adj["all_tokens"][l],
+             **({"J_minus_I": idx["jacobian_vs_identity"][l]} if "jacobian_vs_identity" in idx else {})}
+            for l, (c, b) in enumerate(zip(idx.get("removal_cost", [None] * idx["blocks"]), res["blocks"]))]
+    body += _table(rows, list(rows[0])) if rows else ""
+    body += _table(idx["contiguous"], ["n", "blocks", "distance", "delta_loss"])
+    defs = html.escape(curse_module.__doc__ or "")
+    return body + f"<details><summary>definition</summary><pre>{defs}</pre></details>"
+
+
 def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     """Everything for one model under `out`; returns the written files by kind."""
     out.mkdir(parents=True, exist_ok=True)
@@ -331,7 +347,8 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
         plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
     tables = write_tables(res, out)
-    sec = [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
+    sec = [("Curse index", index_html(res))] if "curse_index" in res else []
+    sec += [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
         "index", "name", "variance", "rms", "max_abs", "max_over_rms", "channel", "position", "token_id",
         "lens_kl", "lens_ce"])),
         ("Angular distance", _img(plots["angular"]) + _img(plots["adjacent"]) +

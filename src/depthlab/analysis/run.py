@@ -28,6 +28,7 @@ class Request:
     dtype: str = "float32"
     options: Options = field(default_factory=Options)
     images: int | None = None  # a ViT's calibration images (default: the whole validation split)
+    at_init: bool = True  # also index the same model at initialisation, when its config is known (depthlab runs)
 
 
 @dataclass
@@ -58,6 +59,20 @@ def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float
         info = {**info, "arch": "vit", "pool": loaded.cfg.model.pool}
     tok = None if lm.classifier else loaded.fast_tokenizer()
     return LayeredModel(lm, tok, loaded.seq_len, info, loaded.cfg, loaded.meta)
+
+
+def index_at_init(cfg, batches: list, opts: Options, device: str) -> dict:
+    """The curse index of a depthlab model rebuilt from its config at initialisation (the run's seed), on the same
+    batches: what the trained model's index is to be read against."""
+    import torch
+
+    from depthlab.analysis.layers import from_depthlab
+    from depthlab.model import build_model
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model).to(device).eval()
+    idx = analyze(from_depthlab(model, "init"), batches, opts)["curse_index"]
+    return {k: v for k, v in idx.items() if k not in ("angular_rows", "contiguous")}
 
 
 LM_TASK = "language modelling"
@@ -119,6 +134,8 @@ def run_request(req: Request) -> dict:
         batches, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
         data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
     res = analyze_layerwise(skel, batches, req.options) if req.layerwise else analyze(lm, batches, req.options)
+    if req.at_init and not req.layerwise and loaded.cfg is not None:
+        res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     if req.layerwise:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
