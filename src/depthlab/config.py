@@ -48,6 +48,7 @@ class ModelConfig:
     embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632; tied embeddings use init_std
     lns_placement: str = "norm"  # lns: scale the norm outputs (norm, the LLM placement) or the branch outputs
     # (branch: h + l^(-p) F(Norm(h)), the paper's best placement for ViT)
+    norm_gain_init: str = "1"  # 1 | depth: block l's norm gains start at l^(-lns_power) (LNS's scale, as a gain)
     # model.arch=vit only: images in, classes out (depthlab.model.vit)
     image_size: int = 224
     patch_size: int = 16
@@ -118,6 +119,7 @@ class TrainConfig:
     tensorboard: bool = False
     wandb: bool = False
     init_from: str | None = None  # a checkpoint whose weights start the run (continued pretraining, e.g. an import)
+    norm_gain_lr: str = "1"  # 1 | depth: block l's norm gains learn at lr * l^(-model.lns_power)
 
 
 @dataclass

@@ -8,11 +8,12 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from depthlab.config import TrainConfig
+from depthlab.model.init import block_norm_gains
 
 NO_DECAY = ("cls_token", "pos_embed")  # a ViT's class token and positions, excluded as in timm / DeiT
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, lns_power: float = 0.5) -> torch.optim.AdamW:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     decay = [p.dim() >= 2 and n.rsplit(".", 1)[-1] not in NO_DECAY for n, p in named]
@@ -20,10 +21,38 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
         {"params": [p for p, d in zip(params, decay) if d], "weight_decay": cfg.weight_decay},
         {"params": [p for p, d in zip(params, decay) if not d], "weight_decay": 0.0},  # norms, gains, scalars
     ]
+    if str(cfg.norm_gain_lr) == "depth":
+        groups = groups[:1] + gain_lr_groups(model, groups[1]["params"], cfg.lr, lns_power)
     # The fused kernel: on CPU the default is a per-tensor loop that took up to a third of a step
     # (docs/results.md); FSDP2's DTensor parameters keep the default implementation.
     fused = not any(isinstance(p, DTensor) for p in params)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def gain_lr_groups(model: torch.nn.Module, params: list, lr: float, lns_power: float) -> list[dict]:
+    """train.norm_gain_lr=depth: the no-decay parameters split so that block l's norm gains learn at lr * l^(-p)
+    (one group per block; the scheduler scales each group's own peak)."""
+    scale = {id(g): s for g, s in block_norm_gains(model, lns_power)}
+    by_scale: dict[float, list] = {}
+    for p in params:
+        by_scale.setdefault(scale.get(id(p), 1.0), []).append(p)
+    return [{"params": ps, "weight_decay": 0.0, "lr": lr * s} for s, ps in by_scale.items()]
+
+
+@torch.no_grad()
+def clip_gradients(model: torch.nn.Module, cfg: TrainConfig, lns_power: float = 0.5) -> torch.Tensor:
+    """Clip the gradients to norm cfg.grad_clip (0: no clipping) and return their norm before clipping. Under
+    train.norm_gain_lr=depth the norm is measured as LNS measures it, each block-l gain's gradient weighted by
+    l^(-p) (LNS's gain gradient is l^(-p) times Pre-LN's), so that clipping keeps the two runs identical."""
+    gains = block_norm_gains(model, lns_power) if str(cfg.norm_gain_lr) == "depth" else []
+    for g, s in gains:
+        if g.grad is not None:
+            g.grad.mul_(s)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+    for g, s in gains:
+        if g.grad is not None:
+            g.grad.div_(s)
+    return norm
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
