@@ -103,6 +103,19 @@ def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
     return keep, later, broken
 
 
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl (or of a run directory's), in order; a partial last line is skipped."""
+    path = Path(path)
+    path = path / "metrics.jsonl" if path.is_dir() else path
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
 class MetricsLog:
     """Append-only metrics.jsonl, flushed every line so a crash loses nothing already logged.
 
