@@ -55,6 +55,7 @@ class Study:
     val_tokens: int | None = None  # the trainer evaluates on the first val_tokens of the validation split
     keep_runs: bool = False
     command: str = ""  # how the study was started, recorded in settings.json
+    meta: dict = field(default_factory=dict)  # the study's own description (sizes, depths, corpus), recorded too
 
     @property
     def runs_file(self) -> Path:
@@ -79,21 +80,25 @@ def grid_cells(study: Study, lrs: list[float], layers: int | None = None, varian
     return [Cell(v, lr, seed, layers) for v in variants or study.variants for lr in lrs]
 
 
-def selection_value(study: Study, record: dict) -> float:
+def selection_value(record: dict, select: str = "val_loss", minimize: bool = True) -> float:
     """The record's selection metric, signed so that lower is better; a diverged run is worst."""
     if record.get("status") != "ok":
         return math.inf
-    v = record["val_loss"] if study.select == "val_loss" else record.get("val", {}).get(study.select, math.nan)
-    return v if study.minimize else -v
+    v = record["val_loss"] if select == "val_loss" else record.get("val", {}).get(select, math.nan)
+    return v if minimize else -v
 
 
-def best_rates(study: Study, records: dict, lrs: list[float], layers: int | None = None,
-               variants: list[str] | None = None, seed: int = 0) -> dict[str, float | None]:
-    """Each variant's rate of `lrs` with the best selection metric at `seed`, once all of its grid has finished."""
+def best_rates(study: Study | None, records: dict, lrs: list[float], layers: int | None = None,
+               variants: list[str] | None = None, seed: int = 0, select: str | None = None,
+               minimize: bool | None = None) -> dict[str, float | None]:
+    """Each variant's rate of `lrs` with the best selection metric at `seed` (the study's own, unless `select` and
+    `minimize` are given), once all of its grid has finished; None before."""
+    select = select or study.select
+    minimize = study.minimize if minimize is None else minimize
     out = {}
     for v in variants or study.variants:
         grid = [records.get(cell_key(v, lr, seed, layers)) for lr in lrs]
-        out[v] = min(grid, key=lambda r: selection_value(study, r))["lr"] if all(grid) else None
+        out[v] = min(grid, key=lambda r: selection_value(r, select, minimize))["lr"] if all(grid) else None
     return out
 
 
