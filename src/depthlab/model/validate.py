@@ -68,7 +68,7 @@ def _check_model(m: ModelConfig) -> None:
         _check_vit(m)
 
 
-LNS_PLACEMENTS = ("norm", "branch")
+LNS_PLACEMENTS = ("norm", "branch", "attn_only", "mlp_only")
 GAIN_RULES = ("1", "depth")  # norm_gain_init / norm_gain_lr: unchanged, or times l^(-lns_power) in block l
 
 
