@@ -88,3 +88,16 @@ def test_probe_windows_are_seeded_and_spread_over_the_whole_stream():
     assert len(sample_windows(stream[:640], 256, 64)) == 10  # fewer windows than asked: all of them
     b = probe_batches(stream, 40, 64, batch_size=16)
     assert [x.ids.shape[0] for x in b] == [16, 16, 8] and all(x.mask.all() for x in b)
+
+
+def test_index_thresholds_from_the_command_line(tmp_path, capsys):
+    model = save_llama(tmp_path / "llama", 8, [3, 5])
+    (tmp_path / "text.txt").write_text(TEXT)
+    common = ["analyze", str(model), "--data", str(tmp_path / "text.txt"), "--tokens", "512", "--seq-len", "32",
+              "--no-jacobian"]
+    assert main([*common, "--interior", "3", "2", "--out", str(tmp_path / "r")]) == 0
+    idx = json.loads((tmp_path / "r" / "metrics.json").read_text())["curse_index"]
+    assert idx["interior"] == [4, 6] and idx["inert_blocks"] == [5]
+    assert main([*common, "--inert-delta", "0", "--out", str(tmp_path / "r2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--inert-delta" in err[0]

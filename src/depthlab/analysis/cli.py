@@ -23,6 +23,10 @@ def _add_model_args(p) -> None:
     p.add_argument("--no-jacobian", action="store_true", help="skip the Jacobians")
     p.add_argument("--no-init", action="store_true", help="skip the curse index of the same model at "
                    "initialisation (depthlab runs: rebuilt from the run's config and seed)")
+    p.add_argument("--inert-delta", type=float, default=0.005, help="curse index: a block whose removal changes "
+                   "the loss by less than this many nats is inert (default 0.005)")
+    p.add_argument("--interior", nargs=2, type=int, default=[1, 2], metavar=("FIRST", "LAST"),
+                   help="curse index: leave out the first FIRST and the last LAST blocks (default 1 2)")
     p.add_argument("--probes", type=int, default=4, help="random projections per Jacobian estimate")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
@@ -41,8 +45,13 @@ def _request(args, model: str):
         raise UserError("--images must be at least 1")
     if args.seq_len is not None and args.seq_len < 2:
         raise UserError("--seq-len must be at least 2")
+    if not args.inert_delta > 0 or min(args.interior) < 0:
+        raise UserError("--inert-delta must be positive and --interior counts at least 0")
+    from depthlab.analysis.curse import CurseSpec
+
+    curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
-                   probes=args.probes)
+                   probes=args.probes, curse=curse)
     from depthlab.train.runtime import resolve_device
 
     device = str(resolve_device(args.device, "--device"))

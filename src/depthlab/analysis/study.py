@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from depthlab.analysis.calibration import Batch, ImageBatch
-from depthlab.analysis.curse import curse_index, index_lines
+from depthlab.analysis.curse import CurseSpec, curse_index, index_lines
 from depthlab.analysis.jacobian import block_jacobian, output_jacobian, token_jacobian
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.metrics import Accumulator, unit
@@ -40,6 +40,7 @@ class Options:
     probes: int = 4
     heatmap_channels: int = 48
     token_chunk: int = 1024
+    curse: CurseSpec = CurseSpec()  # the index's thresholds and interior
 
 
 def heatmap_blocks(n_layers: int) -> list[int]:
@@ -106,7 +107,7 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
                            "heatmaps": [token_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask,
                                                        opts.heatmap_channels) for l in heatmap_blocks(L)]}
     res["mode"] = "whole-model"
-    res["curse_index"] = curse_index(res)
+    res["curse_index"] = curse_index(res, opts.curse)
     if lm.classifier:
         res.update(classifier_notes(lm))
     return res
@@ -152,7 +153,7 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
     if opts.jacobian:
         res["jacobian"] = jac
     res["mode"] = "layer-by-layer"
-    res["curse_index"] = curse_index(res)
+    res["curse_index"] = curse_index(res, opts.curse)
     return res
 
 
