@@ -101,3 +101,21 @@ def test_index_thresholds_from_the_command_line(tmp_path, capsys):
     assert main([*common, "--inert-delta", "0", "--out", str(tmp_path / "r2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--inert-delta" in err[0]
+
+
+def test_compare_lists_each_model_index(tmp_path):
+    (tmp_path / "text.txt").write_text(TEXT)
+    outs = []
+    for planted in ([3, 5], []):
+        out = tmp_path / f"a{len(planted)}"
+        assert main(["analyze", str(save_llama(tmp_path / f"m{len(planted)}", 8, planted)), "--data",
+                     str(tmp_path / "text.txt"), "--tokens", "512", "--seq-len", "32", "--no-jacobian",
+                     "--out", str(out)]) == 0
+        outs.append(str(out))
+    assert main(["compare", *outs, "--labels", "planted", "random", "--out", str(tmp_path / "cmp")]) == 0
+    rows = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    head = rows[0].split(",")
+    frac = [float(r.split(",")[head.index("inert_fraction")]) for r in rows[1:]]
+    assert frac == [pytest.approx(0.4), 0.0]
+    html = (tmp_path / "cmp" / "report.html").read_text()
+    assert "inert_fraction" in html
