@@ -119,3 +119,17 @@ def test_compare_lists_each_model_index(tmp_path):
     assert frac == [pytest.approx(0.4), 0.0]
     html = (tmp_path / "cmp" / "report.html").read_text()
     assert "inert_fraction" in html
+
+
+@pytest.mark.parametrize("kind", ["depthlab", "hf"])
+def test_analyze_samples_windows_over_the_whole_text(tmp_path, kind):
+    model = save_depthlab_checkpoint(tmp_path / "ck", "pre", 4) if kind == "depthlab" else \
+        save_llama(tmp_path / "llama", 4, [])
+    (tmp_path / "text.txt").write_text(TEXT)
+    common = ["analyze", str(model), "--data", str(tmp_path / "text.txt"), "--seq-len", "16", "--no-jacobian",
+              "--no-init"]
+    assert main([*common, "--windows", "8", "--out", str(tmp_path / "s")]) == 0
+    assert main([*common, "--tokens", "128", "--out", str(tmp_path / "h")]) == 0
+    sampled, head = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("s", "h"))
+    assert sampled["sequences"] == 8 and "8 windows sampled over all of it (seed 0)" in sampled["data"]["source"]
+    assert sampled["removal"]["base_loss"] != head["removal"]["base_loss"]  # other text than the first windows

@@ -13,6 +13,7 @@ token), so the stream metrics read a ViT's tokens as they read text tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,7 +128,9 @@ def to_batches(windows: list[np.ndarray], batch_size: int, pad_id: int) -> list[
 
 
 def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int, batch_size: int,
-                        vocab_size: int) -> list[Batch]:
+                        vocab_size: int, sample: int | None = None, seed: int = 0) -> list[Batch]:
+    """The first n_tokens of the text as batches; or, with `sample`, that many windows drawn (seeded) from all of
+    it, in text order."""
     from tokenizers import Tokenizer
 
     if isinstance(tokenizer, Tokenizer):
@@ -135,13 +138,18 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
         from depthlab.data.sources import Document
 
         stream = pack(tokenizer, [Document(str(i), t) for i, t in enumerate(texts)])
-        windows, pad_id = pack_windows(stream, n_tokens, seq_len), 0
+        pad_id = 0
+        windows = (list(sample_windows(stream, sample, seq_len, seed)) if sample and len(stream) >= seq_len
+                   else pack_windows(stream, n_tokens, seq_len))
     else:
         enc = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         # Models trained with a BOS token (Llama, Mistral, OLMo-2) see one at the start of every window.
         bos = tokenizer.bos_token_id
         adds_bos = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
-        windows = padded_windows(enc, n_tokens, seq_len, bos if adds_bos else None)
+        windows = padded_windows(enc, math.inf if sample else n_tokens, seq_len, bos if adds_bos else None)
+        if sample:
+            pick = np.random.default_rng(seed).choice(len(windows), min(sample, len(windows)), replace=False)
+            windows = [windows[i] for i in sorted(pick)]
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if not windows or sum(len(w) for w in windows) < 2:
         raise UserError("the calibration text is too short (need at least 2 tokens)")

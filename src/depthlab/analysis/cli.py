@@ -15,6 +15,9 @@ def _add_model_args(p) -> None:
                    "run's own)")
     p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default 4096; language models)")
     p.add_argument("--images", type=int, help="a ViT's calibration images (default: the whole validation split)")
+    p.add_argument("--windows", type=int, help="sample this many windows over the whole calibration text (seeded, "
+                   "in text order) instead of reading its first --tokens (language models)")
+    p.add_argument("--window-seed", type=int, default=0, help="the seed of --windows (default 0)")
     p.add_argument("--seq-len", type=int, help="window length (default: the run's, or 512 for HF models)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--layer-by-layer", action="store_true", help="keep one block's weights in memory at a time "
@@ -43,6 +46,8 @@ def _request(args, model: str):
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.images is not None and args.images < 1:
         raise UserError("--images must be at least 1")
+    if args.windows is not None and args.windows < 1:
+        raise UserError("--windows must be at least 1")
     if args.seq_len is not None and args.seq_len < 2:
         raise UserError("--seq-len must be at least 2")
     if not args.inert_delta > 0 or min(args.interior) < 0:
@@ -56,7 +61,8 @@ def _request(args, model: str):
 
     device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
-                   args.trust_remote_code, device, args.dtype, opts, args.images, not args.no_init)
+                   args.trust_remote_code, device, args.dtype, opts, args.images, not args.no_init, args.windows,
+                   args.window_seed)
 
 
 def _results(args, model: str) -> dict:

@@ -29,6 +29,8 @@ class Request:
     options: Options = field(default_factory=Options)
     images: int | None = None  # a ViT's calibration images (default: the whole validation split)
     at_init: bool = True  # also index the same model at initialisation, when its config is known (depthlab runs)
+    windows: int | None = None  # sample this many windows (seeded) over the whole calibration text instead
+    window_seed: int = 0
 
 
 @dataclass
@@ -100,10 +102,14 @@ def _vocab_size(lm) -> int:
 def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Batch], str]:
     if seq_len > context:
         raise UserError(f"--seq-len {seq_len} is beyond the model's context of {context} tokens")
-    texts, source = read_calibration_text(req.data, req.tokens)
-    batches = calibration_batches(tok, texts, req.tokens, seq_len, req.batch_size, _vocab_size(lm))
+    # a sample is spread over more text than it reads (the built-in corpus is read up to what is asked for)
+    texts, source = read_calibration_text(req.data, req.windows * seq_len * 8 if req.windows else req.tokens)
+    batches = calibration_batches(tok, texts, req.tokens, seq_len, req.batch_size, _vocab_size(lm), req.windows,
+                                  req.window_seed)
     got = sum(b.n_tokens for b in batches)
-    if got < req.tokens:  # the metrics then rest on too little text to mean much
+    if req.windows:
+        source += f"; {sum(len(b.ids) for b in batches)} windows sampled over all of it (seed {req.window_seed})"
+    elif got < req.tokens:  # the metrics then rest on too little text to mean much
         warnings.warn(f"only {got} calibration tokens in {source} (asked for {req.tokens}); the metrics are noisy: "
                       "give more text with --data", stacklevel=2)
     return [Batch(b.ids.to(req.device), b.mask.to(req.device)) for b in batches], source
