@@ -55,7 +55,24 @@ def test_gain_init_and_lr_rule(tmp_path):
     assert lr_of[id(model.norm.weight)] == cfg.train.lr
 
 
-@pytest.mark.parametrize("key", ["model.norm_gain_init", "train.norm_gain_lr"])
+def test_block_lr_is_a_depth_wise_rate_decay_of_every_block_parameter():
+    from depthlab.train.optim import make_optimizer
+
+    cfg = apply_overrides(Config(), [f"{k}={v}" for k, v in TINY.items()] + ["model.norm_scheme=pre"])
+    model = build_model(cfg.model)
+    assert len(make_optimizer(model, cfg.train).param_groups) == 2  # the default: decay and no decay
+    cfg.train.block_lr, cfg.train.norm_gain_lr = "depth", "depth"
+    opt = make_optimizer(model, cfg.train, 0.5)
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    for l, block in enumerate(model.layers, 1):
+        gains = {id(block.attn_norm.weight), id(block.mlp_norm.weight)}
+        for p in block.parameters():  # gains get both rules: lr * l^(-p) * l^(-p)
+            want = cfg.train.lr * l ** -0.5 * (l ** -0.5 if id(p) in gains else 1.0)
+            assert lr_of[id(p)] == pytest.approx(want)
+    assert lr_of[id(model.embed_tokens.weight)] == lr_of[id(model.norm.weight)] == cfg.train.lr
+
+
+@pytest.mark.parametrize("key", ["model.norm_gain_init", "train.norm_gain_lr", "train.block_lr"])
 def test_bad_gain_rule_is_one_line(key):
     with pytest.raises(UserError, match=key):
         validate(apply_overrides(Config(), [f"{key}=sqrt"]))

@@ -121,6 +121,7 @@ class TrainConfig:
     wandb: bool = False
     init_from: str | None = None  # a checkpoint whose weights start the run (continued pretraining, e.g. an import)
     norm_gain_lr: str = "1"  # 1 | depth: block l's norm gains learn at lr * l^(-model.lns_power)
+    block_lr: str = "1"  # 1 | depth: every parameter of block l learns at lr * l^(-model.lns_power)
 
 
 @dataclass

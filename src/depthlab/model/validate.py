@@ -109,5 +109,6 @@ def _check_train(t: TrainConfig) -> None:
     _require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
              "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
     _require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
-    _require(str(t.norm_gain_lr) in GAIN_RULES,
-             f"train.norm_gain_lr must be {' or '.join(GAIN_RULES)}, got {t.norm_gain_lr!r}")
+    for name in ("norm_gain_lr", "block_lr"):
+        _require(str(getattr(t, name)) in GAIN_RULES,
+                 f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")

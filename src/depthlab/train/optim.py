@@ -17,26 +17,35 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, lns_power: float = 
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     decay = [p.dim() >= 2 and n.rsplit(".", 1)[-1] not in NO_DECAY for n, p in named]
-    groups = [
-        {"params": [p for p, d in zip(params, decay) if d], "weight_decay": cfg.weight_decay},
-        {"params": [p for p, d in zip(params, decay) if not d], "weight_decay": 0.0},  # norms, gains, scalars
-    ]
-    if str(cfg.norm_gain_lr) == "depth":
-        groups = groups[:1] + gain_lr_groups(model, groups[1]["params"], cfg.lr, lns_power)
+    scales = lr_scales(model, cfg, lns_power)
+    groups = []
+    for decayed, wd in ((True, cfg.weight_decay), (False, 0.0)):  # matrices; norms, gains, scalars
+        by_scale: dict[float, list] = {}
+        for p, d in zip(params, decay):
+            if d == decayed:
+                by_scale.setdefault(scales.get(id(p), 1.0), []).append(p)
+        # one group per learning-rate multiplier (the scheduler scales each group's own peak)
+        groups += [{"params": ps, "weight_decay": wd, **({"lr": cfg.lr * s} if s != 1.0 else {})}
+                   for s, ps in (by_scale or {1.0: []}).items()]
     # The fused kernel: on CPU the default is a per-tensor loop that took up to a third of a step
     # (docs/results.md); FSDP2's DTensor parameters keep the default implementation.
     fused = not any(isinstance(p, DTensor) for p in params)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
-def gain_lr_groups(model: torch.nn.Module, params: list, lr: float, lns_power: float) -> list[dict]:
-    """train.norm_gain_lr=depth: the no-decay parameters split so that block l's norm gains learn at lr * l^(-p)
-    (one group per block; the scheduler scales each group's own peak)."""
-    scale = {id(g): s for g, s in block_norm_gains(model, lns_power)}
-    by_scale: dict[float, list] = {}
-    for p in params:
-        by_scale.setdefault(scale.get(id(p), 1.0), []).append(p)
-    return [{"params": ps, "weight_decay": 0.0, "lr": lr * s} for s, ps in by_scale.items()]
+def lr_scales(model: torch.nn.Module, cfg: TrainConfig, lns_power: float) -> dict[int, float]:
+    """Learning-rate multipliers by parameter id (1 where absent): train.block_lr=depth puts every parameter of
+    block l at l^(-p), a plain depth-wise rate decay; train.norm_gain_lr=depth block l's norm gains (both: the
+    product)."""
+    out: dict[int, float] = {}
+    if str(cfg.block_lr) == "depth":
+        for block in model.modules():
+            if hasattr(block, "layer_id"):
+                out.update({id(p): block.layer_id ** -lns_power for p in block.parameters()})
+    if str(cfg.norm_gain_lr) == "depth":
+        for g, s in block_norm_gains(model, lns_power):
+            out[id(g)] = out.get(id(g), 1.0) * s
+    return out
 
 
 @torch.no_grad()
