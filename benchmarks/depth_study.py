@@ -54,8 +54,10 @@ def phase(s: Study, name: str, a) -> list:
     best = best_rates(s, records, a.lrs, ref, ["mixln"] if name == "mixln" else ["pre", "lns"])
     if name == "mixln":
         return grid_cells(s, a.lrs, ref, ["mixln"]) + seed_cells(s, best, a.seeds, ref)
+    if a.fixed_lr:  # one shared rate instead of the grid's best (the paper's protocol)
+        best = dict.fromkeys(best, a.fixed_lr)
     if None in best.values():
-        sys.exit("the sweep needs the grid: run --phases grid first")
+        sys.exit("the sweep needs the grid: run --phases grid first (or give --fixed-lr)")
     return [c for seed in a.seeds for L in sorted(a.depths, reverse=True) for c in seed_cells(s, best, [seed], L)] \
         + seed_cells(s, best, [x for x in a.ref_seeds if x not in a.seeds], ref)
 
@@ -67,7 +69,9 @@ def main(argv=None) -> None:
     for name, default in (("depths", [6, 12, 24, 48]), ("seeds", [0, 1]), ("ref-seeds", [0, 1, 2])):
         p.add_argument(f"--{name}", nargs="+", type=int, default=default)
     p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2])
-    p.add_argument("--budgets", nargs="+", type=int, default=[], help="training tokens at which to probe too")
+    p.add_argument("--budgets", nargs="+", type=int, default=[0], help="training tokens at which to probe too "
+                   "(default 0: at initialisation)")
+    p.add_argument("--fixed-lr", type=float, help="sweep: this rate for every scheme instead of the grid's best")
     for name, default in (("ref-depth", 24), ("dim", 64), ("heads", 4), ("ffn", 172), ("vocab", 2048), ("seq", 64),
                           ("batch", 16), ("steps", 2000), ("eval-every", 250), ("val-tokens", 32768),
                           ("probe-windows", 256), ("jobs", 2)):

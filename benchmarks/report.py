@@ -140,9 +140,10 @@ def copy_plots() -> None:
 HEADLINE_LIMITS = [
     "**What this scale cannot say.** Nothing about the paper's sizes (71M-1B), data (C4) or budgets (billions of "
     "tokens): every language-model run here saw 2M tokens at width 64. The best rates were chosen at 24 blocks and "
-    "used at every depth, so a rate that transfers differently to 6 or 48 blocks is not ruled out; only the final "
-    "checkpoints were probed (the curse along training is the next study's), and the probe figures are from the "
-    "earlier 64-window probe, whose noise (about 0.01 nats) is the size of the interior costs it reads. Under Adam, "
+    "used at every depth, so a rate that transfers differently to 6 or 48 blocks is not ruled out. The depth "
+    "table's probe figures are from the earlier 64-window probe of the final checkpoints, whose noise (about 0.01 "
+    "nats) is the size of the interior costs it reads; only the 6-block pair was re-run with the new probe along "
+    "training, and the curse along training at depth is the next study's. Under Adam, "
     "LNS is exactly Pre-LN with depth-scaled gain init and gain learning rate (docs/method.md), so a loss gain "
     "alone does not tell curse-lifting from an optimisation effect.",
     "",
@@ -177,10 +178,13 @@ def main() -> Path:
     study_report.write_depth(study)  # results.json and plots, recomputed from the runs with today's rules
     study_report.write_vit(vit)
     copy_plots()
-    lines = INTRO + ["", "## Headline", ""] + study_report.headline(study) + study_report.vit_headline(vit)
+    n6 = RESULTS / "depth_study_n6"
+    study_report.along_section(n6)  # its results.json, read by the headline
+    lines = INTRO + ["", "## Headline", ""] + study_report.headline(study, n6) + study_report.vit_headline(vit)
     lines += HEADLINE_LIMITS
     lines += ["## 1. Does LNS beat Pre-LN, by depth, and is the curse there?", ""]
     lines += study_report.depth_section(study, "depth_study_")
+    lines += study_report.along_section(n6)
     sections = [("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
                 ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"])),
                 ("memory", memory_section(results["memory"]))]

@@ -210,7 +210,22 @@ def _count(res: dict, name: str, sign: int) -> tuple[int, int]:
     return sum(math.copysign(1, x) == sign for x in xs if x), len(xs)
 
 
-def headline(out: Path) -> list[str]:
+def _reprobed(along: Path | None) -> str:
+    """One sentence on the pair re-run with the new probe, from its results.json (written by along_section)."""
+    if not along or not (along / "results.json").exists():
+        return ""
+    res = json.loads((along / "results.json").read_text())
+    parts = []
+    for d in res["depths"]:
+        for v in ("pre", "lns"):
+            for p in [ps[-1] for ps in d[v]["along"].values() if ps]:
+                ci, rci = p["inert_fraction_ci"], p["removal_deep_over_shallow_ci"]
+                parts.append(f"N={d['layers']} {v} {p['inert_fraction']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}], deep/shallow "
+                             f"removal {p['removal_deep_over_shallow']:.2f} [{rci[0]:.2f}, {rci[1]:.2f}]")
+    return " Re-probed over the whole validation split with intervals (section 1): " + "; ".join(parts) + "."
+
+
+def headline(out: Path, along: Path | None = None) -> list[str]:
     """The depth study's findings in a few sentences, from its results.json."""
     if not (out / "results.json").exists():
         return ["The depth study (section 1) has not been run yet: this page cannot yet say whether LNS helps."]
@@ -229,7 +244,8 @@ def headline(out: Path) -> list[str]:
     idx = "; ".join(f"N={d['layers']} pre {spread(d['pre']['index']['inert_fraction'], '.2f')} / lns "
                     f"{spread(d['lns']['index']['inert_fraction'], '.2f')} ({d['pre']['index']['reading']})"
                     for d in done)
-    lines.append(f"**The curse index** (interior inert fraction of the final models, mean ± std over seeds): {idx}.")
+    lines.append(f"**The curse index** (interior inert fraction of the final models, mean ± std over seeds, from the "
+                 f"earlier 64-window probe, no interval): {idx}." + _reprobed(along))
     facts = [(what, *_count(res, name, -1)) for what, name in
              (("update ratio", "update_deep"), ("angular distance", "angular_deep"), ("removal cost", "removal_deep"))]
     mid = _count(res, "removal_middle", 1)
@@ -238,6 +254,35 @@ def headline(out: Path) -> list[str]:
                  + " (depth, seed) pairs than Pre-LN's, the opposite of the paper's mechanism, while LNS's "
                  f"middle-interior blocks cost more to remove in {mid[0]} of {mid[1]}; per seed in section 1.")
     return lines + [""]
+
+
+def along_section(out: Path) -> list[str]:
+    """A study re-run with the new probe: the curse index at every probe along training, with its interval."""
+    s = settings_of(out)
+    if s is None:
+        return []
+    res = lm_study(load_records(out / "runs.jsonl"), s)
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    lines = [f"Re-run with the new probe (`{s['command']}`, the settings above, 2 runs, "
+             f"{res['train_s'] / 60:.0f} min of one-thread training; the same token streams, sha256 "
+             f"`{s['corpus']['sha256'][:16]}…`): {s['probe_windows']} seeded windows over the whole validation split, "
+             "Jacobians on, probed along training. Interval: 95% bootstrap over windows.", "",
+             "| N | scheme | tokens | probe loss | val loss (first 32k tokens) | inert fraction | removal deep / "
+             "shallow | log update-ratio slope |", "|---|---|---|---|---|---|---|---|"]
+    for d in res["depths"]:
+        for v in ("pre", "lns"):
+            val = d[v]["val_loss"]["mean"]
+            for seed, probes in d[v]["along"].items():
+                for i, p in enumerate(probes):
+                    ci, rci = p["inert_fraction_ci"], p.get("removal_deep_over_shallow_ci") or [math.nan] * 2
+                    lines.append(f"| {d['layers']} | {v} (seed {seed}) | {p['tokens'] / 1e6:.2f}M | "
+                                 f"{p['probe_loss']:.4f} | {f'{val:.4f}' if i == len(probes) - 1 else ''} | "
+                                 f"{p['inert_fraction']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] | "
+                                 f"{p['removal_deep_over_shallow']:.3f} [{rci[0]:.3f}, {rci[1]:.3f}] | "
+                                 f"{p['update_slope']:+.4f} |")
+    return lines + ["", "The probe's own loss over the whole split is well above the validation loss on the "
+                    "split's first 32k tokens: that head is easier than the rest, so the earlier probe (its first "
+                    "4,096 tokens) and the validation loss each describe a part of the split.", ""]
 
 
 # ---------------------------------------------------------------------------------------------------- ViT study

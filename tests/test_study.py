@@ -57,7 +57,7 @@ TINY = ["model.dim=32", "model.n_heads=2", "model.ffn_dim=64", "model.vocab_size
 def test_a_tiny_study_grid_best_rate_seeds_and_resume(tmp_path, corpus):
     study = Study("tiny", str(tmp_path / "out"), {"pre": ["model.norm_scheme=pre"], "lns": ["model.norm_scheme=lns"]},
                   base=[*TINY, f"data.paths=[{corpus}]"], probe=ProbeSpec(windows=8, seq_len=16, jacobian=False),
-                  budgets=[4 * 4 * 32])
+                  budgets=[0, 4 * 4 * 32])
     lrs = [1e-3, 1e-2]
     assert best_rates(study, {}, lrs, layers=4) == {"pre": None, "lns": None}
     assert len(run_cells(study, grid_cells(study, lrs, layers=4), jobs=2, log=lambda m: None)) == 4
@@ -70,8 +70,12 @@ def test_a_tiny_study_grid_best_rate_seeds_and_resume(tmp_path, corpus):
     assert run_cells(study, grid_cells(study, lrs, layers=4) + seed_cells(study, best, [0, 1], layers=4)) == []
     r = records["pre-L4-lr0.01-seed0"]
     assert r["status"] == "ok" and r["val_curve"][-1][0] == 12 and r["monitor_update_ratio"]
-    assert [p["step"] for p in r["probes"]] == [4, 12] and [p["tokens"] for p in r["probes"]] == [512, 1536]
+    assert [p["step"] for p in r["probes"]] == [0, 4, 12] and [p["tokens"] for p in r["probes"]] == [0, 512, 1536]
     assert set(r["probes"][-1]["curse"]) >= {"inert_fraction", "inert_fraction_ci", "removal_deep_over_shallow"}
     assert r["probes"][-1]["curse"]["windows"] == 8 and math.isfinite(r["probes"][-1]["probe_loss"])
     assert not (tmp_path / "out" / "runs").exists() or not any((tmp_path / "out" / "runs").iterdir())
     assert json.loads((tmp_path / "out" / "settings.json").read_text())["name"] == "tiny"
+    # probing along training leaves the training itself untouched: the same cell without probes ends the same
+    plain = Study("plain", str(tmp_path / "plain"), study.variants, study.base)
+    run_cells(plain, seed_cells(plain, {"pre": 1e-2}, [0], layers=4), log=lambda m: None)
+    assert load_records(plain.runs_file)["pre-L4-lr0.01-seed0"]["val_loss"] == r["val_loss"]

@@ -50,7 +50,7 @@ class Study:
     select: str = "val_loss"  # the final validation metric that picks each variant's rate
     minimize: bool = True
     probe: ProbeSpec | None = None  # language models: probe the final model (and at `budgets`) with this
-    budgets: list[int] = field(default_factory=list)  # training tokens at which to probe along training
+    budgets: list[int] = field(default_factory=list)  # training tokens at which to probe along training (0: at init)
     corpus: str | None = None  # a study.corpus folder the cells train on (else the config's own data)
     val_tokens: int | None = None  # the trainer evaluates on the first val_tokens of the validation split
     keep_runs: bool = False
@@ -171,7 +171,7 @@ def train_cell(study: Study, cell: Cell) -> dict:
     tps = cfg.train.batch_size * cfg.train.grad_accum * cfg.data.seq_len
     probing = study.probe is not None and not cfg.model.is_vit
     along = _ProbeAlong(study.probe, full_val if full_val is not None else None,
-                        sorted({round(b / tps) for b in study.budgets if 0 < round(b / tps) < cfg.train.max_steps}),
+                        sorted({round(b / tps) for b in study.budgets if 0 <= round(b / tps) < cfg.train.max_steps}),
                         tps) if probing else None
     rec = {"study": study.name, "key": cell.key, **asdict(cell)}
     if not cfg.model.is_vit:

@@ -67,6 +67,10 @@ def index_reading(runs: dict[int, dict]) -> dict:
     for k in ("inert_fraction", "removal_deep_over_shallow", "update_slope"):
         out[k] = mean_std(c.get(k) for c in per.values())
     out["reading"] = precondition(out["inert_fraction"]["mean"], out["removal_deep_over_shallow"]["mean"])
+    init = [r["probes"][0]["curse"] for r in runs.values() if r.get("probes") and r["probes"][0]["tokens"] == 0]
+    if init:  # the same models at initialisation (a probe at 0 tokens)
+        out["at_init"] = {k: mean_std(c.get(k) for c in init) for k in ("inert_fraction", "removal_deep_over_shallow",
+                                                                        "update_slope")}
     return out
 
 
@@ -87,7 +91,8 @@ def mechanisms(pre: dict[int, dict], lns: dict[int, dict], L: int) -> dict:
 
 def along(runs: dict[int, dict]) -> dict[int, list[dict]]:
     """Per seed, the index at every probe along training: does the curse form, and when."""
-    keep = ("inert_fraction", "inert_fraction_ci", "removal_deep_over_shallow", "update_slope")
+    keep = ("inert_fraction", "inert_fraction_ci", "removal_deep_over_shallow", "removal_deep_over_shallow_ci",
+            "update_slope")
     return {s: [{"step": p["step"], "tokens": p["tokens"], "probe_loss": p["probe_loss"],
                  **{k: p["curse"].get(k) for k in keep}} for p in r.get("probes", [])] for s, r in runs.items()}
 
