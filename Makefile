@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install clean results study study-grid study-sweep study-long study-mixln study-vit reproduce-short reproduce-builtin reproduce-long reproduce-lr speed
+.PHONY: demo test install clean results study study-grid study-sweep study-mixln study-vit speed
 
 install: $(VENV)/.installed
 
@@ -24,22 +24,18 @@ test: install
 # docs/results.md, in parts (each one `make` call; wall times on 2 cores are in docs/results.md). Every part appends
 # to its result file under benchmarks/results/, so a part can be run again or split by --variants / --seeds.
 BENCH := PYTHONPATH=$(CURDIR)/src:$(CURDIR) $(PY) -m benchmarks
-SHORT := --data shakespeare --seeds 0 1 2 --steps 300 --eval-every 100 --jobs 2
 
 # The depth study (docs/results.md, section 1): each part <= 45 min wall on 2 cores except study-sweep (its
-# 48-block runs take about 15 min each per core) and study-long; parts append to benchmarks/results/depth_study/runs.jsonl.
+# 48-block runs take about 15 min each per core); parts append to benchmarks/results/depth_study/runs.jsonl.
 STUDY := $(BENCH).depth_study run --runs-dir /tmp/depthlab_study_runs
 
-study: study-grid study-sweep study-long study-mixln
+study: study-grid study-sweep study-mixln
 
 study-grid: install  # pre and lns at 24 blocks, lr 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2, seed 0
 	$(STUDY) --phases grid
 
 study-sweep: install  # pre and lns at 6, 12, 24, 48 blocks, seeds 0 and 1 (and 2 at 24), each at its best rate
 	$(STUDY) --phases sweep
-
-study-long: install  # pre and lns at 24 blocks, best rates, seed 0, 15.1M tokens of a 64 MB corpus (about 70 min)
-	$(STUDY) --phases long
 
 study-mixln: install  # mixln at 24 blocks: its own grid, then seed 1 at its best rate
 	$(STUDY) --phases mixln
@@ -48,21 +44,6 @@ study-mixln: install  # mixln at 24 blocks: its own grid, then seed 1 at its bes
 # 12 x 64 ViT on scikit-learn's digits, 600 steps, a rate grid then 3 seeds at each best rate (about 45 min).
 study-vit: install
 	$(BENCH).vit_study run --runs-dir /tmp/depthlab_vit_runs
-
-# The earlier study at init std 0.02 (docs/results.md, section 5: superseded, kept for the record).
-reproduce-short: install  # claims 1-6 and every scheme on Shakespeare, 300 steps
-	$(BENCH).reproduce run $(SHORT) --variants pre lns post deepnorm mixln lns+scaled
-	$(BENCH).reproduce run $(SHORT) --variants sandwich peri reordered layerscale skipinit rezero dyt pre+gpas lns+gpas
-
-reproduce-builtin: install  # claims 1-6 on the built-in corpus
-	$(BENCH).reproduce run --data builtin --variants pre lns post deepnorm mixln lns+scaled --seeds 0 1 2 --steps 300 --eval-every 100 --jobs 2
-
-reproduce-long: install  # claims 1-4 with 2,000 steps
-	$(BENCH).reproduce run --data shakespeare --variants pre lns --seeds 0 1 2 --steps 2000 --eval-every 250 --jobs 2 --out benchmarks/results/reproduce_long
-	$(VENV)/bin/depthlab compare $(foreach s,pre lns,benchmarks/results/reproduce_long/runs/shakespeare/$(s)-seed0) --labels pre lns --data ../shared/data/shakespeare --out benchmarks/results/reproduce_long/compare
-
-reproduce-lr: install  # claim 5 at a quarter of the learning rate
-	$(BENCH).reproduce run $(SHORT) --variants pre lns post deepnorm mixln --lr 5e-4 --out benchmarks/results/reproduce_lr5e-4
 
 speed: install  # run alone: timings share the machine's cores
 	$(BENCH).train_speed --reps 7 --steps 2

@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from depthlab.rundir import METRICS
+from depthlab.train.trainer import read_metrics
+
 
 def run(args: list[str], **kw):
     cmd = [sys.executable, "-m", "depthlab", "train", "--no-progress", *args]
@@ -24,7 +27,7 @@ def run(args: list[str], **kw):
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if "loss" in r}
 
 
 def main() -> None:
@@ -43,7 +46,7 @@ def main() -> None:
         assert run(["--run-dir", str(ref), *common]).wait() == 0
         proc = run(["--run-dir", str(cut), "--resume", "auto", *common])
         while proc.poll() is None:
-            if (cut / "metrics.jsonl").exists() and len((cut / "metrics.jsonl").read_text().splitlines()) >= kill_at:
+            if (cut / METRICS).exists() and len(read_metrics(cut)) >= kill_at:
                 proc.send_signal(signal.SIGKILL)
                 break
             time.sleep(0.01)

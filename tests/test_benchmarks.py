@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from benchmarks import common, reproduce
+from benchmarks import common
 from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
 
@@ -75,77 +75,6 @@ def test_lns_cost_export_is_stock_llama_with_lns_logits(monkeypatch):
     assert 0 < t["scale_ops"]["share_of_pre_step"] < 1
 
 
-def test_probe_identity_block_costs_nothing():
-    """A block whose output projections are zero is the identity: removing it costs exactly 0, its input and
-    output are at angular distance 0, and the other blocks' removal costs are not all 0."""
-    torch.manual_seed(0)
-    model = Transformer(tiny_model_config(norm_scheme="lns", n_layers=4))
-    with torch.no_grad():
-        model.layers[2].attn.o_proj.weight.zero_()
-        model.layers[2].mlp.down_proj.weight.zero_()
-    tokens = torch.randint(0, 97, (16 * 32 + 1,)).numpy()
-    p = reproduce.probe(model, tokens, seq_len=16, n_batches=1)
-    assert p["removal_cost_by_layer"][2] == pytest.approx(0.0, abs=1e-6)
-    assert p["angular_by_layer"][2] == pytest.approx(0.0, abs=1e-6)
-    assert p["var_by_layer"][2] == pytest.approx(p["var_by_layer"][1], rel=1e-6)
-    assert any(abs(c) > 1e-4 for i, c in enumerate(p["removal_cost_by_layer"]) if i != 2)
-    assert len(model.layers) == 4  # restored
-
-
-def _record(variant, seed, ppl, var_last, ang, removal, status="ok"):
-    return {"variant": variant, "seed": seed, "status": status, "val_ppl": ppl, "val_loss": math.log(ppl),
-            "var_by_layer": [1.0] * 3 + [var_last], "angular_by_layer": ang, "removal_cost_by_layer": removal}
-
-
-def test_verdicts_on_known_numbers():
-    runs = {
-        "pre": {s: _record("pre", s, 20.0, 100.0, [0.3, 0.1, 0.02, 0.01], [1.0, 0.5, 0.01, 0.01]) for s in (0, 1)},
-        "lns": {s: _record("lns", s, 19.0 + s, 10.0, [0.3, 0.2, 0.2, 0.2], [0.5, 0.4, 0.3, 0.3]) for s in (0, 1)},
-        "post": {0: _record("post", 0, math.inf, 1, [0] * 4, [0] * 4, "diverged"),
-                 1: _record("post", 1, 25.0, 1, [0] * 4, [0] * 4)},
-        "lns+scaled": {s: _record("lns+scaled", s, 19.5, 10.0, [0.2] * 4, [0.3] * 4) for s in (0, 1)},
-    }
-    v = reproduce.verdicts(runs)
-    assert v["1_lns_lower_ppl"]["paired_diff"] == [-1.0, 0.0] and not v["1_lns_lower_ppl"]["reproduces"]
-    assert v["2_lns_lower_deep_variance"]["ratio_pre_over_lns"] == pytest.approx([10.0, 10.0])
-    assert v["2_lns_lower_deep_variance"]["reproduces"]
-    assert v["3_angular_distance"]["reproduces"] and v["4_layer_removal"]["reproduces"]
-    assert v["5_post_less_stable"]["diverged"] == 1 and v["5_post_less_stable"]["reproduces"]
-    assert v["6_lns_scaled_worse"]["paired_diff"] == [0.5, -0.5] and not v["6_lns_scaled_worse"]["reproduces"]
-
-
-def test_reproduce_tiny_end_to_end(tmp_path):
-    reproduce.main(["run", "--data", "builtin", "--builtin-mb", "0.05", "--variants", "pre", "lns", "--seeds", "0",
-                    "--layers", "2", "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "300", "--seq", "16",
-                    "--batch", "4", "--steps", "3", "--eval-every", "2", "--probe-batches", "1", "--jobs", "1",
-                    "--out", str(tmp_path)])
-    res = json.loads((tmp_path / "results.json").read_text())
-    d = res["datasets"]["builtin"]
-    assert set(d["variants"]) == {"pre", "lns"} and "1_lns_lower_ppl" in d["claims"]
-    assert d["variants"]["lns"]["val_ppl"]["n"] == 1
-    assert res["settings"]["commands"][0].startswith("python -m benchmarks.reproduce run")
-    assert (tmp_path / "builtin_var_by_depth.png").stat().st_size > 0
-    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
-    assert d["variants"]["lns"]["ppl_minus_pre"]["n"] == 1 and "ppl_minus_pre" not in d["variants"]["pre"]
-    # One output directory holds one set of settings: other settings are refused before any training.
-    with pytest.raises(SystemExit, match=r"other settings \(steps: 3 -> 5\)"):
-        reproduce.main(["run", "--data", "builtin", "--steps", "5", "--layers", "2", "--dim", "16", "--heads", "2",
-                        "--ffn", "32", "--vocab", "300", "--seq", "16", "--batch", "4", "--eval-every", "2",
-                        "--probe-batches", "1", "--builtin-mb", "0.05", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="variant 'nosuch'"):
-        reproduce.main(["run", "--variants", "nosuch", "--out", str(tmp_path / "other")])
-    assert not (tmp_path / "other").exists()
-
-
-def test_variant_names_set_scheme_init_and_gpas(tmp_path):
-    args = dict(vocab=300, dim=16, layers=2, heads=2, ffn=32, seq=16, embed_std=0.02, data="builtin", builtin_mb=0.05,
-                steps=4, batch=2, lr=1e-3, eval_every=2)
-    m = {v: reproduce.make_config(args, v, 0, tmp_path / "r").model for v in ("lns", "lns+scaled", "pre+gpas")}
-    assert (m["lns"].norm_scheme, m["lns"].init, m["lns"].gpas) == ("lns", "auto", False)
-    assert (m["lns+scaled"].norm_scheme, m["lns+scaled"].init) == ("lns", "scaled")
-    assert (m["pre+gpas"].norm_scheme, m["pre+gpas"].init, m["pre+gpas"].gpas) == ("pre", "auto", True)
-
-
 def test_gpu_script_runs_on_cpu_tiny(tmp_path):
     from benchmarks import gpu_71m
 
@@ -160,8 +89,8 @@ def test_gpu_script_runs_on_cpu_tiny(tmp_path):
 
 
 def test_report_renders_every_section(tmp_path, monkeypatch):
-    """docs/results.md is generated from result files: the depth study's headline, tables and verdicts when it
-    has run, a missing file said to be missing."""
+    """docs/results.md is generated from result files: the depth study's headline, tables and un-gated comparisons
+    when it has run, a missing file said to be missing."""
     from benchmarks import depth_study, report
 
     results = tmp_path / "results"
@@ -170,59 +99,48 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "IMG", tmp_path / "docs" / "img")
     text = report.main().read_text()
     assert "has not been run yet" in text and "Not run yet (`make study`)" in text
-    depth_study.main(["run", "--out", str(results / "depth_study"), "--depths", "2", "4", "--ref-depth", "4",
-                      "--seeds", "0", "1", "--ref-seeds", "0", "1", "2", "--lrs", "1e-3", "2e-3",
-                      "--phases", "grid", "sweep", "long", "--steps", "3", "--eval-every", "3", "--dim", "16",
-                      "--heads", "2", "--ffn", "32", "--vocab", "300", "--seq", "16", "--batch", "2",
-                      "--corpus-mb", "0.05", "--probe-seqs", "4", "--jobs", "1",
-                      "--long-tokens", "192", "--long-corpus-mb", "0.08", "--long-eval-every", "2"])
+    depth_study.main(["run", "--out", str(results / "depth_study"), "--depths", "4", "6", "--ref-depth", "4",
+                      "--seeds", "0", "1", "--ref-seeds", "0", "1", "--lrs", "1e-3", "4e-3", "--phases", "grid",
+                      "sweep", "--steps", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--ffn", "32",
+                      "--vocab", "300", "--seq", "16", "--batch", "2", "--corpus-mb", "0.05", "--probe-windows", "4",
+                      "--budgets", "64", "--jobs", "1", "--runs-dir", str(tmp_path / "runs")])
     text = report.main().read_text()
     assert "Not run yet (`python -m benchmarks.train_speed`)" in text
     assert "**Not run: no GPU machine was available" in text
-    assert "python -m benchmarks.depth_study run --depths 2 4" in text and "## 6. The earlier study" in text
+    assert "python -m benchmarks.depth_study run --depths 4 6" in text and "## 6. The earlier study" in text
     assert str(tmp_path) not in text  # the recorded command names no machine path
-    for n, seeds in ((2, 2), (4, 3)):  # every depth has a row with its seeds and a three-way verdict for claim 1
-        assert re.search(rf"^\| {n} \| {seeds} \| .*\| (reproduces|contradicted|inconclusive|not testable here) \|$",
-                         text, re.M)
-    assert (tmp_path / "docs" / "img" / "depth_study_delta_and_precondition_by_depth.png").exists()
-    # the long pair: 6 steps on its own, larger corpus, lns - pre at every evaluation
-    long_runs = [json.loads(x) for x in (results / "depth_study" / "long.jsonl").read_text().splitlines()]
-    assert {(r["variant"], r["tokens"]) for r in long_runs} == {("pre", 192), ("lns", 192)}
-    assert long_runs[0]["corpus_sha256"] != json.loads((results / "depth_study" / "settings.json").read_text())[
-        "corpus_sha256"]
-    assert re.search(r"The long pair .*N=4, seed 0, 0\.0M tokens.*lns − pre at step 2: [+-]\d", text)
-    assert (tmp_path / "docs" / "img" / "depth_study_long_pair.png").exists()
+    for n, seeds in ((4, 2), (6, 2)):  # every depth has a row with its seeds and a comparison
+        row = rf"^\| {n} \| {seeds} \| .*\| (lower|higher|inconclusive) \| .*\| (present|absent|unknown) \|$"
+        assert re.search(row, text, re.M)
+    assert re.search(r"^\| 6 \| interior inert fraction .*\| lns lower \| (supported|contradicted|inconclusive) \|$",
+                     text, re.M)  # the mechanism rows, un-gated
+    assert "| lns − pre |" in text and "± +" not in text
+    assert (tmp_path / "docs" / "img" / "depth_study_delta_and_index_by_depth.png").exists()
+    runs = [json.loads(x) for x in (results / "depth_study" / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 4 + 2 * 2 * 2 - 2 and all(r["probe"]["windows"] == 4 for r in runs)
+    assert all([p["step"] for p in r["probes"]] == [2, 4] for r in runs)  # 64 tokens = 2 steps of 2 x 16
 
 
 def test_vit_study_tiny_writes_verdicts_and_its_report_section(tmp_path):
-    from benchmarks import vit_study
+    from benchmarks import study_report, vit_study
 
     out = tmp_path / "vit"
     vit_study.main(["run", "--lrs", "1e-3", "2e-3", "--seeds", "0", "1", "--steps", "4", "--batch", "8", "--jobs",
                     "1", "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
-    runs = vit_study.load_runs(out)
+    from depthlab.study.records import load_records
+
+    runs = load_records(out / "runs.jsonl")
     assert len(runs) == 3 * 2 + 3  # the grid, then seed 1 at each variant's best rate
-    assert all(r["images_seen"] == 32 and 0 <= r["val_acc"] <= 1 and r["val_images"] == 359 for r in runs.values())
+    assert all(0 <= r["val"]["val_acc"] <= 1 and r["val"]["val_images"] == 359 for r in runs.values())
     res = json.loads((out / "results.json").read_text())
-    assert res["variants"]["lns-branch"]["acc"]["n"] == 2 and len(res["lns-norm_minus_pre"]["paired"]) == 2
-    text = "\n".join(vit_study.section(out, "img/vit_study.png"))
+    assert res["variants"]["lns-branch"]["acc"]["n"] == 2 and len(res["comparisons"]["lns-norm"]["acc"]["seeds"]) == 2
+    assert all(res["edge"].values())  # a two-rate grid: every rate is an edge, and says so
+    text = "\n".join(study_report.vit_section(out, "img/vit_study.png"))
     assert "python -m benchmarks.vit_study run --lrs 1e-3 2e-3" in text and str(tmp_path) not in text
-    assert re.search(r"\| LNS on the branch outputs beats Pre-LN \| [+-]0\.\d{4}, [+-]0\.\d{4} \|", text)
+    assert re.search(r"\| LNS on the branch outputs beats Pre-LN \| acc \| [+-]0\.\d+, [+-]0\.\d+ \|.*binomial SE",
+                     text)
+    assert "⚠ grid edge" in text
     assert (out / "vit_study.png").exists()
-    assert vit_study.verdict([0.01, 0.02], True) == "reproduces" and vit_study.verdict([-0.01, -0.02], True) == \
-        "contradicted" and vit_study.verdict([0.01, -0.02], True) == "inconclusive"
-
-
-def test_depth_study_verdicts_follow_the_precondition():
-    from benchmarks import depth_study_report as r
-
-    cursed = {"update_ratio": [0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.1, 0.1], "removal": [2, 1, 1, 1, 1, 1, .1, .1]}
-    healthy = {"update_ratio": [0.5, 0.4, 0.4, 0.4, 0.4, 0.4, 0.3, 0.3], "removal": [2, 1, 1, 1, 1, 1, .9, .9]}
-    assert r.precondition([cursed])["curse"] == "present" and r.precondition([healthy])["curse"] == "absent"
-    assert r.verdict("present", [-0.1, -0.2]) == "reproduces"
-    assert r.verdict("present", [0.1, 0.2]) == "contradicted"
-    assert r.verdict("present", [0.1, -0.2]) == "inconclusive"
-    assert r.verdict("absent", [-0.1, -0.2]) == "not testable here"
 
 
 def test_memory_benchmark_tiny(tmp_path, monkeypatch):

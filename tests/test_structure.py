@@ -129,3 +129,51 @@ def test_no_module_keeps_its_own_list_of_scheme_names():
             if len(found) >= 2:
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {sorted(found)}")
     assert offenders == []
+
+
+# ---------------------------------------------------------------------------------------------------- benchmarks/
+ROOT = SRC.parent
+BENCH = ROOT / "benchmarks"
+STUDY_CODE = ("mean_std", "cv", "verdict", "verdicts", "best_lr", "best_rate", "best_rates", "load_runs", "run_cell",
+              "train_cell", "probe", "bootstrap_ci", "binomial_se", "paired_differences", "precondition",
+              "standard_error", "deep_over_shallow", "quarters", "claims", "curse_index")
+
+
+def bench_modules() -> dict[str, Path]:
+    return {f"benchmarks.{p.stem}" if p.stem != "__init__" else "benchmarks": p for p in sorted(BENCH.glob("*.py"))}
+
+
+def test_no_import_cycle_among_depthlab_and_benchmark_modules():
+    mods = {**modules(), **bench_modules()}
+    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_benchmarks_compute_no_metric_statistic_or_runner_of_their_own():
+    """The studies' metrics, statistics, verdicts and runner live in depthlab (analysis, study); benchmarks/ only
+    declares studies and formats their results. metrics.jsonl is read through depthlab.train.trainer.read_metrics."""
+    offenders = []
+    for path in sorted(BENCH.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in STUDY_CODE:
+                offenders.append(f"{path.name}:{node.lineno} defines {node.name}")
+            if isinstance(node, ast.Constant) and node.value == "metrics.jsonl":
+                offenders.append(f"{path.name}:{node.lineno} reads metrics.jsonl by hand")
+        if path.stem.endswith("_study") or path.stem == "study_report":
+            imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            for banned in sorted(imported & {"statistics", "numpy", "concurrent", "multiprocessing", "torch"}):
+                offenders.append(f"{path.name} imports {banned}")
+            if path.stem.endswith("_study") and len(path.read_text().splitlines()) > 120:
+                offenders.append(f"{path.name} is not a thin script")
+    assert offenders == []
+
+
+def test_ruff_covers_src_tests_and_benchmarks():
+    ruff = Path(sys.executable).with_name("ruff")
+    if not ruff.exists():
+        pytest.skip("ruff is not installed beside this interpreter")
+    done = subprocess.run([str(ruff), "check", "src", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]

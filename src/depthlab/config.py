@@ -46,8 +46,10 @@ class ModelConfig:
     init: str = "auto"  # normal | scaled | depth_scaled | deepnorm | auto: the scheme's default_init
     init_std: float | str = 0.02  # a number, or "auto": sqrt(2 / (5 * dim)), width-matched (0.02 at dim 1000)
     embed_std: float = 0.02  # the paper-era reference code used sqrt(2/5) ~ 0.632; tied embeddings use init_std
-    lns_placement: str = "norm"  # lns: scale the norm outputs (norm, the LLM placement) or the branch outputs
+    lns_placement: str = "norm"  # lns: the norm outputs (norm, the LLM placement), the branch outputs (branch), or
+    # one norm only (attn_only, mlp_only; docs/method.md)
     # (branch: h + l^(-p) F(Norm(h)), the paper's best placement for ViT)
+    norm_gain_init: str = "1"  # 1 | depth: block l's norm gains start at l^(-lns_power) (LNS's scale, as a gain)
     # model.arch=vit only: images in, classes out (depthlab.model.vit)
     image_size: int = 224
     patch_size: int = 16
@@ -119,6 +121,8 @@ class TrainConfig:
     tensorboard: bool = False
     wandb: bool = False
     init_from: str | None = None  # a checkpoint whose weights start the run (continued pretraining, e.g. an import)
+    norm_gain_lr: str = "1"  # 1 | depth: block l's norm gains learn at lr * l^(-model.lns_power)
+    block_lr: str = "1"  # 1 | depth: every parameter of block l learns at lr * l^(-model.lns_power)
 
 
 @dataclass

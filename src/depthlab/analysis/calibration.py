@@ -13,6 +13,7 @@ token), so the stream metrics read a ViT's tokens as they read text tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +77,24 @@ def pack_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> list[np.nda
     return [stream[i * seq_len:(i + 1) * seq_len] for i in range(n_windows)]
 
 
+def sample_windows(stream: np.ndarray, n_windows: int, seq_len: int, seed: int = 0) -> np.ndarray:
+    """A seeded sample of n_windows non-overlapping windows spread over the whole stream (all of them when it holds
+    fewer), in stream order, as an (n, seq_len) array: a probe that reads the whole split, not its first files."""
+    total = len(stream) // seq_len
+    if total < 1:
+        raise UserError(f"{len(stream)} tokens cannot fill one window of {seq_len}")
+    starts = np.sort(np.random.default_rng(seed).choice(total, min(n_windows, total), replace=False)) * seq_len
+    return np.stack([np.asarray(stream[s:s + seq_len], dtype=np.int64) for s in starts])
+
+
+def probe_batches(stream: np.ndarray, n_windows: int, seq_len: int, batch_size: int = 16, seed: int = 0,
+                  device: str = "cpu") -> list[Batch]:
+    """Full (unpadded) windows of a packed token stream, sampled by `sample_windows`, as analysis batches."""
+    ids = torch.from_numpy(sample_windows(stream, n_windows, seq_len, seed)).to(device)
+    return [Batch(ids[i:i + batch_size], torch.ones_like(ids[i:i + batch_size], dtype=torch.bool))
+            for i in range(0, len(ids), batch_size)]
+
+
 def padded_windows(docs_ids: list[list[int]], n_tokens: int, seq_len: int,
                    bos: int | None = None) -> list[np.ndarray]:
     """Windows of at most seq_len tokens cut from each document; each starts with `bos` when given."""
@@ -109,7 +128,9 @@ def to_batches(windows: list[np.ndarray], batch_size: int, pad_id: int) -> list[
 
 
 def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int, batch_size: int,
-                        vocab_size: int) -> list[Batch]:
+                        vocab_size: int, sample: int | None = None, seed: int = 0) -> list[Batch]:
+    """The first n_tokens of the text as batches; or, with `sample`, that many windows drawn (seeded) from all of
+    it, in text order."""
     from tokenizers import Tokenizer
 
     if isinstance(tokenizer, Tokenizer):
@@ -117,13 +138,18 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
         from depthlab.data.sources import Document
 
         stream = pack(tokenizer, [Document(str(i), t) for i, t in enumerate(texts)])
-        windows, pad_id = pack_windows(stream, n_tokens, seq_len), 0
+        pad_id = 0
+        windows = (list(sample_windows(stream, sample, seq_len, seed)) if sample and len(stream) >= seq_len
+                   else pack_windows(stream, n_tokens, seq_len))
     else:
         enc = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         # Models trained with a BOS token (Llama, Mistral, OLMo-2) see one at the start of every window.
         bos = tokenizer.bos_token_id
         adds_bos = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
-        windows = padded_windows(enc, n_tokens, seq_len, bos if adds_bos else None)
+        windows = padded_windows(enc, math.inf if sample else n_tokens, seq_len, bos if adds_bos else None)
+        if sample:
+            pick = np.random.default_rng(seed).choice(len(windows), min(sample, len(windows)), replace=False)
+            windows = [windows[i] for i in sorted(pick)]
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if not windows or sum(len(w) for w in windows) < 2:
         raise UserError("the calibration text is too short (need at least 2 tokens)")

@@ -15,12 +15,21 @@ def _add_model_args(p) -> None:
                    "run's own)")
     p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default 4096; language models)")
     p.add_argument("--images", type=int, help="a ViT's calibration images (default: the whole validation split)")
+    p.add_argument("--windows", type=int, help="sample this many windows over the whole calibration text (seeded, "
+                   "in text order) instead of reading its first --tokens (language models)")
+    p.add_argument("--window-seed", type=int, default=0, help="the seed of --windows (default 0)")
     p.add_argument("--seq-len", type=int, help="window length (default: the run's, or 512 for HF models)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--layer-by-layer", action="store_true", help="keep one block's weights in memory at a time "
                    "(for models larger than memory; no removal study)")
     p.add_argument("--no-removal", action="store_true", help="skip the layer-removal study")
     p.add_argument("--no-jacobian", action="store_true", help="skip the Jacobians")
+    p.add_argument("--no-init", action="store_true", help="skip the curse index of the same model at "
+                   "initialisation (depthlab runs: rebuilt from the run's config and seed)")
+    p.add_argument("--inert-delta", type=float, default=0.005, help="curse index: a block whose removal changes "
+                   "the loss by less than this many nats is inert (default 0.005)")
+    p.add_argument("--interior", nargs=2, type=int, default=[1, 2], metavar=("FIRST", "LAST"),
+                   help="curse index: leave out the first FIRST and the last LAST blocks (default 1 2)")
     p.add_argument("--probes", type=int, default=4, help="random projections per Jacobian estimate")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
@@ -37,15 +46,23 @@ def _request(args, model: str):
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.images is not None and args.images < 1:
         raise UserError("--images must be at least 1")
+    if args.windows is not None and args.windows < 1:
+        raise UserError("--windows must be at least 1")
     if args.seq_len is not None and args.seq_len < 2:
         raise UserError("--seq-len must be at least 2")
+    if not args.inert_delta > 0 or min(args.interior) < 0:
+        raise UserError("--inert-delta must be positive and --interior counts at least 0")
+    from depthlab.analysis.curse import CurseSpec
+
+    curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
-                   probes=args.probes)
+                   probes=args.probes, curse=curse)
     from depthlab.train.runtime import resolve_device
 
     device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
-                   args.trust_remote_code, device, args.dtype, opts, args.images)
+                   args.trust_remote_code, device, args.dtype, opts, args.images, not args.no_init, args.windows,
+                   args.window_seed)
 
 
 def _results(args, model: str, log=lambda: None) -> dict:

@@ -8,7 +8,9 @@ norm; m_l the stream between block l's attention and MLP halves; "token" means a
 - rms(l)           sqrt(E[x^2]).
 - max_abs(l)       max |h_l| with its channel, position and token id (massive activations, Sun et al. 2024);
                    max_over_rms = max_abs / rms.
-- update_ratio(l)  E_t ||h_{l+1} - h_l|| / ||h_l||: how much block l moves the stream.
+- update_ratio(l)  E_t ||h_{l+1} - h_l|| / ||h_l||: how much block l moves the stream, the per-token ratio averaged
+                   over tokens (`token_update_ratio`; the training monitor's depth/update_ratio is the same quantity,
+                   over the first micro-batch of a monitored step).
 - attn_ratio(l)    E_t ||m_l - h_l|| / ||h_l||;  mlp_ratio(l)  E_t ||h_{l+1} - m_l|| / ||m_l||.
 - angular distance d(l, m) = arccos(cos(h_l, h_m)) / pi, per token, then averaged: over the last real token of
                    every sequence ("last", as Gromov et al. 2024) and over all tokens ("all"). Computed as
@@ -41,10 +43,15 @@ def angular_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)) / math.pi
 
 
+def token_update_ratio(h_in: torch.Tensor, h_out: torch.Tensor) -> torch.Tensor:
+    """||h_out - h_in|| / ||h_in|| per token (the last dim is the channel), in fp32: update_ratio before the mean."""
+    a, b = h_in.float(), h_out.float()
+    return (b - a).norm(dim=-1) / a.norm(dim=-1).clamp_min(EPS)
+
+
 def update_ratios(hidden: list[torch.Tensor]) -> list[float]:
     """update_ratio(l) for each block from the N + 1 stream states of `Transformer(..., return_hidden=True)`."""
-    return [((b.float() - a.float()).norm(dim=-1) / a.float().norm(dim=-1).clamp_min(EPS)).mean().item()
-            for a, b in zip(hidden[:-1], hidden[1:])]
+    return [token_update_ratio(a, b).mean().item() for a, b in zip(hidden[:-1], hidden[1:])]
 
 
 @torch.no_grad()
@@ -112,7 +119,7 @@ class Accumulator:
               mask: torch.Tensor) -> None:
         a, b = h_in.float()[mask], h_out.float()[mask]
         na = a.norm(dim=-1).clamp_min(EPS)
-        self.ratio["update"][l] += float(((b - a).norm(dim=-1) / na).sum())
+        self.ratio["update"][l] += float(token_update_ratio(a, b).sum())
         self.ratio["cos_block"][l] += float(cosine(a, b).sum())
         if h_mid is not None:
             self.has_mid = True

@@ -44,6 +44,19 @@ def scores(logits: torch.Tensor, batch: Batch | ImageBatch) -> tuple[float, int,
     return (*next_token_nll(logits, batch), 0)
 
 
+@torch.no_grad()
+def window_scores(logits: torch.Tensor, batch: Batch | ImageBatch) -> tuple[list[float], list[int]]:
+    """Per window (a text sequence, or an image): its summed loss and its count of scored tokens (1 per image);
+    what the curse index's bootstrap resamples."""
+    if isinstance(batch, ImageBatch):
+        nll = F.cross_entropy(logits.float(), batch.labels, reduction="none")
+        return nll.tolist(), [1] * len(batch.labels)
+    pred = batch.mask[:, :-1] & batch.mask[:, 1:]
+    logp = torch.log_softmax(logits[:, :-1].float(), -1)
+    nll = -logp.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
+    return (nll * pred).sum(1).tolist(), pred.sum(1).tolist()
+
+
 class RemovalSums:
     """Summed loss per removal, over batches; and, for a classifier, the correct top-1 predictions."""
 
@@ -52,10 +65,16 @@ class RemovalSums:
         self.runs: dict[tuple[int, int], float] = {}  # (start 0-based, n) -> summed NLL
         self.classify = classify
         self.correct: dict = {}  # "base" | block l (0-based) | (start, n) -> correct top-1 predictions
+        self.windows: dict = {"base": [], "count": [], **{l: [] for l in range(n_layers)}}  # per-window losses
 
     def add(self, key, logits: torch.Tensor, batch: Batch | ImageBatch) -> None:
         """One batch's scores for `key`: "base" (nothing removed), block l (0-based) or a run (start, n)."""
         loss, count, correct = scores(logits, batch)
+        if key in self.windows:
+            w, c = window_scores(logits, batch)
+            self.windows[key] += w
+            if key == "base":
+                self.windows["count"] += c
         if key == "base":
             self.base, self.count = self.base + loss, self.count + count
         elif isinstance(key, tuple):
@@ -64,9 +83,15 @@ class RemovalSums:
             self.single[key] += loss
         self.correct[key] = self.correct.get(key, 0) + correct
 
+    def window_results(self) -> dict:
+        """Per window: its scored-token count, its summed loss, and each single removal's summed loss minus it."""
+        base = self.windows["base"]
+        return {"count": self.windows["count"], "base_loss": base,
+                "single_delta": [[a - b for a, b in zip(self.windows[l], base)] for l in range(len(self.single))]}
+
     def results(self, n_layers: int) -> dict:
         if self.classify:
-            return self.class_results()
+            return {**self.class_results(), "windows": self.window_results()}
         n = max(self.count, 1)
         base = self.base / n
         ppl = lambda s: math.exp(min(s / n, 50.0))  # noqa: E731
@@ -74,8 +99,9 @@ class RemovalSums:
                "single": [{"block": l + 1, "loss": s / n, "ppl": ppl(s), "delta_ppl": ppl(s) - ppl(self.base),
                            "delta_loss": s / n - base} for l, s in enumerate(self.single)]}
         out["runs"] = [{"n": k, "start_block": st + 1, "blocks": [st + 1, st + k], "loss": s / n, "ppl": ppl(s),
-                        "delta_ppl": ppl(s) - ppl(self.base)} for (st, k), s in sorted(self.runs.items(),
-                                                                                        key=lambda x: x[0][1])]
+                        "delta_ppl": ppl(s) - ppl(self.base), "delta_loss": s / n - base}
+                       for (st, k), s in sorted(self.runs.items(), key=lambda x: x[0][1])]
+        out["windows"] = self.window_results()
         return out
 
     def class_results(self) -> dict:

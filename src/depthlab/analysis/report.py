@@ -18,7 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from depthlab.analysis import metrics as metrics_module
+from depthlab.analysis import curse as curse_module, metrics as metrics_module
+from depthlab.analysis.curse import index_lines
 
 Runs = list[tuple[str, dict]]
 
@@ -72,15 +73,21 @@ def plot_variance(runs: Runs, path: Path, normalise_depth: bool = False) -> Path
 def plot_angular(label: str, res: dict, path: Path) -> Path:
     """Gromov et al. 2024: d(l, l + n) over start l (x) and run length n (y), last token and all tokens."""
     L = len(res["blocks"])
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key in zip(axes, ["last_token", "all_tokens"]):
+    rows = res.get("curse_index", {}).get("angular_rows")
+    fig, axes = plt.subplots(1, 3 if rows else 2, figsize=(16 if rows else 11, 4))
+    grids = []
+    for key in ("last_token", "all_tokens"):
         D = res["angular"][key]
-        grid = [[D[l][l + n] if l + n <= L else float("nan") for l in range(L)] for n in range(1, L + 1)]
+        grids.append((f"d(l, l+n), {_key_name(res, key)}",
+                      [[D[l][l + n] if l + n <= L else float("nan") for l in range(L)] for n in range(1, L + 1)]))
+    if rows:  # the paper's heatmap: each row n divided by its largest entry
+        grids.append(("each row / its max (the paper's)", [r + [float("nan")] * (L - len(r)) for r in rows]))
+    for ax, (title, grid) in zip(axes, grids):
         im = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis_r", vmin=0,
                        extent=(0.5, L + 0.5, 0.5, L + 0.5))
         ax.set_xlabel("first removed block l + 1")
         ax.set_ylabel("blocks removed n")
-        ax.set_title(f"{label}: d(l, l+n), {_key_name(res, key)}", fontsize=10)
+        ax.set_title(f"{label}: {title}", fontsize=10)
         fig.colorbar(im, ax=ax)
     return _save(fig, path)
 
@@ -314,6 +321,21 @@ def report_intro(res: dict, label: str) -> list[str]:
     return intro + [f"Note: {n}." for n in res.get("notes", [])]
 
 
+def index_html(res: dict) -> str:
+    """The curse index first: its summary lines, then the per-block interior costs and Gromov's contiguous runs."""
+    idx = res["curse_index"]
+    body = "".join(f"<p>{html.escape(x)}</p>" for x in index_lines(idx, idx.get("at_init")))
+    adj = idx["adjacent_angular"]
+    rows = [{"block": l + 1, "removal_cost": c, "update_ratio": b["update_ratio"],
+             "angular_last": adj["last_token"][l], "angular_all": adj["all_tokens"][l],
+             **({"J_minus_I": idx["jacobian_vs_identity"][l]} if "jacobian_vs_identity" in idx else {})}
+            for l, (c, b) in enumerate(zip(idx.get("removal_cost", [None] * idx["blocks"]), res["blocks"]))]
+    body += _table(rows, list(rows[0])) if rows else ""
+    body += _table(idx["contiguous"], ["n", "blocks", "distance", "delta_loss"])
+    defs = html.escape(curse_module.__doc__ or "")
+    return body + f"<details><summary>definition</summary><pre>{defs}</pre></details>"
+
+
 def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     """Everything for one model under `out`; returns the written files by kind."""
     out.mkdir(parents=True, exist_ok=True)
@@ -331,7 +353,8 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
         plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
     tables = write_tables(res, out)
-    sec = [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
+    sec = [("Curse index", index_html(res))] if "curse_index" in res else []
+    sec += [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
         "index", "name", "variance", "rms", "max_abs", "max_over_rms", "channel", "position", "token_id",
         "lens_kl", "lens_ce"])),
         ("Angular distance", _img(plots["angular"]) + _img(plots["adjacent"]) +
@@ -357,6 +380,14 @@ def _base_score(res: dict) -> dict:
     return {"ppl": r["base_ppl"]} if r else {}
 
 
+def _index_columns(res: dict) -> dict:
+    """The curse index's headline numbers for the comparison table (absent for an older analysis)."""
+    idx = res.get("curse_index", {})
+    keys = ("inert_fraction", "inert_fraction_ci", "removal_deep_over_shallow", "update_slope")
+    return {k: (" ".join(f"{x:.3g}" for x in idx[k]) if isinstance(idx[k], list) else idx[k]) for k in keys
+            if k in idx}
+
+
 def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
     """Overlay several models on relative depth (0 = embedding, 1 = last block)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -373,7 +404,7 @@ def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
     summary = [{"model": lab, "layers": len(r["blocks"]), "variance_last": r["states"][-1]["variance"],
                 "variance_embedding": r["states"][0]["variance"],
                 "mean_adjacent_angular": sum(r["angular"]["last_token"][l][l + 1] for l in range(len(r["blocks"])))
-                / len(r["blocks"]), **_base_score(r)} for lab, r in runs]
+                / len(r["blocks"]), **_base_score(r), **_index_columns(r)} for lab, r in runs]
     _write_csv(out / "compare.csv", summary)
     sec = [("Summary", _table(summary, list(summary[0])))] + [(k.replace("_", " ").capitalize(), _img(p))
                                                               for k, p in plots.items()]

@@ -28,6 +28,9 @@ class Request:
     dtype: str = "float32"
     options: Options = field(default_factory=Options)
     images: int | None = None  # a ViT's calibration images (default: the whole validation split)
+    at_init: bool = True  # also index the same model at initialisation, when its config is known (depthlab runs)
+    windows: int | None = None  # sample this many windows (seeded) over the whole calibration text instead
+    window_seed: int = 0
 
 
 @dataclass
@@ -60,6 +63,20 @@ def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float
     return LayeredModel(lm, tok, loaded.seq_len, info, loaded.cfg, loaded.meta)
 
 
+def index_at_init(cfg, batches: list, opts: Options, device: str) -> dict:
+    """The curse index of a depthlab model rebuilt from its config at initialisation (the run's seed), on the same
+    batches: what the trained model's index is to be read against."""
+    import torch
+
+    from depthlab.analysis.layers import from_depthlab
+    from depthlab.model import build_model
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model).to(device).eval()
+    idx = analyze(from_depthlab(model, "init"), batches, opts)["curse_index"]
+    return {k: v for k, v in idx.items() if k not in ("angular_rows", "contiguous")}
+
+
 LM_TASK = "language modelling"
 
 
@@ -85,10 +102,14 @@ def _vocab_size(lm) -> int:
 def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Batch], str]:
     if seq_len > context:
         raise UserError(f"--seq-len {seq_len} is beyond the model's context of {context} tokens")
-    texts, source = read_calibration_text(req.data, req.tokens)
-    batches = calibration_batches(tok, texts, req.tokens, seq_len, req.batch_size, _vocab_size(lm))
+    # a sample is spread over more text than it reads (the built-in corpus is read up to what is asked for)
+    texts, source = read_calibration_text(req.data, req.windows * seq_len * 8 if req.windows else req.tokens)
+    batches = calibration_batches(tok, texts, req.tokens, seq_len, req.batch_size, _vocab_size(lm), req.windows,
+                                  req.window_seed)
     got = sum(b.n_tokens for b in batches)
-    if got < req.tokens:  # the metrics then rest on too little text to mean much
+    if req.windows:
+        source += f"; {sum(len(b.ids) for b in batches)} windows sampled over all of it (seed {req.window_seed})"
+    elif got < req.tokens:  # the metrics then rest on too little text to mean much
         warnings.warn(f"only {got} calibration tokens in {source} (asked for {req.tokens}); the metrics are noisy: "
                       "give more text with --data", stacklevel=2)
     return [Batch(b.ids.to(req.device), b.mask.to(req.device)) for b in batches], source
@@ -119,6 +140,8 @@ def run_request(req: Request) -> dict:
         batches, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
         data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
     res = analyze_layerwise(skel, batches, req.options) if req.layerwise else analyze(lm, batches, req.options)
+    if req.at_init and not req.layerwise and loaded.cfg is not None:
+        res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     if req.layerwise:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"

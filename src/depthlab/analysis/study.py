@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from depthlab.analysis.calibration import Batch, ImageBatch
+from depthlab.analysis.curse import CurseSpec, curse_index, index_lines
 from depthlab.analysis.jacobian import block_jacobian, output_jacobian, token_jacobian
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.metrics import Accumulator, unit
@@ -39,6 +40,7 @@ class Options:
     probes: int = 4
     heatmap_channels: int = 48
     token_chunk: int = 1024
+    curse: CurseSpec = CurseSpec()  # the index's thresholds and interior
 
 
 def heatmap_blocks(n_layers: int) -> list[int]:
@@ -105,6 +107,7 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
                            "heatmaps": [token_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask,
                                                        opts.heatmap_channels) for l in heatmap_blocks(L)]}
     res["mode"] = "whole-model"
+    res["curse_index"] = curse_index(res, opts.curse)
     if lm.classifier:
         res.update(classifier_notes(lm))
     return res
@@ -150,13 +153,15 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
     if opts.jacobian:
         res["jacobian"] = jac
     res["mode"] = "layer-by-layer"
+    res["curse_index"] = curse_index(res, opts.curse)
     return res
 
 
 def summary_lines(res: dict) -> list[str]:
     """A few lines for the terminal."""
     st, L = res["states"], len(res["blocks"])
-    lines = [f"variance: embedding {st[0]['variance']:.4g} -> raw last {st[-1]['variance']:.4g} "
+    lines = index_lines(res["curse_index"], res["curse_index"].get("at_init")) if "curse_index" in res else []
+    lines += [f"variance: embedding {st[0]['variance']:.4g} -> raw last {st[-1]['variance']:.4g} "
              f"(final-normed {res['final_normed']['variance']:.4g})"]
     adj = [res["angular"]["last_token"][l][l + 1] for l in range(L)]
     where = res.get("readout", "last token")

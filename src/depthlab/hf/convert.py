@@ -121,7 +121,22 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             # a weightless norm is OLMo-1's, which sits before its branch: its output feeds exactly the readers
             for target in [name] if getattr(norm, "weight", None) is not None else readers:
                 state[f"layers.{i}.{target}.weight"] *= norm.scale
+        _fold_branch_scale(state, i, layer, cfg)
     return _renamed(state, _block_names(cfg))
+
+
+def _fold_branch_scale(state: dict, i: int, layer, cfg) -> None:
+    """LNS on the branch outputs (lns_placement=branch), s F(.): into the output projections, s (W y + b) =
+    (s W) y + s b; where the norms sit on the branch outputs (olmo2), into their weights: s Norm_g(y) =
+    Norm_{s g}(y)."""
+    s = getattr(layer, "out_scale", 1.0)
+    if s == 1.0:
+        return
+    targets = ("attn_norm", "mlp_norm") if arch_of(cfg).norms_after_branch else ("attn.o_proj", "mlp.down_proj")
+    for t in targets:
+        for kind in ("weight", "bias"):
+            if f"layers.{i}.{t}.{kind}" in state:
+                state[f"layers.{i}.{t}.{kind}"] = state[f"layers.{i}.{t}.{kind}"] * s
 
 
 @torch.no_grad()

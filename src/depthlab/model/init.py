@@ -90,3 +90,20 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     for _, lin in _named_linears(model):
         if lin.bias is not None:
             nn.init.zeros_(lin.bias)
+    if str(cfg.norm_gain_init) == "depth":
+        for gain, scale in block_norm_gains(model, cfg.lns_power):
+            gain.fill_(scale)
+
+
+def block_norm_gains(model: nn.Module, power: float) -> list[tuple[nn.Parameter, float]]:
+    """Each block's norm gains (the weights of attn_norm and mlp_norm) with l^(-power), l the block's 1-based index:
+    what model.norm_gain_init=depth starts them at and train.norm_gain_lr=depth scales their learning rate by.
+    Under Adam without weight decay on gains, both together train Pre-LN exactly as LNS (docs/method.md)."""
+    out = []
+    for block in model.modules():
+        if not hasattr(block, "layer_id"):
+            continue
+        for norm in (getattr(block, "attn_norm", None), getattr(block, "mlp_norm", None)):
+            if isinstance(getattr(norm, "weight", None), nn.Parameter):
+                out.append((norm.weight, block.layer_id ** -power))
+    return out

@@ -3,7 +3,8 @@
 Everything the rest of depthlab asks about a scheme is declared once, on its class:
 
     forward                 where the norms and residual adds sit                the model
-    norm_scale(cfg, l)      constant multiplier on block l's norm outputs        the block, hf.apply_scheme
+    norm_scale(cfg, l)      constant multiplier on block l's norm outputs        hf.apply_scheme
+    norm_scales(cfg, l)     the (attention, MLP) norms' own multipliers          the block
     residual_alpha(cfg)     weight of the skip path in alpha * h + F             the block
     norm_cls, embed_norm    RMSNorm or DyT; a norm on the embedding output       the model
     default_init            what model.init=auto picks                           model.init
@@ -145,6 +146,12 @@ class PreLNBlock(nn.Module):
         return 1.0
 
     @classmethod
+    def norm_scales(cls, cfg: ModelConfig, layer_id: int) -> tuple[float, float]:
+        """The constant multipliers on the outputs of block `layer_id`'s (attention, MLP) norms."""
+        s = cls.norm_scale(cfg, layer_id)
+        return s, s
+
+    @classmethod
     def residual_alpha(cls, cfg: ModelConfig) -> float:
         return 1.0
 
@@ -161,10 +168,10 @@ class PreLNBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.output_norms = self.norms_after_branch or arch_of(cfg).norms_after_branch  # reordered, olmo2
-        scale = self.norm_scale(cfg, layer_id)
-        self.attn_norm = self.make_norm(cfg, scale)
+        attn_scale, mlp_scale = self.norm_scales(cfg, layer_id)
+        self.attn_norm = self.make_norm(cfg, attn_scale)
         self.attn = Attention(cfg)
-        self.mlp_norm = self.make_norm(cfg, scale)
+        self.mlp_norm = self.make_norm(cfg, mlp_scale)
         self.mlp = MLP(cfg)
         alpha = self.residual_alpha(cfg)
         if not cfg.gpas:
@@ -188,9 +195,14 @@ class PreLNBlock(nn.Module):
 class LNSBlock(PreLNBlock):
     """LayerNorm Scaling (arXiv 2502.05795): Pre-LN with both norm outputs of block l scaled by l^(-p).
 
-    model.lns_placement=branch scales the branch outputs instead, h + l^(-p) F(Norm(h)): the placement the paper
-    found best for ViT (after the attention and MLP outputs). Where the norms already sit on the branch outputs
-    (olmo2), the two placements are the same function.
+    model.lns_placement picks where s = l^(-p) goes (the paper's Table 8 for language models, and its ViT finding):
+
+        norm        h + Attn(s Norm(h)),  then + MLP(s Norm(.))     the paper's LNS (default)
+        branch      h + s Attn(Norm(h)),  then + s MLP(Norm(.))     the paper's best for ViT
+        attn_only   h + Attn(s Norm(h)),  then + MLP(Norm(.))
+        mlp_only    h + Attn(Norm(h)),    then + MLP(s Norm(.))
+
+    Where the norms already sit on the branch outputs (olmo2), norm and branch are the same function.
     """
 
     supports_gpas = hf_patchable = True
@@ -203,6 +215,11 @@ class LNSBlock(PreLNBlock):
     @classmethod
     def norm_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
         return 1.0 if cfg.lns_placement == "branch" else layer_id ** -cfg.lns_power
+
+    @classmethod
+    def norm_scales(cls, cfg: ModelConfig, layer_id: int) -> tuple[float, float]:
+        s = layer_id ** -cfg.lns_power
+        return {"norm": (s, s), "branch": (1.0, 1.0), "attn_only": (s, 1.0), "mlp_only": (1.0, s)}[cfg.lns_placement]
 
     @classmethod
     def branch_scale(cls, cfg: ModelConfig, layer_id: int) -> float:

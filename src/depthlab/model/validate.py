@@ -94,11 +94,14 @@ def _check_model(m: ModelConfig) -> None:
         _number(m, "model", name, lambda v: True, "a finite number")
     _require(m.lns_placement in LNS_PLACEMENTS,
              f"model.lns_placement must be {' or '.join(LNS_PLACEMENTS)}, got {m.lns_placement!r}")
+    _require(str(m.norm_gain_init) in GAIN_RULES,
+             f"model.norm_gain_init must be {' or '.join(GAIN_RULES)}, got {m.norm_gain_init!r}")
     if m.is_vit:
         _check_vit(m)
 
 
-LNS_PLACEMENTS = ("norm", "branch")
+LNS_PLACEMENTS = ("norm", "branch", "attn_only", "mlp_only")
+GAIN_RULES = ("1", "depth")  # norm_gain_init / norm_gain_lr: unchanged, or times l^(-lns_power) in block l
 
 
 def _check_vit(m: ModelConfig) -> None:
@@ -139,3 +142,6 @@ def _check_train(t: TrainConfig) -> None:
     _require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
              "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
     _require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
+    for name in ("norm_gain_lr", "block_lr"):
+        _require(str(getattr(t, name)) in GAIN_RULES,
+                 f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from depthlab.analysis.metrics import token_update_ratio
+
 
 class Callback:
     def on_train_start(self, trainer) -> None: ...
@@ -25,7 +27,8 @@ class DepthMonitor(Callback):
 
       depth/var[l-1]           variance of the residual stream after block l
       depth/rms[l-1]           its root mean square
-      depth/update_ratio[l-1]  ||h_l - h_{l-1}|| / ||h_{l-1}||, how much block l changes the stream
+      depth/update_ratio[l-1]  mean over tokens of ||h_l - h_{l-1}|| / ||h_{l-1}||, how much block l changes the
+                               stream: the analysis' update_ratio (depthlab.analysis.metrics.token_update_ratio)
       depth/grad_norm[l-1]     gradient norm of block l's parameters (before clipping)
 
     Hooks exist only on monitor steps, so other steps pay nothing.
@@ -50,7 +53,7 @@ class DepthMonitor(Callback):
         h_in, h_out = args[0].float(), output.float()
         self.stats["var"].append(h_out.var().item())
         self.stats["rms"].append(h_out.pow(2).mean().sqrt().item())
-        self.stats["update_ratio"].append(((h_out - h_in).norm() / h_in.norm().clamp_min(1e-12)).item())
+        self.stats["update_ratio"].append(token_update_ratio(h_in, h_out).mean().item())
 
     def on_after_backward(self, trainer, step: int) -> None:
         if not self.handles:

@@ -49,7 +49,7 @@ from depthlab.train import distributed as D
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
 from depthlab.train.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint, tidy_after_kill
 from depthlab.train.flops import peak_flops, train_flops_per_token
-from depthlab.train.optim import make_optimizer, make_scheduler
+from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler
 from depthlab.train.runtime import (
     autocast,
     config_diff,
@@ -102,6 +102,19 @@ def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
         else:
             later += 1
     return keep, later, broken
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics.jsonl (or of a run directory's), in order; a partial last line is skipped."""
+    path = Path(path)
+    path = path / "metrics.jsonl" if path.is_dir() else path
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 class MetricsLog:
@@ -210,7 +223,7 @@ class Trainer:
         if tc.compile:
             self.model = torch.compile(self.model)
         self.layers = self.module.layers
-        self.opt = make_optimizer(self.model, tc)
+        self.opt = make_optimizer(self.model, tc, cfg.model.lns_power)
         self.sched = make_scheduler(self.opt, tc)
         self.sampler = self.make_sampler()
         self.step, self.skipped, self.last_ckpt, self.verdicts = 0, 0, None, {}
@@ -388,7 +401,7 @@ class Trainer:
             loss_sum += loss.item()
         for cb in self.callbacks:
             cb.on_after_backward(self, self.step + 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip or float("inf"))
+        grad_norm = clip_gradients(self.model, tc, self.cfg.model.lns_power)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         (loss_sum,) = D.all_reduce_sum([loss_sum], self.env)
         return loss_sum / self.env.world_size, grad_norm

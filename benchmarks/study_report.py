@@ -1,0 +1,351 @@
+"""The studies' part of docs/results.md: results.json (computed by depthlab.study.summary), plots and markdown.
+Formatting only: every number is computed in the library from the runs; nothing is typed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from depthlab.study.records import final_probe, load_records, upgrade
+from depthlab.study.stats import spread
+from depthlab.study.summary import MECHANISMS, lm_study, vit_study
+
+
+def recorded_command(script: str, argv: list[str]) -> str:
+    """The command as recorded: without --out / --runs-dir, so it names no machine path."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--out", "--runs-dir"):
+            skip = True
+        elif not a.startswith(("--out=", "--runs-dir=")):
+            kept.append(a)
+    return " ".join([f"python -m benchmarks.{script}", *kept])
+
+
+def settings_of(out: Path) -> dict | None:
+    """A study's settings.json as one flat dict (the runner's `meta` and `command`, or an earlier flat file)."""
+    p = out / "settings.json"
+    if not p.exists():
+        return None
+    s = json.loads(p.read_text())
+    return {**s["meta"], "command": s.get("command", "")} if "meta" in s else s
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# ---------------------------------------------------------------------------------------------------- depth study
+def write_depth(out: Path) -> dict | None:
+    s = settings_of(out)
+    if s is None:
+        return None
+    raw = load_records(out / "runs.jsonl")
+    res = lm_study(raw, s)
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    plot_depth(res, {k: upgrade(r) for k, r in raw.items()}, out)
+    print(f"wrote {out / 'results.json'}")
+    return res
+
+
+def plot_depth(res: dict, records: dict, out: Path) -> None:
+    depths = [d for d in res["depths"] if d["seeds"]]
+    if not depths:
+        return
+    plt = _plt()
+    Ls = [d["layers"] for d in depths]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    a, b, c = axes
+    for d in depths:
+        a.scatter([d["layers"]] * len(d["delta_val_loss"]["per_seed"]), d["delta_val_loss"]["per_seed"], color="0.6",
+                  s=12, zorder=2)
+    a.errorbar(Ls, [d["delta_val_loss"]["mean"] for d in depths], yerr=[d["delta_val_loss"]["std"] for d in depths],
+               marker="o", capsize=4, zorder=3)
+    a.axhline(0, color="k", lw=0.8)
+    a.set(title="val loss, lns − pre at best rates (seeds grey)", ylabel="nats")
+    for v, style in (("pre", "o-"), ("lns", "s--")):
+        b.errorbar(Ls, [d[v]["index"]["inert_fraction"]["mean"] for d in depths],
+                   yerr=[d[v]["index"]["inert_fraction"]["std"] for d in depths], fmt=style, capsize=3, label=v)
+        c.errorbar(Ls, [d[v]["index"]["removal_deep_over_shallow"]["mean"] for d in depths],
+                   yerr=[d[v]["index"]["removal_deep_over_shallow"]["std"] for d in depths], fmt=style, capsize=3,
+                   label=v)
+    b.set(title="curse index: interior inert fraction", ylim=(-0.05, 1.05))
+    c.set(title="removal cost, deep / shallow interior")
+    c.axhline(1, color="k", lw=0.8)
+    for ax in axes:
+        ax.set(xscale="log", xlabel="blocks N")
+        ax.set_xticks(Ls, [str(x) for x in Ls])
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "delta_and_index_by_depth.png", dpi=110)
+    plt.close(fig)
+    plot_profiles(res, records, out, plt)
+
+
+def plot_profiles(res: dict, records: dict, out: Path, plt) -> None:
+    """Per-block update ratio, removal cost and angular distance of seed 0's final models, by relative depth."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for d in res["depths"]:
+        L = d["layers"]
+        for v, style in (("pre", "-"), ("lns", "--")):
+            r = records.get(f"{v}-L{L}-lr{res['best_lr'][v]:g}-seed0") if res["best_lr"][v] else None
+            p = final_probe(r) if r else None
+            if not p:
+                continue
+            x = [(i + 1) / L for i in range(L)]
+            for ax, key in zip(axes, ("update_ratio", "removal", "angular_last" if "angular_last" in p
+                                      else "angular_all"), strict=True):
+                ax.plot(x, p[key], style, label=f"{v} N={L}")
+    for ax, title in zip(axes, ("update ratio ||dh|| / ||h||", "loss increase when the block is removed",
+                                "adjacent angular distance"), strict=True):
+        ax.set(xlabel="block l / N", title=title)
+    axes[1].set_yscale("symlog", linthresh=1e-3)
+    axes[0].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "profiles_by_depth.png", dpi=110)
+    plt.close(fig)
+
+
+def _ci(c: dict, key: str) -> str:
+    ci = c.get(f"{key}_ci")
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+
+
+def _per_seed(xs) -> str:
+    return ", ".join(f"{x:+.3g}" for x in xs) or "-"
+
+
+def _setup_lines(res: dict) -> list[str]:
+    s = res["settings"]
+    tokens = s["steps"] * s["batch"] * s["seq"]
+    probe = next((d["probe"] for d in res["depths"] if d.get("probe")), None) or {}
+    how = ("**the earlier probe** (the first 64 windows of validation, 4,096 tokens, no Jacobian, all-token angular "
+           "distances): its checkpoints are gone, so every probe figure below is from it and has no bootstrap "
+           "interval" if probe.get("old") else
+           f"{probe.get('windows')} seeded windows over the whole validation split, Jacobians on")
+    return [f"Commands: `make study` (`make study-grid`, `study-sweep`, `study-mixln` one part each), which runs "
+            f"`{s['command']}`; `make results` rebuilds this page from the runs file.", "",
+            f"Setup: width {s['dim']} ({s['heads']} heads, FFN {s['ffn']}), depths {s['depths']}, reference depth "
+            f"{s['ref_depth']}, init std `auto` (width-matched {(2 / (5 * s['dim'])) ** 0.5:.3f}), embedding std "
+            f"{s['embed_std']:.3f}, {s['steps']} steps of {s['batch']} x {s['seq']} = {tokens / 1e6:.2f}M tokens per "
+            f"run, warmup 10%, cosine to 10%, fp32. Data: {s['corpus']['source']}, {s['corpus']['train_tokens']:,} "
+            f"training tokens, BPE vocabulary {s['vocab']}, sha256 `{s['corpus']['sha256'][:16]}…`. Validation "
+            f"loss on the first {s['val_tokens']:,} held-out tokens (it also selects each scheme's rate). Probe: "
+            f"{how}. {res['runs']} runs, {res['train_s'] / 3600:.1f} h of one-thread training.", ""]
+
+
+def _grid_lines(res: dict) -> list[str]:
+    s, best = res["settings"], res["best_lr"]
+    lines = [f"Rate grid at N = {s['ref_depth']} (seed 0, validation loss; **bold**: the rate each scheme uses "
+             "everywhere; the last row is the same-rate comparison, ⚠ where its sign differs from the best-rate "
+             "comparison):", "", "| scheme | " + " | ".join(f"lr {lr:g}" for lr in s["lrs"]) + " |",
+             "|---|" + "---|" * len(s["lrs"])]
+    for v, g in res["grid"].items():
+        cells = [(f"**{g[f'{lr:g}']:.4f}**" if best[v] == lr else f"{g[f'{lr:g}']:.4f}") if f"{lr:g}" in g else "-"
+                 for lr in s["lrs"]]
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    same = {r["lr"]: r for r in res["equal_rate"]}
+    lines.append("| lns − pre | " + " | ".join(f"{same[lr]['delta']:+.4f}{' ⚠' if same[lr]['sign_differs'] else ''}"
+                                               if lr in same else "-" for lr in s["lrs"]) + " |")
+    edge = [f"{v} ({best[v]:g})" for v, e in res["edge"].items() if e]
+    return lines + ["", f"Best rate at the edge of the grid: {', '.join(edge)}; its optimum may lie beyond it."
+                    if edge else "No best rate is at an edge of the grid.", ""]
+
+
+def _depth_lines(res: dict) -> list[str]:
+    lines = ["Each depth, each scheme at its best rate (mean ± std over seeds; Δ paired seed by seed; the comparison "
+             "reads *inconclusive* within two standard errors or when its bootstrap interval holds 0). The curse "
+             "index of the final models: interior inert fraction (blocks 2 .. N−2 whose removal changes the loss by "
+             "< 0.005 nats) and removal cost deep / shallow interior; the precondition reads *present* when Pre-LN's "
+             "inert fraction is ≥ 1/3 or its ratio < 0.5. It is printed beside every comparison and gates none.", "",
+             "| N | seeds | pre val loss (probe's own) | lns val loss (probe's own) | Δ lns − pre (per seed) "
+             "| comparison | pre inert | lns inert | pre deep/shallow | lns deep/shallow | precondition |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in res["depths"]:
+        if not d["seeds"]:
+            lines.append(f"| {d['layers']} | not run |" + " |" * 9)
+            continue
+        p, q, delta = d["pre"]["index"], d["lns"]["index"], d["delta_val_loss"]
+        index = [spread(x[k], ".2f") for k in ("inert_fraction", "removal_deep_over_shallow") for x in (p, q)]
+        own = {v: f"{spread(d[v]['val_loss'])} ({spread(d[v].get('probe_loss'), '.2f')})" for v in ("pre", "lns")}
+        lines.append(f"| {d['layers']} | {len(d['seeds'])} | {own['pre']} | {own['lns']} | "
+                     f"{spread(delta, signed=True)} ({_per_seed(delta['per_seed'])}) "
+                     f"| {delta['verdict']} | " + " | ".join(index) + f" | {p['reading']} |")
+    return lines + [""]
+
+
+def _mechanism_lines(res: dict) -> list[str]:
+    lines = ["Every mechanism quantity, un-gated: lns − pre seed by seed at each scheme's best rate, the paper's "
+             "predicted direction and what the seeds say.", "",
+             "| N | quantity | pre (per seed) | lns (per seed) | lns − pre | comparison | paper predicts | claim |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d in res["depths"]:
+        for name, m in d["mechanisms"].items():
+            pre = ", ".join(f"{x:.3g}" for x in m["a"].values())
+            lns = ", ".join(f"{x:.3g}" for x in m["b"].values())
+            lines.append(f"| {d['layers']} | {MECHANISMS[name][0]} | {pre} | {lns} | {spread(m, '.3g', signed=True)} "
+                         f"| {m['verdict']} | lns {m['predicted']} | {m['claim']} |")
+    return lines + [""]
+
+
+def depth_section(out: Path, img_prefix: str) -> list[str]:
+    if not (out / "results.json").exists():
+        return ["Not run yet (`make study`).", ""]
+    res = json.loads((out / "results.json").read_text())
+    return (_setup_lines(res) + _grid_lines(res) + _depth_lines(res)
+            + [f"![Δ loss and the curse index by depth](img/{img_prefix}delta_and_index_by_depth.png)", "",
+               f"![per-block profiles](img/{img_prefix}profiles_by_depth.png)", ""] + _mechanism_lines(res))
+
+
+def _count(res: dict, name: str, sign: int) -> tuple[int, int]:
+    xs = [x for d in res["depths"] for x in d["mechanisms"].get(name, {}).get("per_seed", [])]
+    return sum(math.copysign(1, x) == sign for x in xs if x), len(xs)
+
+
+def _reprobed(along: Path | None) -> str:
+    """One sentence on the pair re-run with the new probe, from its results.json (written by along_section)."""
+    if not along or not (along / "results.json").exists():
+        return ""
+    res = json.loads((along / "results.json").read_text())
+    parts = []
+    for d in res["depths"]:
+        for v in ("pre", "lns"):
+            for p in [ps[-1] for ps in d[v]["along"].values() if ps]:
+                ci, rci = p["inert_fraction_ci"], p["removal_deep_over_shallow_ci"]
+                parts.append(f"N={d['layers']} {v} {p['inert_fraction']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}], deep/shallow "
+                             f"removal {p['removal_deep_over_shallow']:.2f} [{rci[0]:.2f}, {rci[1]:.2f}]")
+    return " Re-probed over the whole validation split with intervals (section 1): " + "; ".join(parts) + "."
+
+
+def headline(out: Path, along: Path | None = None) -> list[str]:
+    """The depth study's findings in a few sentences, from its results.json."""
+    if not (out / "results.json").exists():
+        return ["The depth study (section 1) has not been run yet: this page cannot yet say whether LNS helps."]
+    res = json.loads((out / "results.json").read_text())
+    s, done = res["settings"], [d for d in res["depths"] if d["seeds"]]
+    parts = [f"N={d['layers']}: {spread(d['delta_val_loss'], '.3f', signed=True)} nats over "
+             f"{len(d['seeds'])} seeds ({d['delta_val_loss']['verdict']})" for d in done]
+    lines = [f"**At each scheme's best rate** (pre {res['best_lr']['pre']:g}, lns {res['best_lr']['lns']:g}, "
+             f"chosen on a grid at N = {s['ref_depth']}), LNS − Pre-LN validation loss: " + "; ".join(parts) + "."]
+    flipped = [r for r in res["equal_rate"] if r["sign_differs"]]
+    if flipped:
+        lines.append("**At one shared rate the sign differs**: at N = " + str(s["ref_depth"]) + ", seed 0, LNS − "
+                     "Pre-LN is " + ", ".join(f"{r['delta']:+.3f} at {r['lr']:g}" for r in flipped)
+                     + " (the paper's protocol shares one rate, 1e-3); LNS is ahead only at "
+                     + ", ".join(f"{r['lr']:g}" for r in res["equal_rate"] if not r["sign_differs"]) + ".")
+    idx = "; ".join(f"N={d['layers']} pre {spread(d['pre']['index']['inert_fraction'], '.2f')} / lns "
+                    f"{spread(d['lns']['index']['inert_fraction'], '.2f')} ({d['pre']['index']['reading']})"
+                    for d in done)
+    lines.append(f"**The curse index** (interior inert fraction of the final models, mean ± std over seeds, from the "
+                 f"earlier 64-window probe, no interval): {idx}." + _reprobed(along))
+    facts = [(what, *_count(res, name, -1)) for what, name in
+             (("update ratio", "update_deep"), ("angular distance", "angular_deep"), ("removal cost", "removal_deep"))]
+    mid = _count(res, "removal_middle", 1)
+    lines.append("**Un-gated mechanism comparisons**: LNS's deep-interior blocks have a *lower* "
+                 + ", ".join(f"{what} in {k} of {n}" for what, k, n in facts)
+                 + " (depth, seed) pairs than Pre-LN's, the opposite of the paper's mechanism, while LNS's "
+                 f"middle-interior blocks cost more to remove in {mid[0]} of {mid[1]}; per seed in section 1.")
+    return lines + [""]
+
+
+def along_section(out: Path) -> list[str]:
+    """A study re-run with the new probe: the curse index at every probe along training, with its interval."""
+    s = settings_of(out)
+    if s is None:
+        return []
+    res = lm_study(load_records(out / "runs.jsonl"), s)
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    lines = [f"Re-run with the new probe (`{s['command']}`, the settings above, 2 runs, "
+             f"{res['train_s'] / 60:.0f} min of one-thread training; the same token streams, sha256 "
+             f"`{s['corpus']['sha256'][:16]}…`): {s['probe_windows']} seeded windows over the whole validation split, "
+             "Jacobians on, probed along training. Interval: 95% bootstrap over windows.", "",
+             "| N | scheme | tokens | probe loss | val loss (first 32k tokens) | inert fraction | removal deep / "
+             "shallow | log update-ratio slope |", "|---|---|---|---|---|---|---|---|"]
+    for d in res["depths"]:
+        for v in ("pre", "lns"):
+            val = d[v]["val_loss"]["mean"]
+            for seed, probes in d[v]["along"].items():
+                for i, p in enumerate(probes):
+                    ci, rci = p["inert_fraction_ci"], p.get("removal_deep_over_shallow_ci") or [math.nan] * 2
+                    lines.append(f"| {d['layers']} | {v} (seed {seed}) | {p['tokens'] / 1e6:.2f}M | "
+                                 f"{p['probe_loss']:.4f} | {f'{val:.4f}' if i == len(probes) - 1 else ''} | "
+                                 f"{p['inert_fraction']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}] | "
+                                 f"{p['removal_deep_over_shallow']:.3f} [{rci[0]:.3f}, {rci[1]:.3f}] | "
+                                 f"{p['update_slope']:+.4f} |")
+    return lines + ["", "The probe's own loss over the whole split is well above the validation loss on the "
+                    "split's first 32k tokens: that head is easier than the rest, so the earlier probe (its first "
+                    "4,096 tokens) and the validation loss each describe a part of the split.", ""]
+
+
+# ---------------------------------------------------------------------------------------------------- ViT study
+def write_vit(out: Path) -> dict | None:
+    s = settings_of(out)
+    if s is None:
+        return None
+    res = vit_study(load_records(out / "runs.jsonl"), s, "pre", s.get("direction") or
+                    {"lns-norm": "worse", "lns-branch": "better"})
+    (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
+    plt = _plt()
+    fig, a = plt.subplots(1, 1, figsize=(6, 3.8))
+    for v, g in res["grid"].items():
+        a.plot([float(x) for x in g], [c["loss"] for c in g.values()], "o-", label=v)
+    a.set(xscale="log", xlabel="learning rate", ylabel="validation loss (seed 0)", title="ViT rate grid")
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "vit_study.png", dpi=110)
+    plt.close(fig)
+    print(f"wrote {out / 'results.json'}")
+    return res
+
+
+def vit_section(out: Path, img: str) -> list[str]:
+    if not (out / "results.json").exists():
+        return ["Not run yet (`make study-vit`).", ""]
+    res = json.loads((out / "results.json").read_text())
+    s, best = res["settings"], res["best_lr"]
+    lines = [f"Command: `make study-vit` (`{s['command']}`). The `vit-digits` preset: a 12 x 64 ViT (patch 2), "
+             f"scikit-learn's 1,797 8 x 8 digits (1,438 train / 359 validation), {s['steps']} steps of {s['batch']} "
+             f"images, AdamW, fp32. Rates {', '.join(f'{x:g}' for x in s['lrs'])} with seed 0, then each variant's "
+             f"best rate **by validation loss**, with seeds {s['seeds']}. Selection and the verdict use the same "
+             "metric (loss); accuracy is reported beside it with its binomial standard error over the 359 images.",
+             "", "| variant | best lr (by loss) | by accuracy it would be | val loss | top-1 accuracy | seeds |",
+             "|---|---|---|---|---|---|"]
+    for v, d in res["variants"].items():
+        edge = " ⚠ grid edge" if res["edge"][v] else ""
+        lines.append(f"| {v} | {best[v]:g}{edge} | {res['best_lr_by_accuracy'][v]:g} | {spread(d['loss'])} | "
+                     f"{spread(d['acc'])} | {d['loss']['n']} |")
+    lines += ["", "| paper's claim | metric | per seed (variant − pre) | mean ± std | comparison | claim |",
+              "|---|---|---|---|---|---|"]
+    claims = {"lns-branch": "LNS on the branch outputs beats Pre-LN", "lns-norm": "LNS after the norm loses to Pre-LN"}
+    for v, c in res["comparisons"].items():
+        for metric in ("loss", "acc"):
+            m = c[metric]
+            se = f" (binomial SE {m['binomial_se']:.4f})" if "binomial_se" in m else ""
+            lines.append(f"| {claims.get(v, v)} | {metric} | {_per_seed(m['per_seed'])} | "
+                         f"{spread(m, signed=True)}{se} | {m['verdict']} | {m['claim']} |")
+    return lines + ["", f"![ViT study]({img})", ""]
+
+
+def vit_headline(out: Path) -> list[str]:
+    if not (out / "results.json").exists():
+        return []
+    res = json.loads((out / "results.json").read_text())
+    rows = []
+    for v, c in res["comparisons"].items():
+        loss, acc = c["loss"], c["acc"]
+        se = f", 2 binomial SE = {2 * acc['binomial_se']:.3f}" if "binomial_se" in acc else ""
+        rows.append(f"{v} − pre: loss {spread(loss, signed=True)} ({loss['verdict']}), top-1 accuracy "
+                    f"{spread(acc, '.3f', signed=True)}{se} ({acc['verdict']}); the paper's claim: {acc['claim']}")
+    edge = [f"{v} ({res['best_lr'][v]:g})" for v, e in res["edge"].items() if e]
+    by_acc = ", ".join(f"{v} {lr:g}" for v, lr in res["best_lr_by_accuracy"].items())
+    return ["**ViT** (digits, 359 validation images, 3 seeds at each variant's loss-selected rate): "
+            + "; ".join(rows) + "." + (f" Best rate at a grid edge for {', '.join(edge)}." if edge else "")
+            + f" Selected by accuracy instead, the rates would be {by_acc}.", ""]

@@ -1,0 +1,68 @@
+"""The runs.jsonl schema. One line per finished cell (a variant at one depth, rate and seed), appended as soon as
+the cell finishes, so an interrupted study keeps everything it finished:
+
+    key            "<variant>-L<layers>-lr<lr>-seed<seed>" (no -L part for a study without a depth axis)
+    variant, layers, lr, seed
+    status         "ok" | "diverged"
+    val_loss       final validation loss (inf when diverged); val: every final validation metric (val_acc, ...)
+    tokens, steps, wall_s
+    val_curve      [[step, val_loss], ...] from the run's metrics.jsonl; loss_curve: every 5th logged training loss
+    monitor_update_ratio  [[step, [per block]], ...]: the training monitor's update ratio
+    init_update_ratio     per-block update ratio at initialisation
+    probes         [{"step", "tokens", "probe_loss", "curse": <index>, per-block lists}, ...] along training and at
+                   the end (depthlab.study.probe); the last one is the final model's
+    probe          which probe made them ("windows", "seed", "jacobian", ...)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def cell_key(variant: str, lr: float, seed: int, layers: int | None = None) -> str:
+    return f"{variant}{'' if layers is None else f'-L{layers}'}-lr{lr:g}-seed{seed}"
+
+
+def record_key(r: dict) -> str:
+    return cell_key(r["variant"], r["lr"], r["seed"], r.get("layers"))
+
+
+def load_records(path: Path) -> dict[str, dict]:
+    """Every record of a runs.jsonl by key (a later line for the same key wins); {} when there is no file."""
+    out = {}
+    if Path(path).exists():
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                out[record_key(r)] = r
+    return out
+
+
+def append_record(path: Path, record: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def final_probe(r: dict) -> dict | None:
+    """The probe of the final model: the last of `probes`."""
+    return r["probes"][-1] if r.get("probes") else None
+
+
+OLD_PROBE = {"windows": 64, "where": "the first 64 windows of validation", "jacobian": False, "old": True}
+
+
+def upgrade(r: dict) -> dict:
+    """A record of the earlier depth study (probe fields at the top level, 64 windows at the head of validation, no
+    Jacobian, all-token angular distances only) in this schema; its index is recomputed from its per-block removal
+    costs, without an interval (the per-window sums were not kept)."""
+    if "probes" in r or "removal" not in r:
+        return {**r, "key": record_key(r)}
+    from depthlab.study.probe import index_from_costs
+
+    probe = {"step": r.get("val_curve", [[None]])[-1][0], "tokens": r.get("tokens"), "probe_loss": r["probe_loss"],
+             "update_ratio": r["update_ratio"], "var": r["var"], "angular_all": r["angular"],
+             "removal": r["removal"], "curse": index_from_costs(r["removal"], r["update_ratio"])}
+    rest = {k: v for k, v in r.items() if k not in ("probe_loss", "update_ratio", "var", "angular", "removal")}
+    return {**rest, "key": record_key(r), "probes": [probe], "probe": OLD_PROBE}

@@ -1,0 +1,212 @@
+"""The study runner: a rate grid, each variant's best rate by a declared selection metric, then seeds at that rate;
+every cell trained in a fresh process, probed along training and at the end, and appended to OUT/runs.jsonl as
+soon as it finishes. Running a study again trains only the cells that have no record yet.
+
+A study is data (`Study`): its variants as config overrides, the overrides every cell shares, the metric that picks
+rates, the probe and the token budgets to probe at. The phases are functions of it and of the records so far:
+
+    grid_cells(study, lrs, layers)              every variant at every rate, seed 0
+    best_rates(study, records, lrs, layers)     variant -> its best rate, None until its grid has finished
+    seed_cells(study, best, seeds, layers)      every variant at its best rate, every seed
+    run_cells(study, cells, jobs)               train (in parallel processes) what is missing
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+from depthlab.study.probe import ProbeSpec
+from depthlab.study.records import append_record, cell_key, load_records
+from depthlab.train.callbacks import Callback
+
+
+@dataclass(frozen=True)
+class Cell:
+    variant: str
+    lr: float
+    seed: int
+    layers: int | None = None
+
+    @property
+    def key(self) -> str:
+        return cell_key(self.variant, self.lr, self.seed, self.layers)
+
+
+@dataclass
+class Study:
+    name: str
+    out: str  # runs.jsonl, settings.json (and the summary) live here
+    variants: dict[str, list[str]]  # variant name -> its config overrides
+    base: list[str] = field(default_factory=list)  # overrides every cell shares (on top of `preset`)
+    preset: str = "cpu-tiny"
+    runs_dir: str | None = None  # the cells' run directories (default OUT/runs); deleted once probed unless keep_runs
+    select: str = "val_loss"  # the final validation metric that picks each variant's rate
+    minimize: bool = True
+    probe: ProbeSpec | None = None  # language models: probe the final model (and at `budgets`) with this
+    budgets: list[int] = field(default_factory=list)  # training tokens at which to probe along training (0: at init)
+    corpus: str | None = None  # a study.corpus folder the cells train on (else the config's own data)
+    val_tokens: int | None = None  # the trainer evaluates on the first val_tokens of the validation split
+    keep_runs: bool = False
+    command: str = ""  # how the study was started, recorded in settings.json
+    meta: dict = field(default_factory=dict)  # the study's own description (sizes, depths, corpus), recorded too
+
+    @property
+    def runs_file(self) -> Path:
+        return Path(self.out) / "runs.jsonl"
+
+    def config(self, cell: Cell):
+        from depthlab.config import apply_overrides, preset
+
+        over = [*self.base, *self.variants[cell.variant], f"train.lr={cell.lr}", f"train.seed={cell.seed}"]
+        if cell.layers is not None:
+            over.append(f"model.n_layers={cell.layers}")
+        return apply_overrides(preset(self.preset), over)
+
+    def settings(self) -> dict:
+        s = asdict(self)
+        return {k: v for k, v in s.items() if k not in ("out", "runs_dir")}  # where files go is not a setting
+
+
+# ---------------------------------------------------------------------------------------------------- phases
+def grid_cells(study: Study, lrs: list[float], layers: int | None = None, variants: list[str] | None = None,
+               seed: int = 0) -> list[Cell]:
+    return [Cell(v, lr, seed, layers) for v in variants or study.variants for lr in lrs]
+
+
+def selection_value(record: dict, select: str = "val_loss", minimize: bool = True) -> float:
+    """The record's selection metric, signed so that lower is better; a diverged run is worst."""
+    if record.get("status") != "ok":
+        return math.inf
+    v = record["val_loss"] if select == "val_loss" else record.get("val", {}).get(select, math.nan)
+    return v if minimize else -v
+
+
+def best_rates(study: Study | None, records: dict, lrs: list[float], layers: int | None = None,
+               variants: list[str] | None = None, seed: int = 0, select: str | None = None,
+               minimize: bool | None = None) -> dict[str, float | None]:
+    """Each variant's rate of `lrs` with the best selection metric at `seed` (the study's own, unless `select` and
+    `minimize` are given), once all of its grid has finished; None before."""
+    select = select or study.select
+    minimize = study.minimize if minimize is None else minimize
+    out = {}
+    for v in variants or study.variants:
+        grid = [records.get(cell_key(v, lr, seed, layers)) for lr in lrs]
+        out[v] = min(grid, key=lambda r: selection_value(r, select, minimize))["lr"] if all(grid) else None
+    return out
+
+
+def seed_cells(study: Study, best: dict[str, float | None], seeds: list[int],
+               layers: int | None = None) -> list[Cell]:
+    return [Cell(v, lr, s, layers) for s in seeds for v, lr in best.items() if lr is not None]
+
+
+def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: print(msg, file=sys.stderr)) -> list:
+    """Train every cell that has no record yet (each in a fresh process), appending each record when it finishes."""
+    out = Path(study.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "settings.json").write_text(json.dumps(study.settings(), indent=2) + "\n")
+    done = load_records(study.runs_file)
+    todo = list(dict.fromkeys(c for c in cells if c.key not in done))
+    if not todo:
+        return []
+    log(f"{study.name}: {len(todo)} runs")
+    records = []
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:  # no inherited thread pools
+        futures = {pool.submit(train_cell, study, c): c for c in todo}
+        for f in as_completed(futures):
+            rec = f.result()
+            append_record(study.runs_file, rec)
+            records.append(rec)
+            log(f"  {rec['key']}: {study.select} {rec['val'].get(study.select, rec['val_loss']):.4f} "
+                f"({rec['wall_s']:.0f} s)")
+    return records
+
+
+# ---------------------------------------------------------------------------------------------------- one cell
+class _ProbeAlong(Callback):
+    """A trainer callback: probe the live model when it has done each of `steps` optimizer steps."""
+
+    def __init__(self, spec: ProbeSpec, val, steps: list[int], tokens_per_step: int):
+        self.spec, self.val, self.steps, self.tps = spec, val, set(steps), tokens_per_step
+        self.probes: list[dict] = []
+
+    def on_step_start(self, trainer, step: int) -> None:
+        if step - 1 in self.steps:
+            self.probe(trainer.module, step - 1)
+
+    def probe(self, model, step: int) -> None:
+        from depthlab.study.probe import probe_model
+
+        self.probes.append({"step": step, "tokens": step * self.tps, **probe_model(model, self.val, self.spec)})
+
+
+def _data(study: Study):
+    if not study.corpus:
+        return None, None
+    from depthlab.study.corpus import load_corpus
+
+    return load_corpus(Path(study.corpus), study.val_tokens)
+
+
+def train_cell(study: Study, cell: Cell) -> dict:
+    """Train one cell, probe it, and return its record (depthlab.study.records)."""
+    import shutil
+
+    import torch
+
+    from depthlab.analysis.metrics import init_update_ratios
+    from depthlab.train.trainer import Trainer, TrainingDiverged, VisionTrainer, read_metrics
+
+    torch.set_num_threads(1)
+    cfg = study.config(cell)
+    run_dir = Path(study.runs_dir or Path(study.out) / "runs") / f"{study.name}-{cell.key}"
+    data, full_val = _data(study)
+    tps = cfg.train.batch_size * cfg.train.grad_accum * cfg.data.seq_len
+    probing = study.probe is not None and not cfg.model.is_vit
+    along = _ProbeAlong(study.probe, full_val if full_val is not None else None,
+                        sorted({round(b / tps) for b in study.budgets if 0 <= round(b / tps) < cfg.train.max_steps}),
+                        tps) if probing else None
+    rec = {"study": study.name, "key": cell.key, **asdict(cell)}
+    if not cfg.model.is_vit:
+        rec["init_update_ratio"] = init_update_ratios(cfg.model, seed=cell.seed)
+    t0 = time.time()
+    cls = VisionTrainer if cfg.model.is_vit else Trainer
+    trainer = cls(cfg, run_dir=run_dir, data=data, callbacks=[along] if along else [], progress=False,
+                  overwrite=True)
+    if along and along.val is None:
+        along.val = trainer.data.val
+    try:
+        result = trainer.train()
+        rec.update(status="ok", val_loss=result.val_loss, val={k: v for k, v in result.val.items()
+                                                              if isinstance(v, (int, float))})
+        if along:
+            along.probe(trainer.module, result.steps)
+    except TrainingDiverged as e:
+        rec.update(status="diverged", error=str(e), val_loss=math.inf, val={})
+    finally:
+        trainer.close()
+    rec.update(wall_s=time.time() - t0, steps=cfg.train.max_steps, tokens=cfg.train.max_steps * tps)
+    rec.update(metrics_summary(read_metrics(run_dir)))
+    if along:
+        rec.update(probes=along.probes, probe=study.probe.describe())
+    if not study.keep_runs:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return rec
+
+
+def metrics_summary(rows: list[dict]) -> dict:
+    """What a record keeps of a run's metrics.jsonl: the validation curve(s), every 5th training loss, the
+    monitor's update ratios."""
+    out = {"val_curve": [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r],
+           "loss_curve": [(r["step"], r["loss"]) for r in rows if "loss" in r][::5],
+           "monitor_update_ratio": [(r["step"], r["depth/update_ratio"]) for r in rows if "depth/update_ratio" in r]}
+    if any("val_acc" in r for r in rows):
+        out["acc_curve"] = [(r["step"], r["val_acc"]) for r in rows if "val_acc" in r]
+    return out

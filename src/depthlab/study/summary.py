@@ -1,0 +1,188 @@
+"""What a study's records say: every comparison un-gated, with per-seed numbers, beside the precondition's reading.
+
+Language-model studies (pre against lns, by depth): the rate grid, each variant's best rate (flagged at a grid
+edge), the same-rate comparisons of the grid, and per depth the validation loss and every mechanism quantity of
+the final probe, compared seed by seed (depthlab.study.verdicts). ViT studies: the same, on validation loss (the
+selection metric) and on top-1 accuracy with its binomial standard error.
+"""
+
+from __future__ import annotations
+
+import math
+
+from depthlab.analysis.curse import interior, shallow_deep
+from depthlab.study.records import cell_key, final_probe, upgrade
+from depthlab.study.runner import best_rates
+from depthlab.study.stats import binomial_se, mean_std
+from depthlab.study.verdicts import at_edge, claim, compare, precondition
+
+
+def _mean_at(values: list[float], blocks: list[int]) -> float:
+    return sum(values[l - 1] for l in blocks) / len(blocks) if blocks else math.nan
+
+
+def deep_blocks(L: int) -> list[int]:
+    return shallow_deep(L)[1]
+
+
+def middle_blocks(L: int) -> list[int]:
+    """Interior blocks in neither the shallow nor the deep interior."""
+    shallow, deep = shallow_deep(L)
+    return [l for l in interior(L) if l not in shallow and l not in deep]
+
+
+def _angular(p: dict) -> list[float]:
+    return p.get("angular_last") or p["angular_all"]
+
+
+# name -> (what it is, its value on a final probe of L blocks, the direction the paper predicts for lns - pre)
+MECHANISMS = {
+    "inert_fraction": ("interior inert fraction (removal < 0.005 nats)", lambda p, L: p["curse"]["inert_fraction"],
+                       "lower"),
+    "removal_deep_over_shallow": ("removal cost, deep / shallow interior",
+                                  lambda p, L: p["curse"]["removal_deep_over_shallow"], "higher"),
+    "update_deep": ("update ratio, deep interior mean", lambda p, L: _mean_at(p["update_ratio"], deep_blocks(L)),
+                    "higher"),
+    "angular_deep": ("adjacent angular distance, deep interior mean",
+                     lambda p, L: _mean_at(_angular(p), deep_blocks(L)), "higher"),
+    "removal_deep": ("removal cost, deep interior mean (nats)", lambda p, L: _mean_at(p["removal"], deep_blocks(L)),
+                     "higher"),
+    "removal_middle": ("removal cost, middle interior mean (nats)",
+                       lambda p, L: _mean_at(p["removal"], middle_blocks(L)), "higher"),
+    "last_var": ("variance after the last block", lambda p, L: p["var"][-1], "lower"),
+}
+
+
+def _runs(records: dict, variant: str, layers: int, lr: float | None, seeds: list[int]) -> dict[int, dict]:
+    if lr is None:
+        return {}
+    found = {s: records.get(cell_key(variant, lr, s, layers)) for s in seeds}
+    return {s: r for s, r in found.items() if r and r.get("status") == "ok"}
+
+
+def index_reading(runs: dict[int, dict]) -> dict:
+    """The curse index of each seed's final model, and its mean ± std."""
+    per = {s: final_probe(r)["curse"] for s, r in runs.items() if final_probe(r)}
+    out = {"per_seed": per}
+    for k in ("inert_fraction", "removal_deep_over_shallow", "update_slope"):
+        out[k] = mean_std(c.get(k) for c in per.values())
+    out["reading"] = precondition(out["inert_fraction"]["mean"], out["removal_deep_over_shallow"]["mean"])
+    init = [r["probes"][0]["curse"] for r in runs.values() if r.get("probes") and r["probes"][0]["tokens"] == 0]
+    if init:  # the same models at initialisation (a probe at 0 tokens)
+        out["at_init"] = {k: mean_std(c.get(k) for c in init) for k in ("inert_fraction", "removal_deep_over_shallow",
+                                                                        "update_slope")}
+    return out
+
+
+def paired(a: dict[int, dict], b: dict[int, dict], value) -> dict:
+    """compare() of value(b) - value(a) seed by seed, with both sides' per-seed values."""
+    seeds = sorted(set(a) & set(b))
+    va, vb = {s: value(a[s]) for s in seeds}, {s: value(b[s]) for s in seeds}
+    return {**compare([vb[s] - va[s] for s in seeds]), "seeds": seeds, "a": va, "b": vb}
+
+
+def mechanisms(pre: dict[int, dict], lns: dict[int, dict], L: int) -> dict:
+    out = {}
+    for name, (what, fn, predicted) in MECHANISMS.items():
+        c = paired(pre, lns, lambda r, fn=fn: fn(final_probe(r), L))
+        out[name] = {"what": what, "predicted": predicted, "claim": claim(c, predicted), **c}
+    return out
+
+
+def along(runs: dict[int, dict]) -> dict[int, list[dict]]:
+    """Per seed, the index at every probe along training: does the curse form, and when."""
+    keep = ("inert_fraction", "inert_fraction_ci", "removal_deep_over_shallow", "removal_deep_over_shallow_ci",
+            "update_slope")
+    return {s: [{"step": p["step"], "tokens": p["tokens"], "probe_loss": p["probe_loss"],
+                 **{k: p["curse"].get(k) for k in keep}} for p in r.get("probes", [])] for s, r in runs.items()}
+
+
+def lm_depth(records: dict, L: int, best: dict, seeds: list[int], a: str = "pre", b: str = "lns") -> dict:
+    ra, rb = _runs(records, a, L, best[a], seeds), _runs(records, b, L, best[b], seeds)
+    loss = paired(ra, rb, lambda r: r["val_loss"])
+    probe_loss = paired(ra, rb, lambda r: final_probe(r)["probe_loss"]) if ra and final_probe(next(iter(ra.values()))) \
+        else None
+    side = lambda rs: {"val_loss": mean_std(r["val_loss"] for r in rs.values()), "index": index_reading(rs),  # noqa: E731
+                       "probe_loss": mean_std(final_probe(r)["probe_loss"] for r in rs.values() if final_probe(r)),
+                       "along": along(rs)}
+    return {"layers": L, "seeds": loss["seeds"], a: side(ra), b: side(rb),
+            "delta_val_loss": {**loss, "claim": claim(loss, "lower")}, "delta_probe_loss": probe_loss,
+            "mechanisms": mechanisms(ra, rb, L) if ra and rb else {},
+            "probe": next(iter(ra.values())).get("probe") if ra else None}
+
+
+def equal_rate(records: dict, L: int, lrs: list[float], a: str = "pre", b: str = "lns") -> list[dict]:
+    """b - a at each rate of the grid both ran (seed 0, the grid's seed)."""
+    rows = []
+    for lr in lrs:
+        ra, rb = records.get(cell_key(a, lr, 0, L)), records.get(cell_key(b, lr, 0, L))
+        if ra and rb and ra.get("status") == rb.get("status") == "ok":
+            rows.append({"lr": lr, a: ra["val_loss"], b: rb["val_loss"], "delta": rb["val_loss"] - ra["val_loss"]})
+    return rows
+
+
+def lm_study(raw: dict, settings: dict, a: str = "pre", b: str = "lns") -> dict:
+    """The depth study's results: grid, best rates (edges flagged), same-rate rows (a sign that differs from the
+    best-rate comparison flagged), and every depth's comparisons."""
+    records = {k: upgrade(r) for k, r in raw.items()}
+    variants = [a, b]
+    ref, lrs = settings["ref_depth"], settings["lrs"]
+    best = best_rates(None, records, lrs, ref, variants, select="val_loss", minimize=True)
+    grid = {v: {f"{lr:g}": r["val_loss"] for lr in lrs if (r := records.get(cell_key(v, lr, 0, ref)))}
+            for v in variants}
+    seeds = sorted({r["seed"] for r in records.values()})
+    depths = [lm_depth(records, L, best, seeds, a, b) for L in sorted(settings["depths"])]
+    same = equal_rate(records, ref, lrs, a, b)
+    at_ref = next((d for d in depths if d["layers"] == ref), None)
+    sign = math.copysign(1, at_ref["delta_val_loss"]["mean"]) if at_ref and at_ref["seeds"] else 0
+    for row in same:
+        row["sign_differs"] = sign != 0 and math.copysign(1, row["delta"]) != sign
+    return {"settings": settings, "best_lr": best, "edge": {v: at_edge(best[v], lrs) for v in variants},
+            "grid": grid, "equal_rate": same, "depths": depths, "runs": len(records),
+            "train_s": sum(r.get("wall_s", 0.0) for r in records.values())}
+
+
+# ---------------------------------------------------------------------------------------------------- ViT
+def accuracy_comparison(a: dict[int, dict], b: dict[int, dict]) -> dict:
+    """Paired accuracy differences b - a, read "inconclusive" also when the mean difference is within two binomial
+    standard errors of the difference. Every seed is scored on the same images, so n is one seed's image count,
+    not the sum over seeds."""
+    c = paired(a, b, lambda r: r["val"]["val_acc"])
+    if not c["seeds"]:
+        return c
+    n = a[c["seeds"][0]]["val"].get("val_images") or 0
+    pa, pb = (sum(x.values()) / len(x) for x in (c["a"], c["b"]))
+    se = math.hypot(binomial_se(pa, n), binomial_se(pb, n))
+    c["binomial_se"] = se
+    if abs(c["mean"]) <= 2 * se:
+        c["verdict"] = "inconclusive"
+    return c
+
+
+def vit_study(raw: dict, settings: dict, base: str = "pre", paper_direction: dict | None = None) -> dict:
+    """Each variant at its best rate by validation loss (the selection metric; accuracy reported beside it, with the
+    rate accuracy would have picked), compared with `base` seed by seed."""
+    records = {k: {"status": "ok", **r, "val": r.get("val") or {"val_acc": r.get("val_acc"),
+                                                                  "val_images": r.get("val_images")}}
+               for k, r in raw.items()}
+    variants = sorted({r["variant"] for r in records.values()}, key=lambda v: (v != base, v))
+    lrs, seeds = settings["lrs"], settings["seeds"]
+    best = best_rates(None, records, lrs, None, variants, select="val_loss", minimize=True)
+    by_acc = best_rates(None, records, lrs, None, variants, select="val_acc", minimize=False)
+    runs = {v: _runs(records, v, None, best[v], seeds) for v in variants}
+    out = {"settings": settings, "best_lr": best, "best_lr_by_accuracy": by_acc,
+           "edge": {v: at_edge(best[v], lrs) for v in variants},
+           "grid": {v: {f"{lr:g}": {"loss": r["val_loss"], "acc": r["val"]["val_acc"]} for lr in lrs
+                        if (r := records.get(cell_key(v, lr, 0)))} for v in variants},
+           "variants": {v: {"seeds": sorted(rs), "loss": mean_std(r["val_loss"] for r in rs.values()),
+                            "acc": mean_std(r["val"]["val_acc"] for r in rs.values())} for v, rs in runs.items()},
+           "comparisons": {}}
+    for v in variants:
+        if v == base:
+            continue
+        loss, acc = paired(runs[base], runs[v], lambda r: r["val_loss"]), accuracy_comparison(runs[base], runs[v])
+        want = (paper_direction or {}).get(v)  # "better" or "worse" than base, as the paper found
+        out["comparisons"][v] = {"loss": {**loss, "claim": claim(loss, "lower" if want == "better" else "higher")},
+                                 "acc": {**acc, "claim": claim(acc, "higher" if want == "better" else "lower")},
+                                 "paper": want}
+    return out

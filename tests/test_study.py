@@ -1,0 +1,81 @@
+"""The study library: statistics and verdicts by hand, and a tiny real study (grid -> best rate -> seeds,
+resumable, probes along training) on a tiny corpus."""
+
+import json
+import math
+
+import pytest
+
+from depthlab.study import stats, verdicts
+from depthlab.study.probe import ProbeSpec
+from depthlab.study.records import load_records, upgrade
+from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells
+
+
+def test_statistics_by_hand():
+    ms = stats.mean_std([1.0, 2.0, 3.0])
+    assert ms == {"mean": 2.0, "std": 1.0, "n": 3}
+    assert stats.mean_std([]) ["n"] == 0 and stats.mean_std([5.0])["std"] == 0.0
+    assert stats.standard_error(ms) == pytest.approx(1 / math.sqrt(3))
+    assert stats.paired_differences({0: 1.0, 1: 2.0, 2: 9.0}, {0: 1.5, 1: 1.0}) == [0.5, -1.0]
+    lo, hi = stats.bootstrap_ci([1.0, 2.0, 3.0, 4.0])
+    assert 1.0 <= lo < 2.5 < hi <= 4.0 and stats.bootstrap_ci([2.0]) == [2.0, 2.0]
+    assert stats.binomial_se(0.5, 100) == pytest.approx(0.05)
+    assert stats.spread({"mean": -0.0123, "std": 0.004, "n": 2}, ".3f", signed=True) == "-0.012 ± 0.004"
+    assert stats.spread({"mean": 0.0123, "std": 0.0, "n": 1}, ".3f", signed=True) == "+0.012"
+
+
+def test_verdicts_report_inconclusive_within_two_standard_errors():
+    assert verdicts.compare([-0.10, -0.11, -0.09])["verdict"] == "lower"
+    assert verdicts.compare([0.10, 0.12])["verdict"] == "higher"
+    assert verdicts.compare([-0.10, 0.08, -0.01])["verdict"] == "inconclusive"
+    one = verdicts.compare([-0.2])
+    assert one["verdict"] == "inconclusive" and one["per_seed"] == [-0.2]  # one seed: no spread known
+    assert verdicts.claim(verdicts.compare([-0.1, -0.1001, -0.0999]), "lower") == "supported"
+    assert verdicts.claim(verdicts.compare([0.1, 0.1001, 0.0999]), "lower") == "contradicted"
+    assert verdicts.precondition(0.74, 1.2) == "present" and verdicts.precondition(0.0, 0.9) == "absent"
+    assert verdicts.precondition(None, None) == "unknown"
+    assert verdicts.at_edge(1.6e-2, [4e-3, 8e-3, 1.6e-2]) and not verdicts.at_edge(8e-3, [4e-3, 8e-3, 1.6e-2])
+
+
+def test_old_record_is_read_in_the_new_schema():
+    old = {"layers": 6, "variant": "pre", "lr": 8e-3, "seed": 0, "val_loss": 2.5, "probe_loss": 3.6,
+           "update_ratio": [0.5, 0.4, 0.3, 0.3, 0.2, 0.4], "var": [1.0] * 6, "angular": [0.1] * 6,
+           "removal": [2.0, 0.1, 0.001, 0.002, 0.05, 0.3], "val_curve": [[2000, 2.5]], "tokens": 2_048_000}
+    r = upgrade(old)
+    assert r["key"] == "pre-L6-lr0.008-seed0" and r["probe"]["old"]
+    idx = r["probes"][-1]["curse"]
+    assert idx["interior"] == [2, 4] and idx["inert_blocks"] == [3, 4] and idx["inert_fraction"] == pytest.approx(2 / 3)
+    assert idx["removal_deep_over_shallow"] == pytest.approx(0.002 / 0.1)
+
+
+TINY = ["model.dim=32", "model.n_heads=2", "model.ffn_dim=64", "model.vocab_size=300", "model.max_seq_len=32",
+        "model.init_std=auto", "data.seq_len=32", "train.batch_size=4", "train.max_steps=12", "train.warmup_steps=2",
+        "train.eval_every=6", "train.log_every=2", "train.monitor_every=6", "train.device=cpu", "train.threads=1"]
+
+
+def test_a_tiny_study_grid_best_rate_seeds_and_resume(tmp_path, corpus):
+    study = Study("tiny", str(tmp_path / "out"), {"pre": ["model.norm_scheme=pre"], "lns": ["model.norm_scheme=lns"]},
+                  base=[*TINY, f"data.paths=[{corpus}]"], probe=ProbeSpec(windows=8, seq_len=16, jacobian=False),
+                  budgets=[0, 4 * 4 * 32])
+    lrs = [1e-3, 1e-2]
+    assert best_rates(study, {}, lrs, layers=4) == {"pre": None, "lns": None}
+    assert len(run_cells(study, grid_cells(study, lrs, layers=4), jobs=2, log=lambda m: None)) == 4
+    records = load_records(study.runs_file)
+    best = best_rates(study, records, lrs, layers=4)
+    assert all(best[v] == min(lrs, key=lambda lr: records[f"{v}-L4-lr{lr:g}-seed0"]["val_loss"]) for v in best)
+    run_cells(study, seed_cells(study, best, [0, 1], layers=4), log=lambda m: None)
+    records = load_records(study.runs_file)
+    assert len(records) == 6  # seed 0 at the best rate was already there
+    assert run_cells(study, grid_cells(study, lrs, layers=4) + seed_cells(study, best, [0, 1], layers=4)) == []
+    r = records["pre-L4-lr0.01-seed0"]
+    assert r["status"] == "ok" and r["val_curve"][-1][0] == 12 and r["monitor_update_ratio"]
+    assert [p["step"] for p in r["probes"]] == [0, 4, 12] and [p["tokens"] for p in r["probes"]] == [0, 512, 1536]
+    assert set(r["probes"][-1]["curse"]) >= {"inert_fraction", "inert_fraction_ci", "removal_deep_over_shallow"}
+    assert r["probes"][-1]["curse"]["windows"] == 8 and math.isfinite(r["probes"][-1]["probe_loss"])
+    assert not (tmp_path / "out" / "runs").exists() or not any((tmp_path / "out" / "runs").iterdir())
+    assert json.loads((tmp_path / "out" / "settings.json").read_text())["name"] == "tiny"
+    # probing along training leaves the training itself untouched: the same cell without probes ends the same
+    plain = Study("plain", str(tmp_path / "plain"), study.variants, study.base)
+    run_cells(plain, seed_cells(plain, {"pre": 1e-2}, [0], layers=4), log=lambda m: None)
+    assert load_records(plain.runs_file)["pre-L4-lr0.01-seed0"]["val_loss"] == r["val_loss"]
