@@ -30,17 +30,19 @@ PHASES = ("grid", "sweep", "mixln")
 VARIANTS = {"pre": ["model.norm_scheme=pre"], "lns": ["model.norm_scheme=lns"], "mixln": ["model.norm_scheme=mixln"]}
 
 
-def study(a, command: str) -> Study:
+def study(a, command: str, name: str = "depth", variants: dict | None = None) -> Study:
+    """The study of these arguments (add_arguments); other studies reuse it with their own variants."""
     warm = max(1, a.steps // 10)
     base = [f"model.dim={a.dim}", f"model.n_heads={a.heads}", f"model.ffn_dim={a.ffn}", f"model.vocab_size={a.vocab}",
             f"model.max_seq_len={a.seq}", "model.init_std=auto", f"model.embed_std={(2 / 5) ** 0.5}",
             f"data.seq_len={a.seq}", f"data.builtin_mb={a.corpus_mb}", f"train.max_steps={a.steps}",
             f"train.batch_size={a.batch}", f"train.warmup_steps={warm}", f"train.eval_every={a.eval_every}",
-            "train.log_every=10", f"train.monitor_every={a.eval_every}", "train.threads=1", "train.device=cpu"]
+            "train.log_every=10", f"train.monitor_every={a.eval_every}", "train.threads=1", f"train.device={a.device}",
+            *([f"train.dtype={a.dtype}"] if a.dtype != "fp32" else []), *(["train.compile=true"] if a.compile else [])]
     runs = a.runs_dir or str(Path(a.out) / "runs")
     meta = {k: getattr(a, k) for k in ("dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "eval_every",
                                        "corpus_mb", "val_tokens", "ref_depth", "depths", "seeds", "ref_seeds", "lrs")}
-    s = Study("depth", a.out, VARIANTS, base, "cpu-tiny", runs, probe=ProbeSpec(a.probe_windows, a.seq),
+    s = Study(name, a.out, variants or VARIANTS, base, "cpu-tiny", runs, probe=ProbeSpec(a.probe_windows, a.seq),
               budgets=a.budgets, corpus=str(Path(runs) / "corpus"), val_tokens=a.val_tokens, command=command)
     s.meta.update({**meta, "init_std": "auto", "embed_std": (2 / 5) ** 0.5, "probe_windows": a.probe_windows,
               "corpus": build_corpus(s.config(grid_cells(s, [1e-3], 2)[0]), Path(s.corpus))})
@@ -62,23 +64,33 @@ def phase(s: Study, name: str, a) -> list:
         + seed_cells(s, best, [x for x in a.ref_seeds if x not in a.seeds], ref)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.depth_study", description=__doc__.split("\n")[0])
-    p.add_argument("cmd", choices=("run", "summarize"))
-    p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The model, data, training and probe arguments every study script shares (and their defaults)."""
     for name, default in (("depths", [6, 12, 24, 48]), ("seeds", [0, 1]), ("ref-seeds", [0, 1, 2])):
         p.add_argument(f"--{name}", nargs="+", type=int, default=default)
     p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2])
     p.add_argument("--budgets", nargs="+", type=int, default=[0], help="training tokens at which to probe too "
                    "(default 0: at initialisation)")
-    p.add_argument("--fixed-lr", type=float, help="sweep: this rate for every scheme instead of the grid's best")
     for name, default in (("ref-depth", 24), ("dim", 64), ("heads", 4), ("ffn", 172), ("vocab", 2048), ("seq", 64),
                           ("batch", 16), ("steps", 2000), ("eval-every", 250), ("val-tokens", 32768),
                           ("probe-windows", 256), ("jobs", 2)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--corpus-mb", type=float, default=10.0)
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="torch.compile every "
+                   "cell's model")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--runs-dir", help="run directories and the tokenized corpus (default OUT/runs)")
+    return p
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.depth_study", description=__doc__.split("\n")[0])
+    p.add_argument("cmd", choices=("run", "summarize"))
+    p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    p.add_argument("--fixed-lr", type=float, help="sweep: this rate for every scheme instead of the grid's best")
+    add_arguments(p)
     a = p.parse_args(argv)
     from benchmarks.study_report import recorded_command, write_depth
 

@@ -178,3 +178,36 @@ def test_gpu_table_runs_on_cpu_tiny(tmp_path, monkeypatch):
     assert all(row["tokens_per_s"] > 0 and row["mfu"] > 0 for row in r["rows"])
     assert losses[0] == pytest.approx(losses[1], abs=1e-4)  # same weights, same batch, same step
     assert "Not run: no GPU" in gpu_table.section(r)[0]  # a CPU run is not reported as a GPU result
+
+
+LNS_TINY = ["--steps", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "300",
+            "--seq", "16", "--batch", "2", "--corpus-mb", "0.05", "--probe-windows", "4", "--jobs", "1"]
+
+
+def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
+    """The issue-23 phases at tiny sizes: own rate grids per depth (widened past an edge), LNS taken apart, and
+    the GPU study's `along` exercised on the CPU."""
+    from benchmarks import lns_study
+
+    out = tmp_path / "lns"
+    lns_study.main(["run", "--phases", "depths", "parts", "--grid-depths", "2", "--widen", "1", "--seeds", "0",
+                    "--parts-depth", "2", "--parts-lrs", "1e-3", *LNS_TINY, "--out", str(out),
+                    "--runs-dir", str(tmp_path / "runs")])
+    runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
+    parts = {r["variant"] for r in runs if r["lr"] == 1e-3}
+    assert parts == set(lns_study.PARTS)
+    for v, grid in lns_study.GRIDS.items():  # its own grid, plus one widening when the best is at an edge
+        lrs = sorted(r["lr"] for r in runs if r["variant"] == v and r["lr"] != 1e-3)
+        assert set(grid) <= set(lrs) and len(lrs) in (3, 4)
+    table = capsys.readouterr().out
+    assert "| pre+block_lr | 2 | 0.001 | 1 |" in table
+    gpu = tmp_path / "gpu"
+    lns_study.main(["run", "--gpu", "--device", "cpu", "--dtype", "fp32", "--no-compile", "--along-depths", "2",
+                    "--along-lrs", "1e-3", "--probe-every", "32", *LNS_TINY, "--out", str(gpu),
+                    "--runs-dir", str(tmp_path / "gpu_runs")])
+    runs = [json.loads(x) for x in (gpu / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["variant"] for r in runs) == ["lns", "pre"]
+    assert all([p["tokens"] for p in r["probes"]] == [0, 32, 64, 96, 128] for r in runs)
+    assert "| lns-L2-lr0.001-seed0 | 96 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        lns_study.main(["run", "--phases", "along", "parts"])  # along runs alone

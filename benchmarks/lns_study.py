@@ -1,0 +1,155 @@
+"""The study that can tell why LNS wins: each depth at its own rate, LNS taken apart, the curse along training and
+the old stability claims, as thin phases over depthlab.study (the depth study's model, data and probe settings).
+
+    python -m benchmarks.lns_study run --phases depths       # resumable; records go to OUT/runs.jsonl
+    python -m benchmarks.lns_study run --phases along        # alone: 15M tokens of a 64 MB corpus, its own OUT
+    python -m benchmarks.lns_study run --gpu                 # `along` sized for one GPU (below)
+    python -m benchmarks.lns_study summarize [--phases along | --gpu]
+
+    depths     pre and lns at each of --grid-depths, each scheme on its own rate grid (pre 2e-3 4e-3 8e-3, lns 4e-3
+               8e-3 1.6e-2), widened by a factor 2 where the best rate is at an edge (--widen times at most), seed 0;
+               then --seeds at each depth's best rates
+    parts      at --parts-depth, rates --parts-lrs, --seeds: pre, lns, pre with block-l norm gains starting at
+               l^-p, pre with those gains learning at lr*l^-p, pre with every block-l parameter at lr*l^-p
+    along      pre and lns at each of --along-depths and --along-lrs, seed 0, probed every --probe-every tokens;
+               run alone: its defaults are 14,648 steps of 16 x 64 tokens (15M, under one epoch of the 64 MB
+               built-in corpus), its records go to lns_study_along/
+    stability  post, deepnorm, mixln and lns with scaled init at --ref-depth, each on pre's grid widened as above,
+               seed 0; then --seeds at each best rate; divergence (non-finite, or loss above ln V) is recorded
+
+Selection is by the final validation loss (the study's declared metric). `--gpu` is `along` where it means more,
+prepared for one lent H100/H200 (about 8 minutes in all, not yet measured): width 128, 12 and 24 blocks, pre and
+lns at 1e-3 (the paper's shared rate) and 3e-3, 3,662 steps of 64 x 256 tokens (60M), bf16, compiled, ten probes
+per run, records in lns_study_gpu/. `prepare --gpu` tokenizes its corpus beforehand into --runs-dir (uint16 tokens,
+about 40 MB), so the device only trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from benchmarks.depth_study import add_arguments, study
+from depthlab.study.records import load_records
+from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells
+from depthlab.study.stats import mean_std, spread
+
+OUT = Path(__file__).parent / "results" / "lns_study"
+PHASES = ("depths", "parts", "along", "stability")
+ALONG = {"steps": 14648, "eval_every": 1465, "corpus_mb": 64.0, "phases": ["along"],
+         "out": str(OUT.with_name("lns_study_along"))}
+VARIANTS = {
+    "pre": ["model.norm_scheme=pre"],
+    "lns": ["model.norm_scheme=lns"],
+    "pre+gain_init": ["model.norm_scheme=pre", "model.norm_gain_init=depth"],
+    "pre+gain_lr": ["model.norm_scheme=pre", "train.norm_gain_lr=depth"],
+    "pre+block_lr": ["model.norm_scheme=pre", "train.block_lr=depth"],
+    "post": ["model.norm_scheme=post"],
+    "deepnorm": ["model.norm_scheme=deepnorm"],
+    "mixln": ["model.norm_scheme=mixln"],
+    "lns+scaled": ["model.norm_scheme=lns", "model.init=scaled"],
+}
+GRIDS = {"pre": [2e-3, 4e-3, 8e-3], "lns": [4e-3, 8e-3, 1.6e-2]}  # the stability schemes use pre's
+PARTS = ("pre", "lns", "pre+gain_init", "pre+gain_lr", "pre+block_lr")
+UNSTABLE = ("post", "deepnorm", "mixln", "lns+scaled")
+# --gpu: the `along` question where it means more (one H100/H200): about 60M tokens per cell at 64 x 256
+GPU = {"dim": 128, "heads": 4, "ffn": 344, "seq": 256, "batch": 64, "steps": 3662, "eval_every": 366,
+       "vocab": 8192, "corpus_mb": 64.0, "device": "cuda", "dtype": "bf16", "compile": True, "jobs": 1,
+       "along_lrs": [1e-3, 3e-3], "along_depths": [12, 24], "probe_every": 6_000_000, "phases": ["along"],
+       "out": str(OUT.with_name("lns_study_gpu"))}
+
+
+def own_grid(s: Study, variant: str, lrs: list[float], layers: int, widen: int, jobs: int) -> tuple[list, float]:
+    """Train `variant`'s rate grid (seed 0), widening it by 2x past an edge that holds the best rate; returns the
+    final grid and its best rate."""
+    lrs = sorted(lrs)
+    for i in range(widen + 1):
+        run_cells(s, grid_cells(s, lrs, layers, [variant]), jobs)
+        best = best_rates(s, load_records(s.runs_file), lrs, layers, [variant])[variant]
+        if i == widen or min(lrs) < best < max(lrs):
+            break
+        lrs = [*lrs, max(lrs) * 2] if best == max(lrs) else [min(lrs) / 2, *lrs]
+    return lrs, best
+
+
+def run_phase(s: Study, name: str, a) -> None:
+    if name in ("depths", "stability"):
+        depths = a.grid_depths if name == "depths" else [a.ref_depth]
+        variants = ("pre", "lns") if name == "depths" else UNSTABLE
+        for L in depths:
+            best = {v: own_grid(s, v, GRIDS.get(v, GRIDS["pre"]), L, a.widen, a.jobs)[1] for v in variants}
+            run_cells(s, seed_cells(s, best, a.seeds, L), a.jobs)
+    elif name == "parts":
+        run_cells(s, [c for lr in a.parts_lrs for c in seed_cells(s, dict.fromkeys(PARTS, lr), a.seeds,
+                                                                  a.parts_depth)], a.jobs)
+    else:  # along: the budgets are every --probe-every tokens of the run
+        s.budgets = sorted({0, *range(a.probe_every, a.steps * a.batch * a.seq, a.probe_every)})
+        run_cells(s, [c for L in a.along_depths for c in grid_cells(s, a.along_lrs, L, ["pre", "lns"])], a.jobs)
+
+
+def summarize(out: Path) -> list[str]:
+    """One row per variant, depth and rate: final validation loss (mean and spread over seeds) and the final
+    model's curse index (interior inert fraction, deep/shallow removal ratio), from the records."""
+    rows = {}
+    for r in load_records(out / "runs.jsonl").values():
+        rows.setdefault((r["variant"], r.get("layers"), r["lr"]), []).append(r)
+    lines = ["| variant | N | lr | seeds | val loss | diverged | inert fraction | removal deep/shallow |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (v, L, lr), rs in sorted(rows.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0], kv[0][2])):
+        ok = [r for r in rs if r["status"] == "ok"]
+        curse = [r["probes"][-1]["curse"] for r in ok if r.get("probes")]
+        inert, ratio = (_mean_of(curse, k) for k in ("inert_fraction", "removal_deep_over_shallow"))
+        lines.append(f"| {v} | {L} | {lr:g} | {len(rs)} | {spread(mean_std(r['val_loss'] for r in ok)) if ok else '-'}"
+                     f" | {len(rs) - len(ok)} | {spread(inert, '.2f') if inert else '-'} | "
+                     f"{spread(ratio, '.2f') if ratio else '-'} |")
+    along = [r for r in load_records(out / "runs.jsonl").values() if len(r.get("probes", [])) > 2]
+    if along:  # the curse along training: each probe's tokens, inert fraction, removal ratio, probe loss
+        lines += ["", "| run | tokens | inert fraction | removal deep/shallow | probe loss |", "|---|---|---|---|---|"]
+        lines += [f"| {r['key']} | {q['tokens']:,} | {_number(q['curse'].get('inert_fraction'))} | "
+                  f"{_number(q['curse'].get('removal_deep_over_shallow'))} | {q['probe_loss']:.4f} |"
+                  for r in along for q in r["probes"]]
+    return lines
+
+
+def _mean_of(curse: list[dict], key: str) -> dict | None:
+    """mean_std of one index entry over seeds; None where no model has it (no interior at tiny depths)."""
+    xs = [c[key] for c in curse if c.get(key) is not None]
+    return mean_std(xs) if xs else None
+
+
+def _number(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.lns_study", description=__doc__.split("\n")[0])
+    p.add_argument("cmd", choices=("run", "prepare", "summarize"))
+    p.add_argument("--phases", nargs="+", choices=PHASES, default=["depths", "parts", "stability"])
+    p.add_argument("--grid-depths", nargs="+", type=int, default=[6, 48])
+    p.add_argument("--parts-depth", type=int, default=12)
+    p.add_argument("--parts-lrs", nargs="+", type=float, default=[2e-3, 8e-3])
+    p.add_argument("--along-depths", nargs="+", type=int, default=[12])
+    p.add_argument("--along-lrs", nargs="+", type=float, default=[2e-3, 8e-3])
+    p.add_argument("--widen", type=int, default=2, help="times a grid is widened past an edge (default 2)")
+    p.add_argument("--probe-every", type=int, default=1_500_000, help="along: tokens between probes")
+    p.add_argument("--gpu", action="store_true", help="the GPU settings of `along` (see the module docstring)")
+    add_arguments(p)
+    p.set_defaults(out=str(OUT))
+    a = p.parse_args(argv)
+    if a.gpu or "along" in a.phases:  # a longer run on a larger corpus, in its own folder: its own defaults
+        if not a.gpu and a.phases != ["along"]:
+            p.error("run the along phase alone (--phases along), or with --gpu")
+        p.set_defaults(**(GPU if a.gpu else ALONG))
+        a = p.parse_args(argv)  # those settings, under anything given on the command line
+    if a.cmd in ("run", "prepare"):
+        from benchmarks.study_report import recorded_command
+
+        s = study(a, recorded_command("lns_study", argv if argv is not None else sys.argv[1:]), "lns", VARIANTS)
+        for name in a.phases if a.cmd == "run" else []:
+            run_phase(s, name, a)
+    print("\n".join(summarize(Path(a.out))))
+
+
+if __name__ == "__main__":
+    main()
