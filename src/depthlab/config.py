@@ -111,6 +111,7 @@ class TrainConfig:
     on_nonfinite: str = "stop"  # stop | skip (skip the batch and count it)
     monitor_every: int = 50  # depth monitors (per-layer variance, update ratio, grad norm); 0 disables
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard)
+    dist_timeout_s: float = 1800.0  # under torchrun: how long a collective may wait for the other ranks
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False
     loss_chunk: int = 1024  # tokens per chunk of the LM head + cross-entropy (never the full logits); 0: unchunked

@@ -96,6 +96,7 @@ def _check_train(t: TrainConfig) -> None:
     _number(t, "train", "min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
     for name in ("beta1", "beta2"):
         _number(t, "train", name, lambda v: 0 <= v < 1, "in [0, 1)")
+    _number(t, "train", "dist_timeout_s", lambda v: v > 0, "a positive number of seconds")
     for name in ("weight_decay", "grad_clip", "peak_flops"):
         _number(t, "train", name, lambda v: v >= 0, "a number >= 0")
     _require(t.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: unchunked), got {t.loss_chunk}")

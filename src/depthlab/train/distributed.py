@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    host_group: object = None  # the group of the trainer's own host-side messages (see host_group)
 
     @property
     def is_main(self) -> bool:
@@ -40,16 +42,31 @@ class DistEnv:
         return self.world_size > 1
 
 
-def init_distributed(device: torch.device) -> DistEnv:
-    """Join the process group torchrun set up (RANK / WORLD_SIZE in the environment); a no-op otherwise."""
+def init_distributed(device: torch.device, timeout_s: float = 1800.0) -> DistEnv:
+    """Join the process group torchrun set up (RANK / WORLD_SIZE in the environment); a no-op otherwise.
+
+    One group with a backend per device type: gloo for host tensors and pickled objects, NCCL for GPU tensors
+    ("nccl" alone maps only cuda, and a CPU tensor's all-reduce then fails). `timeout_s` bounds every collective
+    (a rank stuck in a save, or a dead peer, ends the job instead of hanging it)."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) == 1:
         return DistEnv()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    env = DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device.type == "cuda":
-        torch.cuda.set_device(env.local_rank)
-    return env
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        extra = {"device_id": torch.device("cuda", local_rank)} if device.type == "cuda" else {}
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(seconds=timeout_s), **extra)
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, host_group(timeout_s))
+
+
+def host_group(timeout_s: float = 1800.0):
+    """The group for host-side collectives (the trainer's scalar reductions, object broadcasts, barriers): the
+    default group when it has a CPU backend, else a gloo group beside it -- a default group that someone else
+    created with a GPU-only backend (NCCL alone) cannot reduce a CPU tensor. Collective: every rank calls it."""
+    if "cpu:" in dist.get_backend_config():
+        return None  # the default group
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def local_device(device: torch.device, env: DistEnv) -> torch.device:
@@ -88,8 +105,17 @@ def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
     if not env.enabled:
         return values
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=env.host_group)
     return t.tolist()
+
+
+def gather_objects(obj, env: DistEnv) -> list:
+    """Every rank's obj, in rank order, on every rank (small things: per-rank timings, file digests)."""
+    if not env.enabled:
+        return [obj]
+    out = [None] * env.world_size
+    dist.all_gather_object(out, obj, group=env.host_group)
+    return out
 
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -117,13 +143,13 @@ def broadcast_object(obj, env: DistEnv):
     if not env.enabled:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=env.host_group)
     return box[0]
 
 
 def barrier(env: DistEnv) -> None:
     if env.enabled:
-        dist.barrier()
+        dist.barrier(group=env.host_group)
 
 
 def shutdown(env: DistEnv) -> None:

@@ -67,6 +67,7 @@ from depthlab.train.vision import VisionHooks
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
                                              "device", "threads", "out_dir", "compile", "activation_checkpointing",
                                              "peak_flops", "tensorboard", "wandb", "parallel", "on_nonfinite",
+                                             "dist_timeout_s",
                                              "loss_chunk")}  # a memory knob: the same loss to 1e-5, not bitwise
 
 
@@ -169,7 +170,7 @@ class Trainer:
         if tc.threads:
             torch.set_num_threads(tc.threads)
         self.device = resolve_device(tc.device, "train.device")
-        self.env = D.init_distributed(self.device)
+        self.env = D.init_distributed(self.device, tc.dist_timeout_s)
         self.device = D.local_device(self.device, self.env)
         self.progress = progress and self.env.is_main
         self._held = contextlib.ExitStack()  # the run directory's lock, held until close()
