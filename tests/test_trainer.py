@@ -149,7 +149,9 @@ def test_nonfinite_weights_are_never_saved(tmp_path, corpus):
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeypatch):
     trainer = Trainer(make_cfg(corpus, **{"train.max_steps": 4, "train.ckpt_every": 2}), run_dir=tmp_path / "run",
                       progress=False)
-    real_save = C.save_file
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
     calls = []
 
     def disk_full(*a, **k):  # the second save hits a full disk
@@ -158,7 +160,7 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeyp
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(*a, **k)
 
-    monkeypatch.setattr(C, "save_file", disk_full)
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
     with pytest.raises(UserError, match="cannot write checkpoint .*No space left.*earlier checkpoints are intact"):
         trainer.train()
     (only,) = C.list_checkpoints(tmp_path / "run")

@@ -31,6 +31,25 @@ def _block_index(name: str) -> int | None:
     return int(parts[1]) + 1 if parts[0] == "layers" else None
 
 
+def fill_(param: torch.Tensor, draw) -> None:
+    """draw(t) fills t in place. A parameter that is not a plain CPU tensor (a meta-device build materialised on
+    its device, or one rank's shard of it) is drawn whole on the CPU, the same numbers an eager CPU build draws
+    from the same generator state, and keeps its own part: the values do not depend on how the model is
+    sharded."""
+    if param.device.type == "cpu" and not hasattr(param, "device_mesh"):
+        draw(param)
+        return
+    full = torch.empty(param.shape, dtype=param.dtype)
+    draw(full)
+    if hasattr(param, "device_mesh"):  # a DTensor: this rank's part, cut as the sharding cuts it
+        from torch.distributed.tensor import distribute_tensor
+
+        part = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(part.to_local())
+    else:
+        param.copy_(full)
+
+
 def init_normal(model: nn.Module, cfg: ModelConfig, out_std=None) -> None:
     """N(0, init_std) everywhere, N(0, embed_std) for the token embedding; out_std(name) overrides the std of
     output projections."""
@@ -38,7 +57,7 @@ def init_normal(model: nn.Module, cfg: ModelConfig, out_std=None) -> None:
         std = cfg.weight_std
         if out_std is not None and name.endswith(OUTPUT_PROJECTIONS):
             std = out_std(name)
-        nn.init.normal_(lin.weight, 0.0, std)
+        fill_(lin.weight, lambda t, std=std: nn.init.normal_(t, 0.0, std))
     init_embedding(model, cfg)
 
 
@@ -47,7 +66,7 @@ def init_embedding(model: nn.Module, cfg: ModelConfig) -> None:
     embedding std 0.632 would start with logits of std ~0.632 * sqrt(dim) and a loss far above ln V."""
     if isinstance(getattr(model, "embed_tokens", None), nn.Embedding):  # a ViT's patch embedding is a Linear
         std = cfg.weight_std if cfg.tie_embeddings else cfg.embed_std
-        nn.init.normal_(model.embed_tokens.weight, 0.0, std)
+        fill_(model.embed_tokens.weight, lambda t: nn.init.normal_(t, 0.0, std))
 
 
 def init_scaled(model: nn.Module, cfg: ModelConfig) -> None:
@@ -66,9 +85,9 @@ def init_deepnorm(model: nn.Module, cfg: ModelConfig) -> None:
     for name, lin in _named_linears(model):
         if name.startswith("layers."):
             gain = 1.0 if name.endswith(("q_proj", "k_proj")) else beta
-            nn.init.xavier_normal_(lin.weight, gain=gain)
+            fill_(lin.weight, lambda t, gain=gain: nn.init.xavier_normal_(t, gain=gain))
         else:
-            nn.init.normal_(lin.weight, 0.0, cfg.weight_std)
+            fill_(lin.weight, lambda t: nn.init.normal_(t, 0.0, cfg.weight_std))
     init_embedding(model, cfg)
 
 
@@ -89,4 +108,4 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     INITS[method](model, cfg)
     for _, lin in _named_linears(model):
         if lin.bias is not None:
-            nn.init.zeros_(lin.bias)
+            fill_(lin.bias, nn.init.zeros_)

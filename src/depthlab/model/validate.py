@@ -104,6 +104,8 @@ def _check_train(t: TrainConfig) -> None:
     _require(0 <= t.seed < 2**32, f"train.seed must be in 0..2**32-1, got {t.seed}")
     _require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
     _require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
+    _require(t.global_batch >= 0 and t.dp_replicate >= 1 and t.dp_shard >= 0,
+             "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
     _require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
              "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
     _require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
