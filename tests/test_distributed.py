@@ -254,6 +254,11 @@ def _layouts_and_accumulation(rank, cfg, tmp):
         _train(layout, tmp / f"replicate{replicate}")
     a, b = losses(tmp / "replicate1"), losses(tmp / "replicate2")
     assert list(a) == [1, 2, 3] and all(abs(a[s] - b[s]) < 1e-6 for s in a), (a, b)
+    from depthlab.train.trainer import read_metrics
+
+    for record in read_metrics(tmp / "replicate1"):  # every rank's own timing and memory, so stragglers show
+        assert all(len(record[k]) == 2 for k in ("rank_step_s", "rank_data_s", "rank_peak_mib")), record
+        assert all(v > 0 for v in record["rank_peak_mib"])
 
     bf16 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, dtype="bf16", max_steps=1))
     trainer = Trainer(bf16, run_dir=tmp / "bf16", progress=False)

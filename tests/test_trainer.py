@@ -18,7 +18,7 @@ from depthlab.config import Config, apply_overrides
 from depthlab.model import Transformer, lm_loss
 from depthlab.train import checkpoint as C
 from depthlab.train.callbacks import Callback, DepthMonitor
-from depthlab.train.trainer import Trainer, TrainingDiverged
+from depthlab.train.trainer import Trainer, TrainingDiverged, read_metrics
 
 TINY = {"model.dim": 32, "model.n_layers": 3, "model.n_heads": 2, "model.ffn_dim": 64, "model.vocab_size": 300,
         "data.seq_len": 32, "train.eval_every": 1000, "train.log_every": 1, "train.warmup_steps": 2,
@@ -43,7 +43,7 @@ def cli(*args, torchrun: int = 0, **popen):
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
 
 def make_cfg(corpus, **extra) -> Config:

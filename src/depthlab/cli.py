@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from depthlab import UserError, __version__
 
@@ -21,6 +22,9 @@ def base_config(args):
     from depthlab.config import Config, preset
     from depthlab.rundir import CONFIG, Kind, what_is
 
+    if args.resume == "auto" and args.run_dir and (Path(args.run_dir) / CONFIG).is_file() and \
+            what_is(args.run_dir) is Kind.RUN:  # the run's own config; no rank hashes a checkpoint for it
+        return Config.load(Path(args.run_dir) / CONFIG)
     if args.resume:
         from depthlab.train.trainer import resume_point
 

@@ -98,6 +98,18 @@ class RunResult:
     val: dict = field(default_factory=dict)  # every validation metric (a ViT's val_acc too)
 
 
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of a run's metrics.jsonl (MetricsLog writes it), in order; a partial line that a kill left is
+    skipped."""
+    records = []
+    for line in (Path(run_dir) / METRICS).read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
     """(lines of steps <= step, how many later ones, how many unreadable) of a metrics.jsonl."""
     keep, later, broken = [], 0, 0
