@@ -50,6 +50,50 @@ def fill_(param: torch.Tensor, draw) -> None:
         param.copy_(full)
 
 
+PIECE = 1 << 22  # elements per piece of a piecewise draw (a multiple of 16)
+
+
+def _local_span(param: torch.Tensor):
+    """(this rank's elements as a flat view, their first and past-the-end index in the flattened whole), or None
+    for a layout other than whole rows (replicated, or sharded along dim 0, as FSDP shards)."""
+    if not hasattr(param, "device_mesh"):
+        return param.view(-1), 0, param.numel()
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not all(p.is_replicate() or (p.is_shard() and p.dim == 0) for p in param.placements):
+        return None
+    local = param.to_local()
+    if not local.is_contiguous():
+        return None
+    _, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    start = offset[0] * math.prod(param.shape[1:]) if param.dim() else 0
+    return local.view(-1), start, start + local.numel()
+
+
+def fill_normal_(param: torch.Tensor, std: float) -> None:
+    """param.normal_(0, std), the same numbers for a parameter that is not a plain CPU tensor (a meta-device build
+    materialised on its device, or one rank's shard of it), without holding it whole: the CPU generator draws the
+    same numbers piece by piece when every piece but the last is a multiple of 16 long and the last is at least
+    16, so the flattened parameter is drawn in pieces and each rank keeps what it holds."""
+    if param.device.type == "cpu" and not hasattr(param, "device_mesh"):
+        param.normal_(0.0, std)
+        return
+    span = _local_span(param)
+    if span is None:
+        fill_(param, lambda t: t.normal_(0.0, std))
+        return
+    local, lo, hi = span
+    n = param.numel()
+    bounds = [*range(0, n, PIECE), n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < 16:
+        del bounds[-2]
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        piece = torch.empty(b - a).normal_(0.0, std)
+        first, last = max(a, lo), min(b, hi)
+        if first < last:
+            local[first - lo:last - lo].copy_(piece[first - a:last - a])
+
+
 def init_normal(model: nn.Module, cfg: ModelConfig, out_std=None) -> None:
     """N(0, init_std) everywhere, N(0, embed_std) for the token embedding; out_std(name) overrides the std of
     output projections."""
@@ -57,7 +101,7 @@ def init_normal(model: nn.Module, cfg: ModelConfig, out_std=None) -> None:
         std = cfg.weight_std
         if out_std is not None and name.endswith(OUTPUT_PROJECTIONS):
             std = out_std(name)
-        fill_(lin.weight, lambda t, std=std: nn.init.normal_(t, 0.0, std))
+        fill_normal_(lin.weight, std)
     init_embedding(model, cfg)
 
 
@@ -66,7 +110,7 @@ def init_embedding(model: nn.Module, cfg: ModelConfig) -> None:
     embedding std 0.632 would start with logits of std ~0.632 * sqrt(dim) and a loss far above ln V."""
     if isinstance(getattr(model, "embed_tokens", None), nn.Embedding):  # a ViT's patch embedding is a Linear
         std = cfg.weight_std if cfg.tie_embeddings else cfg.embed_std
-        fill_(model.embed_tokens.weight, lambda t: nn.init.normal_(t, 0.0, std))
+        fill_normal_(model.embed_tokens.weight, std)
 
 
 def init_scaled(model: nn.Module, cfg: ModelConfig) -> None:
@@ -85,9 +129,10 @@ def init_deepnorm(model: nn.Module, cfg: ModelConfig) -> None:
     for name, lin in _named_linears(model):
         if name.startswith("layers."):
             gain = 1.0 if name.endswith(("q_proj", "k_proj")) else beta
-            fill_(lin.weight, lambda t, gain=gain: nn.init.xavier_normal_(t, gain=gain))
+            fan_out, fan_in = lin.weight.shape  # as nn.init.xavier_normal_ computes its std
+            fill_normal_(lin.weight, gain * math.sqrt(2.0 / (fan_in + fan_out)))
         else:
-            fill_(lin.weight, lambda t: nn.init.normal_(t, 0.0, cfg.weight_std))
+            fill_normal_(lin.weight, cfg.weight_std)
     init_embedding(model, cfg)
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.config import ModelConfig, TrainConfig
-from depthlab.model.init import fill_, init_weights
+from depthlab.model.init import fill_normal_, init_weights
 from depthlab.model.schemes import build_block, scheme_class
 
 
@@ -65,7 +65,7 @@ class ViT(nn.Module):
         with torch.no_grad():  # ViT / DeiT: the class token and learned positions drawn like the weights
             for p in (self.cls_token, self.pos_embed):
                 if isinstance(p, nn.Parameter):
-                    fill_(p, lambda t: nn.init.normal_(t, 0.0, self.cfg.weight_std))
+                    fill_normal_(p, self.cfg.weight_std)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """The residual stream entering block 1: (B, P [+ 1], dim)."""
