@@ -164,6 +164,11 @@ def build_parallel(cfg: ModelConfig, tc: TrainConfig, env: DistEnv, device: torc
         replicate, shard = mesh_shape(tc, env.world_size)
         mesh = init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard")) \
             if replicate > 1 else init_device_mesh(device.type, (shard,))
+        # the token embedding in its own group, as torchtitan does: the root group (head, final norm) stays small,
+        # and so does what accumulation adds while a group's reduce-scattered gradient is summed into the last one
+        # (the LM head has no group of its own: the chunked loss reads its weight without calling its forward)
+        if isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and not cfg.tie_embeddings:
+            fully_shard(model.embed_tokens, mesh=mesh, mp_policy=mp)
         for layer in model.layers:
             if tc.compile:
                 layer.compile()
