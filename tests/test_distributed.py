@@ -157,6 +157,11 @@ def test_sharded_checkpoints_resume_on_2_1_and_2_ranks_like_the_uninterrupted_ru
     assert is_sharded(step3) and len(list((step3 / SHARDS).glob("*.distcp"))) == 2  # each rank its own file
     full = load_weights(step3)  # export / eval read it assembled
     assert full["layers.0.attn.q_proj.weight"].shape == (32, 32)
+    from depthlab.cli import main
+
+    assert main(["export", str(step3), str(tmp_path / "hf")]) == 0  # consolidated into one safetensors file
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert main(["eval", str(step3)]) == 0
     cut("ref2", "two_to_one")
     _train(one, tmp_path / "two_to_one", resume="auto")
 

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -145,7 +146,9 @@ def load_weights(ckpt: Path, device: str = "cpu") -> dict:
     entries = reader.read_metadata().state_dict_metadata
     state = {k[len("model."):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in entries.items()
              if k.startswith("model.") and hasattr(m, "size")}
-    dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
     return {k: v.to(device) for k, v in state.items()}
 
 
@@ -164,7 +167,9 @@ def load_sharded_state(ckpt: Path, model, opt=None) -> None:
 
     msd, osd = get_state_dict(model, opt or [])
     state = {"model": msd, **({"optim": osd} if opt is not None else {})}
-    dcp.load(state, checkpoint_id=str(Path(ckpt) / SHARDS), no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(Path(ckpt) / SHARDS), no_dist=not dist.is_initialized())
     set_state_dict(model, opt or [], model_state_dict=msd, optim_state_dict=osd if opt is not None else {})
 
 
