@@ -177,7 +177,6 @@ def test_retention_keeps_the_newest_valid_checkpoint_when_fewer_than_keep_last(t
 KILL_DURING_SAVE = """
     import os, signal, sys
     import torch
-    from depthlab.train import checkpoint
     real, calls = torch.save, []
     def save(obj, f, *a, **k):  # the third checkpoint dies half-written, as SIGKILL or a power cut leaves it
         calls.append(1)
@@ -186,7 +185,7 @@ KILL_DURING_SAVE = """
                 out.write(b"partial")
             os.kill(os.getpid(), signal.SIGKILL)
         return real(obj, f, *a, **k)
-    checkpoint.torch.save = save
+    torch.save = save
     from depthlab.cli import main
     sys.exit(main(sys.argv[1:]))
 """
@@ -238,9 +237,9 @@ def test_partial_metrics_line_is_dropped_and_reported(tmp_path, corpus, capsys):
 
 
 def test_full_disk_during_a_checkpoint_is_one_line_and_leaves_nothing(tmp_path, corpus, capsys, monkeypatch):
-    from depthlab.train import checkpoint
+    import torch
 
-    real, calls = checkpoint.torch.save, []
+    real, calls = torch.save, []
 
     def full(obj, f, *a, **k):  # torch.save reports a full disk as RuntimeError, not OSError
         calls.append(1)
@@ -249,7 +248,7 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_leaves_nothing(tmp_path, 
                                "PytorchStreamWriter failed writing file data/7: file write failed")
         return real(obj, f, *a, **k)
 
-    monkeypatch.setattr(checkpoint.torch, "save", full)
+    monkeypatch.setattr(torch, "save", full)
     run = tmp_path / "run"
     code, err = run_main(capsys, "train", "--run-dir", run, "--data", corpus, "--max-steps", 4, *TRAIN,
                          "--set", "train.ckpt_every=2")

@@ -18,7 +18,7 @@ from depthlab.config import Config, apply_overrides
 from depthlab.model import Transformer, lm_loss
 from depthlab.train import checkpoint as C
 from depthlab.train.callbacks import Callback, DepthMonitor
-from depthlab.train.trainer import Trainer, TrainingDiverged
+from depthlab.train.trainer import Trainer, TrainingDiverged, read_metrics
 
 TINY = {"model.dim": 32, "model.n_layers": 3, "model.n_heads": 2, "model.ffn_dim": 64, "model.vocab_size": 300,
         "data.seq_len": 32, "train.eval_every": 1000, "train.log_every": 1, "train.warmup_steps": 2,
@@ -43,7 +43,7 @@ def cli(*args, torchrun: int = 0, **popen):
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
 
 def make_cfg(corpus, **extra) -> Config:
@@ -149,7 +149,9 @@ def test_nonfinite_weights_are_never_saved(tmp_path, corpus):
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeypatch):
     trainer = Trainer(make_cfg(corpus, **{"train.max_steps": 4, "train.ckpt_every": 2}), run_dir=tmp_path / "run",
                       progress=False)
-    real_save = C.save_file
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
     calls = []
 
     def disk_full(*a, **k):  # the second save hits a full disk
@@ -158,7 +160,7 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeyp
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(*a, **k)
 
-    monkeypatch.setattr(C, "save_file", disk_full)
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
     with pytest.raises(UserError, match="cannot write checkpoint .*No space left.*earlier checkpoints are intact"):
         trainer.train()
     (only,) = C.list_checkpoints(tmp_path / "run")

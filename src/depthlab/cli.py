@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from depthlab import UserError, __version__
 
@@ -21,6 +22,9 @@ def base_config(args):
     from depthlab.config import Config, preset
     from depthlab.rundir import CONFIG, Kind, what_is
 
+    if args.resume == "auto" and args.run_dir and (Path(args.run_dir) / CONFIG).is_file() and \
+            what_is(args.run_dir) is Kind.RUN:  # the run's own config; no rank hashes a checkpoint for it
+        return Config.load(Path(args.run_dir) / CONFIG)
     if args.resume:
         from depthlab.train.trainer import resume_point
 
@@ -64,6 +68,17 @@ def cmd_train(args) -> None:
     if args.resume == "auto" and not args.run_dir:
         raise UserError("--resume auto needs --run-dir (the run directory to continue)")
     cfg = build_config(args)
+    if args.dry_run:
+        from depthlab.train.plan import check_fits, format_plan, memory_plan
+
+        world = args.world_size or int(os.environ.get("WORLD_SIZE", 1))
+        if world < 1:
+            raise UserError(f"--world-size must be >= 1, got {world}")
+        plan = memory_plan(cfg, world)
+        if not int(os.environ.get("RANK", 0)):
+            print(format_plan(plan))
+        check_fits(plan, args.gpu_memory)
+        return
     result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress,
                    overwrite=args.overwrite)
     if int(os.environ.get("RANK", 0)):  # under torchrun, rank 0 reports
@@ -245,6 +260,14 @@ MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a dir
 OVERWRITE_HELP = "replace OUT even if it is not this command's own kind of output (another run, other files)"
 
 
+def add_plan_flags(t) -> None:
+    t.add_argument("--dry-run", action="store_true", help="print the layout and the memory plan per rank, and stop")
+    t.add_argument("--world-size", type=int, metavar="N", help="with --dry-run: plan for N ranks (default: "
+                   "torchrun's WORLD_SIZE, else 1)")
+    t.add_argument("--gpu-memory", type=float, metavar="GIB", help="with --dry-run: refuse a plan that needs more "
+                   "than GIB per rank")
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = Parser(prog="depthlab", description="Train and diagnose LLMs whose every layer counts "
                                 "(LayerNorm Scaling, arXiv 2502.05795, and other normalization schemes).")
@@ -277,6 +300,7 @@ def make_parser() -> argparse.ArgumentParser:
                    "one made by `depthlab import`), with a fresh optimizer: continued pretraining, for example "
                    "with --scheme lns")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_plan_flags(t)
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="validation loss and perplexity of a model",

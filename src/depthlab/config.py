@@ -94,8 +94,10 @@ class TrainConfig:
     out_dir: str = "runs"
     seed: int = 0
     max_steps: int = 600
-    batch_size: int = 16  # sequences per micro-batch
+    batch_size: int = 16  # sequences per micro-batch, per rank (derived from global_batch when that is set)
     grad_accum: int = 1
+    global_batch: int = 0  # sequences per optimizer step over all ranks: batch_size = global_batch / (grad_accum x
+    # ranks) at the world size the run has; 0: batch_size as given (the global batch grows with the ranks)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak
     warmup_steps: int = 60
@@ -114,6 +116,9 @@ class TrainConfig:
     max_skips: int = 10  # with skip: consecutive skipped steps after which the run stops
     monitor_every: int = 50  # depth monitors (per-layer variance, update ratio, grad norm); 0 disables
     parallel: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard)
+    dist_timeout_s: float = 1800.0  # under torchrun: how long a collective may wait for the other ranks
+    dp_replicate: int = 1  # fsdp: HSDP, a 2-D mesh of dp_replicate groups (nodes) x dp_shard ranks, sharded within
+    dp_shard: int = 0  # a group and replicated across groups; 0: all ranks / dp_replicate
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False
     loss_chunk: int = 1024  # tokens per chunk of the LM head + cross-entropy (never the full logits); 0: unchunked
@@ -258,8 +263,10 @@ def _paper_preset(name: str) -> Config:
     model = ModelConfig(vocab_size=32128, dim=dim, n_layers=layers, n_heads=heads, ffn_dim=ffn, max_seq_len=256,
                         norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
     data = DataConfig(seq_len=256)
-    train = TrainConfig(max_steps=steps, batch_size=64, grad_accum=8, lr=lr, warmup_steps=warmup, dtype="bf16",
-                        eval_every=1000, log_every=10)
+    train = TrainConfig(max_steps=steps, global_batch=512, batch_size=64, grad_accum=8, lr=lr, warmup_steps=warmup,
+                        dtype="bf16", eval_every=1000, log_every=10, ckpt_every=1000)
+    if dim >= 2048:  # >= 1B parameters: sharded (DDP would hold the full model, gradients and AdamW on every GPU)
+        train.parallel = "fsdp"
     return Config(model, data, train, preset=name)
 
 
@@ -282,8 +289,9 @@ def _family_preset(name: str) -> Config:
     model = ModelConfig(arch=arch, vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv,
                         ffn_dim=ffn, max_seq_len=context, rope_theta=theta, norm_eps=eps, tie_embeddings=tied,
                         norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
-    train = TrainConfig(max_steps=round(tokens / (512 * 256)), batch_size=64, grad_accum=8, lr=5e-4,
-                        warmup_steps=1000, dtype="bf16", eval_every=1000, log_every=10)
+    train = TrainConfig(max_steps=round(tokens / (512 * 256)), global_batch=512, batch_size=64, grad_accum=8,
+                        lr=5e-4, warmup_steps=1000, dtype="bf16", eval_every=1000, log_every=10, ckpt_every=1000,
+                        parallel="fsdp" if dim >= 2048 else "ddp")
     return Config(model, DataConfig(seq_len=256), train, preset=name)
 
 
@@ -320,6 +328,20 @@ def _vit_digits() -> Config:
 PRESETS = {"cpu-tiny": lambda: Config(), **{name: (lambda n=name: _paper_preset(n)) for name in _PAPER},
            **{name: (lambda n=name: _family_preset(n)) for name in _FAMILY},
            **{name: (lambda n=name: _vit_preset(n)) for name in _VIT}, "vit-digits": _vit_digits}
+
+
+def per_rank_batch(t: TrainConfig, world_size: int) -> int:
+    """train.batch_size at this world size: global_batch / (grad_accum x ranks) when global_batch is set. The
+    global micro-batch (ranks x batch_size) stays global_batch / grad_accum, so a run resumes on another number of
+    ranks with the same sequences in every step."""
+    if not t.global_batch:
+        return t.batch_size
+    share, rest = divmod(t.global_batch, t.grad_accum * world_size)
+    if rest or not share:
+        raise UserError(f"train.global_batch={t.global_batch} does not split into train.grad_accum={t.grad_accum} "
+                        f"micro-batches on each of {world_size} rank(s): make it a multiple of "
+                        f"{t.grad_accum * world_size}, or change train.grad_accum")
+    return share
 
 
 def preset(name: str) -> Config:

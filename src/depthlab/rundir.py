@@ -25,21 +25,38 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
-import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from depthlab import UserError
+from depthlab.checkpoint import (  # noqa: F401 (the checkpoint format's names, re-exported for every command)
+    CHECKPOINTS,
+    CONFIG,
+    META,
+    SHARDS,
+    TOKENIZER,
+    TRAINER,
+    WEIGHTS,
+    CorruptCheckpoint,
+    is_sharded,
+    is_valid,
+    list_checkpoints,
+    load_verified,
+    load_weights,
+    newest_valid_checkpoint,
+    previous_checkpoint,
+    save_weights,
+    usual_mode,
+    verify_checkpoint,
+    warn,
+)
 
 # ---------------------------------------------------------------- file names, defined once
-CONFIG, META, WEIGHTS, TOKENIZER, TRAINER = "config.json", "meta.json", "model.safetensors", "tokenizer.json", \
-    "trainer.pt"
-METRICS, ENV, CHECKPOINTS = "metrics.jsonl", "env.json", "checkpoints"
+METRICS, ENV = "metrics.jsonl", "env.json"
 PREPARED_INDEX, PREPARED_WORK, PREPARED_PLAN, PREPARED_FORMAT = "index.json", ".work", "plan.json", \
     "depthlab-tokens"
 EXPORT_INFO = "depthlab_export.json"  # provenance of an HF directory depthlab wrote (export, prune)
@@ -112,77 +129,6 @@ def run_of(ckpt: Path) -> Path | None:
     ckpt = Path(ckpt)
     home = ckpt.parent.parent
     return home if ckpt.parent.name == CHECKPOINTS and what_is(home) is Kind.RUN else None
-
-
-# ---------------------------------------------------------------- checkpoints: listing and verification
-class CorruptCheckpoint(UserError):
-    pass
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def verify_checkpoint(path: Path) -> dict:
-    """The checkpoint's meta.json, after checking every file against its recorded sha256."""
-    try:
-        meta = json.loads((path / META).read_text())
-        files = meta["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CorruptCheckpoint(f"corrupted checkpoint {path}: unreadable {META} ({e})") from None
-    for name, digest in files.items():
-        if not (path / name).is_file():
-            raise CorruptCheckpoint(f"corrupted checkpoint {path}: {name} is missing")
-        if _sha256(path / name) != digest:
-            raise CorruptCheckpoint(f"corrupted checkpoint {path}: {name} does not match its checksum")
-    return meta
-
-
-def is_valid(ckpt: Path) -> bool:
-    try:
-        verify_checkpoint(ckpt)
-        return True
-    except CorruptCheckpoint:
-        return False
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """A run's finished checkpoints, oldest first (step_N.tmp, a save in progress or killed, is not one)."""
-    d = Path(run_dir) / CHECKPOINTS
-    return sorted(p for p in d.glob("step_*") if p.is_dir() and p.name[5:].isdigit()) if d.is_dir() else []
-
-
-def warn(msg: str) -> None:
-    print(msg if msg.startswith("depthlab:") else f"depthlab: warning: {msg}", file=sys.stderr)
-
-
-def newest_valid_checkpoint(run_dir: Path, warn: Callable[[str], None] = warn) -> Path | None:
-    for ckpt in reversed(list_checkpoints(run_dir)):
-        try:
-            verify_checkpoint(ckpt)
-            return ckpt
-        except CorruptCheckpoint as e:
-            warn(f"depthlab: warning: skipping {e}")
-    return None
-
-
-def previous_checkpoint(ckpt: Path) -> Path | None:
-    older = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
-    return next((p for p in reversed(older) if is_valid(p)), None)
-
-
-def load_verified(ckpt: Path) -> dict:
-    """verify_checkpoint, naming the previous valid checkpoint when this one is corrupted."""
-    try:
-        return verify_checkpoint(ckpt)
-    except CorruptCheckpoint as e:
-        prev = previous_checkpoint(ckpt)
-        raise CorruptCheckpoint(f"{e}; " + (f"the previous valid checkpoint is {prev}" if prev else
-                                            "no earlier valid checkpoint exists")) from None
 
 
 # ---------------------------------------------------------------- model paths
@@ -302,25 +248,6 @@ def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32", hf
     return Loaded(model.to(torch_dtype(dtype)).eval(), tok, Kind.CHECKPOINT, p, cfg, meta)
 
 
-def load_weights(ckpt: Path, device: str = "cpu") -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(ckpt / WEIGHTS), device=device)
-
-
-def save_weights(state: dict, path: Path, metadata: dict | None = None) -> None:
-    """safetensors' file, with the permissions of any other file we write: safetensors writes a 0600 temporary
-    file and renames it into place, so the mode is set here from the umask."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    try:
-        save_file(state, str(path), metadata=metadata)
-    except SafetensorError as e:  # a full disk or a file-size limit, as the OSError it is
-        raise OSError(str(e).strip().splitlines()[-1]) from None
-    usual_mode(path)
-
-
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple:
     """(model, config, meta) from a checkpoint or a run directory; the model is rebuilt with its saved scheme."""
     from depthlab.config import Config
@@ -415,6 +342,10 @@ def _acquire(lock: Path, directory: Path, what: str, label: str) -> int:
             os.close(fd)
             raise UserError(f"{directory} is in use by another depthlab process ({holder}); wait for it to finish, "
                             "or stop it") from None
+        except OSError as e:  # ENOLCK / EOPNOTSUPP: a filesystem without flock (some NFS mounts)
+            os.close(fd)
+            raise UserError(f"cannot lock {label}{directory}: its filesystem does not support file locks "
+                            f"({e.strerror or e}); use a directory on a filesystem with flock") from None
         try:  # its previous holder may have unlinked the file between our open and our lock: then take the new one
             same = os.fstat(fd).st_ino == os.stat(lock).st_ino
         except FileNotFoundError:
@@ -424,6 +355,15 @@ def _acquire(lock: Path, directory: Path, what: str, label: str) -> int:
             os.write(fd, f"pid {os.getpid()}, depthlab {what}".encode())
             return fd
         os.close(fd)
+
+
+def lock_text(directory: str | Path) -> str | None:
+    """What the holder of `directory`'s lock wrote into it (its PID and command), None without a lock file: how
+    another process, on this host or another, checks that it sees the directory the holder writes."""
+    try:
+        return _lock_file(Path(directory)).read_text()
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager
@@ -544,14 +484,6 @@ def writing_files(outs: list[Path], own: Callable[[Path], bool], what: str, over
             for tmp in tmps:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-
-
-def usual_mode(path: Path) -> None:
-    """The permissions any file we create gets from the umask: libraries that write a temporary file and rename
-    it (safetensors) leave 0600."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 def _swap_in(tmp: Path, out: Path) -> None:

@@ -27,9 +27,13 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if init:
-            init_weights(self, cfg)
+            self.initialize()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def initialize(self) -> None:
+        """Draw the weights (model.init). Also what a meta-device build calls once materialised."""
+        init_weights(self, self.cfg)
 
     def forward(self, idx: torch.Tensor, return_hidden: bool = False, *, targets: torch.Tensor | None = None,
                 loss_chunk: int = TrainConfig.loss_chunk, reduction: str = "mean"):

@@ -131,6 +131,7 @@ def _check_train(t: TrainConfig) -> None:
     _number(t, "train", "min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
     for name in ("beta1", "beta2"):
         _number(t, "train", name, lambda v: 0 <= v < 1, "in [0, 1)")
+    _number(t, "train", "dist_timeout_s", lambda v: v > 0, "a positive number of seconds")
     for name in ("weight_decay", "grad_clip", "peak_flops"):
         _number(t, "train", name, lambda v: v >= 0, "a number >= 0")
     _require(t.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: unchunked), got {t.loss_chunk}")
@@ -139,6 +140,8 @@ def _check_train(t: TrainConfig) -> None:
     _require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
     _require(t.max_skips >= 0, f"train.max_skips must be >= 0, got {t.max_skips}")
     _require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
+    _require(t.global_batch >= 0 and t.dp_replicate >= 1 and t.dp_shard >= 0,
+             "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
     _require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
              "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
     _require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")

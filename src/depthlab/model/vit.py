@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.config import ModelConfig, TrainConfig
-from depthlab.model.init import init_weights
+from depthlab.model.init import fill_normal_, init_weights
 from depthlab.model.schemes import build_block, scheme_class
 
 
@@ -57,11 +57,15 @@ class ViT(nn.Module):
         self.norm = block.make_norm(cfg)  # final norm: never scaled
         self.head = nn.Linear(cfg.dim, cfg.num_classes)
         if init:
-            init_weights(self, cfg)
-            with torch.no_grad():  # ViT / DeiT: the class token and learned positions drawn like the weights
-                for p in (self.cls_token, self.pos_embed):
-                    if isinstance(p, nn.Parameter):
-                        nn.init.normal_(p, 0.0, cfg.weight_std)
+            self.initialize()
+
+    def initialize(self) -> None:
+        """Draw the weights (model.init). Also what a meta-device build calls once materialised."""
+        init_weights(self, self.cfg)
+        with torch.no_grad():  # ViT / DeiT: the class token and learned positions drawn like the weights
+            for p in (self.cls_token, self.pos_embed):
+                if isinstance(p, nn.Parameter):
+                    fill_normal_(p, self.cfg.weight_std)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """The residual stream entering block 1: (B, P [+ 1], dim)."""

@@ -1,16 +1,19 @@
 """Scale-out on PyTorch's own engine, applied after the model is built (the model code never changes).
 
 Launched with `torchrun --nproc_per_node K -m depthlab train ...`: DDP or FSDP2 (`fully_shard`), gloo on CPU,
-NCCL on GPUs. Checkpoints always hold the full (unsharded) state, gathered through
-`torch.distributed.checkpoint.state_dict`, so a run can resume on any number of ranks, with or without FSDP.
+NCCL on GPUs. Under torchrun the model is built on the meta device and each rank materialises only its own
+shards; checkpoints are sharded (depthlab.checkpoint), and reshard on load to any number of ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import itertools
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -22,7 +25,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
+
+from depthlab import UserError
+from depthlab.config import ModelConfig, TrainConfig
+from depthlab.model import build_model
+from depthlab.model.init import fill_
 
 
 @dataclass
@@ -30,6 +39,7 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    host_group: object = None  # the group of the trainer's own host-side messages (see host_group)
 
     @property
     def is_main(self) -> bool:
@@ -40,16 +50,31 @@ class DistEnv:
         return self.world_size > 1
 
 
-def init_distributed(device: torch.device) -> DistEnv:
-    """Join the process group torchrun set up (RANK / WORLD_SIZE in the environment); a no-op otherwise."""
+def init_distributed(device: torch.device, timeout_s: float = 1800.0) -> DistEnv:
+    """Join the process group torchrun set up (RANK / WORLD_SIZE in the environment); a no-op otherwise.
+
+    One group with a backend per device type: gloo for host tensors and pickled objects, NCCL for GPU tensors
+    ("nccl" alone maps only cuda, and a CPU tensor's all-reduce then fails). `timeout_s` bounds every collective
+    (a rank stuck in a save, or a dead peer, ends the job instead of hanging it)."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) == 1:
         return DistEnv()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    env = DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device.type == "cuda":
-        torch.cuda.set_device(env.local_rank)
-    return env
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        extra = {"device_id": torch.device("cuda", local_rank)} if device.type == "cuda" else {}
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                                timeout=timedelta(seconds=timeout_s), **extra)
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, host_group(timeout_s))
+
+
+def host_group(timeout_s: float = 1800.0):
+    """The group for host-side collectives (the trainer's scalar reductions, object broadcasts, barriers): the
+    default group when it has a CPU backend, else a gloo group beside it -- a default group that someone else
+    created with a GPU-only backend (NCCL alone) cannot reduce a CPU tensor. Collective: every rank calls it."""
+    if "cpu:" in dist.get_backend_config():
+        return None  # the default group
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
 def local_device(device: torch.device, env: DistEnv) -> torch.device:
@@ -62,25 +87,111 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         layer.forward = functools.partial(checkpoint, type(layer).forward, layer, use_reentrant=False)
 
 
-def parallelize(model: nn.Module, env: DistEnv, parallel: str, device: torch.device) -> nn.Module:
-    if not env.enabled:
-        return model
-    if parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+class _EmptyOnMeta(TorchFunctionMode):
+    """torch.empty on the meta device: the storage constructors draw into (Linear and Embedding weights and
+    biases), while what they make with ones / zeros / full / arange (norm gains, scheme constants, position
+    tables) stays real, and small."""
 
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.empty:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def build_on_meta(cfg: ModelConfig) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """(the model on the meta device, its constructed values that are not drawn). The draws that the eager
+    constructors make on the CPU generator are replayed, one module's worth of memory at a time, so that
+    `materialize` continues the generator where an eager build_model(cfg) would: the same weights, bitwise."""
+    with _EmptyOnMeta():
+        model = build_model(cfg, init=False)
+    for module in model.modules():
+        if hasattr(module, "reset_parameters") and any(p.is_meta for p in module.parameters(recurse=False)):
+            copy.deepcopy(module).to_empty(device="cpu").reset_parameters()
+    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
+    constants = {name: t.detach().clone() for name, t in tensors if not t.is_meta}
+    return model.to("meta"), constants
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, device: torch.device, constants: dict[str, torch.Tensor]) -> None:
+    """Give a meta-built (and perhaps sharded) model storage on `device` (each rank only its shards), put the
+    constructed constants back and draw the weights: init_weights draws each parameter whole on the CPU and keeps
+    this rank's part (model.init.fill_), so the values do not depend on the world size."""
+    first: dict[int, str] = {}
+    ties = [(name, first.setdefault(id(p), name)) for name, p in model.named_parameters(remove_duplicate=False)]
+    model.to_empty(device=device)
+    for name, same in ties:  # to_empty gives each name its own storage: tie them again (tied embeddings)
+        if name != same:
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, model.get_parameter(same))
+    targets = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    for name, value in constants.items():
+        fill_(targets[name], lambda t, v=value: t.copy_(v))
+    model.initialize()
+
+
+def mesh_shape(tc: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(replicate, shard) of the FSDP device mesh: HSDP replicates across train.dp_replicate groups (nodes) and
+    shards within each; the default, one group, is plain FSDP over every rank."""
+    shard = tc.dp_shard or world_size // tc.dp_replicate
+    if tc.dp_replicate * shard != world_size:
+        raise UserError(f"train.dp_replicate={tc.dp_replicate} x train.dp_shard={shard} must equal the number of "
+                        f"ranks, {world_size}")
+    return tc.dp_replicate, shard
+
+
+def build_parallel(cfg: ModelConfig, tc: TrainConfig, env: DistEnv, device: torch.device):
+    """(the model, what the loop calls: the model under DDP and / or torch.compile). Applied after the model is
+    built, in the anchors' order: activation checkpointing, per-block compile, fully_shard. Under torchrun the
+    model is built on the meta device and every rank materialises only its own part."""
+    if not env.enabled:
+        model = build_model(cfg).to(device)
+        constants = None
+    else:
+        model, constants = build_on_meta(cfg)
+    if tc.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    fsdp = env.enabled and tc.parallel == "fsdp"
+    if fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # bf16: gather parameters in bf16 (half the traffic and memory), reduce gradients in fp32
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if tc.dtype == "bf16" else MixedPrecisionPolicy()
+        from torch.distributed.device_mesh import init_device_mesh
+
+        replicate, shard = mesh_shape(tc, env.world_size)
+        mesh = init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard")) \
+            if replicate > 1 else init_device_mesh(device.type, (shard,))
+        # the token embedding in its own group, as torchtitan does: the root group (head, final norm) stays small,
+        # and so does what accumulation adds while a group's reduce-scattered gradient is summed into the last one
+        # (the LM head has no group of its own: the chunked loss reads its weight without calling its forward)
+        if isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and not cfg.tie_embeddings:
+            fully_shard(model.embed_tokens, mesh=mesh, mp_policy=mp)
         for layer in model.layers:
-            fully_shard(layer)
-        fully_shard(model)
-        return model
-    return nn.parallel.DistributedDataParallel(model, device_ids=[env.local_rank] if device.type == "cuda" else None)
+            if tc.compile:
+                layer.compile()
+            fully_shard(layer, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+    if constants is not None:
+        materialize(model, device, constants)
+    wrapped = model
+    if env.enabled and not fsdp:
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[env.local_rank] if device.type == "cuda"
+                                                      else None)
+    if tc.compile and not fsdp:
+        wrapped = torch.compile(wrapped)
+    return model, wrapped
 
 
 def grad_sync(model: nn.Module, enabled: bool):
-    """Skip gradient all-reduce on all but the last micro-batch of an accumulation."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return contextlib.nullcontext() if enabled else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(enabled)
+    """DDP: skip the gradient all-reduce on all but the last micro-batch of an accumulation (also under
+    torch.compile, whose wrapper hides the DDP module). FSDP reduce-scatters every micro-batch, as torchtitan
+    and OLMo-core do: skipping it would keep a full unsharded gradient on every rank."""
+    inner = getattr(model, "_orig_mod", model)
+    if isinstance(inner, nn.parallel.DistributedDataParallel) and not enabled:
+        return inner.no_sync()
     return contextlib.nullcontext()
 
 
@@ -88,8 +199,17 @@ def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
     if not env.enabled:
         return values
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=env.host_group)
     return t.tolist()
+
+
+def gather_objects(obj, env: DistEnv) -> list:
+    """Every rank's obj, in rank order, on every rank (small things: per-rank timings, file digests)."""
+    if not env.enabled:
+        return [obj]
+    out = [None] * env.world_size
+    dist.all_gather_object(out, obj, group=env.host_group)
+    return out
 
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -104,7 +224,7 @@ def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 
 def load_full_state(model: nn.Module, opt: torch.optim.Optimizer | None, model_state: dict,
-                    optim_state: dict | None) -> None:
+                    optim_state: dict | None = None) -> None:
     """Load full state dicts (present on every rank) into a plain or FSDP-sharded model (not a DDP wrapper) and
     its optimizer."""
     set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True, strict=False))
@@ -117,13 +237,13 @@ def broadcast_object(obj, env: DistEnv):
     if not env.enabled:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=env.host_group)
     return box[0]
 
 
 def barrier(env: DistEnv) -> None:
     if env.enabled:
-        dist.barrier()
+        dist.barrier(group=env.host_group)
 
 
 def shutdown(env: DistEnv) -> None:

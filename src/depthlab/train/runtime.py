@@ -115,7 +115,7 @@ def rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state(),
              "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:])}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's own device (torchrun: one per rank)
     return state
 
 
@@ -125,4 +125,5 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]  # checkpoints before per-rank states held every visible device's
+        (torch.cuda.set_rng_state_all if isinstance(cuda, list | tuple) else torch.cuda.set_rng_state)(cuda)

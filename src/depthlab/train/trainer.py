@@ -9,10 +9,12 @@ metrics.jsonl, atomic checkpoints with exact resume, a non-finite guard, and cal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,23 +24,34 @@ import torch
 from tqdm import tqdm
 
 from depthlab import UserError
-from depthlab.config import Config
+from depthlab.checkpoint import (
+    _sha256,
+    is_sharded,
+    load_sharded_state,
+    load_trainer_state,
+    load_verified,
+    load_weights,
+    prune_checkpoints,
+    save_checkpoint,
+    save_sharded,
+    tidy_after_kill,
+)
+from depthlab.config import Config, per_rank_batch
 from depthlab.data.dataset import PackedSampler, TokenData, build_token_data
 from depthlab.data.tokenizer import load_tokenizer
-from depthlab.model import build_model
 from depthlab.model.validate import validate
 from depthlab.rundir import (
     CHECKPOINTS,
     CONFIG,
     ENV,
+    META,
     METRICS,
     TOKENIZER,
     TRAINER,
     Kind,
     find_checkpoint,
     list_checkpoints,
-    load_verified,
-    load_weights,
+    lock_text,
     locked,
     model_path,
     newest_valid_checkpoint,
@@ -47,7 +60,6 @@ from depthlab.rundir import (
 )
 from depthlab.train import distributed as D
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
-from depthlab.train.checkpoint import load_trainer_state, prune_checkpoints, save_checkpoint, tidy_after_kill
 from depthlab.train.flops import peak_flops, train_flops_per_token
 from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler
 from depthlab.train.runtime import (
@@ -67,7 +79,7 @@ from depthlab.train.vision import VisionHooks
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
                                              "device", "threads", "out_dir", "compile", "activation_checkpointing",
                                              "peak_flops", "tensorboard", "wandb", "parallel", "on_nonfinite",
-                                             "max_skips",
+                                             "max_skips", "dist_timeout_s", "dp_replicate", "dp_shard",
                                              "loss_chunk")}  # a memory knob: the same loss to 1e-5, not bitwise
 
 
@@ -107,7 +119,7 @@ def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
 def read_metrics(path: str | Path) -> list[dict]:
     """The records of a metrics.jsonl (or of a run directory's), in order; a partial last line is skipped."""
     path = Path(path)
-    path = path / "metrics.jsonl" if path.is_dir() else path
+    path = path / METRICS if path.is_dir() else path
     out = []
     for line in path.read_text(errors="replace").splitlines():
         try:
@@ -183,8 +195,12 @@ class Trainer:
         if tc.threads:
             torch.set_num_threads(tc.threads)
         self.device = resolve_device(tc.device, "train.device")
-        self.env = D.init_distributed(self.device)
+        self.env = D.init_distributed(self.device, tc.dist_timeout_s)
         self.device = D.local_device(self.device, self.env)
+        self.cfg = cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+            tc, batch_size=per_rank_batch(tc, self.env.world_size)))
+        tc = cfg.train
+        D.mesh_shape(tc, self.env.world_size)  # a layout that does not fit the ranks: one line, before any work
         self.progress = progress and self.env.is_main
         self._held = contextlib.ExitStack()  # the run directory's lock, held until close()
         try:
@@ -211,27 +227,45 @@ class Trainer:
     def _build(self, data: TokenData | None, ckpt: Path | None) -> None:
         tc, cfg = self.cfg.train, self.cfg
         seed_everything(tc.seed)
-        self.data = data or self.load_data(self.saved_tokenizer(ckpt))
+        self.data = data or self._shared_data(self.saved_tokenizer(ckpt))
 
         seed_everything(tc.seed)  # model init does not depend on how much randomness the data step used
-        self.module = build_model(cfg.model).to(self.device)
+        self.module, self.model = D.build_parallel(cfg.model, tc, self.env, self.device)
         if tc.init_from and not ckpt:
             self._init_from(tc.init_from)
-        if tc.activation_checkpointing:
-            D.apply_activation_checkpointing(self.module)
-        self.model = D.parallelize(self.module, self.env, tc.parallel, self.device)
-        if tc.compile:
-            self.model = torch.compile(self.model)
         self.layers = self.module.layers
         self.opt = make_optimizer(self.model, tc, cfg.model.lns_power)
         self.sched = make_scheduler(self.opt, tc)
         self.sampler = self.make_sampler()
-        self.step, self.skipped, self.last_ckpt, self.verdicts = 0, 0, None, {}
+        self.step, self.skipped, self.last_ckpt, self.verdicts, self.data_s = 0, 0, None, {}, 0.0
         self.skipped_in_a_row = 0
         self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
                      "n_params": self.module.num_params(), **self.data_meta(), "world_size": self.env.world_size}
         if ckpt:
             self._restore(ckpt)
+
+    def _shared_data(self, tokenizer):
+        """load_data on every rank, with one tokenizer: when there is none yet, rank 0 trains it (or fails, and
+        every rank reports its error) and the other ranks take it, instead of each training its own."""
+        if tokenizer is not None or not self.env.enabled:
+            return self.load_data(tokenizer)
+        first = None
+        if self.env.is_main:
+            try:
+                first = self.load_data(None)
+                shared = first.tokenizer.to_str() if first.tokenizer is not None else None
+            except UserError as e:
+                shared = e
+        else:
+            shared = None
+        shared = D.broadcast_object(shared, self.env)
+        if isinstance(shared, UserError):
+            raise shared
+        if first is not None:
+            return first
+        from tokenizers import Tokenizer
+
+        return self.load_data(Tokenizer.from_str(shared) if shared is not None else None)
 
     # ------------------------------------------------------------------ data hooks (fine-tuning, vision override)
     def saved_tokenizer(self, ckpt: Path | None):
@@ -268,22 +302,62 @@ class Trainer:
                         self.env, tc.loss_chunk)
 
     def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
-        """Find the run directory and the checkpoint to resume (None: a fresh start); on rank 0, lock the
-        directory for the whole run and check that it is ours to write."""
-        if resume == "auto" and run_dir and self.env.is_main:  # lock before looking for its newest checkpoint,
+        """Find the run directory and the checkpoint to resume (None: a fresh start). One decision for every
+        rank: rank 0 locks the directory for the whole run, tidies what a kill left, chooses and verifies the
+        checkpoint and checks that the directory is ours to write; every rank takes its answer (or its error) and
+        checks that it sees the same files."""
+        decision: tuple | UserError | None = None
+        if self.env.is_main:
+            try:
+                decision = self._decide(run_dir, resume, overwrite)
+            except UserError as e:
+                if not self.env.enabled:
+                    raise
+                decision = e
+        decision = D.broadcast_object(decision, self.env)
+        if isinstance(decision, UserError):
+            raise decision
+        self.run_dir, ckpt, self.in_place, self.branch_of, self.resume_meta, seen = decision
+        problems = [p for p in D.gather_objects(None if self.env.is_main else self._unseen(ckpt, seen), self.env)
+                    if p]
+        if problems:
+            raise UserError(problems[0])
+        return ckpt
+
+    def _decide(self, run_dir, resume, overwrite: bool) -> tuple:
+        """Rank 0's half of _open_run: (run dir, checkpoint, in place, branch of, its verified meta, what every
+        rank must see: the lock's text and the checkpoint's meta.json digest)."""
+        if resume == "auto" and run_dir:  # lock before looking for its newest checkpoint,
             self._held.enter_context(locked(run_dir, "train", "run directory "))
             tidy_after_kill(Path(run_dir))  # which a writer killed mid-save may have left renamed away
         run_dir, ckpt = resume_point(run_dir, resume, self._warn)
-        self.run_dir = Path(run_dir) if run_dir else D.broadcast_object(new_run_dir(self.cfg), self.env)
+        self.run_dir = Path(run_dir) if run_dir else new_run_dir(self.cfg)
         home = run_of(ckpt) if ckpt else None
         self.in_place = home is not None and home.resolve() == self.run_dir.resolve()
         self.branch_of = home if home and not self.in_place else None  # the run a branch starts from
-        if self.env.is_main:
-            self._held.enter_context(locked(self.run_dir, "train", "run directory "))
-            self._claim(ckpt, resume, overwrite)
-            self._check_writable()
-            tidy_after_kill(self.run_dir)
-        return ckpt
+        self._held.enter_context(locked(self.run_dir, "train", "run directory "))
+        self._claim(ckpt, resume, overwrite)
+        self._check_writable()
+        tidy_after_kill(self.run_dir)
+        meta = load_verified(ckpt) if ckpt else None  # hashed once: verify_checkpoint remembers its verdicts
+        seen = (lock_text(self.run_dir), _sha256(ckpt / META) if ckpt else None)
+        return self.run_dir, ckpt, self.in_place, self.branch_of, meta, seen
+
+    def _unseen(self, ckpt: Path | None, seen: tuple) -> str | None:
+        """None when this rank sees the run directory (and checkpoint) rank 0 chose, else why not, in one line."""
+        lock, digest = seen
+        where = f"rank {self.env.rank} on {socket.gethostname()}"
+        if lock_text(self.run_dir) != lock:
+            return (f"{where} does not see run directory {self.run_dir} as rank 0 does (its lock file is missing "
+                    "or another's): every rank must reach the run directory on one shared filesystem")
+        try:
+            same = ckpt is None or _sha256(ckpt / META) == digest
+        except OSError:
+            same = False
+        if not same:
+            return (f"{where} does not see checkpoint {ckpt} as rank 0 does: every rank must reach the run "
+                    "directory on one shared filesystem")
+        return None
 
     def _claim(self, ckpt: Path | None, resume: str | None, overwrite: bool) -> None:
         """Refuse a run directory that is not ours to write: a file, another kind of directory, another run."""
@@ -325,16 +399,18 @@ class Trainer:
         checkpoint's (pre and lns share every weight), the shapes may not."""
         src = find_checkpoint(path)
         load_verified(src)
-        state = load_weights(src, str(self.device))
-        try:
-            missing, unexpected = self.module.load_state_dict(state, strict=False)
-        except RuntimeError as e:
-            raise UserError(f"cannot start from {src}: its weights do not fit this model "
-                            f"({str(e).splitlines()[1].strip()})") from None
-        missing = [k for k in missing if not (self.cfg.model.tie_embeddings and k == "lm_head.weight")]
+        state = load_weights(src, "cpu")
+        mine = {k: tuple(v.shape) for k, v in self.module.state_dict().items()}  # global shapes, also sharded
+        wrong = next((f"{k}: {tuple(v.shape)} in the checkpoint, {mine[k]} here" for k, v in state.items()
+                      if k in mine and tuple(v.shape) != mine[k]), None)
+        if wrong:
+            raise UserError(f"cannot start from {src}: its weights do not fit this model ({wrong})")
+        missing = [k for k in mine if k not in state and not (self.cfg.model.tie_embeddings and k == "lm_head.weight")]
+        unexpected = [k for k in state if k not in mine]
         if missing or unexpected:
             raise UserError(f"cannot start from {src}: missing {missing[:3]}, unexpected {unexpected[:3]} "
                             f"(scheme {self.cfg.model.norm_scheme!r} has other parameters than the checkpoint's)")
+        D.load_full_state(self.module, None, state)
         self._warn(f"depthlab: starting from the weights of {src}")
 
     def _warn(self, msg: str) -> None:
@@ -342,8 +418,8 @@ class Trainer:
             print(msg, file=sys.stderr)
 
     def _restore(self, ckpt: Path) -> None:
-        meta = load_verified(ckpt)
-        saved = json.loads((ckpt / CONFIG).read_text())
+        meta = self.resume_meta  # verified by rank 0 (_open_run)
+        saved = Config.load(ckpt / CONFIG).to_dict()  # fields newer than the checkpoint read as their defaults
         diffs = [d for d in config_diff(saved, self.cfg.to_dict()) if d.split(":")[0] not in RESUMABLE_CHANGES]
         # Another number of ranks is fine when the global micro-batch (ranks x sequences) is unchanged.
         saved_global = saved["train"]["batch_size"] * meta.get("world_size", 1)
@@ -361,9 +437,15 @@ class Trainer:
             raise UserError(f"cannot resume {ckpt}: the training data or tokenizer differs from the checkpoint's "
                             f"({saved}, tokenizer {meta.get('tokenizer_hash')})")
         state = load_trainer_state(ckpt)
-        D.load_full_state(self.module, self.opt, load_weights(ckpt), state["optimizer"])
+        if is_sharded(ckpt):  # every rank reads only what its shards need, resharding to this world size
+            load_sharded_state(ckpt, self.module, self.opt)
+        else:
+            D.load_full_state(self.module, self.opt, load_weights(ckpt), state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
+        own_cuda = state.get("cuda_rng", [])  # each rank's own device's generator
+        if torch.cuda.is_available() and self.env.rank < len(own_cuda) and own_cuda[self.env.rank] is not None:
+            torch.cuda.set_rng_state(own_cuda[self.env.rank])
         self.sampler.load_state_dict(meta["loader"])
         self.step, self.skipped, self.last_ckpt = meta["step"], meta.get("skipped", 0), ckpt
         self.verdicts[ckpt.name] = True
@@ -371,17 +453,27 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, extra: dict | None = None) -> Path:
-        model_state = D.full_model_state(self.module)
-        optim_state = D.full_optimizer_state(self.module, self.opt)
-        if not all(torch.isfinite(v).all() for v in model_state.values() if v.is_floating_point()):
+        """A checkpoint of this step: the full format in one process, the sharded one on several ranks (every
+        rank writes its own shards; nothing is gathered)."""
+        local = [v.to_local() if hasattr(v, "to_local") else v for v in self.module.state_dict().values()]
+        (bad,) = D.all_reduce_sum([float(not all(torch.isfinite(v).all() for v in local if v.is_floating_point()))],
+                                  self.env)
+        if bad:
             raise TrainingDiverged(f"refusing to save non-finite weights at step {self.step}; "
                                    f"last good checkpoint: {self.last_ckpt or 'none'}")
         path = self.run_dir / CHECKPOINTS / f"step_{self.step:07d}"
+        meta = {**self.meta, "step": self.step, "skipped": self.skipped, "loader": self.sampler.state_dict(),
+                **(extra or {})}
+        rngs = D.gather_objects(rng_state(), self.env)
+        trainer_state = {"scheduler": self.sched.state_dict(), "rng": rngs[0],
+                         "cuda_rng": [r.get("cuda") for r in rngs]}
+        if self.env.enabled:
+            save_sharded(path, self.module, self.opt, self.cfg, meta, self.data.tokenizer, trainer_state, self.env)
+        else:
+            trainer_state["optimizer"] = D.full_optimizer_state(self.module, self.opt)
+            save_checkpoint(path, D.full_model_state(self.module), self.cfg, meta, self.data.tokenizer,
+                            trainer_state)
         if self.env.is_main:
-            meta = {**self.meta, "step": self.step, "skipped": self.skipped, "loader": self.sampler.state_dict(),
-                    **(extra or {})}
-            trainer_state = {"optimizer": optim_state, "scheduler": self.sched.state_dict(), "rng": rng_state()}
-            save_checkpoint(path, model_state, self.cfg, meta, self.data.tokenizer, trainer_state)
             self.verdicts[path.name] = True
             prune_checkpoints(self.run_dir, self.cfg.train.keep_last, self.verdicts)
         D.barrier(self.env)
@@ -394,7 +486,9 @@ class Trainer:
         tc = self.cfg.train
         loss_sum = 0.0
         for micro in range(tc.grad_accum):
+            t0 = time.perf_counter()
             x, y = (t.to(self.device) for t in self.sampler.next_batch())
+            self.data_s += time.perf_counter() - t0
             with D.grad_sync(self.model, micro == tc.grad_accum - 1), autocast(self.device, tc.dtype):
                 loss = self.model(x, targets=y, loss_chunk=tc.loss_chunk) / tc.grad_accum
             loss.backward()
@@ -485,6 +579,8 @@ class Trainer:
         record, val = None, {}
         if step % tc.log_every == 0 or step == tc.max_steps:
             record = meter.record(step, loss, lr, grad_norm)
+            if self.env.enabled:  # every rank's own figures, so that a straggler shows
+                record.update(meter.per_rank())
             if self.skipped:
                 record["skipped"] = self.skipped
             bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.2e} {record['tokens_per_s']:,.0f} tok/s "
@@ -510,7 +606,15 @@ class _Meter:
         self.tokens_per_step = tc.batch_size * tc.grad_accum * seq_len * world
         self.flops_per_step = train_flops_per_token(trainer.cfg.model, seq_len) * self.tokens_per_step
         self.peak = peak_flops(trainer.device, tc.dtype, tc.peak_flops) * world
-        self.t, self.steps = time.time(), 0
+        self.t, self.steps, self.trainer, self.step_s, self.last_steps = time.time(), 0, trainer, 0.0, 0
+
+    def per_rank(self) -> dict:
+        """Collective: each rank's mean step time and data time since the last log line, and its peak memory."""
+        trainer, steps = self.trainer, max(self.last_steps, 1)  # record() has just closed the interval
+        mine = (self.step_s / steps, trainer.data_s / steps, peak_memory_mib(trainer.device))
+        trainer.data_s = 0.0
+        step_s, data_s, peak = zip(*D.gather_objects(mine, trainer.env), strict=True)
+        return {"rank_step_s": list(step_s), "rank_data_s": list(data_s), "rank_peak_mib": list(peak)}
 
     def record(self, step: int, loss: float, lr: float, grad_norm: float) -> dict:
         now = time.time()
@@ -518,8 +622,18 @@ class _Meter:
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens_per_s": self.steps * self.tokens_per_step / elapsed,
                   "mfu": self.steps * self.flops_per_step / elapsed / self.peak, "tokens": step * self.tokens_per_step}
+        self.step_s, self.last_steps = elapsed, self.steps
         self.t, self.steps = now, 0
         return record
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """This process's peak memory so far: the device's allocator peak on a GPU, the resident set's on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 class VisionTrainer(VisionHooks, Trainer):

@@ -1,0 +1,225 @@
+"""Scale-out memory by phase: peak resident memory of every rank while the model is built, while it trains (at
+grad_accum 1 and 2), while it saves a checkpoint and while a new process resumes from it, in one process and on 2
+ranks (DDP and FSDP, gloo on CPU), on a ~160M-parameter model.
+
+    python benchmarks/scaleout.py [--dim 768 --layers 16 --vocab 32128]
+
+Each configuration runs in fresh processes (torchrun for 2 ranks); a thread samples the process's resident set
+every 2 ms and keeps the peak of each phase. Figures are MiB of resident memory, the Python interpreter and
+PyTorch's libraries included (their share is the `base` column: the resident set before the model is built),
+with glibc's mmap threshold fixed at 1 MiB so that freed tensors leave the resident set.
+Results: benchmarks/results/scaleout.json, and the table it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+PHASES = ("build", "step", "step_accum2", "save", "resume")
+
+
+class PeakSampler:
+    """The peak resident set (MiB) of this process, per named phase."""
+
+    def __init__(self):
+        self.phase, self.peaks, self.start = None, {}, {}
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def rss(self) -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page / 2**20
+
+    def _run(self):
+        while True:
+            if self.phase:
+                self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), self.rss())
+            time.sleep(0.002)
+
+    def begin(self, phase: str) -> None:
+        self.start[phase] = self.rss()
+        self.peaks[phase] = self.start[phase]
+        self.phase = phase
+
+    def end(self) -> None:
+        if self.phase:
+            self.peaks[self.phase] = max(self.peaks[self.phase], self.rss())
+        self.phase = None
+
+
+def worker(a) -> None:
+    """One rank of one configuration: build, two steps at grad_accum 1, two at 2, save (or: resume)."""
+    import torch
+
+    from depthlab.config import Config, apply_overrides
+    from depthlab.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    sampler = PeakSampler()
+    cfg = apply_overrides(Config(), json.loads(a.overrides))
+    base = sampler.rss()
+    times = {}
+
+    def phase(name, fn):
+        sampler.begin(name)
+        t0 = time.perf_counter()
+        out = fn()
+        times[name] = time.perf_counter() - t0
+        sampler.end()
+        return out
+
+    if a.resume:
+        trainer = phase("resume", lambda: Trainer(cfg, run_dir=a.run_dir, resume="auto", progress=False))
+    else:
+        trainer = phase("build", lambda: Trainer(cfg, run_dir=a.run_dir, progress=False))
+
+        def steps(accum):
+            trainer.cfg.train.grad_accum = accum
+            for _ in range(2):
+                trainer.train_step()
+                trainer.opt.step()
+                trainer.opt.zero_grad(set_to_none=True)
+            trainer.step += 1
+
+        phase("step", lambda: steps(1))
+        phase("step_accum2", lambda: steps(2))
+        trainer.cfg.train.grad_accum = 1  # the config the run was started with (the resume compares them)
+        phase("save", trainer.save)
+    trainer.close()
+    rank = int(os.environ.get("RANK", 0))
+    record = {"rank": rank, "base": base, "peaks": sampler.peaks, "start": sampler.start, "seconds": times}
+    Path(a.out, f"rank{rank}-{'resume' if a.resume else 'train'}.json").write_text(json.dumps(record))
+
+
+def launch(world: int, overrides: list[str], run_dir: Path, out: Path, resume: bool) -> None:
+    me = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world)] if world > 1 else \
+        [sys.executable]
+    cmd = [*me, str(Path(__file__).resolve()), "worker", "--overrides", json.dumps(overrides), "--run-dir",
+           str(run_dir), "--out", str(out)] + (["--resume"] if resume else [])
+    # glibc would serve tensors under 32 MiB from its heap and keep them after they are freed; a fixed 1 MiB mmap
+    # threshold returns every freed tensor to the OS, so that the resident set follows the live tensors
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(2**20),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if res.returncode:
+        sys.exit(f"scaleout: {' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
+
+
+def measure(a) -> dict:
+    from depthlab.config import Config, apply_overrides
+    from depthlab.data.dataset import build_token_data
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        base = [f"model.dim={a.dim}", f"model.n_layers={a.layers}", f"model.n_heads={a.dim // 64}",
+                f"model.ffn_dim={a.ffn}", f"model.vocab_size={a.vocab}", "data.seq_len=128",
+                f"data.builtin_mb={a.builtin_mb}", "train.monitor_every=0", "train.eval_every=1000000",
+                "train.threads=1", "train.loss_chunk=1024"]
+        # one tokenizer for every configuration, trained here: the ranks' build is the model's, not BPE's
+        data = build_token_data(apply_overrides(Config(), base))
+        data.tokenizer.save(str(tmp / "tokenizer.json"))
+        base.append(f"data.tokenizer={tmp / 'tokenizer.json'}")
+        for world, parallel in ((1, "single"), (2, "ddp"), (2, "fsdp")):
+            name = f"{world}-{parallel}"
+            overrides = [*base, f"train.batch_size={2 // world}", f"train.parallel={'ddp' if world == 1 else parallel}"]
+            out = tmp / name
+            out.mkdir()
+            launch(world, overrides, tmp / f"run-{name}", out, resume=False)
+            launch(world, overrides, tmp / f"run-{name}", out, resume=True)
+            ranks = {}
+            for f in sorted(out.glob("rank*.json")):
+                r = json.loads(f.read_text())
+                ranks.setdefault(str(r["rank"]), {"base": r["base"], "peaks": {}, "start": {}, "seconds": {}})
+                for k in ("peaks", "start", "seconds"):
+                    ranks[str(r["rank"])][k].update(r[k])
+            rows[name] = ranks
+            print(f"scaleout: {name} done", file=sys.stderr)
+    return rows
+
+
+def table(result: dict) -> str:
+    head = ("| run | rank | base | build | step (accum 1) | step (accum 2) | save: peak (+ over its start) | resume | "
+            "save s | resume s |")
+    lines = [head, "|" + "---|" * 10]
+    for name, ranks in result["rows"].items():
+        for rank, r in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+            p, s = r["peaks"], r["seconds"]
+            added = p["save"] - r["start"]["save"]
+            lines.append(f"| {name} | {rank} | {r['base']:.0f} | {p['build']:.0f} | {p['step']:.0f} | "
+                         f"{p['step_accum2']:.0f} | {p['save']:.0f} ({added:+.0f}) | {p['resume']:.0f} | "
+                         f"{s['save']:.1f} | {s['resume']:.1f} |")
+    return "\n".join(lines)
+
+
+def criteria(result: dict) -> dict:
+    """The issue's targets, world-2 FSDP against one process on the same model (peaks per rank, MiB)."""
+    one, fsdp = result["rows"]["1-single"]["0"], result["rows"]["2-fsdp"]
+    worst = lambda phase: max(r["peaks"][phase] for r in fsdp.values())  # noqa: E731
+    added = max((r["peaks"]["save"] - r["start"]["save"]) / r["start"]["save"] for r in fsdp.values())
+    accum = max(r["peaks"]["step_accum2"] - r["peaks"]["step"] for r in fsdp.values())
+    return {"build_ratio": worst("build") / one["peaks"]["build"],
+            "save_added_fraction": added,
+            "resume_ratio": worst("resume") / one["peaks"]["resume"],
+            "accum2_minus_accum1_over_weights": accum / result["weights_mib"]}
+
+
+def section(result: dict) -> list[str]:
+    """Markdown lines for a results page: the command, the table and the targets."""
+    c = result["criteria"]
+    return [f"Command: `{result['command']}` ({result['params'] / 1e6:.1f}M parameters, "
+            f"{result['weights_mib']:.0f} MiB of fp32 weights; gloo on CPU; {result['wall_s'] / 60:.0f} min).", "",
+            table(result), "",
+            f"World-2 FSDP against one process: build peak per rank {c['build_ratio']:.2f}x (target <= 0.75), a save "
+            f"adds at most {c['save_added_fraction']:.1%} (<= 5 %), resume peak per rank {c['resume_ratio']:.2f}x "
+            f"(<= 0.6), grad_accum 2 adds {c['accum2_minus_accum1_over_weights']:.3f} x the weights (<= 0.1)."]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    w = sub.add_parser("worker")
+    w.add_argument("--overrides", required=True)
+    w.add_argument("--run-dir", required=True)
+    w.add_argument("--out", required=True)
+    w.add_argument("--resume", action="store_true")
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--ffn", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32128)
+    ap.add_argument("--builtin-mb", type=float, default=0.5)
+    ap.add_argument("--json", default="benchmarks/results/scaleout.json")
+    ap.add_argument("--report", action="store_true", help="print the table of the existing --json file, add its "
+                    "targets to it, and stop")
+    a = ap.parse_args()
+    if a.cmd == "worker":
+        worker(a)
+        return
+    if a.report:
+        result = json.loads(Path(a.json).read_text())
+        result["criteria"] = criteria(result)
+        Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+        print("\n".join(section(result)))
+        return
+    t0 = time.time()
+    rows = measure(a)
+    n = a.layers * (4 * a.dim ** 2 + 3 * a.dim * a.ffn) + 2 * a.vocab * a.dim
+    result = {"command": " ".join(["python", "benchmarks/scaleout.py", *sys.argv[1:]]), "params": n,
+              "weights_mib": 4 * n / 2**20, "rows": rows, "wall_s": round(time.time() - t0, 1)}
+    result["criteria"] = criteria(result)
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    print("\n".join(section(result)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""The checkpoint format, in one place: writing, listing, verifying and reading. One directory per step:
+
+    step_0001000/
+      config.json         the resolved config: loading rebuilds the model with its scheme
+      meta.json           step, loader position, metrics, and a sha256 of every other file (the manifest)
+      tokenizer.json
+      trainer.pt          scheduler + RNG states, and in the full format the optimizer (tensors and plain
+                          containers only: read back with torch.load(weights_only=True), never a full unpickle)
+      model.safetensors   full format (a single process): the weights, unsharded
+      shards/             sharded format (torchrun): torch.distributed.checkpoint's files, each rank's own shards of
+                          the weights and the optimizer (shards/.metadata says what lies where)
+
+A single process writes the full format; a run on several ranks writes the sharded one, every rank its own part,
+so nothing is gathered on one rank. Both load on any number of ranks: the sharded format reshards as it loads,
+and `load_weights` assembles full weights from either (what export, eval and analyze read).
+
+Writing goes to a temporary sibling directory that is renamed into place only when complete, so a crash or a
+full disk never leaves a checkpoint that looks valid but is not; the checksums catch later corruption. A process
+hashes a checkpoint at most once: verdicts are cached by the files' identity (inode, size, modification time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from depthlab import UserError
+
+CONFIG, META, WEIGHTS, TOKENIZER, TRAINER, SHARDS = "config.json", "meta.json", "model.safetensors", \
+    "tokenizer.json", "trainer.pt", "shards"
+CHECKPOINTS = "checkpoints"  # a run directory's subdirectory of checkpoints
+
+
+class CorruptCheckpoint(UserError):
+    pass
+
+
+def warn(msg: str) -> None:
+    print(msg if msg.startswith("depthlab:") else f"depthlab: warning: {msg}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- listing and verifying
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _identity(path: Path, names) -> tuple:
+    out = []
+    for name in names:
+        try:
+            st = os.stat(path / name)
+            out.append((name, st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((name, None))
+    return tuple(out)
+
+
+_VERIFIED: dict[tuple, dict] = {}  # (path, identity of its files) -> meta: what this process has hashed
+
+
+def verify_checkpoint(path: Path) -> dict:
+    """The checkpoint's meta.json, after checking every file against its recorded sha256 (once per process for
+    the same files)."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / META).read_text())
+        files = meta["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpoint(f"corrupted checkpoint {path}: unreadable {META} ({e})") from None
+    key = (str(path.resolve()), _identity(path, [META, *files]))
+    if key in _VERIFIED:
+        return _VERIFIED[key]
+    for name, digest in files.items():
+        if not (path / name).is_file():
+            raise CorruptCheckpoint(f"corrupted checkpoint {path}: {name} is missing")
+        if _sha256(path / name) != digest:
+            raise CorruptCheckpoint(f"corrupted checkpoint {path}: {name} does not match its checksum")
+    _VERIFIED[key] = meta
+    return meta
+
+
+def is_valid(ckpt: Path) -> bool:
+    try:
+        verify_checkpoint(ckpt)
+        return True
+    except CorruptCheckpoint:
+        return False
+
+
+def is_sharded(ckpt: Path) -> bool:
+    return (Path(ckpt) / SHARDS).is_dir()
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """A run's finished checkpoints, oldest first (step_N.tmp, a save in progress or killed, is not one)."""
+    d = Path(run_dir) / CHECKPOINTS
+    return sorted(p for p in d.glob("step_*") if p.is_dir() and p.name[5:].isdigit()) if d.is_dir() else []
+
+
+def newest_valid_checkpoint(run_dir: Path, warn: Callable[[str], None] = warn) -> Path | None:
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(ckpt)
+            return ckpt
+        except CorruptCheckpoint as e:
+            warn(f"depthlab: warning: skipping {e}")
+    return None
+
+
+def previous_checkpoint(ckpt: Path) -> Path | None:
+    older = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
+    return next((p for p in reversed(older) if is_valid(p)), None)
+
+
+def load_verified(ckpt: Path) -> dict:
+    """verify_checkpoint, naming the previous valid checkpoint when this one is corrupted."""
+    try:
+        return verify_checkpoint(ckpt)
+    except CorruptCheckpoint as e:
+        prev = previous_checkpoint(ckpt)
+        raise CorruptCheckpoint(f"{e}; " + (f"the previous valid checkpoint is {prev}" if prev else
+                                            "no earlier valid checkpoint exists")) from None
+
+
+# ---------------------------------------------------------------- reading
+def load_weights(ckpt: Path, device: str = "cpu") -> dict:
+    """The full model state dict of a checkpoint in either format (sharded ones assembled in this process)."""
+    if not is_sharded(ckpt):
+        from safetensors.torch import load_file
+
+        return load_file(str(Path(ckpt) / WEIGHTS), device=device)
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(Path(ckpt) / SHARDS))
+    entries = reader.read_metadata().state_dict_metadata
+    state = {k[len("model."):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in entries.items()
+             if k.startswith("model.") and hasattr(m, "size")}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    return {k: v.to(device) for k, v in state.items()}
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    import torch
+
+    return torch.load(Path(ckpt) / TRAINER, weights_only=True, map_location="cpu")
+
+
+def load_sharded_state(ckpt: Path, model, opt=None) -> None:
+    """Load a sharded checkpoint's weights (and optimizer) into a plain or FSDP-sharded model on this rank: each
+    rank reads the parts of the files that its own shards need, whatever the world size that wrote them."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, opt or [])
+    state = {"model": msd, **({"optim": osd} if opt is not None else {})}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(Path(ckpt) / SHARDS), no_dist=not dist.is_initialized())
+    set_state_dict(model, opt or [], model_state_dict=msd, optim_state_dict=osd if opt is not None else {})
+
+
+# ---------------------------------------------------------------- writing
+def _write_failed(path: Path, e: BaseException) -> UserError:
+    why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+    return UserError(f"cannot write checkpoint {path}: {why}; earlier checkpoints are intact")
+
+
+def _write_common(tmp: Path, cfg, meta: dict, tokenizer, trainer_state: dict | None, digests: dict) -> None:
+    """Everything but the weights, then the manifest: meta.json with the sha256 of every file (`digests`: those
+    already hashed by the ranks that wrote them)."""
+    import torch
+
+    cfg.save(tmp / CONFIG)
+    if tokenizer is not None:
+        tokenizer.save(str(tmp / TOKENIZER))
+    if trainer_state is not None:
+        torch.save(trainer_state, tmp / TRAINER)
+    files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    files.update({f"{SHARDS}/{p.name}": _sha256(p) for p in sorted((tmp / SHARDS).glob("*"))
+                  if p.is_file() and f"{SHARDS}/{p.name}" not in digests})
+    (tmp / META).write_text(json.dumps({**meta, "files": dict(sorted({**files, **digests}.items()))}, indent=2)
+                            + "\n")
+    with open(tmp / META) as f:
+        os.fsync(f.fileno())
+
+
+def _put_in_place(tmp: Path, path: Path) -> None:
+    old = path.with_name(path.name + ".old")
+    if path.exists():  # replacing a checkpoint of the same step: keep it until the new one is in place
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def usual_mode(path: Path) -> None:
+    """The permissions any file we create gets from the umask: libraries that write a temporary file and rename
+    it (safetensors) leave 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def save_weights(state: dict, path: Path, metadata: dict | None = None) -> None:
+    """safetensors' file, with the permissions of any other file we write (usual_mode); a full disk or a file-size
+    limit is the OSError it is."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(state, str(path), metadata=metadata)
+    except SafetensorError as e:
+        raise OSError(str(e).strip().splitlines()[-1]) from None
+    usual_mode(path)
+
+
+def save_checkpoint(path: str | Path, state: dict, cfg, meta: dict, tokenizer=None,
+                    trainer_state: dict | None = None) -> Path:
+    """Write a full-format checkpoint atomically. `state` is a full model state dict (tensors on any device)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        weights = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+        if cfg.model.tie_embeddings:
+            weights.pop("lm_head.weight", None)  # safetensors refuses shared storage; the tie is in the config
+        save_weights(weights, tmp / WEIGHTS)
+        _write_common(tmp, cfg, meta, tokenizer, trainer_state, {})
+        _put_in_place(tmp, path)
+    except (OSError, RuntimeError) as e:  # a full disk: torch.save raises RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _write_failed(path, e) from None
+    return path
+
+
+def save_sharded(path: str | Path, model, opt, cfg, meta: dict, tokenizer, trainer_state: dict, env) -> Path:
+    """Write a sharded checkpoint atomically; collective (every rank calls it, `env` the DistEnv). Each rank
+    writes and hashes its own shards; rank 0 writes the rest and the manifest, and renames the directory into
+    place after every rank has finished. A failure on any rank is the same one-line error on every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from depthlab.train import distributed as D
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+
+    def agreed(step):  # run step on rank 0 (or every rank), then raise rank 0's error, or any rank's, everywhere
+        try:
+            step()
+            error = None
+        except (OSError, RuntimeError, dcp.api.CheckpointException) as e:
+            error = str(_write_failed(path, e))
+        errors = [e for e in D.gather_objects(error, env) if e]
+        if errors:
+            if env.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise UserError(errors[0])
+
+    def fresh_tmp():
+        if env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / SHARDS).mkdir(parents=True)
+
+    agreed(fresh_tmp)
+    msd, osd = get_state_dict(model, opt)
+    digests: dict[str, str] = {}
+
+    def write_shards():
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))
+        mine = {f"{SHARDS}/{p.name}": _sha256(p) for p in sorted((tmp / SHARDS).glob(f"__{env.rank}_*"))}
+        for part in D.gather_objects(mine, env):
+            digests.update(part)
+
+    agreed(write_shards)
+
+    def finish():
+        if env.is_main:
+            _write_common(tmp, cfg, meta, tokenizer, trainer_state, digests)
+            _put_in_place(tmp, path)
+
+    agreed(finish)
+    return path
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int, verdicts: dict[str, bool]) -> list[Path]:
+    """Retention: keep the newest `keep_last` *valid* checkpoints and delete everything older than the oldest of
+    them. Corrupted checkpoints never count, so they cannot push a valid one out, and the newest valid checkpoint
+    is never deleted. `verdicts` caches each checkpoint's validity (by name) for this process, so each is hashed
+    once; whoever writes a checkpoint records it as valid. Returns the deleted directories."""
+    ckpts = list_checkpoints(run_dir)
+    kept = []
+    for ckpt in reversed(ckpts):
+        if ckpt.name not in verdicts:
+            verdicts[ckpt.name] = is_valid(ckpt)
+        if verdicts[ckpt.name]:
+            kept.append(ckpt)
+            if len(kept) == keep_last:
+                break
+    if len(kept) < keep_last:
+        return []
+    doomed = [c for c in ckpts if c.name < kept[-1].name]
+    for ckpt in doomed:
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return doomed
+
+
+def tidy_after_kill(run_dir: Path) -> None:
+    """Undo what a writer killed mid-save leaves: a step_N.tmp is dropped; a step_N.old whose step_N is missing
+    (killed between the two renames that replace a checkpoint) is put back. Call with the run's lock held."""
+    d = Path(run_dir) / CHECKPOINTS
+    for part in sorted(d.glob("step_*.old")) if d.is_dir() else []:
+        final = part.with_name(part.name[:-len(".old")])
+        if final.exists():
+            shutil.rmtree(part, ignore_errors=True)
+        else:
+            os.replace(part, final)
+    for part in d.glob("step_*.tmp") if d.is_dir() else []:
+        shutil.rmtree(part, ignore_errors=True)
