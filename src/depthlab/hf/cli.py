@@ -36,7 +36,7 @@ def cmd_import(args) -> None:
 
     quiet_transformers()
     out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len,
-                               overwrite=args.overwrite)
+                               overwrite=args.overwrite, tokenizer=args.tokenizer)
     print(f"imported {args.model} as a depthlab checkpoint (scheme {args.scheme}): {out}")
 
 
@@ -110,4 +110,6 @@ def add_commands(sub) -> None:
     i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
     i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
                    "at most 4096)")
+    i.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer (a tokenizer.json or a transformers "
+                   "tokenizer directory), for a model directory that holds none (default: the directory's own)")
     i.set_defaults(func=cmd_import)
