@@ -97,7 +97,9 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     mc = model_config_from_hf(hf.config, max_seq_len, zero_o_bias, norm_scheme=scheme, **model_overrides)
     if zero_o_bias and mc.arch == "qwen2":
         state = {k: v for k, v in state.items() if not k.endswith(".self_attn.o_proj.bias")}
-    cfg = validate(Config(model=mc, data=DataConfig(seq_len=min(DataConfig.seq_len, mc.max_seq_len)),
+    window = _export_info(src).get("seq_len") if not isinstance(src, torch.nn.Module) else None
+    window = window if isinstance(window, int) and window > 0 else DataConfig.seq_len  # an export: the run's
+    cfg = validate(Config(model=mc, data=DataConfig(seq_len=min(window, mc.max_seq_len)),
                           preset=f"hf-import:{hf.config.model_type}"))
     model = Transformer(mc, init=False)
     ours = from_hf_state_dict(state, mc)
@@ -147,7 +149,10 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
         raise UserError(f"{src} is a depthlab export of a {exported} model: its weights already carry the {exported} "
                         f"constants, and --scheme {scheme} would apply them a second time; import it with --scheme "
                         "pre (the same logits), or use the run it was exported from")
-    vit = _model_type(src) == "vit"
+    family = _model_type(src)
+    if family is not None and family not in FAMILIES and family != "vit":
+        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}, vit")
+    vit = family == "vit"
     if vit and tokenizer is not None:
         raise UserError(f"{src} is a ViT: it reads images, and --tokenizer has no meaning for it")
     tok = None if vit else _tokenizer_for(src, tokenizer)  # before the weights: the cheap check first
@@ -219,15 +224,20 @@ def _model_type(src) -> str | None:
     return _hf_config(src).get("model_type")
 
 
-def _exported_scheme(src) -> str | None:
-    """The scheme a depthlab export was trained with (its constants folded into the weights), from its
-    provenance file; None for any other model."""
+def _export_info(src) -> dict:
+    """A depthlab export's provenance file ({} for any other model)."""
     from pathlib import Path
 
     from depthlab.rundir import EXPORT_INFO, _read_json
 
     d = _read_json(Path(src) / EXPORT_INFO)
-    return d.get("scheme") if isinstance(d, dict) else None
+    return d if isinstance(d, dict) else {}
+
+
+def _exported_scheme(src) -> str | None:
+    """The scheme a depthlab export was trained with (its constants folded into the weights); None for any
+    other model."""
+    return _export_info(src).get("scheme")
 
 
 def _import_vit(src, scheme: str) -> tuple:
