@@ -169,7 +169,9 @@ def test_import_continue_with_lns_and_export_for_every_family(arch, tmp_path):
     trained = load_model(tmp_path / "run", hf=False).model.eval()
     assert trained.cfg.arch == arch and trained.cfg.norm_scheme == "lns"
     stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert type(stock).__name__ == HF_CLASS[arch]
+    # a word-level tokenizer is not Qwen2's, which transformers would put in its place: the qwen2 run exports
+    # as the Llama with attention biases it equals (depthlab.hf.exporter)
+    assert type(stock).__name__ == ("LlamaForCausalLM" if arch == "qwen2" else HF_CLASS[arch])
     assert max_diff(trained, stock) < 1e-5
 
 

@@ -28,7 +28,8 @@ TINY = ("--set model.dim=32 --set model.n_layers=2 --set model.n_heads=2 --set m
         "--set train.eval_every=2 --set train.log_every=1 --set train.warmup_steps=1 --set train.monitor_every=0 "
         "--no-progress --max-steps 2")
 TRAIN = "train --data {txt} --run-dir {tmp}/r {T}"  # a fresh run that would finish in a second if it started
-VIT = ("train --preset vit-digits --run-dir {tmp}/v --no-progress --max-steps 2 --set model.dim=32 "
+VIT = ("train --preset vit-digits --run-dir {tmp}/v --no-progress --max-steps 2 --set train.warmup_steps=1 "
+       "--set model.dim=32 "
        "--set model.n_layers=2 --set model.n_heads=2 --set model.ffn_dim=64")
 UNWRITABLE = "/sys/depthlab-test-out"  # EPERM even for root (the tests may run as root, where chmod does not bite)
 AN = "--tokens 64 --no-removal --no-jacobian --probes 1"
@@ -196,6 +197,40 @@ CASES = [
     ("import-unwritable", "import {hf} " + UNWRITABLE + "/o", "cannot write"),
     ("import-onto-foreign", "import {hf} {victim_foreign}", "--overwrite"),
     ("import-lns-export-as-lns", "import {hf} {tmp}/o --scheme lns", "a second time"),
+    # --- import: what it reads (issue 24)
+    ("import-more-layers-than-weights", "import {hf_3_layers} {tmp}/o", "missing model.layers.2."),
+    ("import-fewer-layers-than-weights", "import {hf_1_layer} {tmp}/o", "left over model.layers.1."),
+    ("import-wrong-hidden-size", "import {hf_wide} {tmp}/o", "wrongly shaped"),
+    ("import-one-wrongly-shaped", "import {hf_one_shape} {tmp}/o", "wrongly shaped"),
+    ("import-nan-weights", "import {hf_nan} {tmp}/o", "NaN or inf"),
+    ("import-truncated-safetensors", "import {hf_truncated} {tmp}/o", "cannot load Hugging Face model"),
+    ("import-garbage-safetensors", "import {hf_garbage} {tmp}/o", "cannot load Hugging Face model"),
+    ("import-no-tokenizer", "import {hf_no_tok} {tmp}/o", "--tokenizer FILE"),
+    ("import-tokenizer-missing", "import {hf_no_tok} {tmp}/o --tokenizer {tmp}/t.json", "no such file"),
+    ("import-tokenizer-too-big", "import {hf_no_tok} {tmp}/o --tokenizer {big_tok}", "not this model's tokenizer"),
+    ("import-no-config", "import {foreign} {tmp}/o", "no config.json"),
+    ("import-unknown-family", "import {hf_gpt2} {tmp}/o", "cannot import model type 'gpt2'"),
+    ("import-vit-with-tokenizer", "import {vit_hf} {tmp}/o --tokenizer {big_tok}", "no meaning"),
+    # --- options another option makes meaningless; what a command needs (issue 24)
+    ("eval-tasks-with-commonsense", "eval {run} --tasks {tasks} --commonsense {commonsense}", "--tasks has no effect"),
+    ("eval-data-with-commonsense", "eval {run} --data {txt} --commonsense {commonsense}", "--data has no effect"),
+    ("eval-data-with-tasks", "eval {run} --data {txt} --tasks {tasks}", "--data has no effect"),
+    ("eval-seq-len-with-tasks", "eval {run} --seq-len 8 --tasks {tasks}", "--seq-len has no effect"),
+    ("eval-table-without-commonsense", "eval {run} --table {tmp}/t", "--table has no effect"),
+    ("eval-overwrite-without-commonsense", "eval {run} --overwrite", "--overwrite has no effect"),
+    ("eval-harness-with-commonsense", "eval {run} --harness x --commonsense {commonsense}", "--commonsense"),
+    ("eval-tasks-on-vit", "eval {vit} --tasks {tasks}", "needs a language model"),
+    ("eval-commonsense-on-vit", "eval {vit} --commonsense {commonsense}", "needs a language model"),
+    ("finetune-vit", "finetune {vit} --data {records}", "needs a language model"),
+    ("finetune-hf-dir", "finetune {hf} --data {records}", "depthlab import"),
+    ("finetune-seq-len-0", "finetune {run} --data {records} --seq-len 0", "--seq-len must be at least 1"),
+    ("finetune-seq-len-negative", "finetune {run} --data {records} --seq-len -5", "--seq-len must be at least 1"),
+    ("finetune-one-record", "finetune {run} --data {one_record}", "needs at least two"),
+    ("finetune-json-object", "finetune {run} --data {records_object}", "one JSON object"),
+    ("finetune-wrong-keys", "finetune {run} --data {records_wrong_keys}", "found keys"),
+    ("finetune-data-missing", "finetune {run} --data {tmp}/missing.json", "cannot read instruction file"),
+    ("vit-one-class", VIT + " --data {npz_one_class}", "at least two"),
+    ("vit-text-named-npz", VIT + " --data {text_npz}", "not an .npz archive"),
     # --- analyze, compare, theory
     ("analyze-missing", "analyze {tmp}/missing", "does not exist"),
     ("analyze-foreign-dir", "analyze {foreign}", "neither a checkpoint nor a run directory"),
@@ -359,6 +394,23 @@ def build_world(root: Path) -> dict[str, str]:
     np.savez(root / "huge_label.npz", x=np.zeros((20, 8, 8), np.float32), y=np.array([0] * 19 + [10**9]))
     w["npz_huge_label"] = str(root / "huge_label.npz")
     w["commonsense"] = str(Path(__file__).parent / "data" / "commonsense" / "eval")
+    _bad_hf_dirs(root, w)
+    code, err, tb = invoke(VIT.replace("{tmp}/v", str(root / "vit")).split())
+    assert code == 0, (err, tb)
+    code, err, tb = invoke(["export", str(root / "vit"), str(root / "vit_hf")])
+    assert code == 0, (err, tb)
+    w.update(vit=str(root / "vit"), vit_hf=str(root / "vit_hf"))
+    rec = {"instruction": "say", "input": "", "output": "fox"}
+    (root / "records.json").write_text(json.dumps([rec] * 5))
+    (root / "one_record.json").write_text(json.dumps([rec]))
+    (root / "records_object.json").write_text(json.dumps({"data": [rec] * 5}, indent=1))
+    (root / "records_wrong_keys.jsonl").write_text(json.dumps({"prompt": "say", "completion": "fox"}) + "\n")
+    np.savez(root / "one_class.npz", x=np.zeros((20, 8, 8), np.float32), y=np.zeros(20, np.int64))
+    (root / "text.npz").write_text("just some text\n")
+    for name in ("records", "one_record", "records_object"):
+        w[name] = str(root / f"{name}.json")
+    w.update(records_wrong_keys=str(root / "records_wrong_keys.jsonl"), npz_one_class=str(root / "one_class.npz"),
+             text_npz=str(root / "text.npz"))
     (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     w["deep_json"] = str(root / "deep.json")
     (root / "analysis").mkdir()
@@ -386,6 +438,42 @@ def build_world(root: Path) -> dict[str, str]:
     (root / "bigline.txt").write_text("".join(lines))
     w["bigline"] = str(root / "bigline.txt")
     return w
+
+
+def _bad_hf_dirs(root: Path, w: dict) -> None:
+    """Copies of the export with config.json and weights that disagree, broken weights, no tokenizer."""
+    hf = root / "hf"
+    cfg = json.loads((hf / "config.json").read_text())
+
+    def variant(name: str, **fields) -> Path:
+        d = root / name
+        shutil.copytree(hf, d)
+        (d / "depthlab_export.json").unlink()
+        (d / "config.json").write_text(json.dumps({**cfg, **fields}))
+        w[name] = str(d)
+        return d
+
+    variant("hf_3_layers", num_hidden_layers=3)
+    variant("hf_1_layer", num_hidden_layers=1)
+    variant("hf_wide", hidden_size=64)
+    variant("hf_one_shape", intermediate_size=48)
+    variant("hf_gpt2", model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    (variant("hf_no_tok") / "tokenizer.json").unlink()
+    (root / "hf_no_tok" / "tokenizer_config.json").unlink()
+    weights = variant("hf_truncated") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    (variant("hf_garbage") / "model.safetensors").write_bytes(b"\x00" * 64)
+    from safetensors.torch import load_file, save_file
+
+    d = variant("hf_nan")
+    state = load_file(str(d / "model.safetensors"))
+    state["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
+    save_file(state, str(d / "model.safetensors"), {"format": "pt"})
+    from tokenizers import Tokenizer, models
+
+    big = Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0"))
+    big.save(str(root / "big_tok.json"))
+    w["big_tok"] = str(root / "big_tok.json")
 
 
 _DIGESTS: dict[tuple, str] = {}  # (path, inode, size, mtime) -> sha256: the world is hashed once, not per case

@@ -177,7 +177,7 @@ def test_shrinking_is_antialiased(tmp_path):
     board = np.indices((12, 12)).sum(0) % 2
     amplitude = np.array([60, 120, 180, 240])
     f = tmp_path / "boards.npz"
-    np.savez(f, x=(board * amplitude[:, None, None]).astype(np.uint8), y=np.zeros(4, dtype=np.int64))
+    np.savez(f, x=(board * amplitude[:, None, None]).astype(np.uint8), y=np.array([0, 1, 0, 1]))
     data = build_image_data([str(f)], image_size=4, channels=1, val_fraction=0.5)
     got = pixels(data, data.train_x)[:, 0]  # train: boards 0 and 2
     half = amplitude[[0, 2]] / 255 / 2
@@ -342,7 +342,7 @@ ERRORS = {  # name: (paths given tmp_path, overrides of image_size / channels / 
     "no images": (lambda t: folders(t, "a/readme.txt"), {}, "no readable images"),
     "unknown val class": (lambda t: folders(t, "train/a/x.png", "val/b/x.png"), {}, "b are not in"),
     "text file": (lambda t: written(t / "x.txt", b"hello"), {}, "must be a .npz"),
-    "not a zip": (lambda t: written(t / "x.npz", b"garbage"), {}, "not a readable .npz"),
+    "not a zip": (lambda t: written(t / "x.npz", b"garbage"), {}, "not an .npz archive"),
     "no labels": (lambda t: npz_file(t, x=IMGS), {}, "needs arrays x"),
     "x_val only": (lambda t: npz_file(t, x=IMGS, y=np.zeros(6, int), x_val=IMGS), {}, "both x_val and y_val"),
     "label count": (lambda t: npz_file(t, x=IMGS, y=np.zeros(5, int)), {}, "shape \\(5,\\) for 6 images"),
@@ -355,7 +355,7 @@ ERRORS = {  # name: (paths given tmp_path, overrides of image_size / channels / 
                        "not a readable .npz"),
     "too few names": (lambda t: npz_file(t, x=IMGS, y=np.arange(6), classes=np.array(["a"])), {}, "class names"),
     "empty split": (lambda t: npz_file(t, x=IMGS[:1], y=np.zeros(1, int)), {"val_fraction": 0.5}, "both splits"),
-    "constant images": (lambda t: npz_file(t, x=np.zeros((6, 4, 4), np.uint8), y=np.zeros(6, int)), {}, "constant"),
+    "constant images": (lambda t: npz_file(t, x=np.zeros((6, 4, 4), np.uint8), y=np.arange(6) % 2), {}, "constant"),
     "no test_batch": (lambda t: (write_cifar(t / "c"), os.remove(t / "c" / "test_batch"), [str(t / "c")])[-1], {},
                       "test_batch"),
     "two channels": (lambda t: [], {"channels": 2}, "1 \\(grey\\) or 3"),

@@ -59,7 +59,21 @@ def build_config(args):
     cfg = apply_overrides(cfg, overrides)
     if args.data:
         cfg.data.paths = list(args.data)
+    if not args.resume:
+        follow_arch(cfg.model, overrides)
     return validate(cfg)
+
+
+def follow_arch(m, overrides: list[str]) -> None:
+    """A family whose stock class fixes the norm's epsilon (OLMo-1) gets it, unless model.norm_eps is set too:
+    otherwise the run trains with another epsilon and only export finds out."""
+    from depthlab.model.arch import ARCHS
+
+    arch = ARCHS.get(m.arch)
+    if arch is not None and arch.fixed_norm_eps is not None and \
+            any(o.startswith("model.arch=") for o in overrides) and \
+            not any(o.startswith("model.norm_eps=") for o in overrides):
+        m.norm_eps = arch.fixed_norm_eps
 
 
 def cmd_train(args) -> None:
@@ -79,6 +93,11 @@ def cmd_train(args) -> None:
             print(format_plan(plan))
         check_fits(plan, args.gpu_memory)
         return
+    from depthlab.model.validate import train_warnings
+    from depthlab.rundir import warn
+
+    for msg in train_warnings(cfg):
+        warn(msg)
     result = train(cfg, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress,
                    overwrite=args.overwrite)
     if int(os.environ.get("RANK", 0)):  # under torchrun, rank 0 reports
@@ -86,7 +105,7 @@ def cmd_train(args) -> None:
     print(f"run directory: {result.run_dir}")
     print(f"checkpoint:    {result.checkpoint}")
     metric = (f"top-1 accuracy {result.val['val_acc']:.4f}" if "val_acc" in result.val
-              else f"perplexity {result.val_ppl:.2f}")
+              else f"perplexity {result.val_ppl:.2f}, window {cfg.data.seq_len}")
     print(f"final validation loss {result.val_loss:.4f}, {metric} ({result.steps} steps, {result.wall_s:.0f} s)")
 
 
@@ -98,6 +117,7 @@ def cmd_eval(args) -> None:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.seq_len is not None and args.seq_len < 1:
         raise UserError(f"--seq-len must be at least 1, got {args.seq_len}")
+    refuse_meaningless(args)
     device = resolve_device(args.device, "--device")
     if args.commonsense or args.mmlu:
         return eval_commonsense(args, device)
@@ -116,6 +136,21 @@ def cmd_eval(args) -> None:
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         return eval_images(loaded, args.data, args.batch_size, device)
     eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device)
+
+
+def refuse_meaningless(args) -> None:
+    """One line for an eval option that the chosen mode ignores (it would otherwise be dropped silently)."""
+    mode = "--commonsense" if args.commonsense else "--mmlu" if args.mmlu else "--tasks" if args.tasks else None
+    table = [("--tasks", args.tasks), ("--data", args.data), ("--seq-len", args.seq_len)]
+    ignored = {"--commonsense": table, "--mmlu": [*table, ("--max-new-tokens", args.max_new_tokens != 32)],
+               "--tasks": [("--data", args.data), ("--seq-len", args.seq_len)]}.get(mode, [])
+    if mode is None:  # perplexity: the table options have nothing to act on
+        ignored = [("--table", args.table != "commonsense"), ("--overwrite", args.overwrite),
+                   ("--max-new-tokens", args.max_new_tokens != 32), ("--mmlu-shots", args.mmlu_shots != 0)]
+    given = [name for name, value in ignored if value not in (None, False, [])]
+    if given:
+        what = f"with {mode}" if mode else "without --commonsense or --mmlu"
+        raise UserError(f"{given[0]} has no effect {what}; drop it (each evaluation is its own command)")
 
 
 def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None:
@@ -182,7 +217,8 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     res = evaluate(loaded.lm(), np.asarray(tokens), seq_len, batch_size, device, cfg.train.dtype if cfg else "fp32")
     what = f"scheme {cfg.model.norm_scheme}" if cfg else type(loaded.model).__name__
     print(f"{loaded.path}: {what}, data {source}")
-    print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}")
+    print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}  "
+          f"window {seq_len}")
 
 
 def cmd_finetune(args) -> None:
@@ -190,8 +226,17 @@ def cmd_finetune(args) -> None:
 
     if args.resume == "auto" and not args.run_dir:
         raise UserError("--resume auto needs --run-dir (the run directory to continue)")
+    if args.seq_len is not None and args.seq_len < 1:
+        raise UserError(f"--seq-len must be at least 1, got {args.seq_len}")
+    from depthlab.rundir import Kind, what_is
+
+    if what_is(args.model) is Kind.HF:
+        raise UserError(f"{args.model} is a Hugging Face model directory; fine-tuning starts from a depthlab "
+                        f"checkpoint: import it first (`depthlab import {args.model} CKPT`) and fine-tune CKPT")
     overrides = args.set + ([f"train.out_dir={args.out}"] if args.out else [])
     cfg, ckpt = finetune_config(args.model, args.data, args.seq_len, overrides)
+    if cfg.model.is_vit:
+        raise UserError(f"finetune needs a language model, and {ckpt} is a ViT (an image classifier)")
     result = finetune(cfg, ckpt, run_dir=args.run_dir, resume=args.resume, progress=not args.no_progress,
                       overwrite=args.overwrite)
     print(f"run directory: {result.run_dir}")

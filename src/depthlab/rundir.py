@@ -194,8 +194,13 @@ class Loaded:
 
     @property
     def seq_len(self) -> int:
-        """The default window: the run's own, or for HF models their context up to 512."""
-        return self.cfg.data.seq_len if self.cfg is not None else min(512, self.context)
+        """The default window: the run's own (a depthlab export records its run's), or for other HF models their
+        context up to 512."""
+        if self.cfg is not None:
+            return self.cfg.data.seq_len
+        info = _read_json(self.path / EXPORT_INFO) if self.kind is Kind.HF else None
+        window = info.get("seq_len") if isinstance(info, dict) else None
+        return min(window, self.context) if isinstance(window, int) and window > 0 else min(512, self.context)
 
     def lm(self):
         """The model as a module from token ids (B, T) to logits (B, T, V)."""

@@ -174,6 +174,14 @@ def pixel_divisor(x: np.ndarray, where: str) -> float:
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays x, y and, if present, x_val, y_val, classes, read without unpickling anything."""
     try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    if magic[:4] != b"PK\x03\x04" and magic != b"\x93NUMPY":  # np.load takes anything else for a pickle
+        raise UserError(f"{path}: not an .npz archive (its first bytes are {magic!r}); save images with "
+                        "numpy.savez(path, x=images, y=labels)")
+    try:
         f = np.load(path, allow_pickle=False)
         if not isinstance(f, np.lib.npyio.NpzFile):
             raise ValueError("a single .npy array, not an .npz archive")
@@ -385,6 +393,9 @@ def build_image_data(paths: list[str], image_size: int, channels: int, val_fract
     if not len(train_x) or not len(val_x):
         raise UserError(f"{loaded.origin}: {len(train_x)} training and {len(val_x)} validation images; both "
                         f"splits need at least one image (give more images or another data.val_fraction)")
+    if len(loaded.classes) < 2:
+        raise UserError(f"{loaded.origin}: one class ({loaded.classes[0] if loaded.classes else 'none'}); a "
+                        "classifier needs images of at least two (image folders: one sub-folder per class)")
     mean, std = normalise(train_x, val_x)
     source = (f"{loaded.origin}: {len(train_x)} train / {len(val_x)} validation images, "
               f"{len(loaded.classes)} classes, {channels}x{image_size}x{image_size}; {split}{skipped_note(loaded)}")

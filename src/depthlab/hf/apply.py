@@ -151,14 +151,63 @@ def _patch(model: nn.Module, layer_scales: list[float], weights_folded: bool) ->
 
 def load_pretrained(path, **kwargs):
     """`AutoModelForCausalLM.from_pretrained`, plus the depthlab scheme recorded in its config, ready to train.
-    A plain HF directory loads as plain HF."""
+    A plain HF directory loads as plain HF. What it reads is verified (verify_loaded): every weight the config
+    implies is in the files with its shape, none is left over, all are finite; else one UserError line."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # the load report is replaced by our own check below
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as e:
-        why = str(e) if Path(path).exists() else "no such directory (and not in the local Hugging Face cache)"
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True, **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError, EOFError) + _safetensors_errors() as e:
+        why = one_line(e) if Path(path).exists() else "no such directory (and not in the local Hugging Face cache)"
         raise UserError(f"cannot load Hugging Face model {path}: {why}") from None
+    finally:
+        logging.set_verbosity(verbosity)
+    verify_loaded(model, info, path)
     if current_scheme(model) != "pre":
         _patch(model, model.config.depthlab_layer_scales, weights_folded=True)
     return model
+
+
+def _safetensors_errors() -> tuple:
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return ()
+    return (SafetensorError,)
+
+
+def one_line(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _few(keys, n: int = 3) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
+def verify_loaded(model: nn.Module, info: dict, path) -> None:
+    """UserError naming the first few keys when the weight files and config.json disagree (transformers would
+    initialise missing or wrongly shaped weights at random and drop extra ones, with only a log message), or when
+    a weight holds NaN or inf."""
+    where = f"{path}: the weights do not fit its config.json"
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        shown = "; ".join(f"{k} is {tuple(theirs)} in the files, {tuple(ours)} by the config"
+                          for k, theirs, ours in sorted(mismatched, key=lambda m: m[0])[:2])
+        raise UserError(f"{where} ({len(mismatched)} wrongly shaped: {shown}; is config.json (hidden_size, "
+                        "intermediate_size, heads) the one saved with these weights?)")
+    missing, unexpected = info.get("missing_keys") or [], info.get("unexpected_keys") or []
+    if missing or unexpected:
+        parts = ([f"missing {_few(missing)}"] if missing else []) + \
+            ([f"left over {_few(unexpected)}"] if unexpected else [])
+        layers = getattr(model.config, "num_hidden_layers", None)
+        hint = f"; config.json says num_hidden_layers={layers}" if layers is not None else ""
+        raise UserError(f"{where}: {'; '.join(parts)}{hint}")
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise UserError(f"{path}: {len(bad)} weight(s) hold NaN or inf: {_few(bad)}")

@@ -36,7 +36,7 @@ def cmd_import(args) -> None:
 
     quiet_transformers()
     out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len,
-                               overwrite=args.overwrite)
+                               overwrite=args.overwrite, tokenizer=args.tokenizer)
     print(f"imported {args.model} as a depthlab checkpoint (scheme {args.scheme}): {out}")
 
 
@@ -46,8 +46,10 @@ def cmd_harness(args) -> None:
     from depthlab.rundir import load_model
     from depthlab.train.runtime import resolve_device
 
-    if args.tasks or args.data:
-        raise UserError("--harness runs lm-evaluation-harness tasks; it does not combine with --tasks or --data")
+    given = [name for name, value in (("--tasks", args.tasks), ("--data", args.data),
+                                      ("--commonsense", args.commonsense), ("--seq-len", args.seq_len)) if value]
+    if given:
+        raise UserError(f"--harness runs lm-evaluation-harness tasks; it does not combine with {given[0]}")
     if importlib.util.find_spec("lm_eval") is None:
         raise UserError("--harness needs lm-evaluation-harness: pip install 'depthlab[eval]' (lm-eval, accelerate)")
     if args.batch_size < 1:
@@ -73,16 +75,32 @@ def add_harness_option(sub) -> None:
     e.set_defaults(func=lambda args: cmd_harness(args) if args.harness else plain(args))
 
 
+# display names of the HF model types depthlab.model.arch imports (tests/test_help.py keeps them complete)
+FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "olmo": "OLMo", "olmo2": "OLMo-2",
+                "vit": "ViT"}
+
+
+def _families() -> tuple[str, str]:
+    """(import's families, export's language-model classes), from the architecture registry."""
+    from depthlab.model.arch import ARCHS
+
+    names = [FAMILY_NAMES.get(t, t) for a in ARCHS.values() for t in a.hf_model_types]
+    classes = [a.hf_class for a in ARCHS.values() if a.causal]
+    return " / ".join(names), ", ".join(classes[:-1]) + " or " + classes[-1]
+
+
 def add_commands(sub) -> None:
     if "eval" in sub.choices:
         add_harness_option(sub)
+    families, classes = _families()
     e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
                        description="Write config.json, model.safetensors and tokenizer files that "
-                       "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: a Llama for pre, "
-                       "lns, layerscale and skipinit (scales and gains folded into the weights), a Gemma-2 for "
-                       "sandwich; a ViT (model.arch=vit: pre, lns, layerscale, skipinit) as a "
-                       "ViTForImageClassification with its image processor; the other schemes are refused with the "
-                       "reason (docs/hf.md).")
+                       "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: the run's family "
+                       f"({classes}) for pre, lns, layerscale and skipinit (scales and gains folded into the "
+                       "weights; a qwen2 run whose tokenizer is not Qwen2's as the Llama with attention biases it "
+                       "equals), a Gemma2ForCausalLM for sandwich; a ViT (model.arch=vit: pre, lns, layerscale, "
+                       "skipinit) as a ViTForImageClassification with its image processor; the other schemes are "
+                       "refused with the reason (docs/hf.md).")
     e.add_argument("source", help="checkpoint, run directory (its newest valid checkpoint) or a directory holding "
                    "one run")
     e.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export)")
@@ -100,14 +118,18 @@ def add_commands(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_prune)
 
-    i = sub.add_parser("import", help="turn an HF Llama / Mistral / Qwen2 directory into a depthlab checkpoint",
-                       description="Copy the weights of a Hugging Face Llama-family model into a depthlab checkpoint "
-                       "(with scheme pre its logits equal the HF model's; with lns the same weights under LNS). "
-                       "Checkpoints with nonzero biases (released Qwen2) are refused: use depthlab.hf.apply_scheme.")
+    i = sub.add_parser("import", help=f"turn an HF {families} directory into a depthlab checkpoint",
+                       description=f"Copy the weights of a Hugging Face model ({families}) into a depthlab "
+                       "checkpoint with its tokenizer (with scheme pre its logits equal the HF model's; with lns the "
+                       "same weights under LNS). The weights are checked against config.json (every tensor present, "
+                       "of its shape, finite, none left over); a model whose computation depthlab's differs from "
+                       "(RoPE scaling, other activations, sliding windows) is refused with the reason.")
     i.add_argument("model", help="Hugging Face model directory")
     i.add_argument("out_dir", help="checkpoint directory to write (an existing one must be an earlier import)")
     i.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
     i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
                    "at most 4096)")
+    i.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer (a tokenizer.json or a transformers "
+                   "tokenizer directory), for a model directory that holds none (default: the directory's own)")
     i.set_defaults(func=cmd_import)

@@ -171,3 +171,12 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> d
             key = key[len("model."):]
         out[key] = v.detach().clone().contiguous()
     return out
+
+
+def as_llama_with_biases(state: dict[str, torch.Tensor], fields: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """A Qwen2 export as the Llama it equals: Llama's attention_bias puts biases on q, k, v and o, so o's are
+    zeros. Used where transformers would load the Qwen2 directory's tokenizer as something else (exporter)."""
+    state = dict(state)
+    for key in [k for k in state if k.endswith(".self_attn.o_proj.weight")]:
+        state[key[:-len("weight")] + "bias"] = torch.zeros(state[key].shape[0], dtype=state[key].dtype)
+    return state, {**fields, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": True}

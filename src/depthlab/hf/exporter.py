@@ -27,7 +27,13 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
-from depthlab.hf.convert import hf_config_dict, hf_gemma2_config_dict, to_hf_gemma2_state_dict, to_hf_state_dict
+from depthlab.hf.convert import (
+    as_llama_with_biases,
+    hf_config_dict,
+    hf_gemma2_config_dict,
+    to_hf_gemma2_state_dict,
+    to_hf_state_dict,
+)
 from depthlab.model import Transformer
 from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL, SCHEMES, scheme_class
 
@@ -88,7 +94,7 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
     """Write a stock HF model directory for a depthlab model path (a checkpoint, a run: its newest checkpoint).
     The directory is written whole (depthlab.rundir.writing): an existing `out_dir` must be an earlier export or
     prune, unless `overwrite`."""
-    from depthlab.rundir import Kind, is_depthlab_hf, load_model, what_is, writing
+    from depthlab.rundir import Kind, is_depthlab_hf, load_model, warn, what_is, writing
 
     if what_is(src) is Kind.HF:
         raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
@@ -99,17 +105,60 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
 
         return export_vit(loaded, out_dir, overwrite)
     state, fields = hf_weights_and_config(loaded.model)
+    tok = hf_tokenizer(loaded.tokenizer) if loaded.tokenizer is not None else None
+    if fields["model_type"] == "qwen2" and tok is not None and _stock_tokenizer_differs(tok, "qwen2"):
+        state, fields = as_llama_with_biases(state, fields)
+        warn("this qwen2 run is exported as a LlamaForCausalLM with attention biases (o_proj's zero), the same "
+             "function: transformers loads every qwen2 directory's tokenizer with Qwen2's own normalizer and split "
+             "regex, which would encode text differently from this run's tokenizer")
     with writing(out_dir, is_depthlab_hf, "export", overwrite) as tmp:
-        _write_hf_dir(tmp, state, fields, loaded)
+        _write_hf_dir(tmp, state, fields, loaded, tok)
+        if tok is not None and (differs := _stock_tokenizer_differs(tok, directory=tmp)):
+            raise UserError(f"cannot export {src}: AutoTokenizer would load the export's tokenizer as "
+                            f"{differs}, which encodes text differently from the run's")
     return Path(out_dir)
 
 
-def _write_hf_dir(out: Path, state: dict, fields: dict, loaded) -> None:
+# whitespace runs, tabs and CRLF, accents composed and not (NFC), CJK, emoji, digits, contractions, code
+TOKENIZER_PROBE = ("  Hello  world\n\n\tTabs,\r\nCafe\u0301 caf\u00e9 na\u00efve \u01c4 \ufb01 \u65e5\u672c\u8a9e "
+                   "\U0001f389 1234567 it's I'M they'll\ndef f(x):\n    return {'a': x**2}  # ok\n\n\n")
+
+
+def _stock_tokenizer_differs(tok, model_type: str | None = None, directory: Path | None = None) -> str | None:
+    """The class name of the tokenizer `AutoTokenizer.from_pretrained` builds from an export with `tok` (a
+    `directory` written, or a scratch one with a bare `model_type` config) where it encodes TOKENIZER_PROBE
+    differently from `tok`; None where they agree. transformers 5 loads some families' tokenizers with the
+    family's own normalizer and split regex, whatever tokenizer_config.json names (Qwen2)."""
+    import tempfile
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    want = tok.backend_tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False).ids
+    with tempfile.TemporaryDirectory() as scratch:
+        if directory is None:
+            directory = Path(scratch)
+            AutoConfig.for_model(model_type).save_pretrained(directory)
+            _save_tokenizer(tok, directory)
+        stock = AutoTokenizer.from_pretrained(str(directory))
+        got = stock(TOKENIZER_PROBE, add_special_tokens=False).input_ids
+    return None if got == want else type(stock).__name__
+
+
+def _save_tokenizer(tok, out: Path) -> None:
+    tok.save_pretrained(out)
+    # transformers 5 names the class TokenizersBackend, unknown to 4.x; both know PreTrainedTokenizerFast
+    tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if tok.bos_token is not None:  # what the post-processor does, for readers of the config
+        tok_cfg.update(add_bos_token=True, add_eos_token=False)
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+
+
+def _write_hf_dir(out: Path, state: dict, fields: dict, loaded, tok) -> None:
     from transformers import AutoConfig
 
     from depthlab.rundir import EXPORT_INFO, WEIGHTS, save_weights
 
-    tok = hf_tokenizer(loaded.tokenizer) if loaded.tokenizer is not None else None
     architectures = fields.pop("architectures")
     fields = {k: v for k, v in fields.items() if k != "torch_dtype"}
     hf_cfg = AutoConfig.for_model(fields.pop("model_type"), **fields, bos_token_id=getattr(tok, "bos_token_id", None),
@@ -118,14 +167,8 @@ def _write_hf_dir(out: Path, state: dict, fields: dict, loaded) -> None:
     hf_cfg.save_pretrained(out)
     save_weights(state, out / WEIGHTS, {"format": "pt"})
     if tok is not None:
-        tok.save_pretrained(out)
-        # transformers 5 names the class TokenizersBackend, unknown to 4.x; both know PreTrainedTokenizerFast
-        tok_cfg = json.loads((out / "tokenizer_config.json").read_text())
-        tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-        if tok.bos_token is not None:  # what the post-processor does, for readers of the config
-            tok_cfg.update(add_bos_token=True, add_eos_token=False)
-        (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+        _save_tokenizer(tok, out)
     provenance = {"source": str(loaded.path), "scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.get("step"),
-                  "architecture": architectures[0],
+                  "architecture": architectures[0], "seq_len": loaded.cfg.data.seq_len,  # its default eval window
                   "note": "scheme constants are folded into the weights: load as a plain HF model"}
     (out / EXPORT_INFO).write_text(json.dumps(provenance, indent=2) + "\n")

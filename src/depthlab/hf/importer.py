@@ -17,6 +17,7 @@ from depthlab.model.arch import ARCHS
 from depthlab.model.validate import validate
 
 FAMILIES = {model_type: arch for arch in ARCHS.values() for model_type in arch.hf_model_types}  # HF -> ours
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json")
 MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k positions would cost memory for nothing
 
 
@@ -28,12 +29,17 @@ def _load(src):
     return load_pretrained(src, dtype=torch.float32)
 
 
-def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) -> ModelConfig:
-    """ModelConfig for an HF config of a family we model; UserError on anything our model computes differently."""
+def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, zero_o_bias: bool = False,
+                         **overrides) -> ModelConfig:
+    """ModelConfig for an HF config of a family we model; UserError on anything our model computes differently.
+    zero_o_bias: a Llama with attention biases whose o_proj biases are all zero is our qwen2 (q/k/v biases), the
+    form a qwen2 run is exported in when transformers would not load its tokenizer as it is (depthlab.hf.exporter)."""
     family = hf_cfg.model_type
     if family not in FAMILIES:
         raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}")
     arch = FAMILIES[family]
+    if family == "llama" and getattr(hf_cfg, "attention_bias", False) and zero_o_bias:
+        arch, hf_cfg = ARCHS["qwen2"], _without_attention_bias(hf_cfg)
     rope = getattr(hf_cfg, "rope_parameters", None) or {  # transformers 4.x kept these as separate fields
         "rope_type": (getattr(hf_cfg, "rope_scaling", None) or {}).get("rope_type", "default"),
         "rope_theta": getattr(hf_cfg, "rope_theta", 10000.0)}
@@ -63,6 +69,19 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, **overrides) ->
         tie_embeddings=bool(hf_cfg.tie_word_embeddings), **overrides)
 
 
+def _without_attention_bias(hf_cfg):
+    import copy
+
+    hf_cfg = copy.copy(hf_cfg)
+    hf_cfg.attention_bias = False
+    return hf_cfg
+
+
+def _o_biases_zero(state: dict) -> bool:
+    biases = [v for k, v in state.items() if k.endswith(".self_attn.o_proj.bias")]
+    return bool(biases) and all(not b.any() for b in biases)
+
+
 def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
               **model_overrides) -> tuple[Transformer, Config]:
     """A depthlab Transformer with the weights of an HF model (a directory, a hub-style local path, or a model).
@@ -73,9 +92,14 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     if max_seq_len is not None and max_seq_len < 1:
         raise UserError(f"--max-seq-len must be at least 1, got {max_seq_len}")
     hf = _load(src)
-    mc = model_config_from_hf(hf.config, max_seq_len, norm_scheme=scheme, **model_overrides)
     state = hf.state_dict()
-    cfg = validate(Config(model=mc, data=DataConfig(seq_len=min(DataConfig.seq_len, mc.max_seq_len)),
+    zero_o_bias = _o_biases_zero(state)
+    mc = model_config_from_hf(hf.config, max_seq_len, zero_o_bias, norm_scheme=scheme, **model_overrides)
+    if zero_o_bias and mc.arch == "qwen2":
+        state = {k: v for k, v in state.items() if not k.endswith(".self_attn.o_proj.bias")}
+    window = _export_info(src).get("seq_len") if not isinstance(src, torch.nn.Module) else None
+    window = window if isinstance(window, int) and window > 0 else DataConfig.seq_len  # an export: the run's
+    cfg = validate(Config(model=mc, data=DataConfig(seq_len=min(window, mc.max_seq_len)),
                           preset=f"hf-import:{hf.config.model_type}"))
     model = Transformer(mc, init=False)
     ours = from_hf_state_dict(state, mc)
@@ -106,17 +130,18 @@ def is_import(path) -> bool:
 
 
 def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None,
-                         overwrite: bool = False):
-    """import_hf, saved as a depthlab checkpoint (with the HF directory's tokenizer.json when it has one), so that
-    `depthlab eval` and the checkpoint-based tools run on it. An existing `out_dir` must be an earlier import,
-    unless `overwrite`."""
+                         overwrite: bool = False, tokenizer=None):
+    """import_hf, saved as a depthlab checkpoint with its tokenizer (`tokenizer`, a tokenizer.json or a
+    transformers tokenizer directory, or else the HF directory's own), so that `depthlab eval`, finetune and the
+    checkpoint-based tools run on it. An existing `out_dir` must be an earlier import, unless `overwrite`."""
     from pathlib import Path
 
-    from tokenizers import Tokenizer
-
-    from depthlab.rundir import TOKENIZER, Kind, claim, locked, what_is
+    from depthlab.rundir import Kind, claim, locked, what_is
 
     kind = what_is(src)
+    if kind in (Kind.OTHER, Kind.EMPTY) and not (Path(src) / "config.json").is_file():
+        raise UserError(f"cannot import {src}: it has no config.json, so it is not a Hugging Face model directory "
+                        "(save one with model.save_pretrained(DIR))")
     if kind not in (Kind.HF, Kind.MISSING):  # a missing path may still name a model in the local HF cache
         raise UserError(f"cannot import {src}: it is {kind.value}, not a Hugging Face model directory")
     exported = _exported_scheme(src)
@@ -124,36 +149,95 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
         raise UserError(f"{src} is a depthlab export of a {exported} model: its weights already carry the {exported} "
                         f"constants, and --scheme {scheme} would apply them a second time; import it with --scheme "
                         "pre (the same logits), or use the run it was exported from")
+    family = _model_type(src)
+    if family is not None and family not in FAMILIES and family != "vit":
+        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}, vit")
+    vit = family == "vit"
+    if vit and tokenizer is not None:
+        raise UserError(f"{src} is a ViT: it reads images, and --tokenizer has no meaning for it")
+    tok = None if vit else _tokenizer_for(src, tokenizer)  # before the weights: the cheap check first
+    rows = _hf_config(src).get("vocab_size")
+    if tok is not None and isinstance(rows, int) and tok.get_vocab_size() > rows:
+        raise UserError(f"the tokenizer has {tok.get_vocab_size():,} tokens but {src}'s embedding only {rows:,} "
+                        "rows: it is not this model's tokenizer")
     with locked(out_dir, "import"):
         claim(Path(out_dir), is_import, "import", overwrite, inputs=[src])
         meta = {"step": 0, "imported_from": str(src)}
-        if _model_type(src) == "vit":
+        if vit:
             model, cfg, vit_meta = _import_vit(src, scheme)
             return save_as_checkpoint(out_dir, model, cfg, {**meta, **vit_meta})
         model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
-        tok_file = Path(src) / TOKENIZER
-        tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
         return save_as_checkpoint(out_dir, model, cfg, meta, tokenizer=tok)
 
 
-def _model_type(src) -> str | None:
+def _tokenizer_for(src, given):
+    """The tokenizer an import saves: `given`, else the HF directory's (tokenizer.json, or a slow tokenizer
+    transformers converts); a depthlab export's without the start-token post-processor export added, so that the
+    import tokenizes exactly like the run (depthlab encodes documents without special tokens either way)."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+
+    from depthlab.data.tokenizer import load_tokenizer
+
+    if given is not None:
+        return load_tokenizer(given)
+    if not Path(src).is_dir():
+        return _cached_tokenizer(src)
+    supply = "give the model's tokenizer with --tokenizer FILE (a tokenizer.json or a transformers tokenizer directory)"
+    if not any((Path(src) / f).is_file() for f in TOKENIZER_FILES):
+        raise UserError(f"{src} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); {supply}")
+    try:
+        tok = load_tokenizer(src)
+    except UserError as e:
+        raise UserError(f"{src}: its tokenizer does not load ({e}); {supply}") from None
+    if _exported_scheme(src) is not None:
+        d = json.loads(tok.to_str())
+        d["post_processor"] = None
+        tok = Tokenizer.from_str(json.dumps(d))
+    return tok
+
+
+def _cached_tokenizer(name):
+    """The tokenizer of a model in the local Hugging Face cache, named as on the hub."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(name), local_files_only=True).backend_tokenizer
+    except (OSError, ValueError, AttributeError):
+        raise UserError(f"cannot load Hugging Face model {name}: no such directory (and not in the local Hugging Face "
+                        "cache)") from None
+
+
+def _hf_config(src) -> dict:
+    """The HF directory's config.json as a dict ({} where there is none)."""
     from pathlib import Path
 
     from depthlab.rundir import CONFIG, _read_json
 
     d = _read_json(Path(src) / CONFIG)
-    return d.get("model_type") if isinstance(d, dict) else None
+    return d if isinstance(d, dict) else {}
 
 
-def _exported_scheme(src) -> str | None:
-    """The scheme a depthlab export was trained with (its constants folded into the weights), from its
-    provenance file; None for any other model."""
+def _model_type(src) -> str | None:
+    return _hf_config(src).get("model_type")
+
+
+def _export_info(src) -> dict:
+    """A depthlab export's provenance file ({} for any other model)."""
     from pathlib import Path
 
     from depthlab.rundir import EXPORT_INFO, _read_json
 
     d = _read_json(Path(src) / EXPORT_INFO)
-    return d.get("scheme") if isinstance(d, dict) else None
+    return d if isinstance(d, dict) else {}
+
+
+def _exported_scheme(src) -> str | None:
+    """The scheme a depthlab export was trained with (its constants folded into the weights); None for any
+    other model."""
+    return _export_info(src).get("scheme")
 
 
 def _import_vit(src, scheme: str) -> tuple:

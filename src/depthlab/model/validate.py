@@ -24,6 +24,21 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def train_warnings(cfg: Config) -> list[str]:
+    """Settings that train but are probably not what was meant; `depthlab train` prints each."""
+    out = []
+    m, t = cfg.model, cfg.train
+    arch = arch_of(m)
+    if arch.fixed_norm_eps is not None and m.norm_eps != arch.fixed_norm_eps and not m.is_vit:
+        out.append(f"model.norm_eps={m.norm_eps} with model.arch={arch.name}: {arch.hf_class} fixes its norm's "
+                   f"epsilon at {arch.fixed_norm_eps}, so this run will not export; set model.norm_eps="
+                   f"{arch.fixed_norm_eps}")
+    if t.warmup_steps > t.max_steps:
+        out.append(f"train.warmup_steps={t.warmup_steps} is more than train.max_steps={t.max_steps}: the learning "
+                   f"rate never reaches train.lr={t.lr} (at most {t.lr * t.max_steps / t.warmup_steps:.3g})")
+    return out
+
+
 def approx_params(m: ModelConfig) -> int:
     """Parameters of the model a config builds, from its shapes (norms and biases left out)."""
     kv = (m.n_kv_heads or m.n_heads) * m.head_dim

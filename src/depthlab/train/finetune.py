@@ -58,7 +58,15 @@ def prompt_of(instruction: str, input: str = "") -> str:
 def _objects(text: str, path: Path):
     """(line number, object) for each record of a JSON array or of JSON lines."""
     dec = json.JSONDecoder()
-    body = text.lstrip()
+    body = text.strip()
+    if body.startswith("{") and "\n" in body:  # JSON lines never span lines: one object holds the whole file
+        try:
+            whole = json.loads(body)
+        except (ValueError, RecursionError):
+            whole = None
+        if isinstance(whole, dict):
+            raise UserError(f"{path}: one JSON object (keys {', '.join(map(str, list(whole)[:5]))}), not an array "
+                            "of records or JSON lines")
     if not body.startswith("["):
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
@@ -100,6 +108,9 @@ def read_records(path: str | Path) -> list[dict]:
     for n, rec in _objects(text, path):
         if not isinstance(rec, dict):
             raise UserError(f"{path}:{n}: expected an object with 'instruction', 'input' and 'output'")
+        if not any(k in rec for k in FIELDS):
+            raise UserError(f"{path}:{n}: expected an object with 'instruction', 'input' and 'output', found keys "
+                            f"{', '.join(map(str, list(rec)[:5])) or '(none)'}")
         bad = [k for k in FIELDS if not isinstance(rec.get(k, "" if k == "input" else None), str)]
         if bad or not rec["instruction"].strip() or not rec["output"].strip():
             raise UserError(f"{path}:{n}: a record needs string 'instruction' and 'output' (non-empty) and "
@@ -145,6 +156,9 @@ class InstructionData(TokenData):
 def build_instruction_data(path: str | Path, tok, seq_len: int, warn=print) -> InstructionData:
     """Read, encode and pad an instruction file; about a tenth of the records (at least one) held out."""
     records = read_records(path)
+    if len(records) < 2:
+        raise UserError(f"{path}: one record; fine-tuning holds out about a tenth of the records (at least one) for "
+                        "validation, so it needs at least two")
     eot = eot_id(tok)
     examples = encode_examples(tok, records, eot, eot)
     keep = [i for i, (_, n) in enumerate(examples) if n < seq_len + 1]
@@ -155,10 +169,12 @@ def build_instruction_data(path: str | Path, tok, seq_len: int, warn=print) -> I
     if not keep:
         raise UserError(f"{path}: no record's response fits in seq_len {seq_len}; raise --seq-len")
     examples = [examples[i] for i in keep]
-    n_val = max(1, len(examples) // 10) if len(examples) > 1 else 0
+    if len(examples) < 2:
+        raise UserError(f"{path}: only one record fits in seq_len {seq_len}, and validation needs another; raise "
+                        "--seq-len")
+    n_val = max(1, len(examples) // 10)
     x, y = pad_examples(examples, seq_len, eot)
-    tx, ty = (x[:len(x) - n_val], y[:len(y) - n_val]) if n_val else (x, y)
-    vx, vy = (x[len(x) - n_val:], y[len(y) - n_val:]) if n_val else (x, y)
+    tx, ty, vx, vy = x[:len(x) - n_val], y[:len(y) - n_val], x[len(x) - n_val:], y[len(y) - n_val:]
     source = f"{path} ({len(tx)} train / {len(vx)} validation examples, padded to {seq_len})"
     return InstructionData(tok, tx.reshape(-1), vx.reshape(-1), source, train_targets=ty.reshape(-1),
                            val_targets=vy.reshape(-1))
