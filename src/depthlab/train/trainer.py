@@ -39,7 +39,7 @@ from depthlab.checkpoint import (
 from depthlab.config import Config, per_rank_batch
 from depthlab.data.dataset import PackedSampler, TokenData, build_token_data
 from depthlab.data.tokenizer import load_tokenizer
-from depthlab.model.validate import validate
+from depthlab.model.validate import check_fits_host, validate
 from depthlab.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -201,6 +201,8 @@ class Trainer:
             tc, batch_size=per_rank_batch(tc, self.env.world_size)))
         tc = cfg.train
         D.mesh_shape(tc, self.env.world_size)  # a layout that does not fit the ranks: one line, before any work
+        if self.device.type == "cpu":  # before the tokenizer and the model are sized by the config
+            check_fits_host(cfg)
         self.progress = progress and self.env.is_main
         self._held = contextlib.ExitStack()  # the run directory's lock, held until close()
         try:
