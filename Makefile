@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install clean results study study-grid study-sweep study-mixln study-vit speed
+.PHONY: demo test install clean results study study-grid study-sweep study-mixln study-vit study-lns study-along study-gpu-prepare study-gpu speed
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,23 @@ study-sweep: install  # pre and lns at 6, 12, 24, 48 blocks, seeds 0 and 1 (and 
 
 study-mixln: install  # mixln at 24 blocks: its own grid, then seed 1 at its best rate
 	$(STUDY) --phases mixln
+
+# Why LNS wins (docs/results.md, section 9; benchmarks/lns_study.py): each depth at its own rate, LNS taken apart and
+# the stability claims (hours on 2 cores; resumable), then the curse along training (15M tokens per run, about 3 h).
+# study-gpu: the `along` question at width 128 on one GPU (prepare its corpus here first, carry lns_study_gpu_runs/).
+LNS := $(BENCH).lns_study
+
+study-lns: install
+	$(LNS) run --runs-dir /tmp/depthlab_lns_runs
+
+study-along: install
+	$(LNS) run --phases along --runs-dir /tmp/depthlab_along_runs
+
+study-gpu-prepare: install
+	$(LNS) prepare --gpu --runs-dir lns_study_gpu_runs
+
+study-gpu:
+	$(LNS) run --gpu --runs-dir lns_study_gpu_runs
 
 # The paper's ViT row (docs/results.md, section 7): pre vs LNS after the norm vs LNS on the branch outputs, a
 # 12 x 64 ViT on scikit-learn's digits, 600 steps, a rate grid then 3 seeds at each best rate (about 45 min).

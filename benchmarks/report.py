@@ -127,6 +127,35 @@ def memory_section(r: dict | None) -> list[str]:
     return ["## 5. Memory of a training step: chunked loss against `transformers`", ""] + memory.section(r) + [""]
 
 
+def scaleout_section(after: dict | None, before: dict | None) -> list[str]:
+    from benchmarks import scaleout
+
+    out = ["## 8. Scale-out memory per rank: DDP and FSDP on 2 ranks against one process", ""]
+    if after is None:
+        return out + ["Not run yet (`python -m benchmarks.scaleout`).", ""]
+    out += ["Peak host memory per rank by phase, measured on CPU with gloo (docs/scaling.md explains the layout "
+            "and what a GPU adds). After the scale-out work:", ""] + scaleout.section(after) + [""]
+    if before is not None:
+        out += ["The same script on the code before it (commit 3021c1b):", "", scaleout.table(before), ""]
+    return out
+
+
+def lns_study_section() -> list[str]:
+    from benchmarks import lns_study
+
+    out = ["## 9. Why LNS wins: each depth at its own rate, LNS taken apart, the curse along training", ""]
+    done = [(name, d) for name, d in (("phases depths, parts, stability", RESULTS / "lns_study"),
+                                      ("phase along (CPU, 15M tokens)", RESULTS / "lns_study_along"),
+                                      ("the GPU study", RESULTS / "lns_study_gpu")) if (d / "runs.jsonl").exists()]
+    if not done:
+        return out + ["Not run yet: `python -m benchmarks.lns_study run` (the depths, parts and stability phases), "
+                      "`python -m benchmarks.lns_study run --phases along`, and on a GPU `python -m "
+                      "benchmarks.lns_study run --gpu` (benchmarks/lns_study.py says what each trains).", ""]
+    for name, d in done:
+        out += [f"### {name}", ""] + lns_study.summarize(d) + [""]
+    return out
+
+
 def copy_plots() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     for png in (RESULTS / "depth_study").glob("*.png"):
@@ -192,6 +221,8 @@ def main() -> Path:
         lines += body + prose.get(key, []) + [""]
     lines += SUPERSEDED
     lines += ["## 7. Vision Transformers: where LNS goes", ""] + study_report.vit_section(vit, "img/vit_study.png")
+    lines += scaleout_section(load(RESULTS / "scaleout.json"), load(RESULTS / "scaleout_before.json"))
+    lines += lns_study_section()
     lines += NOT_DONE
     path = DOCS / "results.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
