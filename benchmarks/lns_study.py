@@ -31,9 +31,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.depth_study import add_arguments, study
-from depthlab.study.records import load_records
-from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells
-from depthlab.study.stats import mean_std, spread
+from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, widened_grid
 
 OUT = Path(__file__).parent / "results" / "lns_study"
 PHASES = ("depths", "parts", "along", "stability")
@@ -60,25 +58,12 @@ GPU = {"dim": 128, "heads": 4, "ffn": 344, "seq": 256, "batch": 64, "steps": 366
        "out": str(OUT.with_name("lns_study_gpu"))}
 
 
-def own_grid(s: Study, variant: str, lrs: list[float], layers: int, widen: int, jobs: int) -> tuple[list, float]:
-    """Train `variant`'s rate grid (seed 0), widening it by 2x past an edge that holds the best rate; returns the
-    final grid and its best rate."""
-    lrs = sorted(lrs)
-    for i in range(widen + 1):
-        run_cells(s, grid_cells(s, lrs, layers, [variant]), jobs)
-        best = best_rates(s, load_records(s.runs_file), lrs, layers, [variant])[variant]
-        if i == widen or min(lrs) < best < max(lrs):
-            break
-        lrs = [*lrs, max(lrs) * 2] if best == max(lrs) else [min(lrs) / 2, *lrs]
-    return lrs, best
-
-
 def run_phase(s: Study, name: str, a) -> None:
     if name in ("depths", "stability"):
         depths = a.grid_depths if name == "depths" else [a.ref_depth]
         variants = ("pre", "lns") if name == "depths" else UNSTABLE
         for L in depths:
-            best = {v: own_grid(s, v, GRIDS.get(v, GRIDS["pre"]), L, a.widen, a.jobs)[1] for v in variants}
+            best = {v: widened_grid(s, v, GRIDS.get(v, GRIDS["pre"]), L, a.widen, a.jobs)[1] for v in variants}
             run_cells(s, seed_cells(s, best, a.seeds, L), a.jobs)
     elif name == "parts":
         run_cells(s, [c for lr in a.parts_lrs for c in seed_cells(s, dict.fromkeys(PARTS, lr), a.seeds,
@@ -86,40 +71,6 @@ def run_phase(s: Study, name: str, a) -> None:
     else:  # along: the budgets are every --probe-every tokens of the run
         s.budgets = sorted({0, *range(a.probe_every, a.steps * a.batch * a.seq, a.probe_every)})
         run_cells(s, [c for L in a.along_depths for c in grid_cells(s, a.along_lrs, L, ["pre", "lns"])], a.jobs)
-
-
-def summarize(out: Path) -> list[str]:
-    """One row per variant, depth and rate: final validation loss (mean and spread over seeds) and the final
-    model's curse index (interior inert fraction, deep/shallow removal ratio), from the records."""
-    rows = {}
-    for r in load_records(out / "runs.jsonl").values():
-        rows.setdefault((r["variant"], r.get("layers"), r["lr"]), []).append(r)
-    lines = ["| variant | N | lr | seeds | val loss | diverged | inert fraction | removal deep/shallow |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (v, L, lr), rs in sorted(rows.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0], kv[0][2])):
-        ok = [r for r in rs if r["status"] == "ok"]
-        curse = [r["probes"][-1]["curse"] for r in ok if r.get("probes")]
-        inert, ratio = (_mean_of(curse, k) for k in ("inert_fraction", "removal_deep_over_shallow"))
-        lines.append(f"| {v} | {L} | {lr:g} | {len(rs)} | {spread(mean_std(r['val_loss'] for r in ok)) if ok else '-'}"
-                     f" | {len(rs) - len(ok)} | {spread(inert, '.2f') if inert else '-'} | "
-                     f"{spread(ratio, '.2f') if ratio else '-'} |")
-    along = [r for r in load_records(out / "runs.jsonl").values() if len(r.get("probes", [])) > 2]
-    if along:  # the curse along training: each probe's tokens, inert fraction, removal ratio, probe loss
-        lines += ["", "| run | tokens | inert fraction | removal deep/shallow | probe loss |", "|---|---|---|---|---|"]
-        lines += [f"| {r['key']} | {q['tokens']:,} | {_number(q['curse'].get('inert_fraction'))} | "
-                  f"{_number(q['curse'].get('removal_deep_over_shallow'))} | {q['probe_loss']:.4f} |"
-                  for r in along for q in r["probes"]]
-    return lines
-
-
-def _mean_of(curse: list[dict], key: str) -> dict | None:
-    """mean_std of one index entry over seeds; None where no model has it (no interior at tiny depths)."""
-    xs = [c[key] for c in curse if c.get(key) is not None]
-    return mean_std(xs) if xs else None
-
-
-def _number(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
 
 
 def main(argv=None) -> None:
@@ -148,7 +99,9 @@ def main(argv=None) -> None:
         s = study(a, recorded_command("lns_study", argv if argv is not None else sys.argv[1:]), "lns", VARIANTS)
         for name in a.phases if a.cmd == "run" else []:
             run_phase(s, name, a)
-    print("\n".join(summarize(Path(a.out))))
+    from benchmarks.study_report import cell_tables
+
+    print("\n".join(cell_tables(Path(a.out))))
 
 
 if __name__ == "__main__":

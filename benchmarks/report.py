@@ -141,7 +141,7 @@ def scaleout_section(after: dict | None, before: dict | None) -> list[str]:
 
 
 def lns_study_section() -> list[str]:
-    from benchmarks import lns_study
+    from benchmarks import study_report
 
     out = ["## 9. Why LNS wins: each depth at its own rate, LNS taken apart, the curse along training", ""]
     done = [(name, d) for name, d in (("phases depths, parts, stability", RESULTS / "lns_study"),
@@ -152,7 +152,7 @@ def lns_study_section() -> list[str]:
                       "`python -m benchmarks.lns_study run --phases along`, and on a GPU `python -m "
                       "benchmarks.lns_study run --gpu` (benchmarks/lns_study.py says what each trains).", ""]
     for name, d in done:
-        out += [f"### {name}", ""] + lns_study.summarize(d) + [""]
+        out += [f"### {name}", ""] + study_report.cell_tables(d) + [""]
     return out
 
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from depthlab.study.records import final_probe, load_records, upgrade
-from depthlab.study.stats import spread
+from depthlab.study.stats import mean_std, spread
 from depthlab.study.summary import MECHANISMS, lm_study, vit_study
 
 
@@ -349,3 +349,37 @@ def vit_headline(out: Path) -> list[str]:
     return ["**ViT** (digits, 359 validation images, 3 seeds at each variant's loss-selected rate): "
             + "; ".join(rows) + "." + (f" Best rate at a grid edge for {', '.join(edge)}." if edge else "")
             + f" Selected by accuracy instead, the rates would be {by_acc}.", ""]
+
+
+def cell_tables(out: Path) -> list[str]:
+    """One row per variant, depth and rate: final validation loss (mean and spread over seeds) and the final
+    model's curse index (interior inert fraction, deep/shallow removal ratio), from the records."""
+    rows = {}
+    for r in load_records(out / "runs.jsonl").values():
+        rows.setdefault((r["variant"], r.get("layers"), r["lr"]), []).append(r)
+    lines = ["| variant | N | lr | seeds | val loss | diverged | inert fraction | removal deep/shallow |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (v, L, lr), rs in sorted(rows.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0], kv[0][2])):
+        ok = [r for r in rs if r["status"] == "ok"]
+        curse = [r["probes"][-1]["curse"] for r in ok if r.get("probes")]
+        inert, ratio = (_mean_of(curse, k) for k in ("inert_fraction", "removal_deep_over_shallow"))
+        lines.append(f"| {v} | {L} | {lr:g} | {len(rs)} | {spread(mean_std(r['val_loss'] for r in ok)) if ok else '-'}"
+                     f" | {len(rs) - len(ok)} | {spread(inert, '.2f') if inert else '-'} | "
+                     f"{spread(ratio, '.2f') if ratio else '-'} |")
+    along = [r for r in load_records(out / "runs.jsonl").values() if len(r.get("probes", [])) > 2]
+    if along:  # the curse along training: each probe's tokens, inert fraction, removal ratio, probe loss
+        lines += ["", "| run | tokens | inert fraction | removal deep/shallow | probe loss |", "|---|---|---|---|---|"]
+        lines += [f"| {r['key']} | {q['tokens']:,} | {_number(q['curse'].get('inert_fraction'))} | "
+                  f"{_number(q['curse'].get('removal_deep_over_shallow'))} | {q['probe_loss']:.4f} |"
+                  for r in along for q in r["probes"]]
+    return lines
+
+
+def _mean_of(curse: list[dict], key: str) -> dict | None:
+    """mean_std of one index entry over seeds; None where no model has it (no interior at tiny depths)."""
+    xs = [c[key] for c in curse if c.get(key) is not None]
+    return mean_std(xs) if xs else None
+
+
+def _number(x) -> str:
+    return "-" if x is None else f"{x:.2f}"

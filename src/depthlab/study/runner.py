@@ -7,6 +7,7 @@ rates, the probe and the token budgets to probe at. The phases are functions of 
 
     grid_cells(study, lrs, layers)              every variant at every rate, seed 0
     best_rates(study, records, lrs, layers)     variant -> its best rate, None until its grid has finished
+    widened_grid(study, variant, lrs, layers, widen, jobs)   one variant's grid, trained and widened past an edge
     seed_cells(study, best, seeds, layers)      every variant at its best rate, every seed
     run_cells(study, cells, jobs)               train (in parallel processes) what is missing
 """
@@ -100,6 +101,20 @@ def best_rates(study: Study | None, records: dict, lrs: list[float], layers: int
         grid = [records.get(cell_key(v, lr, seed, layers)) for lr in lrs]
         out[v] = min(grid, key=lambda r: selection_value(r, select, minimize))["lr"] if all(grid) else None
     return out
+
+
+def widened_grid(s: Study, variant: str, lrs: list[float], layers: int | None, widen: int,
+                 jobs: int = 1) -> tuple[list[float], float]:
+    """Train `variant`'s rate grid (seed 0), widened by a factor 2 past an edge that holds the best rate (`widen`
+    times at most); returns the final grid and its best rate."""
+    lrs = sorted(lrs)
+    for i in range(widen + 1):
+        run_cells(s, grid_cells(s, lrs, layers, [variant]), jobs)
+        best = best_rates(s, load_records(s.runs_file), lrs, layers, [variant])[variant]
+        if i == widen or min(lrs) < best < max(lrs):
+            break
+        lrs = [*lrs, max(lrs) * 2] if best == max(lrs) else [min(lrs) / 2, *lrs]
+    return lrs, best
 
 
 def seed_cells(study: Study, best: dict[str, float | None], seeds: list[int],
