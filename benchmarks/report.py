@@ -151,8 +151,13 @@ def lns_study_section() -> list[str]:
         return out + ["Not run yet: `python -m benchmarks.lns_study run` (the depths, parts and stability phases), "
                       "`python -m benchmarks.lns_study run --phases along`, and on a GPU `python -m "
                       "benchmarks.lns_study run --gpu` (benchmarks/lns_study.py says what each trains).", ""]
+    out += ["Only the cells listed have finished (the rest of each phase is still to run: `make study-lns`, "
+            "`make study-along`); a difference on one seed reads inconclusive under section 1's rules. The "
+            "curse index columns are the final model's, from the whole-split probe.", ""]
     for name, d in done:
-        out += [f"### {name}", ""] + study_report.cell_tables(d) + [""]
+        command = (load(d / "settings.json") or {}).get("command", "?")
+        out += [f"### {name}", "", f"Made by `{command}` (the last run into it; each row names its cells' variant, "
+                "depth and rate, and the seeds column counts them).", ""] + study_report.cell_tables(d) + [""]
     return out
 
 
