@@ -13,7 +13,8 @@ the old stability claims, as thin phases over depthlab.study (the depth study's 
                l^-p, pre with those gains learning at lr*l^-p, pre with every block-l parameter at lr*l^-p
     along      pre and lns at each of --along-depths and --along-lrs, seed 0, probed every --probe-every tokens;
                run alone: its defaults are 14,648 steps of 16 x 64 tokens (15M, under one epoch of the 64 MB
-               built-in corpus), its records go to lns_study_along/
+               built-in corpus), its records go to lns_study_along/; its cells checkpoint at every evaluation,
+               so a killed study run again resumes each unfinished cell where it stopped (keep --runs-dir)
     stability  post, deepnorm, mixln and lns with scaled init at --ref-depth, each on pre's grid widened as above,
                seed 0; then --seeds at each best rate; divergence (non-finite, or loss above ln V) is recorded
 
@@ -97,6 +98,8 @@ def main(argv=None) -> None:
         from benchmarks.study_report import recorded_command
 
         s = study(a, recorded_command("lns_study", argv if argv is not None else sys.argv[1:]), "lns", VARIANTS)
+        if "along" in a.phases:  # hours per cell: checkpoint at every evaluation, so a killed cell resumes
+            s.ckpt_every = a.eval_every
         for name in a.phases if a.cmd == "run" else []:
             run_phase(s, name, a)
     from benchmarks.study_report import cell_tables

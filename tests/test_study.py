@@ -79,3 +79,49 @@ def test_a_tiny_study_grid_best_rate_seeds_and_resume(tmp_path, corpus):
     plain = Study("plain", str(tmp_path / "plain"), study.variants, study.base)
     run_cells(plain, seed_cells(plain, {"pre": 1e-2}, [0], layers=4), log=lambda m: None)
     assert load_records(plain.runs_file)["pre-L4-lr0.01-seed0"]["val_loss"] == r["val_loss"]
+
+
+def _train_one(study, cell):  # a spawned process: train one cell in this process (the test kills it)
+    from depthlab.study.runner import train_cell
+
+    train_cell(study, cell)
+
+
+def test_a_killed_resumable_cell_continues_where_it_stopped(tmp_path, corpus):
+    """With ckpt_every, a cell killed mid-run resumes from its checkpoint and keeps the probes it had made: its
+    record equals an uninterrupted run's."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from depthlab.study.runner import Cell
+
+    base = [*TINY[:-6], "train.max_steps=300", "train.warmup_steps=2", "train.eval_every=100", "train.log_every=10",
+            "train.monitor_every=0", "train.device=cpu", "train.threads=1", f"data.paths=[{corpus}]"]
+    probe = ProbeSpec(windows=4, seq_len=16, jacobian=False)
+
+    def make(name):
+        return Study(name, str(tmp_path / name), {"pre": ["model.norm_scheme=pre"]}, base=base, probe=probe,
+                     budgets=[0, 10 * 4 * 32, 250 * 4 * 32], ckpt_every=20)
+
+    cell = Cell("pre", 1e-2, 0, 2)
+    killed = make("killed")
+    proc = multiprocessing.get_context("spawn").Process(target=_train_one, args=(killed, cell))
+    proc.start()
+    ckpts = tmp_path / "killed" / "runs" / f"killed-{cell.key}" / "checkpoints"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.is_alive() and not any(ckpts.glob("step_*[0-9]")):
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert not killed.runs_file.exists()  # killed before the cell finished
+    run_cells(killed, [cell], log=lambda m: None)
+    after = load_records(killed.runs_file)[cell.key]
+    whole = make("whole")
+    run_cells(whole, [cell], log=lambda m: None)
+    ref = load_records(whole.runs_file)[cell.key]
+    assert 0 < after["resumed_at_step"] < 300 and "resumed_at_step" not in ref
+    assert after["val_loss"] == ref["val_loss"] and after["val_curve"] == ref["val_curve"]
+    assert [p["step"] for p in after["probes"]] == [0, 10, 250, 300]
+    assert [p["probe_loss"] for p in after["probes"]] == [p["probe_loss"] for p in ref["probes"]]

@@ -19,7 +19,7 @@ import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -55,6 +55,7 @@ class Study:
     corpus: str | None = None  # a study.corpus folder the cells train on (else the config's own data)
     val_tokens: int | None = None  # the trainer evaluates on the first val_tokens of the validation split
     keep_runs: bool = False
+    ckpt_every: int = 0  # > 0: cells checkpoint every this many steps and a killed cell resumes where it stopped
     command: str = ""  # how the study was started, recorded in settings.json
     meta: dict = field(default_factory=dict)  # the study's own description (sizes, depths, corpus), recorded too
 
@@ -146,11 +147,13 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
 
 # ---------------------------------------------------------------------------------------------------- one cell
 class _ProbeAlong(Callback):
-    """A trainer callback: probe the live model when it has done each of `steps` optimizer steps."""
+    """A trainer callback: probe the live model when it has done each of `steps` optimizer steps. With a `file`,
+    each probe is appended to it as it is made and the probes already there are kept, so a resumed cell (whose
+    model is bitwise the one that made them) does not probe those steps again."""
 
-    def __init__(self, spec: ProbeSpec, val, steps: list[int], tokens_per_step: int):
-        self.spec, self.val, self.steps, self.tps = spec, val, set(steps), tokens_per_step
-        self.probes: list[dict] = []
+    def __init__(self, spec: ProbeSpec, val, steps: list[int], tokens_per_step: int, file: Path | None = None):
+        self.spec, self.val, self.steps, self.tps, self.file = spec, val, set(steps), tokens_per_step, file
+        self.probes: list[dict] = load_probes(file) if file else []
 
     def on_step_start(self, trainer, step: int) -> None:
         if step - 1 in self.steps:
@@ -159,7 +162,23 @@ class _ProbeAlong(Callback):
     def probe(self, model, step: int) -> None:
         from depthlab.study.probe import probe_model
 
+        if any(p["step"] == step for p in self.probes):
+            return
         self.probes.append({"step": step, "tokens": step * self.tps, **probe_model(model, self.val, self.spec)})
+        if self.file:
+            with open(self.file, "a") as f:
+                f.write(json.dumps(self.probes[-1]) + "\n")
+
+
+def load_probes(file: Path) -> list[dict]:
+    """The probes a killed cell left (its last line may be partial: it is dropped)."""
+    out = []
+    for line in file.read_text().splitlines() if file.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
 
 
 def _data(study: Study):
@@ -185,16 +204,22 @@ def train_cell(study: Study, cell: Cell) -> dict:
     data, full_val = _data(study)
     tps = cfg.train.batch_size * cfg.train.grad_accum * cfg.data.seq_len
     probing = study.probe is not None and not cfg.model.is_vit
+    resumable = study.ckpt_every > 0
+    if resumable:
+        cfg = replace(cfg, train=replace(cfg.train, ckpt_every=study.ckpt_every, keep_last=1))
+        run_dir.mkdir(parents=True, exist_ok=True)
     along = _ProbeAlong(study.probe, full_val if full_val is not None else None,
                         sorted({round(b / tps) for b in study.budgets if 0 <= round(b / tps) < cfg.train.max_steps}),
-                        tps) if probing else None
+                        tps, run_dir / "probes.jsonl" if resumable else None) if probing else None
     rec = {"study": study.name, "key": cell.key, **asdict(cell)}
     if not cfg.model.is_vit:
         rec["init_update_ratio"] = init_update_ratios(cfg.model, seed=cell.seed)
     t0 = time.time()
     cls = VisionTrainer if cfg.model.is_vit else Trainer
     trainer = cls(cfg, run_dir=run_dir, data=data, callbacks=[along] if along else [], progress=False,
-                  overwrite=True)
+                  overwrite=not resumable, resume="auto" if resumable else None)
+    if trainer.step:
+        rec["resumed_at_step"] = trainer.step
     if along and along.val is None:
         along.val = trainer.data.val
     try:
