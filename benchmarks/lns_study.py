@@ -102,9 +102,13 @@ def main(argv=None) -> None:
             s.ckpt_every = a.eval_every
         for name in a.phases if a.cmd == "run" else []:
             run_phase(s, name, a)
-    from benchmarks.study_report import cell_tables
+    from benchmarks.study_report import along_table, cell_tables, lns_tables
+    from depthlab.study.records import load_records
 
-    print("\n".join(cell_tables(Path(a.out))))
+    records = load_records(Path(a.out) / "runs.jsonl")
+    tables = along_table(records) if "along" in a.phases else lns_tables(records, list(PARTS), list(UNSTABLE),
+                                                                         a.ref_depth)
+    print("\n".join(tables + cell_tables(Path(a.out))))
 
 
 if __name__ == "__main__":

@@ -383,3 +383,110 @@ def _mean_of(curse: list[dict], key: str) -> dict | None:
 
 def _number(x) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+# ---------------------------------------------------------------------------------------------------- lns_study
+def _rate(lr: float | None) -> str:
+    return "-" if lr is None else f"{lr:g}"
+
+
+def _grid(g: dict) -> str:
+    """A seed-0 grid as 'rate loss' pairs, the best in bold, diverged rates marked."""
+    bad, best = {f"{lr:g}" for lr in g["diverged"]}, _rate(g["best_lr"])
+    cells = [f"{lr} diverged" if lr in bad else (f"**{lr} {loss:.3f}**" if lr == best else f"{lr} {loss:.3f}")
+             for lr, loss in g["grid"].items()]
+    return ", ".join(cells) + (" (best at an edge)" if g["edge"] else "")
+
+
+def _index(r: dict, key: str) -> str:
+    ms = r.get("index", {}).get(key)
+    return spread(ms, ".2f") if ms and ms.get("mean") is not None else "-"
+
+
+def _delta(c: dict) -> str:
+    if not c.get("seeds"):
+        return "-"
+    return f"{spread(c, '.3f', signed=True)} ({c['verdict']}; per seed {_per_seed(c['per_seed'])})"
+
+
+def lns_tables(records: dict, parts: list[str], unstable: list[str], ref_depth: int) -> list[str]:
+    """Parts 1, 2 and 4 of the LNS study as tables, from depthlab.study.summary.lns_study."""
+    from depthlab.study.summary import lns_study
+
+    res = lns_study(records, parts, unstable, ref_depth)
+    lines = ["**Each depth at its own rate.** Each scheme's seed-0 grid at that depth (the best rate in bold), then "
+             "both at their own best rate over every seed that ran; Δ = lns − pre, paired by seed.", "",
+             "| N | pre grid | lns grid | pre loss | lns loss | Δ | inert pre / lns | removal deep/shallow pre / lns |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d in res["depths"]:
+        p, q = d["pre"], d["lns"]
+        lines.append(f"| {d['layers']} | {_grid(d['grids']['pre'])} | {_grid(d['grids']['lns'])} | "
+                     f"{spread(p['val_loss'])} | {spread(q['val_loss'])} | {_delta(d['delta_val_loss'])} | "
+                     f"{_index(p, 'inert_fraction')} / {_index(q, 'inert_fraction')} | "
+                     f"{_index(p, 'removal_deep_over_shallow')} / {_index(q, 'removal_deep_over_shallow')} |")
+    names = ("removal_deep", "removal_middle", "last_var", "update_deep")
+    for g in res["parts"]:
+        lines += ["", f"**LNS taken apart at N = {g['layers']}, lr {g['lr']:g}.** Δ = variant − pre, paired by seed; "
+                  "the index and quantities are the final models' (mean ± std over seeds).", "",
+                  "| variant | seeds | val loss | Δ vs pre | inert fraction | removal deep/shallow | "
+                  + " | ".join(MECHANISMS[n][0] for n in names) + " |", "|---" * (6 + len(names)) + "|"]
+        for v, r in g["variants"].items():
+            qs = r.get("quantities", {})
+            lines.append(f"| {v} | {len(r['seeds'])} | {spread(r['val_loss'])} | {_delta(r.get('delta_val_loss', {}))}"
+                         f" | {_index(r, 'inert_fraction')} | {_index(r, 'removal_deep_over_shallow')} | "
+                         + " | ".join(spread(qs[n], '.3f') if n in qs else "-" for n in names) + " |")
+    if res["stability"]:
+        lines += ["", f"**Stability at N = {ref_depth}.** Each scheme's seed-0 grid (diverged: a non-finite loss or "
+                  "one above ln V), then its best rate over every seed that ran.", "",
+                  "| scheme | grid | best rate | seeds | loss at best | diverged at best |", "|---" * 6 + "|"]
+        for v, s in res["stability"].items():
+            b = s["at_best"]
+            lines.append(f"| {v} | {_grid(s)} | {_rate(s['best_lr'])} | {len(b['seeds'])} | {spread(b['val_loss'])} | "
+                         f"{b['diverged']} |")
+    return lines + [""]
+
+
+def along_table(records: dict) -> list[str]:
+    """Part 3: at every probe along training, both schemes' probe loss, Δ and both curse indices."""
+    from depthlab.study.summary import along_pairs
+
+    lines = []
+    for a in along_pairs(records):
+        lines += [f"**N = {a['layers']}, lr {a['lr']:g}** (seed 0; final validation loss pre {a['val_loss']['pre']:.4f}"
+                  f", lns {a['val_loss']['lns']:.4f}).", "",
+                  "| tokens | probe loss pre | lns | Δ | inert pre | inert lns | removal deep/shallow pre | lns |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {p['tokens']:,} | {p['pre_loss']:.4f} | {p['lns_loss']:.4f} | {p['delta']:+.4f} | "
+                  f"{_number(p['pre_inert_fraction'])} | {_number(p['lns_inert_fraction'])} | "
+                  f"{_number(p['pre_removal_deep_over_shallow'])} | {_number(p['lns_removal_deep_over_shallow'])} |"
+                  for p in a["probes"]]
+        lines.append("")
+    return lines
+
+
+def plot_along(records: dict, path: Path) -> bool:
+    """Δ probe loss and both schemes' curse index against training tokens, one column per (depth, rate)."""
+    from depthlab.study.summary import along_pairs
+
+    pairs = along_pairs(records)
+    if not pairs:
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(pairs), figsize=(4.2 * len(pairs), 6), squeeze=False)
+    for col, a in enumerate(pairs):
+        t = [p["tokens"] / 1e6 for p in a["probes"]]
+        top, bottom = axes[0][col], axes[1][col]
+        top.plot(t, [p["delta"] for p in a["probes"]], "o-", color="k")
+        top.axhline(0, color="grey", lw=0.5)
+        top.set(title=f"N={a['layers']}, lr {a['lr']:g}", ylabel="Δ probe loss (lns − pre)")
+        for v, c in (("pre", "tab:blue"), ("lns", "tab:orange")):
+            bottom.plot(t, [p[f"{v}_inert_fraction"] for p in a["probes"]], "o-", color=c, label=f"{v} inert fraction")
+            bottom.plot(t, [p[f"{v}_removal_deep_over_shallow"] for p in a["probes"]], "s--", color=c,
+                        label=f"{v} removal deep/shallow")
+        bottom.set(xlabel="training tokens (M)", ylabel="curse index")
+        bottom.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

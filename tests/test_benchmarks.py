@@ -200,7 +200,9 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
         lrs = sorted(r["lr"] for r in runs if r["variant"] == v and r["lr"] != 1e-3)
         assert set(grid) <= set(lrs) and len(lrs) in (3, 4)
     table = capsys.readouterr().out
-    assert "| pre+block_lr | 2 | 0.001 | 1 |" in table
+    assert "| pre+block_lr | 2 | 0.001 | 1 |" in table  # every cell, and the parts' tables from the summary
+    assert "**Each depth at its own rate.**" in table and "LNS taken apart at N = 2, lr 0.001" in table
+    assert table.count("| pre+gain_lr | 1 | ") == 1  # its row in the parts table, over its one seed
     gpu = tmp_path / "gpu"
     lns_study.main(["run", "--gpu", "--device", "cpu", "--dtype", "fp32", "--no-compile", "--along-depths", "2",
                     "--along-lrs", "1e-3", "--probe-every", "32", *LNS_TINY, "--out", str(gpu),
@@ -208,6 +210,14 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     runs = [json.loads(x) for x in (gpu / "runs.jsonl").read_text().splitlines()]
     assert sorted(r["variant"] for r in runs) == ["lns", "pre"]
     assert all([p["tokens"] for p in r["probes"]] == [0, 32, 64, 96, 128] for r in runs)
-    assert "| lns-L2-lr0.001-seed0 | 96 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| lns-L2-lr0.001-seed0 | 96 |" in printed and "**N = 2, lr 0.001**" in printed
+    assert printed.count("\n| 96 | ") == 1  # the along table: one row per probe, both schemes side by side
+    assert json.loads((gpu / "settings.json").read_text())["ckpt_every"] == 2  # along cells resume after a kill
+    from benchmarks.study_report import plot_along
+    from depthlab.study.records import load_records
+
+    assert plot_along(load_records(gpu / "runs.jsonl"), tmp_path / "along.png")
+    assert (tmp_path / "along.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         lns_study.main(["run", "--phases", "along", "parts"])  # along runs alone

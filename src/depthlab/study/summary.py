@@ -186,3 +186,103 @@ def vit_study(raw: dict, settings: dict, base: str = "pre", paper_direction: dic
                                  "acc": {**acc, "claim": claim(acc, "higher" if want == "better" else "lower")},
                                  "paper": want}
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- LNS apart
+def _rates(records: dict, variant: str, layers: int | None, seed: int = 0) -> dict[float, dict]:
+    """Every rate `variant` ran at `layers` with `seed`, and its record (a widened grid is just more rates)."""
+    return {r["lr"]: r for r in records.values()
+            if r["variant"] == variant and r.get("layers") == layers and r["seed"] == seed}
+
+
+def own_rate_grid(records: dict, variant: str, layers: int | None) -> dict:
+    """A variant's seed-0 grid at one depth, its best rate by final validation loss (diverged runs worst), whether
+    that rate is at an edge of what ran, and the rates that diverged."""
+    from depthlab.study.runner import selection_value
+
+    grid = _rates(records, variant, layers)
+    best = min(grid, key=lambda lr: (selection_value(grid[lr]), lr)) if grid else None
+    if best is not None and not math.isfinite(selection_value(grid[best])):
+        best = None  # every rate diverged
+    return {"grid": {f"{lr:g}": grid[lr]["val_loss"] for lr in sorted(grid)}, "best_lr": best,
+            "edge": at_edge(best, sorted(grid)), "diverged": [lr for lr in sorted(grid) if grid[lr]["status"] != "ok"]}
+
+
+def _quantity(fn, record: dict, layers: int) -> float | None:
+    """A mechanism quantity of a record's final probe; None where the model is too shallow to have it."""
+    try:
+        x = fn(final_probe(record), layers)
+    except (KeyError, ZeroDivisionError):
+        return None
+    return x if x is not None and math.isfinite(x) else None
+
+
+def variant_reading(records: dict, variant: str, layers: int | None, lr: float | None) -> dict:
+    """One variant at one depth and rate over every seed that ran: loss, curse index and the final probe's
+    mechanism quantities (mean ± std), and how many of its runs diverged."""
+    seeds = sorted({r["seed"] for r in records.values()})
+    cells = [records[k] for s in seeds if lr is not None and (k := cell_key(variant, lr, s, layers)) in records]
+    runs = _runs(records, variant, layers, lr, seeds)
+    out = {"lr": lr, "seeds": sorted(runs), "diverged": len(cells) - len(runs),
+           "val_loss": mean_std(r["val_loss"] for r in runs.values())}
+    if runs and all(final_probe(r) for r in runs.values()):
+        out["index"] = index_reading(runs)
+        out["quantities"] = {name: mean_std(x for r in runs.values() if (x := _quantity(fn, r, layers)) is not None)
+                             for name, (_, fn, _) in MECHANISMS.items()}
+    return out
+
+
+def against(records: dict, base: tuple[str, float | None], other: tuple[str, float | None], layers: int | None) -> dict:
+    """other - base validation loss seed by seed (each at its own rate)."""
+    seeds = sorted({r["seed"] for r in records.values()})
+    return paired(_runs(records, base[0], layers, base[1], seeds), _runs(records, other[0], layers, other[1], seeds),
+                  lambda r: r["val_loss"])
+
+
+def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: int, a: str = "pre",
+              b: str = "lns") -> dict:
+    """The LNS study's results from its records (merged with the depth study's, whose N = 24 grid it shares):
+    depths  per depth, pre and lns each at its own best rate: loss, Δ seed by seed, the curse index
+    parts   per (depth, rate) where LNS's parts ran: each part beside pre, Δ seed by seed, index and quantities
+    stability  per scheme at ref_depth: its grid (diverged rates listed) and its best rate over seeds.
+    (a and b: the pair compared by depth, pre and lns.)"""
+    records = {k: upgrade(r) for k, r in records.items()}
+    depths = []
+    for L in sorted({r["layers"] for r in records.values() if r["variant"] in (a, b) and r.get("layers")}):
+        grids = {v: own_rate_grid(records, v, L) for v in (a, b)}
+        best = {v: g["best_lr"] for v, g in grids.items()}
+        row = {"layers": L, "grids": grids, **{v: variant_reading(records, v, L, best[v]) for v in best}}
+        row["delta_val_loss"] = against(records, (a, best[a]), (b, best[b]), L)
+        depths.append(row)
+    groups = sorted({(r["layers"], r["lr"]) for r in records.values() if r["variant"] in parts[2:]})
+    decomposition = [{"layers": L, "lr": lr, "variants": {
+        v: {**variant_reading(records, v, L, lr),
+            **({"delta_val_loss": against(records, ("pre", lr), (v, lr), L)} if v != "pre" else {})}
+        for v in parts}} for L, lr in groups]
+    stability = {}
+    for v in unstable:
+        g = own_rate_grid(records, v, ref_depth)
+        if g["grid"]:
+            stability[v] = {**g, "at_best": variant_reading(records, v, ref_depth, g["best_lr"])}
+    return {"depths": depths, "parts": decomposition, "stability": stability, "runs": len(records),
+            "train_s": sum(r.get("wall_s", 0.0) for r in records.values())}
+
+
+def along_pairs(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
+    """The curse along training: for each (depth, rate) where pre and lns ran with probes along, at every probe
+    both schemes' probe loss, their difference and both curse indices."""
+    records = {k: upgrade(r) for k, r in records.items()}
+    out = []
+    for L, lr in sorted({(r["layers"], r["lr"]) for r in records.values()}):
+        pre, lns = (records.get(cell_key(v, lr, 0, L)) for v in (a, b))
+        if not (pre and lns and pre.get("probes") and lns.get("probes")):
+            continue
+        by_step = {p["step"]: p for p in lns["probes"]}
+        rows = [{"step": p["step"], "tokens": p["tokens"], f"{a}_loss": p["probe_loss"], f"{b}_loss": q["probe_loss"],
+                 "delta": q["probe_loss"] - p["probe_loss"],
+                 **{f"{v}_{k}": x["curse"].get(k) for v, x in ((a, p), (b, q))
+                    for k in ("inert_fraction", "removal_deep_over_shallow", "update_slope")}}
+                for p in pre["probes"] if (q := by_step.get(p["step"]))]
+        out.append({"layers": L, "lr": lr, "status": {a: pre["status"], b: lns["status"]},
+                    "val_loss": {a: pre["val_loss"], b: lns["val_loss"]}, "probes": rows})
+    return out
