@@ -326,7 +326,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     t.add_argument("--preset", help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
-    t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
+    from depthlab.model.schemes import SCHEMES
+
+    t.add_argument("--scheme", help=f"normalization scheme: {', '.join(SCHEMES)} (`depthlab schemes` says what "
+                   "each is)")
     t.add_argument("--data", nargs="+", metavar="PATH", help="a prepared directory (`depthlab data prepare`), or "
                    "text / JSON lines (C4) / parquet files, folders, globs, hf:NAME datasets (default: built-in "
                    "corpus)")
