@@ -77,7 +77,7 @@ if sys.argv[1:] != ["--imports-only"]:
     except SystemExit:
         pass
 else:
-    import torch, matplotlib.pyplot, depthlab.analysis.study, depthlab.analysis.report, depthlab.analysis.layerwise
+    import torch, matplotlib.pyplot, depthlab.analysis.analyze, depthlab.analysis.report, depthlab.analysis.layerwise
 print("PEAK_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
 """
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from depthlab import UserError
+from depthlab.analysis.analyze import Options, analyze
 from depthlab.analysis.calibration import Batch
 from depthlab.analysis.layers import LayeredLM, from_hf
-from depthlab.analysis.study import Options, analyze
 from tests.test_analysis_support import HF_FAMILIES, random_batches, tiny_hf_model
 
 transformers = pytest.importorskip("transformers")

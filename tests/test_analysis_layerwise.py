@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from depthlab.analysis.analyze import Options, analyze, analyze_layerwise
 from depthlab.analysis.calibration import calibration_batches
 from depthlab.analysis.layerwise import load_skeleton
 from depthlab.analysis.run import load_layered
-from depthlab.analysis.study import Options, analyze, analyze_layerwise
 from tests.test_analysis_support import TEXT, save_depthlab_checkpoint, save_hf_model
 
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import re
 
 import pytest
 
@@ -9,6 +10,7 @@ from depthlab.cli import main, make_parser
 from depthlab.hf.cli import FAMILY_NAMES
 from depthlab.model.arch import ARCHS
 from depthlab.model.schemes import SCHEMES
+from tests.scheme_oracles import names as oracle_names
 
 
 def help_of(*command: str) -> str:
@@ -51,8 +53,17 @@ def test_export_help_names_every_class_and_every_exported_scheme():
     for name, cls in SCHEMES.items():
         if cls.hf_export is not None:
             assert name in text, name
+        else:  # a refused scheme is not named as exported
+            assert not re.search(rf"\b{name}\b", text), name
         if cls.hf_export == "gemma2":
             assert "Gemma2ForCausalLM" in text
+    vit = text[text.index("model.arch=vit:"):].split(")")[0]
+    assert set(re.findall(r"\w+", vit.split(":")[1])) - {"and"} == set(oracle_names(vit_export=True))
+
+
+def test_train_help_names_every_scheme():
+    text = help_of("train")
+    assert all(re.search(rf"\b{name}\b", text) for name in SCHEMES)
 
 
 def test_schemes_lists_the_registry(capsys):

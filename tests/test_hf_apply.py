@@ -5,7 +5,9 @@ import torch
 
 from depthlab import UserError
 from depthlab.hf import apply_scheme, import_hf, load_pretrained
+from depthlab.hf.apply import current_scheme
 from depthlab.hf.blocks import block_norms, find_blocks
+from tests.scheme_oracles import names as oracle_names
 from tests.test_hf_fixtures import FAMILIES, tiny_hf
 
 # the residual-branch norms each family's block owns (OLMo-2's q_norm / k_norm sit inside attention)
@@ -119,7 +121,12 @@ def test_state_dict_round_trip_keeps_training_form():
     assert torch.allclose(model.state_dict()["model.layers.3.input_layernorm.weight"], w / 2, rtol=1e-6)
 
 
-@pytest.mark.parametrize("scheme", ["post", "sandwich", "dyt", "nonsense"])
+@pytest.mark.parametrize("scheme", oracle_names(hf_patchable=True))
+def test_the_patchable_schemes_patch(scheme):
+    assert current_scheme(apply_scheme(tiny_hf("llama"), scheme)) == scheme
+
+
+@pytest.mark.parametrize("scheme", oracle_names(hf_patchable=False) + ["nonsense"])
 def test_other_schemes_are_refused_with_the_reason(scheme):
     with pytest.raises(UserError, match=rf"{scheme}.*(rewires|not a scheme)"):
         apply_scheme(tiny_hf("llama"), scheme)

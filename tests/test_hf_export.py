@@ -9,12 +9,14 @@ from depthlab.config import Config
 from depthlab.hf.exporter import REFUSED, export
 from depthlab.hf.importer import save_as_checkpoint
 from depthlab.model import SCHEMES
+from tests.scheme_oracles import ORACLES
 from tests.test_hf_fixtures import load_stock, make_checkpoint, word_tokenizer
 
 
 def test_every_scheme_is_exported_or_refused_with_a_reason():
-    exported = {"pre", "lns", "layerscale", "skipinit", "sandwich"}
+    exported = {name for name in SCHEMES if ORACLES[name].hf_export}
     assert set(SCHEMES) == exported | set(REFUSED)
+    assert {name: cls.hf_export for name, cls in SCHEMES.items()} == {n: ORACLES[n].hf_export for n in SCHEMES}
     assert not exported & set(REFUSED)
 
 

@@ -1,4 +1,5 @@
-"""Each scheme puts its norms where docs/method.md section 2 says: checked against hand-written reference blocks."""
+"""Each scheme puts its norms where docs/method.md section 2 says: every registered scheme's block checked against
+its hand-written oracle (tests/scheme_oracles.py)."""
 
 import math
 import warnings
@@ -13,6 +14,7 @@ from depthlab.model.init import INITS
 from depthlab.model.llama import DyT, RMSNorm
 from depthlab.model.schemes import deepnorm_alpha, deepnorm_beta
 from tests.conftest import tiny_model_config
+from tests.scheme_oracles import ORACLES, Parts
 
 
 def block_io(model, layer_id):
@@ -50,41 +52,16 @@ def test_lns_scales_norm_outputs_by_l_to_minus_p(p):
     assert torch.allclose(blk(h, rope), ref, atol=1e-5)
 
 
-def reference_block(scheme, blk, h, rope, cfg):
-    """One block written straight from docs/method.md section 2."""
-    attn = lambda x: blk.attn(x, rope)  # noqa: E731
-    n1, n2 = blk.attn_norm, blk.mlp_norm
-    if scheme == "pre":
-        h = h + attn(n1(h))
-        return h + blk.mlp(n2(h))
-    if scheme == "post":
-        h = n1(h + attn(h))
-        return n2(h + blk.mlp(h))
-    if scheme == "deepnorm":
-        a = (2 * cfg.n_layers) ** 0.25
-        h = n1(a * h + attn(h))
-        return n2(a * h + blk.mlp(h))
-    if scheme in ("sandwich", "peri"):
-        h = h + blk.attn_out_norm(attn(n1(h)))
-        return h + blk.mlp_out_norm(blk.mlp(n2(h)))
-    if scheme == "reordered":
-        h = h + n1(attn(h))
-        return h + n2(blk.mlp(h))
-    if scheme in ("layerscale", "skipinit"):
-        h = h + blk.attn_gain * attn(n1(h))
-        return h + blk.mlp_gain * blk.mlp(n2(h))
-    if scheme == "rezero":
-        h = h + blk.attn_gain * attn(h)
-        return h + blk.mlp_gain * blk.mlp(h)
-    if scheme == "dyt":
-        dyt = lambda m, x: m.weight * torch.tanh(m.alpha * x) + m.bias  # noqa: E731
-        h = h + attn(dyt(n1, h))
-        return h + blk.mlp(dyt(n2, h))
-    raise AssertionError(scheme)
+def parts(blk, rope, cfg, l):
+    """Block l of a LLaMA model as the oracles see it (tests/scheme_oracles.py)."""
+    return Parts(blk, lambda x: blk.attn(x, rope), blk.mlp, l, cfg)
 
 
-@pytest.mark.parametrize("scheme", ["pre", "post", "deepnorm", "sandwich", "peri", "reordered", "layerscale",
-                                    "skipinit", "rezero", "dyt"])
+def test_every_registered_scheme_has_an_oracle():
+    assert set(ORACLES) == set(SCHEMES)
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_block_matches_reference_formula(scheme):
     cfg = tiny_model_config(norm_scheme=scheme, skip_alpha_init=0.3, layerscale_init=0.2)
     model = Transformer(cfg)
@@ -92,7 +69,8 @@ def test_block_matches_reference_formula(scheme):
         if w.dim() == 1:  # make norm weights and gains non-trivial
             w.data.uniform_(0.5, 1.5)
     h, blk, rope = block_io(model, 3)
-    assert torch.allclose(blk(h, rope), reference_block(scheme, blk, h, rope, cfg), atol=1e-5)
+    want = ORACLES[scheme].block(h, parts(blk, rope, cfg, 3))
+    assert torch.allclose(blk(h, rope), want, atol=1e-5)
     if scheme == "rezero":
         assert not any(isinstance(m, (RMSNorm, DyT)) for m in blk.modules())
     if scheme == "dyt":
@@ -117,7 +95,7 @@ def test_mixln_first_floor_rN_blocks_are_post_ln(n_layers, ratio, n_post):
     assert [blk.is_post for blk in model.layers] == [l <= n_post for l in range(1, n_layers + 1)]
     for l in range(1, n_layers + 1):
         h, blk, rope = block_io(model, l)
-        ref = reference_block("post" if l <= n_post else "pre", blk, h, rope, cfg)
+        ref = ORACLES["post" if l <= n_post else "pre"].block(h, parts(blk, rope, cfg, l))
         assert torch.allclose(blk(h, rope), ref, atol=1e-5)
 
 

@@ -3,9 +3,9 @@ quantity, pinned on the same batch."""
 
 import torch
 
+from depthlab.analysis.analyze import Options, analyze
 from depthlab.analysis.calibration import Batch
 from depthlab.analysis.layers import from_depthlab
-from depthlab.analysis.study import Options, analyze
 from depthlab.model import Transformer
 from depthlab.train.callbacks import DepthMonitor
 from tests.conftest import tiny_model_config

@@ -1,5 +1,6 @@
-"""The ViT (depthlab.model.vit): every scheme and both LNS placements against formulas written out by hand here,
-the patch embedding against the stride-p convolution, and the model as a whole against a hand-written forward."""
+"""The ViT (depthlab.model.vit): every scheme and every LNS placement against its formula (tests/scheme_oracles.py,
+with attention and MLP written out by hand here), the patch embedding against the stride-p convolution, and the
+model as a whole against a hand-written forward."""
 
 import dataclasses
 import math
@@ -13,6 +14,7 @@ from depthlab.config import Config, ModelConfig, preset
 from depthlab.model import SCHEMES, ViT, build_model
 from depthlab.model.validate import validate
 from depthlab.model.vit import patchify
+from tests.scheme_oracles import ORACLES, Parts, norm_by_hand
 
 CFG = ModelConfig(arch="vit", dim=16, n_layers=4, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
                   num_classes=5, norm_eps=1e-6, norm_scheme="pre")
@@ -27,13 +29,6 @@ def jitter(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def ln(x, norm):  # LayerNorm with weight and bias, or DyT, written out
-    if hasattr(norm, "alpha"):
-        return norm.weight * torch.tanh(norm.alpha * x) + norm.bias
-    mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
-    return (x - mu) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
-
-
 def attn(x, a, heads):
     B, T, D = x.shape
     q, k, v = (lin(x).view(B, T, heads, D // heads).transpose(1, 2) for lin in (a.q_proj, a.k_proj, a.v_proj))
@@ -46,39 +41,12 @@ def mlp(x, m):
 
 
 def block_by_hand(b, h, cfg: ModelConfig, l: int):
-    A = lambda x: attn(x, b.attn, cfg.n_heads)  # noqa: E731
-    M = lambda x: mlp(x, b.mlp)  # noqa: E731
-    N1, N2 = (lambda x: ln(x, b.attn_norm)), (lambda x: ln(x, b.mlp_norm))
-    s, name = l ** -cfg.lns_power, cfg.norm_scheme
-    alpha = (2 * cfg.n_layers) ** 0.25
-    post = name == "post" or (name == "mixln" and l <= math.floor(cfg.mixln_ratio * cfg.n_layers))
-    if post or name == "deepnorm":
-        a = alpha if name == "deepnorm" else 1.0
-        h = N1(a * h + A(h))
-        return N2(a * h + M(h))
-    if name in ("sandwich", "peri"):
-        h = h + ln(A(N1(h)), b.attn_out_norm)
-        return h + ln(M(N2(h)), b.mlp_out_norm)
-    if name == "reordered":
-        h = h + N1(A(h))
-        return h + N2(M(h))
-    if name in ("layerscale", "skipinit"):
-        h = h + b.attn_gain * A(N1(h))
-        return h + b.mlp_gain * M(N2(h))
-    if name == "rezero":
-        h = h + b.attn_gain * A(h)
-        return h + b.mlp_gain * M(h)
-    if name == "lns" and cfg.lns_placement == "norm":
-        h = h + A(s * N1(h))
-        return h + M(s * N2(h))
-    if name == "lns":  # branch placement
-        h = h + s * A(N1(h))
-        return h + s * M(N2(h))
-    h = h + A(N1(h))  # pre, dyt (its norms are DyT)
-    return h + M(N2(h))
+    """Block l under its scheme's oracle (tests/scheme_oracles.py), attention and MLP written out above."""
+    return ORACLES[cfg.norm_scheme].block(h, Parts(b, lambda x: attn(x, b.attn, cfg.n_heads),
+                                                   lambda x: mlp(x, b.mlp), l, cfg))
 
 
-CASES = [(s, "norm") for s in SCHEMES] + [("lns", "branch")]
+CASES = [(s, "norm") for s in SCHEMES] + [("lns", p) for p in ("branch", "attn_only", "mlp_only")]
 
 
 @pytest.mark.parametrize("scheme,placement", CASES)
@@ -107,7 +75,7 @@ def test_the_whole_vit_by_hand(pool, pos):
     h = h + model.pos_embed
     for l, block in enumerate(model.layers, start=1):
         h = block_by_hand(block, h, cfg, l)
-    h = ln(h, model.norm)
+    h = norm_by_hand(model.norm, h)
     want = model.head(h[:, 0] if pool == "cls" else h.mean(1))
     with torch.no_grad():
         torch.testing.assert_close(model(images), want, atol=2e-5, rtol=1e-5)

@@ -64,7 +64,7 @@ def test_analyze_vit_writes_per_block_report(runs, analysed):
     files = {p.name for p in out.iterdir()}
     assert {"report.html", "metrics.json", "states.csv", "blocks.csv", "removal_runs.csv", "variance.png",
             "angular_heatmap.png", "angular_adjacent.png", "removal.png", "jacobian.png"} <= files
-    assert "logit_lens.png" not in files and "lens" not in res and res["task"] == "image classification"
+    assert "logit_lens.png" not in files and "lens" not in res and res["task"] == "image classification" == res["kind"]
     assert res["sequences"] == VAL_IMAGES and res["tokens"] == VAL_IMAGES * TOKENS
     assert len(res["blocks"]) == 4 and len(res["states"]) == 5 and len(res["angular"]["last_token"]) == 5
     rows = list(csv.DictReader((out / "blocks.csv").open()))

@@ -17,12 +17,13 @@ from depthlab.hf.importer import save_as_checkpoint
 from depthlab.hf.vit import import_hf_vit, vit_export_refusal
 from depthlab.model import SCHEMES, ViT
 from depthlab.model.validate import validate
+from tests.scheme_oracles import names as oracle_names
 
 transformers = pytest.importorskip("transformers")
 
 BASE = dict(arch="vit", dim=16, n_layers=3, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
             num_classes=5, norm_eps=1e-6, norm_scheme="pre")
-EXPORTED = {"pre", "lns", "layerscale", "skipinit"}
+EXPORTED = set(oracle_names(vit_export=True))
 CASES = {
     "pre": {},
     "pre-1ch-16px": {"channels": 1, "image_size": 16},
@@ -103,6 +104,7 @@ def test_lns_folds_exactly_where_its_placement_puts_the_scale(tmp_path, placemen
 def test_every_scheme_is_exported_or_refused_on_a_vit():
     exported = {name for name in SCHEMES if not vit_export_refusal(config(norm_scheme=name))}
     assert exported == EXPORTED
+    assert {kw.get("norm_scheme", "pre") for kw in CASES.values()} == EXPORTED  # a parity case for each
 
 
 REFUSED = [(name, {}) for name in sorted(set(SCHEMES) - EXPORTED)] + [

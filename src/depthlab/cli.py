@@ -305,6 +305,12 @@ MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a dir
 OVERWRITE_HELP = "replace OUT even if it is not this command's own kind of output (another run, other files)"
 
 
+def scheme_help() -> str:
+    from depthlab.model.schemes import SCHEMES
+
+    return f"normalization scheme: {', '.join(SCHEMES)} (`depthlab schemes` says what each is)"
+
+
 def add_plan_flags(t) -> None:
     t.add_argument("--dry-run", action="store_true", help="print the layout and the memory plan per rank, and stop")
     t.add_argument("--world-size", type=int, metavar="N", help="with --dry-run: plan for N ranks (default: "
@@ -326,7 +332,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     t.add_argument("--preset", help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
-    t.add_argument("--scheme", help="normalization scheme (see `depthlab schemes`)")
+    t.add_argument("--scheme", help=scheme_help())
     t.add_argument("--data", nargs="+", metavar="PATH", help="a prepared directory (`depthlab data prepare`), or "
                    "text / JSON lines (C4) / parquet files, folders, globs, hf:NAME datasets (default: built-in "
                    "corpus)")

@@ -23,7 +23,10 @@ from depthlab import UserError
 
 @dataclass
 class ModelConfig:
-    arch: str = "llama"  # the block's family: llama | qwen2 | olmo | olmo2 (see depthlab.model.arch)
+    """The model: its family, shape, scheme and that scheme's constants, its init, and for a ViT its images.
+    Data only; `depthlab.model.build_model` builds it and `depthlab.model.validate` checks it."""
+
+    arch: str = "llama"  # the block's family: a name in depthlab.model.arch.ARCHS (the language families, and vit)
     vocab_size: int = 4096
     dim: int = 128
     n_layers: int = 8

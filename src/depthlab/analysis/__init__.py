@@ -5,7 +5,8 @@
     metrics.py      the metric definitions, as streaming accumulators
     removal.py      layer removal from cached prefix activations
     jacobian.py     block and output Jacobians by random projections, one token's block Jacobian
-    study.py        whole-model and layer-by-layer analysis runs
+    analyze.py      the analysis runs: `analyze` (whole-model mode) and `analyze_layerwise` (study.py: its old path)
+    results.py      what a result is: its kind (a language model's or an image classifier's), read by the report
     layerwise.py    the one-block skeleton for layer-by-layer mode
     report.py       metrics.json, CSV, PNG plots, self-contained HTML
     run.py, cli.py  `depthlab analyze | compare | theory`

@@ -38,8 +38,8 @@ def _add_model_args(p) -> None:
 
 
 def _request(args, model: str):
+    from depthlab.analysis.analyze import Options
     from depthlab.analysis.run import Request
-    from depthlab.analysis.study import Options
 
     for name in ("tokens", "batch_size", "probes"):
         if getattr(args, name) < 1:
@@ -90,8 +90,9 @@ def _moved(files: dict[str, Path], tmp: Path, out: Path) -> dict[str, Path]:
 
 
 def cmd_analyze(args) -> None:
+    from depthlab.analysis.analyze import summary_lines
     from depthlab.analysis.report import write_report
-    from depthlab.analysis.study import summary_lines
+    from depthlab.analysis.results import is_classifier
     from depthlab.rundir import is_analysis, writing
 
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
@@ -99,7 +100,7 @@ def cmd_analyze(args) -> None:
         res = _results(args, args.model)
         files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
     m = res["model"]
-    size = f"{res['sequences']} images, {res['tokens']} tokens" if "task" in res else f"{res['tokens']} tokens"
+    size = f"{res['sequences']} images, {res['tokens']} tokens" if is_classifier(res) else f"{res['tokens']} tokens"
     print(f"{args.model}: {m['class']}, blocks {m['blocks']}, final norm {m['final_norm']} "
           f"({size}, {res['wall_s']:.1f} s, {res['mode']})")
     for line in summary_lines(res):

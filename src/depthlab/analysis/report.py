@@ -1,8 +1,9 @@
 """metrics.json, CSV tables, PNG plots and one self-contained HTML report (images embedded as base64).
 
 Every plot function takes a list of (label, results) so the same code draws one model (`analyze`) and an overlay
-of several (`compare`). A classifier's results (a ViT: "task" set) have no logit lens, removal scored by loss and
-top-1 accuracy instead of perplexity, and "last token" angular distances read at the pooled readout.
+of several (`compare`). What differs by the result's kind (depthlab.analysis.results): a classifier's results (a
+ViT's) have no logit lens, removal scored by loss and top-1 accuracy instead of perplexity, and "last token"
+angular distances read at the pooled readout.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import matplotlib.pyplot as plt
 
 from depthlab.analysis import curse as curse_module, metrics as metrics_module
 from depthlab.analysis.curse import index_lines
+from depthlab.analysis.results import is_classifier
 
 Runs = list[tuple[str, dict]]
 
@@ -33,12 +35,12 @@ def _save(fig, path: Path) -> Path:
 
 def _key_name(res: dict, key: str) -> str:
     """"last token" / "all tokens", or a classifier's readout (its "last_token" distances are read there)."""
-    return res["readout"] if key == "last_token" and "readout" in res else key.replace("_", " ")
+    return res["readout"] if key == "last_token" and is_classifier(res) else key.replace("_", " ")
 
 
 def removal_metrics(res: dict) -> list[tuple[str, str]]:
     """(key, title) of what a removal is scored by: perplexity, or a classifier's loss and top-1 accuracy."""
-    if "base_acc" in res.get("removal", {}):
+    if is_classifier(res):
         return [("delta_loss", "Δ loss"), ("acc_drop", "top-1 accuracy drop")]
     return [("delta_ppl", "Δ perplexity")]
 
@@ -92,12 +94,26 @@ def plot_angular(label: str, res: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_blocks(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
-    keys = [("update_ratio", "update ratio ||Δh||/||h||"), ("attn_ratio", "attention update ratio"),
-            ("mlp_ratio", "MLP update ratio"), ("block_influence", "block influence (ShortGPT)"),
-            ("attn_importance", "attention importance 1 - cos"), ("mlp_importance", "MLP importance 1 - cos")]
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
-    for ax, (k, t) in zip(axes.flat, keys):
+# The per-block metrics drawn in block_metrics.png, one panel each: (key in res["blocks"], title); a model without
+# a key (no attention / MLP halves found) leaves its panel empty.
+BLOCK_PLOTS = [("update_ratio", "update ratio ||Δh||/||h||"), ("attn_ratio", "attention update ratio"),
+               ("mlp_ratio", "MLP update ratio"), ("block_influence", "block influence (ShortGPT)"),
+               ("attn_importance", "attention importance 1 - cos"), ("mlp_importance", "MLP importance 1 - cos")]
+
+
+def panels(n: int, cols: int = 3, size: tuple[float, float] = (13 / 3, 3.25)):
+    """A figure with exactly n panels, `cols` to a row: (figure, the n axes in reading order)."""
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, min(n, cols), figsize=(size[0] * min(n, cols), size[1] * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        fig.delaxes(ax)
+    return fig, list(axes.flat[:n])
+
+
+def draw_blocks(runs: Runs, normalise_depth: bool = False, metrics: list[tuple[str, str]] = BLOCK_PLOTS):
+    """The per-block metrics figure: one panel per metric, each run a line."""
+    fig, axes = panels(len(metrics))
+    for ax, (k, t) in zip(axes, metrics, strict=True):
         for label, res in runs:
             b = res["blocks"]
             if k in b[0]:
@@ -107,8 +123,12 @@ def plot_blocks(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
         ax.set_xlabel("relative depth" if normalise_depth else "block")
         ax.grid(alpha=0.3)
         _log_if_positive(ax)
-    axes.flat[0].legend(fontsize=8)
-    return _save(fig, path)
+    axes[0].legend(fontsize=8)
+    return fig
+
+
+def plot_blocks(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    return _save(draw_blocks(runs, normalise_depth), path)
 
 
 def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
@@ -118,7 +138,7 @@ def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False)
         x = [(l + 1) / L if normalise_depth else l + 1 for l in range(L)]
         for key, ls in (("last_token", "-"), ("all_tokens", ":")):
             D = res["angular"][key]
-            name = key if "readout" not in res else _key_name(res, key)
+            name = _key_name(res, key) if is_classifier(res) else key
             ax.plot(x, [D[l][l + 1] for l in range(L)], ls, marker="o", ms=3, label=f"{label} ({name})")
     ax.set_xlabel("relative depth" if normalise_depth else "block l")
     ax.set_title("angular distance between the input and output of block l", fontsize=10)
@@ -237,7 +257,7 @@ def block_rows(res: dict) -> list[dict]:
     for i, r in enumerate(rows):
         if "removal" in res:
             s = res["removal"]["single"][i]
-            if "base_acc" in res["removal"]:
+            if is_classifier(res):
                 r.update(removal_loss=s["loss"], removal_delta_loss=s["delta_loss"], removal_acc=s["acc"],
                          removal_acc_drop=s["acc_drop"])
             else:
@@ -308,13 +328,13 @@ def write_html(path: Path, title: str, intro: list[str], sections: list[tuple[st
 
 def report_intro(res: dict, label: str) -> list[str]:
     m = res.get("model", {})
-    unit = "images" if "task" in res else "sequences"
+    unit = "images" if is_classifier(res) else "sequences"
     intro = [f"Model: {m.get('name', label)} ({m.get('class', '')}); blocks {m.get('blocks', '')}; "
              f"final norm {m.get('final_norm', '')}; mode {res.get('mode', '')}.",
              f"Calibration data: {res.get('data', {}).get('source', '')}; {res['tokens']} tokens in "
              f"{res['sequences']} {unit}."]
     r = res.get("removal")
-    if r and "base_acc" in r:
+    if r and is_classifier(res):
         intro.append(f"On the calibration images: loss {r['base_loss']:.4g}, top-1 accuracy {r['base_acc']:.4g}.")
     elif r:
         intro.append(f"Perplexity on the calibration data: {r['base_ppl']:.4g}.")
@@ -363,7 +383,7 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     if "lens" in plots:
         sec.append(("Logit lens", _img(plots["lens"])))
     if "removal" in plots:
-        cols = ["loss", "delta_loss", "acc", "acc_drop"] if "base_acc" in res["removal"] else ["ppl", "delta_ppl"]
+        cols = ["loss", "delta_loss", "acc", "acc_drop"] if is_classifier(res) else ["ppl", "delta_ppl"]
         sec.append(("Layer removal", _img(plots["removal"]) + _table(res["removal"]["runs"], ["n", "blocks", *cols])))
     if "jacobian" in plots:
         sec.append(("Jacobians", _img(plots["jacobian"]) + _img(plots["jacobian_heatmaps"])))
@@ -375,7 +395,7 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
 
 def _base_score(res: dict) -> dict:
     r = res.get("removal")
-    if r and "base_acc" in r:
+    if r and is_classifier(res):
         return {"loss": r["base_loss"], "acc": r["base_acc"]}
     return {"ppl": r["base_ppl"]} if r else {}
 

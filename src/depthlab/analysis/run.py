@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from depthlab import UserError
+from depthlab.analysis.analyze import Options, analyze, analyze_layerwise
 from depthlab.analysis.calibration import Batch, ImageBatch, calibration_batches, image_batches, read_calibration_text
 from depthlab.analysis.layers import LayeredLM
-from depthlab.analysis.study import Options, analyze, analyze_layerwise
+from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, kind_of
 
 
 @dataclass
@@ -77,22 +78,20 @@ def index_at_init(cfg, batches: list, opts: Options, device: str) -> dict:
     return {k: v for k, v in idx.items() if k not in ("angular_rows", "contiguous")}
 
 
-LM_TASK = "language modelling"
-
-
 def task_of(path: str) -> str:
-    """What a model path (or an earlier analysis folder) holds: "image classification" for a depthlab ViT, else
-    "language modelling". Reads configs only; checks the path as `model_path` does."""
+    """What a model path (or an earlier analysis folder) holds, as a result kind (depthlab.analysis.results): image
+    classification for a depthlab ViT, else language modelling. Reads configs only; checks the path as `model_path`
+    does."""
     from depthlab.config import Config
     from depthlab.rundir import ANALYSIS_RESULTS, CONFIG, Kind, model_path, what_is
 
     if what_is(path) is Kind.ANALYSIS:
         p = Path(path) / ANALYSIS_RESULTS[0]
-        return json.loads(p.read_text()).get("task", LM_TASK) if p.is_file() else LM_TASK
+        return kind_of(json.loads(p.read_text())) if p.is_file() else LANGUAGE_MODELLING
     kind, ckpt = model_path(path, warn=lambda msg: None)
     if kind is Kind.HF or not Config.load(ckpt / CONFIG).model.is_vit:
-        return LM_TASK
-    return "image classification"
+        return LANGUAGE_MODELLING
+    return IMAGE_CLASSIFICATION
 
 
 def _vocab_size(lm) -> int:

@@ -89,17 +89,30 @@ def _families() -> tuple[str, str]:
     return " / ".join(names), ", ".join(classes[:-1]) + " or " + classes[-1]
 
 
+def _exported_schemes() -> tuple[str, str]:
+    """(the schemes exported to the run's family class, those exported to Gemma-2), from the scheme registry; a ViT
+    exports the first kind too (depthlab.hf.vit)."""
+    from depthlab.model.schemes import SCHEMES
+
+    def listed(target):
+        names = [n for n, cls in SCHEMES.items() if cls.hf_export == target]
+        return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
+
+    return listed("family"), listed("gemma2")
+
+
 def add_commands(sub) -> None:
     if "eval" in sub.choices:
         add_harness_option(sub)
     families, classes = _families()
+    family_schemes, gemma2_schemes = _exported_schemes()
     e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
                        description="Write config.json, model.safetensors and tokenizer files that "
                        "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: the run's family "
-                       f"({classes}) for pre, lns, layerscale and skipinit (scales and gains folded into the "
+                       f"({classes}) for {family_schemes} (scales and gains folded into the "
                        "weights; a qwen2 run whose tokenizer is not Qwen2's as the Llama with attention biases it "
-                       "equals), a Gemma2ForCausalLM for sandwich; a ViT (model.arch=vit: pre, lns, layerscale, "
-                       "skipinit) as a ViTForImageClassification with its image processor; the other schemes are "
+                       f"equals), a Gemma2ForCausalLM for {gemma2_schemes}; a ViT (model.arch=vit: {family_schemes}) "
+                       "as a ViTForImageClassification with its image processor; the other schemes are "
                        "refused with the reason (docs/hf.md).")
     e.add_argument("source", help="checkpoint, run directory (its newest valid checkpoint) or a directory holding "
                    "one run")

@@ -14,6 +14,10 @@ from depthlab.model.vit import ViT
 
 
 class Transformer(nn.Module):
+    """The LLaMA-style decoder of config `cfg`: token embedding, cfg.n_layers blocks of scheme cfg.norm_scheme
+    (depthlab.model.schemes) built with the family's parts (cfg.arch), the final norm (never scaled), the LM head.
+    init=False leaves the weights undrawn (a meta-device build, or weights about to be loaded)."""
+
     def __init__(self, cfg: ModelConfig, init: bool = True):
         super().__init__()
         self.cfg = cfg

@@ -40,6 +40,10 @@ def sincos_positions(grid: int, dim: int) -> torch.Tensor:
 
 
 class ViT(nn.Module):
+    """The Vision Transformer of config `cfg` (cfg.arch == "vit"): patch embedding, class token (pool=cls) and
+    positions, cfg.n_layers blocks of scheme cfg.norm_scheme, the final norm, the class head on the pooled stream.
+    init=False leaves the weights undrawn, as for Transformer."""
+
     def __init__(self, cfg: ModelConfig, init: bool = True):
         super().__init__()
         self.cfg = cfg

@@ -33,9 +33,9 @@ KEPT = ("inert_fraction", "inert_fraction_ci", "inert_fraction_rel", "inert_frac
 def probe_model(model, val: np.ndarray, spec: ProbeSpec = ProbeSpec()) -> dict:
     """Per block (update ratio, variance after it, adjacent angular distance at the last token and over all tokens,
     removal cost) and the curse index of a depthlab language model on `spec.windows` windows of `val`."""
+    from depthlab.analysis.analyze import Options, analyze
     from depthlab.analysis.calibration import probe_batches
     from depthlab.analysis.layers import from_depthlab
-    from depthlab.analysis.study import Options, analyze
 
     was_training = model.training
     device = str(next(model.parameters()).device)

@@ -1,14 +1,13 @@
 """The checkpoint format lives in depthlab.checkpoint (rundir and the trainer both ask it); this is its old import
-path, kept for code that imports it from here."""
+path, kept for the code that still imports these names from here (depthlab.hf.importer, tests). New code imports
+depthlab.checkpoint, and find_checkpoint / load_checkpoint from depthlab.rundir."""
 
-from depthlab.checkpoint import *  # noqa: F403
 from depthlab.checkpoint import (  # noqa: F401
-    _sha256,
-    load_sharded_state,
-    load_trainer_state,
+    WEIGHTS,
+    CorruptCheckpoint,
+    list_checkpoints,
     prune_checkpoints,
     save_checkpoint,
-    save_sharded,
-    tidy_after_kill,
+    verify_checkpoint,
 )
 from depthlab.rundir import find_checkpoint, load_checkpoint  # noqa: F401

@@ -187,6 +187,12 @@ def resume_point(run_dir: str | Path | None, resume: str | None,
 
 
 class Trainer:
+    """One training run of a language model: opens (or resumes) its run directory and holds its lock, builds the
+    data, model and optimizer from the config, then `train()` steps to train.max_steps, writing metrics.jsonl,
+    validation and checkpoints and calling the callbacks. The data hooks (`load_data`, `make_sampler`,
+    `validation`, ...) are what fine-tuning (FinetuneTrainer) and image classification (VisionTrainer) override.
+    `train(cfg)` below picks the class, runs it and releases the directory."""
+
     def __init__(self, cfg: Config, run_dir: str | Path | None = None, resume: str | None = None,
                  data: TokenData | None = None, callbacks: list[Callback] | None = None, progress: bool = True,
                  overwrite: bool = False):
