@@ -159,8 +159,8 @@ def test_exports_give_the_adapted_models_logits(bpe, tmp_path, capsys, scheme, a
         on_base = peft.PeftModel.from_pretrained(plain, str(tmp_path / "adapter")).eval()
         adapter = (ours - on_base(x).logits).abs().max().item()
     with capsys.disabled():
-        print(f"{scheme}/{arch}: adapters moved the logits by {moved:.3g}; max |logit difference| to the adapted model: "
-              f"merged export {merged.item():.3g}, peft adapter on the base export {adapter:.3g}")
+        print(f"{scheme}/{arch}: adapters moved the logits by {moved:.3g}; max |logit difference| to the adapted "
+              f"model: merged export {merged.item():.3g}, peft adapter on the base export {adapter:.3g}")
     assert moved > 1e-3 and merged < 1e-5 and adapter < 1e-5
 
     assert main(["eval", str(run_dir)]) == 0  # a LoRA run's own validation, on its merged weights
@@ -169,6 +169,10 @@ def test_exports_give_the_adapted_models_logits(bpe, tmp_path, capsys, scheme, a
     assert main(["finetune", str(run_dir), "--data", str(TRAIN), "--run-dir", str(tmp_path / "again"),
                  "--no-progress", "--seq-len", "200", "--set", "train.max_steps=1"]) == 0  # from its merged weights
     assert Config.load(tmp_path / "again" / "config.json").train.lora.rank == 0  # full fine-tuning unless --lora
+    capsys.readouterr()
+    assert main(["analyze", str(run_dir), "--layer-by-layer", "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err  # the stored weights are not the model: refused, not analysed wrongly
+    assert "is a LoRA fine-tune" in err and err.count("\n") == 1 and not (tmp_path / "report").exists()
 
 
 def test_bad_lora_options_are_one_line(bpe, tmp_path, capsys, monkeypatch):
