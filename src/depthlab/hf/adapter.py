@@ -25,7 +25,7 @@ from depthlab.hf.convert import from_hf_state_dict
 from depthlab.hf.exporter import hf_weights_and_config
 from depthlab.model import build_model
 from depthlab.rundir import CONFIG, EXPORT_INFO, find_checkpoint, load_verified, load_weights, save_weights, writing
-from depthlab.train.lora import adapters, peft_config, require_peft
+from depthlab.train.lora import adapters, base_weights, peft_config, require_peft
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
@@ -46,8 +46,7 @@ def export_adapter(src: str | Path, out_dir: str | Path, overwrite: bool = False
     state = load_weights(ckpt)
     pairs = adapters(state)
     base = build_model(cfg.model, init=False)
-    base.load_state_dict({k: v for k, v in state.items() if not k.endswith((".lora_A.weight", ".lora_B.weight"))},
-                         strict=False)  # the checkpoint is verified; a tied head is the embedding
+    base.load_state_dict(base_weights(state), strict=False)  # a verified checkpoint; a tied head is the embedding
     folds = _folds(base, list(pairs))
     weights = {}
     for module, (a, b) in pairs.items():

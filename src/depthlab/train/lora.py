@@ -71,6 +71,7 @@ def peft_config(lora: LoraConfig, modules: list[str]):
 
 def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> int:
     """Put adapters on `model`'s targets in place and freeze everything else; the number of trainable values."""
+    require_peft()
     import peft
 
     targets = target_modules(lora)
@@ -109,7 +110,7 @@ def scaling(lora: LoraConfig) -> float:
 def merged(state: dict, lora: LoraConfig) -> dict:
     """Checkpoint weights with every adapter merged into its weight, W + (alpha / r) B A, as peft's merge computes
     it; the adapters' own entries dropped. A state without adapters comes back as it is."""
-    out = {k: v for k, v in state.items() if not k.endswith((_A, _B))}
+    out = base_weights(state)
     for key in (k for k in state if k.endswith(_A)):
         module = key[:-len(_A)]
         delta = (state[module + _B] @ state[key]) * scaling(lora)
@@ -125,6 +126,11 @@ def plain_weights(ckpt, device: str = "cpu") -> dict:
     state = load_weights(ckpt, device)
     lora = Config.load(ckpt / CONFIG).train.lora
     return merged(state, lora) if lora.rank else state
+
+
+def base_weights(state: dict) -> dict:
+    """Checkpoint weights without the adapters: the base model's, unmerged."""
+    return {k: v for k, v in state.items() if not k.endswith((_A, _B))}
 
 
 def adapters(state: dict) -> dict:
