@@ -160,7 +160,8 @@ def test_mmlu_input_errors_are_one_line(world, tmp_path, capsys):
 
 
 def test_the_recipe_from_pretraining_to_the_paper_table(world, tmp_path, capsys):
-    """docs/downstream.md's recipe on tiny models: pretrain pre and lns, fine-tune both, one table."""
+    """docs/downstream.md's recipe on tiny models: pretrain pre and lns, fine-tune both (full and LoRA), one
+    table."""
     from depthlab.train.finetune import prompt_of, read_records
     from tests.test_commonsense import EVAL
     from tests.test_finetune import TRAIN
@@ -175,11 +176,12 @@ def test_the_recipe_from_pretraining_to_the_paper_table(world, tmp_path, capsys)
     for scheme in ("pre", "lns"):
         assert main(["train", "--scheme", scheme, "--data", str(corpus), "--run-dir", str(tmp_path / scheme),
                      "--max-steps", "10", "--no-progress", *tiny]) == 0
-        assert main(["finetune", str(tmp_path / scheme), "--data", str(TRAIN), "--run-dir",
-                     str(tmp_path / f"{scheme}-ft"), "--seq-len", "200", "--no-progress", "--set",
-                     "train.max_steps=3", "--set", "train.batch_size=2"]) == 0
+        for run, lora in ((f"{scheme}-ft", []), (f"{scheme}-lora", ["--lora", "--lora-rank", "4"])):
+            assert main(["finetune", str(tmp_path / scheme), "--data", str(TRAIN), "--run-dir", str(tmp_path / run),
+                         "--seq-len", "200", "--no-progress", "--set", "train.max_steps=3", "--set",
+                         "train.batch_size=2", *lora]) == 0
     capsys.readouterr()
-    models = [str(tmp_path / f"{s}-ft") for s in ("pre", "lns")]
+    models = [str(tmp_path / f"{s}-{kind}") for kind in ("ft", "lora") for s in ("pre", "lns")]
     assert main(["eval", *models, "--commonsense", str(EVAL), "--mmlu", str(world[0] / "parquet"),
                  "--table", str(tmp_path / "paper"), "--max-new-tokens", "4", "--device", "cpu"]) == 0
     rows = json.loads((tmp_path / "paper.json").read_text())["tables"]["paper_generation"]

@@ -93,6 +93,16 @@ class DataConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters (depthlab finetune --lora; depthlab.train.lora): rank 0 trains every weight."""
+
+    rank: int = 0
+    alpha: float = 64.0  # the adapters' output is scaled by alpha / rank
+    dropout: float = 0.05  # on the adapters' input
+    targets: list[str] = field(default_factory=lambda: ["q", "k", "v", "up", "down"])  # LLM-Adapters' LLaMA set
+
+
+@dataclass
 class TrainConfig:
     out_dir: str = "runs"
     seed: int = 0
@@ -131,6 +141,7 @@ class TrainConfig:
     init_from: str | None = None  # a checkpoint whose weights start the run (continued pretraining, e.g. an import)
     norm_gain_lr: str = "1"  # 1 | depth: block l's norm gains learn at lr * l^(-model.lns_power)
     block_lr: str = "1"  # 1 | depth: every parameter of block l learns at lr * l^(-model.lns_power)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: only LoRA adapters train, the weights frozen
 
 
 @dataclass

@@ -257,12 +257,13 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple:
     """(model, config, meta) from a checkpoint or a run directory; the model is rebuilt with its saved scheme."""
     from depthlab.config import Config
     from depthlab.model import build_model
+    from depthlab.train.lora import plain_weights  # a LoRA fine-tune's adapters merged into its weights
 
     ckpt = find_checkpoint(path)
     meta = load_verified(ckpt)
     cfg = Config.load(ckpt / CONFIG)
     model = build_model(cfg.model, init=False).to(device)
-    missing, unexpected = model.load_state_dict(load_weights(ckpt, device), strict=False)
+    missing, unexpected = model.load_state_dict(plain_weights(ckpt, device), strict=False)
     missing = [k for k in missing if not (cfg.model.tie_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise UserError(f"checkpoint {ckpt} does not match its config: missing {missing[:3]}, "

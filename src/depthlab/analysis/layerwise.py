@@ -87,6 +87,10 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
     if cfg.model.is_vit:
         raise UserError(f"{ckpt}: layer-by-layer mode is for language models; analyse a ViT in whole-model mode "
                         "(without --layer-by-layer)")
+    if cfg.train.lora.rank:
+        raise UserError(f"{ckpt} is a LoRA fine-tune, whose adapters are stored beside the weights they adapt; "
+                        "layer-by-layer mode reads the weights as stored: analyse it in whole-model mode (the "
+                        "adapters merged) or its export (`depthlab export`)")
     files = TensorFiles(ckpt)
     model = Transformer(dataclasses.replace(cfg.model, n_layers=1), init=False)
     load_non_block(model, files, "layers", cfg.model.tie_embeddings)

@@ -3,6 +3,7 @@ multiple-choice evaluation.
 
     convert.py    weight mapping between depthlab's Transformer and stock HF models, LNS scale folded
     exporter.py   a depthlab checkpoint -> a stock HF model directory (`depthlab export`)
+    adapter.py    a LoRA fine-tune's adapters -> a peft adapter directory (`depthlab export --adapter-only`)
     importer.py   an HF Llama-family checkpoint -> a depthlab Transformer / checkpoint (`depthlab import`)
     vit.py        a depthlab ViT <-> stock ViTForImageClassification (export's ViT branch; import_hf_vit)
     blocks.py     find an HF model's decoder blocks and their norms without knowing its family

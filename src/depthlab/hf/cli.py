@@ -16,6 +16,13 @@ def cmd_export(args) -> None:
     from depthlab.hf.exporter import export
 
     quiet_transformers()
+    if args.adapter_only:
+        from depthlab.hf.adapter import export_adapter
+
+        out = export_adapter(args.source, args.out_dir, overwrite=args.overwrite)
+        print(f"exported the LoRA adapter to {out} (load with peft.PeftModel.from_pretrained(base, {out}), base: "
+              "the stock export of the run's base model)")
+        return
     out = export(args.source, args.out_dir, overwrite=args.overwrite)
     arch = json.loads((out / CONFIG).read_text())["architectures"][0]
     auto = "AutoModelForImageClassification" if arch == "ViTForImageClassification" else "AutoModelForCausalLM"
@@ -113,11 +120,15 @@ def add_commands(sub) -> None:
                        "weights; a qwen2 run whose tokenizer is not Qwen2's as the Llama with attention biases it "
                        f"equals), a Gemma2ForCausalLM for {gemma2_schemes}; a ViT (model.arch=vit: {family_schemes}) "
                        "as a ViTForImageClassification with its image processor; the other schemes are "
-                       "refused with the reason (docs/hf.md).")
+                       "refused with the reason (docs/hf.md). A LoRA fine-tune exports with its adapters merged "
+                       "into the weights.")
     e.add_argument("source", help="checkpoint, run directory (its newest valid checkpoint) or a directory holding "
                    "one run")
     e.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export)")
     e.add_argument("--overwrite", action="store_true", help=OVERWRITE)
+    e.add_argument("--adapter-only", action="store_true", help="for a LoRA fine-tune (`finetune --lora`): write "
+                   "its adapters as a peft adapter directory, for the export of its base model, instead of the "
+                   "merged model (docs/downstream.md)")
     e.set_defaults(func=cmd_export)
 
     p = sub.add_parser("prune", help="remove a span of layers from a model and save the smaller HF model",

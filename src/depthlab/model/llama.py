@@ -127,7 +127,10 @@ class _Project(torch.autograd.Function):
 
 def project(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """(linear(x) for each linear), as nn.Linear under autocast computes them, saving for backward at most one
-    copy of x and no copy of a weight (see _Project)."""
+    copy of x and no copy of a weight (see _Project). A projection that is not a plain nn.Linear (a LoRA adapter's
+    wrapper, depthlab.train.lora) is called as the module it is: reading its weight would skip the adapter."""
+    if not all(type(lin) is nn.Linear for lin in linears):
+        return tuple(lin(x) for lin in linears)
     params = [t for lin in linears for t in (lin.weight, lin.bias)]
     return _Project.apply(x, compute_dtype(x), *params)
 
@@ -272,6 +275,8 @@ class MLP(nn.Module):
         if self.gelu:
             return self.down_proj(F.gelu(self.up_proj(x)))
         gate, up = project(x, self.gate_proj, self.up_proj)
+        if type(self.down_proj) is not nn.Linear:  # a LoRA adapter's wrapper: its own forward (see project)
+            return self.down_proj(F.silu(gate) * up)
         return _SwiGLUDown.apply(gate, up, self.down_proj.weight, self.down_proj.bias)
 
 

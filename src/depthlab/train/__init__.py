@@ -5,6 +5,7 @@ trainer.py      the loop: packed batches, gradient accumulation, bf16 autocast, 
 runtime.py      the toolbox the loop shares with eval / analysis / hf: device, seeding and RNG state, autocast,
                 per-token evaluation, run-directory naming, environment record, config diffs
 finetune.py     supervised fine-tuning on instruction data (loss on the response tokens only)
+lora.py         LoRA through peft: adapters on the loaded weights, their checkpoint names, merging on load
 optim.py        AdamW with decay on matrices only, linear warmup then cosine decay to a floor
 checkpoint.py   the old import path of depthlab.checkpoint (the checkpoint format: safetensors, atomic writes, sha256)
 callbacks.py    depth monitors, TensorBoard and Weights & Biases loggers, as trainer callbacks

@@ -233,22 +233,29 @@ def response_loss(model, x: np.ndarray, y: np.ndarray, seq_len: int, batch_size:
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": count}
 
 
-def finetune_config(model: str, data: str, seq_len: int | None = None, overrides: list[str] | None = None):
+def finetune_config(model: str, data: str, seq_len: int | None = None, overrides: list[str] | None = None,
+                    lora=None):
     """The fine-tuning config: the model's own architecture and data settings, its weights as init_from, the
     instruction file as data, and fine-tuning defaults (lr 3e-4 -- LLM-Adapters' full fine-tuning used 1e-4 to
-    3e-4 on 7B models --, 100 warmup steps scaled down to the run, weight decay 0) before --set overrides."""
-    from depthlab.config import Config, apply_overrides
+    3e-4 on 7B models, and 3e-4 for LoRA --, 100 warmup steps scaled down to the run, weight decay 0) before --set
+    overrides. `lora` (a LoraConfig): LoRA adapters instead of full fine-tuning (depthlab.train.lora)."""
+    from depthlab.config import Config, LoraConfig, apply_overrides
     from depthlab.model.validate import validate
     from depthlab.rundir import CONFIG, find_checkpoint
+    from depthlab.train.lora import check_lora, require_peft
 
     ckpt = find_checkpoint(model)
     cfg = Config.load(ckpt / CONFIG)
     cfg.train.init_from, cfg.data.paths = str(model), [str(data)]
+    cfg.train.lora = lora or LoraConfig()  # a LoRA run as MODEL: its merged weights start this run
     cfg.data.seq_len = seq_len or min(256, cfg.model.max_seq_len)
     cfg.train.lr, cfg.train.weight_decay, cfg.train.monitor_every = 3e-4, 0.0, 0
     cfg.train.max_steps, cfg.train.eval_every, cfg.train.ckpt_every = 200, 50, 0
     cfg.train.warmup_steps = min(cfg.train.warmup_steps, 20)
     cfg = apply_overrides(cfg, list(overrides or []))
+    check_lora(cfg.train.lora)
+    if cfg.train.lora.rank:
+        require_peft()
     if cfg.data.seq_len > cfg.model.max_seq_len:
         raise UserError(f"--seq-len {cfg.data.seq_len} is beyond the model's context of {cfg.model.max_seq_len}")
     return validate(cfg), ckpt

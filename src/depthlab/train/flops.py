@@ -31,8 +31,9 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 def measured_matmul_peak(device: str, dtype: str, n: int = 1024, seconds: float = 0.5) -> float:
     """Achievable matmul FLOP/s on this device, measured once per process with square n x n products."""
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
-    a = torch.randn(n, n, device=device, dtype=dt)
-    b = torch.randn(n, n, device=device, dtype=dt)
+    g = torch.Generator(device).manual_seed(0)  # not the global one: training's dropout (LoRA) draws from that
+    a = torch.randn(n, n, device=device, dtype=dt, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dt, generator=g)
     a @ b  # warm-up
     iters, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

@@ -58,7 +58,7 @@ from depthlab.rundir import (
     run_of,
     what_is,
 )
-from depthlab.train import distributed as D
+from depthlab.train import distributed as D, lora
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
 from depthlab.train.flops import peak_flops, train_flops_per_token
 from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler
@@ -241,6 +241,8 @@ class Trainer:
         self.module, self.model = D.build_parallel(cfg.model, tc, self.env, self.device)
         if tc.init_from and not ckpt:
             self._init_from(tc.init_from)
+        if tc.lora.rank:
+            self._add_adapters()
         self.layers = self.module.layers
         self.opt = make_optimizer(self.model, tc, cfg.model.lns_power)
         self.sched = make_scheduler(self.opt, tc)
@@ -407,7 +409,7 @@ class Trainer:
         checkpoint's (pre and lns share every weight), the shapes may not."""
         src = find_checkpoint(path)
         load_verified(src)
-        state = load_weights(src, "cpu")
+        state = lora.plain_weights(src)
         mine = {k: tuple(v.shape) for k, v in self.module.state_dict().items()}  # global shapes, also sharded
         wrong = next((f"{k}: {tuple(v.shape)} in the checkpoint, {mine[k]} here" for k, v in state.items()
                       if k in mine and tuple(v.shape) != mine[k]), None)
@@ -420,6 +422,16 @@ class Trainer:
                             f"(scheme {self.cfg.model.norm_scheme!r} has other parameters than the checkpoint's)")
         D.load_full_state(self.module, None, state)
         self._warn(f"depthlab: starting from the weights of {src}")
+
+    def _add_adapters(self) -> None:
+        """LoRA (train.lora): adapters on the weights just loaded, which freeze; the optimizer, built next, holds
+        only the adapters."""
+        if self.env.enabled:
+            raise UserError("LoRA fine-tuning runs in one process; launch it without torchrun")
+        lora.check_lora(self.cfg.train.lora)
+        n = lora.add_adapters(self.module, self.cfg.train.lora)
+        self._warn(f"depthlab: LoRA rank {self.cfg.train.lora.rank} on {', '.join(self.cfg.train.lora.targets)}: "
+                   f"{n:,} trainable of {self.module.num_params():,} parameters")
 
     def _warn(self, msg: str) -> None:
         if self.env.is_main:
@@ -448,7 +460,7 @@ class Trainer:
         if is_sharded(ckpt):  # every rank reads only what its shards need, resharding to this world size
             load_sharded_state(ckpt, self.module, self.opt)
         else:
-            D.load_full_state(self.module, self.opt, load_weights(ckpt), state["optimizer"])
+            D.load_full_state(self.module, self.opt, lora.peft_names(load_weights(ckpt)), state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         own_cuda = state.get("cuda_rng", [])  # each rank's own device's generator
@@ -479,8 +491,8 @@ class Trainer:
             save_sharded(path, self.module, self.opt, self.cfg, meta, self.data.tokenizer, trainer_state, self.env)
         else:
             trainer_state["optimizer"] = D.full_optimizer_state(self.module, self.opt)
-            save_checkpoint(path, D.full_model_state(self.module), self.cfg, meta, self.data.tokenizer,
-                            trainer_state)
+            save_checkpoint(path, lora.checkpoint_names(D.full_model_state(self.module)), self.cfg, meta,
+                            self.data.tokenizer, trainer_state)
         if self.env.is_main:
             self.verdicts[path.name] = True
             prune_checkpoints(self.run_dir, self.cfg.train.keep_last, self.verdicts)

@@ -1,0 +1,138 @@
+"""LoRA through peft: low-rank adapters on a depthlab model's linear layers, only they train.
+
+    y = W x + b  ->  y = W x + b + (alpha / r) B A dropout(x)      A: r x in (Kaiming), B: out x r (zeros)
+
+so at the start the adapted model is the base model exactly. peft's `inject_adapter_in_model` puts its
+`lora.Linear` in place of each target (the model stays a depthlab Transformer) and freezes every other weight;
+depthlab.model.llama calls such a wrapped projection as a module, so its adapter is never skipped. Targets are
+named by the block's projections, LLM-Adapters' LLaMA set by default (TARGETS; q, k, v, up, down). A scheme's
+constants (the LNS scale 1/sqrt(l) on a norm's output, DeepNorm's residual alpha) are attributes, not weights:
+the adapters never touch them, and an adapter on q_proj reads the scaled norm output exactly as q_proj does.
+
+A LoRA run's checkpoint is self-contained, in depthlab's names: model.safetensors holds the frozen base weights
+under their own names (`layers.0.attn.q_proj.weight`) and each adapter as `<module>.lora_A.weight` and
+`<module>.lora_B.weight` (peft's adapter names without its `base_model.model.` prefix), beside the config's
+`train.lora`. `plain_weights` merges them, W + (alpha / r) B A, so that every command reading a checkpoint
+(eval, export, analyze, fine-tuning from it) sees a plain model; `checkpoint_names` / `peft_names` translate
+between these names and those of the live, adapted model (trainer save and resume).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from depthlab import UserError
+from depthlab.config import LoraConfig
+
+# --lora-targets name -> the projection in a depthlab block (HF Llama calls them q_proj ... down_proj too)
+TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o": "attn.o_proj",
+           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+ADAPTER = "default"  # peft's name for the one adapter
+_A, _B = ".lora_A.weight", ".lora_B.weight"
+
+
+def target_modules(lora: LoraConfig) -> list[str]:
+    """The depthlab module suffixes the targets name (q or q_proj: attn.q_proj)."""
+    return [TARGETS[t.removesuffix("_proj")] for t in lora.targets]
+
+
+def check_lora(lora: LoraConfig) -> None:
+    """One line for LoRA settings that cannot work (rank 0: LoRA is off and the rest is unused)."""
+    if lora.rank < 0:
+        raise UserError(f"the LoRA rank must be a positive integer, got {lora.rank}")
+    if not lora.rank:
+        return
+    if not lora.alpha > 0:
+        raise UserError(f"the LoRA alpha must be positive, got {lora.alpha}")
+    if not 0 <= lora.dropout < 1:
+        raise UserError(f"the LoRA dropout must be in [0, 1), got {lora.dropout}")
+    unknown = [t for t in lora.targets if t.removesuffix("_proj") not in TARGETS]
+    if unknown or not lora.targets:
+        what = f"unknown LoRA target {unknown[0]!r}" if unknown else "no LoRA targets given"
+        raise UserError(f"{what}; valid: {', '.join(TARGETS)} (the block's projections q_proj ... down_proj)")
+    if len(set(target_modules(lora))) < len(lora.targets):
+        raise UserError(f"LoRA target given twice: {', '.join(lora.targets)}")
+
+
+def require_peft() -> None:
+    if importlib.util.find_spec("peft") is None:
+        raise UserError("LoRA needs peft: pip install 'depthlab[lora]'")
+
+
+def peft_config(lora: LoraConfig, modules: list[str]):
+    """peft's LoraConfig for these settings on modules named by `modules` (suffixes of module names)."""
+    require_peft()
+    import peft
+
+    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=modules)
+
+
+def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> int:
+    """Put adapters on `model`'s targets in place and freeze everything else; the number of trainable values."""
+    require_peft()
+    import peft
+
+    targets = target_modules(lora)
+    missing = [t for t in targets if not any(name.endswith("." + t) for name, _ in model.named_modules())]
+    if missing:  # a ViT's MLP, say, has no gate_proj
+        raise UserError(f"this model has no {missing[0].split('.')[-1]} to put a LoRA adapter on")
+    peft.inject_adapter_in_model(peft_config(lora, targets), model, adapter_name=ADAPTER)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def checkpoint_names(state: dict) -> dict:
+    """The adapted model's state dict in checkpoint names: base weights as the plain model names them, adapters
+    as <module>.lora_A.weight / lora_B.weight. A plain model's state comes back as it is."""
+    return {k.replace(".base_layer.", ".").replace(f".{ADAPTER}.", "."): v for k, v in state.items()}
+
+
+def peft_names(state: dict) -> dict:
+    """checkpoint_names' inverse: the names of the live adapted model (peft's base_layer and adapter name)."""
+    adapted = {k[:-len(_A)] for k in state if k.endswith(_A)}
+    out = {}
+    for k, v in state.items():
+        module, _, param = k.rpartition(".")
+        if module in adapted:
+            k = f"{module}.base_layer.{param}"
+        elif module.endswith((".lora_A", ".lora_B")):
+            k = f"{module}.{ADAPTER}.{param}"
+        out[k] = v
+    return out
+
+
+def scaling(lora: LoraConfig) -> float:
+    return lora.alpha / lora.rank  # peft's (not rsLoRA's alpha / sqrt(r))
+
+
+@torch.no_grad()
+def merged(state: dict, lora: LoraConfig) -> dict:
+    """Checkpoint weights with every adapter merged into its weight, W + (alpha / r) B A, as peft's merge computes
+    it; the adapters' own entries dropped. A state without adapters comes back as it is."""
+    out = base_weights(state)
+    for key in (k for k in state if k.endswith(_A)):
+        module = key[:-len(_A)]
+        delta = (state[module + _B] @ state[key]) * scaling(lora)
+        out[module + ".weight"] = out[module + ".weight"] + delta.to(out[module + ".weight"].dtype)
+    return out
+
+
+def plain_weights(ckpt, device: str = "cpu") -> dict:
+    """A checkpoint's weights as a plain model of its config takes them: a LoRA run's adapters merged."""
+    from depthlab.checkpoint import CONFIG, load_weights
+    from depthlab.config import Config
+
+    state = load_weights(ckpt, device)
+    lora = Config.load(ckpt / CONFIG).train.lora
+    return merged(state, lora) if lora.rank else state
+
+
+def base_weights(state: dict) -> dict:
+    """Checkpoint weights without the adapters: the base model's, unmerged."""
+    return {k: v for k, v in state.items() if not k.endswith((_A, _B))}
+
+
+def adapters(state: dict) -> dict:
+    """Only the adapters of checkpoint weights: {module: (A, B)}."""
+    return {k[:-len(_A)]: (state[k], state[k[:-len(_A)] + _B]) for k in state if k.endswith(_A)}
