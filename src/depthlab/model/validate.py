@@ -59,11 +59,11 @@ def check_fits_host(cfg: Config) -> None:
     mem, m = _host_memory(), cfg.model
     params = approx_params(m)
     require(4 * params <= mem, f"a model of {params:,} parameters needs {4 * params / 2**30:,.0f} GiB for its fp32 "
-             f"weights alone; this machine has {mem / 2**30:,.0f} GiB (model.dim={m.dim}, model.n_layers="
-             f"{m.n_layers}, model.vocab_size={m.vocab_size})")
+            f"weights alone; this machine has {mem / 2**30:,.0f} GiB (model.dim={m.dim}, model.n_layers="
+            f"{m.n_layers}, model.vocab_size={m.vocab_size})")
     tokens = cfg.train.batch_size * (1 if m.is_vit else cfg.data.seq_len)
     require(4 * tokens * m.dim <= mem, f"train.batch_size={cfg.train.batch_size:,}: one batch's activations alone "
-             f"need {4 * tokens * m.dim / 2**30:,.0f} GiB; this machine has {mem / 2**30:,.0f} GiB")
+            f"need {4 * tokens * m.dim / 2**30:,.0f} GiB; this machine has {mem / 2**30:,.0f} GiB")
 
 
 def _number(obj, section: str, name: str, ok, what: str) -> None:
@@ -79,10 +79,10 @@ def _check_model(m: ModelConfig) -> None:
     for other in FAMILIES.values():  # a family's own fields stay null under any other family
         for name, what in other.options.items():
             require(other is arch or getattr(m, name) is None,
-                     f"model.{name} is {what} (model.arch={other.name}), not {arch.name}'s")
+                    f"model.{name} is {what} (model.arch={other.name}), not {arch.name}'s")
     require(m.init == "auto" or m.init in INITS, f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
     require(not m.gpas or scheme.supports_gpas,
-             f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")
+            f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")
     require(m.gpas_gate in GPAS_GATES, f"model.gpas_gate must be {' or '.join(GPAS_GATES)}, got {m.gpas_gate!r}")
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
         require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
@@ -92,7 +92,7 @@ def _check_model(m: ModelConfig) -> None:
     kv = m.n_kv_heads or m.n_heads
     require(kv > 0 and m.n_heads % kv == 0, f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
     require(not (isinstance(m.init_std, str) and m.init_std != "auto") and math.isfinite(m.weight_std)
-             and m.weight_std > 0, f"model.init_std must be a positive number or auto, got {m.init_std!r}")
+            and m.weight_std > 0, f"model.init_std must be a positive number or auto, got {m.init_std!r}")
     _number(m, "model", "mixln_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
     _number(m, "model", "lns_power", lambda v: v >= 0, "a number >= 0")
     for name in ("norm_eps", "rope_theta", "embed_std"):
@@ -100,9 +100,9 @@ def _check_model(m: ModelConfig) -> None:
     for name in ("layerscale_init", "skip_alpha_init", "dyt_alpha_init"):
         _number(m, "model", name, lambda v: True, "a finite number")
     require(m.lns_placement in LNS_PLACEMENTS,
-             f"model.lns_placement must be {' or '.join(LNS_PLACEMENTS)}, got {m.lns_placement!r}")
+            f"model.lns_placement must be {' or '.join(LNS_PLACEMENTS)}, got {m.lns_placement!r}")
     require(str(m.norm_gain_init) in GAIN_RULES,
-             f"model.norm_gain_init must be {' or '.join(GAIN_RULES)}, got {m.norm_gain_init!r}")
+            f"model.norm_gain_init must be {' or '.join(GAIN_RULES)}, got {m.norm_gain_init!r}")
     arch.check(m)
 
 
@@ -112,7 +112,7 @@ GAIN_RULES = ("1", "depth")  # norm_gain_init / norm_gain_lr: unchanged, or time
 
 def _check_data(d: DataConfig, m: ModelConfig) -> None:
     require(m.is_vit or 0 < d.seq_len <= m.max_seq_len,
-             f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
+            f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
     require(0 < d.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {d.val_fraction}")
     _number(d, "data", "builtin_mb", lambda v: v > 0, "a positive number")
 
@@ -135,10 +135,10 @@ def _check_train(t: TrainConfig) -> None:
     require(t.max_skips >= 0, f"train.max_skips must be >= 0, got {t.max_skips}")
     require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
     require(t.global_batch >= 0 and t.dp_replicate >= 1 and t.dp_shard >= 0,
-             "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
+            "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
     require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
-             "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
+            "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
     require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
     for name in ("norm_gain_lr", "block_lr"):
         require(str(getattr(t, name)) in GAIN_RULES,
-                 f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")
+                f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")

@@ -1,18 +1,9 @@
 """The model-family registry: one module per family in this package, each declaring everything depthlab knows
-about its family on one Family subclass registered by name (depthlab.model.families.base lists what that is).
+about its family on one Family subclass registered by name (depthlab.model.families.base lists what that is; the
+families side by side: docs/method.md section 2.4).
 
-Every module of this package is imported with it, so adding a family is adding one file here:
-
-    llama    RMSNorm with a weight; no biases (the base: Family)                   -> LlamaForCausalLM
-    qwen2    + biases on the q, k, v projections                                   -> Qwen2ForCausalLM
-    olmo     OLMo-1's LayerNorm with no weight and no bias (eps 1e-5, fixed by     -> OlmoForCausalLM
-             transformers); optional clamp of q, k, v (model.clip_qkv)
-    olmo2    RMSNorm on q and on k (QK-norm, over all heads, before RoPE); the     -> Olmo2ForCausalLM
-             block's two norms sit on the branch outputs: h + Norm(F(h))
-    vit      the Vision Transformer's block (depthlab.model.vit): LayerNorm with   -> ViTForImageClassification
-             weight and bias, biases on every projection, a GELU MLP, bidirectional attention, no RoPE
-
-Presets (`--preset`) are the families' own, gathered here.
+Every module of this package is imported with it, so adding a family is adding one file here. The presets
+(`--preset`) are the families' own, gathered here.
 """
 
 from __future__ import annotations
