@@ -19,7 +19,7 @@ from tests.test_hf_fixtures import randomize_norms, tiny_hf, word_tokenizer
 transformers = pytest.importorskip("transformers")
 FAMILIES = [a for a in ARCHS if a != "vit"]  # the language families (the ViT: tests/test_vit*.py)
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
-            "olmo2": "Olmo2ForCausalLM"}
+            "olmo2": "Olmo2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
 def family_config(arch, **kw):

@@ -35,6 +35,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     clip_qkv: float | None = None  # olmo: q, k, v projections clamped to [-c, c] (OLMo-1.7's 8.0); None: off
+    sliding_window: int | None = None  # mistral: each token attends to itself and the sliding_window - 1 before it
     tie_embeddings: bool = False
     norm_scheme: str = "lns"  # see depthlab.model.schemes.SCHEMES
     lns_power: float = 0.5  # lns: block l's norm outputs times l^(-lns_power)

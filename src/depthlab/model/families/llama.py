@@ -35,5 +35,5 @@ class Llama(Family):
     """LLaMA: RMSNorm with a weight, no biases, SwiGLU, rotate-half RoPE."""
 
     hf_class = "LlamaForCausalLM"
-    hf_names = {"llama": "Llama", "mistral": "Mistral"}  # Mistral: its window must not matter
+    hf_names = {"llama": "Llama"}
     presets = {"cpu-tiny": lambda name: Config(), **{name: paper_preset for name in PAPER}}
