@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-# Only light imports at the top: `data prepare` worker processes are spawned, and re-import this module.
-from depthlab.config import preset
 from depthlab.data.prepare import prepare
 from depthlab.data.prepared import load_prepared
 from depthlab.data.sources import builtin_documents, builtin_files, read_text_file
 from depthlab.data.tokenizer import eot_id, train_bpe
 from depthlab.data.tokens import token_dtype
+
+# Only light imports at the top: `data prepare` worker processes are spawned, and re-import this module.
+from depthlab.model.families import preset
 
 
 def naive_prepare(tok, mb: float, out: Path) -> None:

@@ -31,8 +31,9 @@ import torch
 from benchmarks import gpu_table
 from benchmarks.common import environment, write_result
 from benchmarks.plots import curve, last_depth_stat, plot_by_depth, plot_curves
-from depthlab.config import apply_overrides, preset
+from depthlab.config import apply_overrides
 from depthlab.data.dataset import build_token_data
+from depthlab.model.families import preset
 from depthlab.model.validate import validate
 from depthlab.train.trainer import read_metrics, train
 

@@ -23,8 +23,8 @@ import time
 import torch
 
 from benchmarks.common import environment, hf_twin, make_train_step, write_result
-from depthlab.config import preset
 from depthlab.model import Transformer
+from depthlab.model.families import preset
 from depthlab.train.flops import peak_flops, train_flops_per_token
 
 CASES = {"llama-71m": {}, "llama-130m": {}}  # preset names; values override model dims (tests use tiny ones)

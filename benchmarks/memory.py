@@ -49,8 +49,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, hf_twin, interleaved, make_train_step, paired_ratio, write_result
-from depthlab.config import TrainConfig, preset
+from depthlab.config import TrainConfig
 from depthlab.model import Transformer, lm_loss
+from depthlab.model.families import preset
 from depthlab.train.optim import make_optimizer
 from depthlab.train.runtime import autocast
 
@@ -233,7 +234,10 @@ _AB_WORKER = """
 import json, sys, time, torch
 torch.set_num_threads(1)
 from benchmarks.common import make_train_step
-from depthlab.config import preset
+try:
+    from depthlab.model.families import preset
+except ImportError:  # a commit from before the family registry
+    from depthlab.model.families import preset
 from depthlab.model import Transformer
 s = json.loads(sys.argv[1])
 cfg = preset(s["case"] if s["case"] in ("llama-71m", "llama-130m") else "llama-71m").model

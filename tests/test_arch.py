@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from depthlab import UserError
-from depthlab.config import Config, DataConfig, preset
+from depthlab.config import Config, DataConfig
 from depthlab.hf import import_hf
 from depthlab.hf.convert import hf_config_dict, to_hf_state_dict
 from depthlab.model import SCHEMES, Transformer, lm_loss
-from depthlab.model.arch import ARCHS
+from depthlab.model.families import FAMILIES as ARCHS, preset
 from depthlab.model.validate import validate
 from tests.conftest import tiny_model_config
 from tests.scheme_oracles import ORACLES, names as oracle_names
@@ -20,7 +20,7 @@ from tests.test_hf_fixtures import randomize_norms, tiny_hf, word_tokenizer
 transformers = pytest.importorskip("transformers")
 FAMILIES = [a for a in ARCHS if a != "vit"]  # the language families (the ViT: tests/test_vit*.py)
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
-            "olmo2": "Olmo2ForCausalLM"}
+            "olmo2": "Olmo2ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
 def family_config(arch, **kw):

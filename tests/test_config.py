@@ -1,7 +1,8 @@
 import pytest
 
 from depthlab import UserError
-from depthlab.config import PRESETS, Config, apply_overrides, preset
+from depthlab.config import Config, apply_overrides
+from depthlab.model.families import PRESETS, preset
 from depthlab.model.validate import validate
 
 

@@ -301,7 +301,8 @@ def test_ddp_skips_the_all_reduce_of_early_micro_batches_also_under_compile():
 
 def test_the_global_batch_sets_the_per_rank_batch():
     from depthlab import UserError
-    from depthlab.config import per_rank_batch, preset
+    from depthlab.config import per_rank_batch
+    from depthlab.model.families import preset
 
     olmo = preset("olmo-7b").train
     assert (olmo.parallel, olmo.global_batch, olmo.ckpt_every) == ("fsdp", 512, 1000)

@@ -8,7 +8,7 @@ import pytest
 
 from depthlab.cli import main, make_parser
 from depthlab.hf.cli import FAMILY_NAMES
-from depthlab.model.arch import ARCHS
+from depthlab.model.families import FAMILIES as ARCHS
 from depthlab.model.schemes import SCHEMES
 from tests.scheme_oracles import names as oracle_names
 
@@ -73,7 +73,7 @@ def test_schemes_lists_the_registry(capsys):
 
 
 def test_train_help_names_every_preset():
-    from depthlab.config import PRESETS
+    from depthlab.model.families import PRESETS
 
     text = help_of("train")
     for name in PRESETS:

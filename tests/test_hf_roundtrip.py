@@ -23,7 +23,7 @@ CORPUS = ["Hello  world\n\n  tabs\there  caf\u00e9 na\u00efve \u65e5\u672c\u8a9e
           "def f(x):\n    return {'a': x**2}  # ok\r\n"] * 40
 TEXTS = [TOKENIZER_PROBE, "   leading and trailing   ", "\n\n\n", "Cafe\u0301 vs caf\u00e9",
          "for i in range(10):\n\tprint(i)  \n", "\u00c5ngstr\u00f6m \u212b \ufb01 \u01c4 12 345 6789"]
-FAMILIES = {"llama": {}, "qwen2": {}, "olmo": {"norm_eps": 1e-5}, "olmo2": {}}
+FAMILIES = {"llama": {}, "qwen2": {}, "olmo": {"norm_eps": 1e-5}, "olmo2": {}, "mistral": {"sliding_window": 8}}
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from depthlab import UserError
-from depthlab.config import Config, ModelConfig, preset
+from depthlab.config import Config, ModelConfig
 from depthlab.model import SCHEMES, ViT, build_model
+from depthlab.model.families import preset
 from depthlab.model.validate import validate
 from depthlab.model.vit import patchify
 from tests.scheme_oracles import ORACLES, Parts, norm_by_hand

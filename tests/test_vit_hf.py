@@ -11,11 +11,12 @@ import torch
 
 from depthlab import UserError
 from depthlab.cli import main
-from depthlab.config import Config, ModelConfig, apply_overrides, preset
+from depthlab.config import Config, ModelConfig, apply_overrides
 from depthlab.hf.exporter import export
 from depthlab.hf.importer import save_as_checkpoint
 from depthlab.hf.vit import import_hf_vit, vit_export_refusal
 from depthlab.model import SCHEMES, ViT
+from depthlab.model.families import preset
 from depthlab.model.validate import validate
 from tests.scheme_oracles import names as oracle_names
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from depthlab import UserError
-from depthlab.config import apply_overrides, preset
+from depthlab.config import apply_overrides
+from depthlab.model.families import preset
 from depthlab.train import checkpoint as C
 from depthlab.train.trainer import VisionTrainer, train
 

@@ -19,7 +19,8 @@ EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set mo
 def base_config(args):
     """The config the flags apply to: with --resume the run's own (its checkpoint's, or a started run's), else
     the --config file or the preset."""
-    from depthlab.config import Config, preset
+    from depthlab.config import Config
+    from depthlab.model.families import preset
     from depthlab.rundir import CONFIG, Kind, what_is
 
     if args.resume == "auto" and args.run_dir and (Path(args.run_dir) / CONFIG).is_file() and \
@@ -67,9 +68,9 @@ def build_config(args):
 def follow_arch(m, overrides: list[str]) -> None:
     """A family whose stock class fixes the norm's epsilon (OLMo-1) gets it, unless model.norm_eps is set too:
     otherwise the run trains with another epsilon and only export finds out."""
-    from depthlab.model.arch import ARCHS
+    from depthlab.model.families import FAMILIES
 
-    arch = ARCHS.get(m.arch)
+    arch = FAMILIES.get(m.arch)
     if arch is not None and arch.fixed_norm_eps is not None and \
             any(o.startswith("model.arch=") for o in overrides) and \
             not any(o.startswith("model.norm_eps=") for o in overrides):
@@ -356,7 +357,7 @@ def make_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a LLaMA-style model (no arguments: the CPU demo)", epilog=EPILOG,
                        description="Train a LLaMA-style model under a normalization scheme. With no arguments: "
                        "the cpu-tiny preset with LNS on the built-in corpus, a few minutes on 2 CPU cores.")
-    from depthlab.config import PRESETS
+    from depthlab.model.families import PRESETS
 
     t.add_argument("--preset", help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
     t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")

@@ -1,7 +1,8 @@
-"""Typed configs: model, data, train. Presets, JSON/YAML files, dotted `--set` overrides.
+"""Typed configs: model, data, train. JSON/YAML files, dotted `--set` overrides.
 
-Data only: checking values against the scheme and init registries (and every range check) is
-depthlab.model.validate.validate, next to those registries; this module imports nothing from depthlab.model.
+Data only: checking values against the scheme, family and init registries (and every range check) is
+depthlab.model.validate.validate, next to those registries; this module imports nothing from depthlab.model. The
+presets (`--preset`) are the model families' (depthlab.model.families.preset).
 
 Every run directory and every checkpoint stores the fully resolved config as JSON, so a run can always be
 rebuilt exactly (the reference code kept the scheme in an environment variable and lost it).
@@ -26,7 +27,7 @@ class ModelConfig:
     """The model: its family, shape, scheme and that scheme's constants, its init, and for a ViT its images.
     Data only; `depthlab.model.build_model` builds it and `depthlab.model.validate` checks it."""
 
-    arch: str = "llama"  # the block's family: a name in depthlab.model.arch.ARCHS (the language families, and vit)
+    arch: str = "llama"  # the model's family, one of depthlab.model.families.FAMILIES (llama, qwen2, olmo, vit, ...)
     vocab_size: int = 4096
     dim: int = 128
     n_layers: int = 8
@@ -37,6 +38,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     clip_qkv: float | None = None  # olmo: q, k, v projections clamped to [-c, c] (OLMo-1.7's 8.0); None: off
+    sliding_window: int | None = None  # mistral: each token attends to itself and the sliding_window - 1 before it
     tie_embeddings: bool = False
     norm_scheme: str = "lns"  # see depthlab.model.schemes.SCHEMES
     lns_power: float = 0.5  # lns: block l's norm outputs times l^(-lns_power)
@@ -258,92 +260,6 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return Config.from_dict(d)
 
 
-# ---------------------------------------------------------------- presets
-# The paper's LLaMA sizes (docs/method.md section 3): sequence 256, global batch 512, cosine to 10%, Adam, wd 0,
-# embedding std sqrt(2/5) as in the paper-era reference code.
-_PAPER = {
-    #            dim, layers, heads, ffn,  lr,   warmup, steps
-    "llama-71m": (512, 12, 8, 1368, 1e-3, 1000, 10_000),
-    "llama-130m": (768, 12, 12, 2048, 1e-3, 2000, 20_000),
-    "llama-250m": (768, 24, 16, 2560, 1e-3, 4000, 40_000),
-    "llama-350m": (1024, 24, 16, 2736, 5e-4, 6000, 60_000),
-    "llama-1b": (2048, 24, 32, 5461, 5e-4, 1000, 100_000),
-}
-
-
-def _paper_preset(name: str) -> Config:
-    dim, layers, heads, ffn, lr, warmup, steps = _PAPER[name]
-    # The paper used T5's tokenizer (32,100 tokens); 32,128 = T5's own embedding size, a multiple of 64.
-    model = ModelConfig(vocab_size=32128, dim=dim, n_layers=layers, n_heads=heads, ffn_dim=ffn, max_seq_len=256,
-                        norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
-    data = DataConfig(seq_len=256)
-    train = TrainConfig(max_steps=steps, global_batch=512, batch_size=64, grad_accum=8, lr=lr, warmup_steps=warmup,
-                        dtype="bf16", eval_every=1000, log_every=10, ckpt_every=1000)
-    if dim >= 2048:  # >= 1B parameters: sharded (DDP would hold the full model, gradients and AdamW on every GPU)
-        train.parallel = "fsdp"
-    return Config(model, data, train, preset=name)
-
-
-# The paper's other architectures, with the published dimensions (docs/method.md section 3). The paper gives only
-# the token budget (Qwen2.5-0.5B shape: 6B tokens, PPL 20.62 -> 19.57; OLMo-7B: 20B tokens, loss 2.69 -> 2.50), not
-# lr, batch, schedule or sequence length: those are the LLaMA recipe above (sequence 256, global batch 512, cosine to
-# 10%, wd 0, bf16) at the paper's lr for its largest models, 5e-4: our choice, not the paper's. OLMo-1B and OLMo-2 1B
-# are not in the paper; they get OLMo-7B's 20B tokens.
-_FAMILY = {
-    #               arch, dim, layers, heads, kv, ffn, vocab, tied, theta, eps, context, tokens
-    "qwen2.5-0.5b": ("qwen2", 896, 24, 14, 2, 4864, 151_936, True, 1e6, 1e-6, 4096, 6e9),
-    "olmo-1b": ("olmo", 2048, 16, 16, 16, 8192, 50_304, True, 1e4, 1e-5, 2048, 20e9),
-    "olmo-7b": ("olmo", 4096, 32, 32, 32, 11008, 50_304, False, 1e4, 1e-5, 2048, 20e9),
-    "olmo2-1b": ("olmo2", 2048, 16, 16, 16, 8192, 100_352, False, 5e5, 1e-6, 4096, 20e9),
-}
-
-
-def _family_preset(name: str) -> Config:
-    arch, dim, layers, heads, kv, ffn, vocab, tied, theta, eps, context, tokens = _FAMILY[name]
-    model = ModelConfig(arch=arch, vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv,
-                        ffn_dim=ffn, max_seq_len=context, rope_theta=theta, norm_eps=eps, tie_embeddings=tied,
-                        norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
-    train = TrainConfig(max_steps=round(tokens / (512 * 256)), global_batch=512, batch_size=64, grad_accum=8,
-                        lr=5e-4, warmup_steps=1000, dtype="bf16", eval_every=1000, log_every=10, ckpt_every=1000,
-                        parallel="fsdp" if dim >= 2048 else "ddp")
-    return Config(model, DataConfig(seq_len=256), train, preset=name)
-
-
-# Vision Transformers (model.arch=vit): the original ViT's Ti / S / B shapes at patch 16 and 224 px for ImageNet, with
-# DeiT's recipe (AdamW, lr 1e-3 at global batch 1024, weight decay 0.05, 300 epochs, 5 warmup epochs), and LNS on
-# the branch outputs, the placement the paper found best for ViT. vit-digits is the CPU preset: scikit-learn's
-# 8 x 8 handwritten digits (shipped with the package), patch 2, a deep-thin 12 x 64 model.
-_VIT = {
-    #          dim, layers, heads
-    "vit-ti": (192, 12, 3),
-    "vit-s": (384, 12, 6),
-    "vit-b": (768, 12, 12),
-}
-
-
-def _vit_preset(name: str) -> Config:
-    dim, layers, heads = _VIT[name]
-    model = ModelConfig(arch="vit", dim=dim, n_layers=layers, n_heads=heads, ffn_dim=4 * dim, norm_eps=1e-6,
-                        norm_scheme="lns", lns_placement="branch")
-    epoch = 1_281_167 // 1024
-    train = TrainConfig(max_steps=300 * epoch, batch_size=128, grad_accum=8, lr=1e-3, warmup_steps=5 * epoch,
-                        weight_decay=0.05, dtype="bf16", eval_every=epoch, log_every=10)
-    return Config(model, DataConfig(), train, preset=name)
-
-
-def _vit_digits() -> Config:
-    model = ModelConfig(arch="vit", dim=64, n_layers=12, n_heads=4, ffn_dim=256, norm_eps=1e-6, image_size=8,
-                        patch_size=2, channels=1, num_classes=10, norm_scheme="lns", lns_placement="branch")
-    train = TrainConfig(max_steps=1500, batch_size=64, lr=1e-3, warmup_steps=150, weight_decay=0.05,
-                        eval_every=250, log_every=50)
-    return Config(model, DataConfig(val_fraction=0.2), train, preset="vit-digits")
-
-
-PRESETS = {"cpu-tiny": lambda: Config(), **{name: (lambda n=name: _paper_preset(n)) for name in _PAPER},
-           **{name: (lambda n=name: _family_preset(n)) for name in _FAMILY},
-           **{name: (lambda n=name: _vit_preset(n)) for name in _VIT}, "vit-digits": _vit_digits}
-
-
 def per_rank_batch(t: TrainConfig, world_size: int) -> int:
     """train.batch_size at this world size: global_batch / (grad_accum x ranks) when global_batch is set. The
     global micro-batch (ranks x batch_size) stays global_batch / grad_accum, so a run resumes on another number of
@@ -356,9 +272,3 @@ def per_rank_batch(t: TrainConfig, world_size: int) -> int:
                         f"micro-batches on each of {world_size} rank(s): make it a multiple of "
                         f"{t.grad_accum * world_size}, or change train.grad_accum")
     return share
-
-
-def preset(name: str) -> Config:
-    if name not in PRESETS:
-        raise UserError(f"unknown preset {name!r}; valid: {', '.join(PRESETS)}")
-    return PRESETS[name]()

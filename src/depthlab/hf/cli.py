@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from depthlab import UserError
+from depthlab.model.families import FAMILIES
 from depthlab.rundir import CONFIG, quiet_transformers
 
 OVERWRITE = "replace OUT_DIR even if it is not this command's own kind of output (another run, other files)"
@@ -82,17 +83,14 @@ def add_harness_option(sub) -> None:
     e.set_defaults(func=lambda args: cmd_harness(args) if args.harness else plain(args))
 
 
-# display names of the HF model types depthlab.model.arch imports (tests/test_help.py keeps them complete)
-FAMILY_NAMES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "olmo": "OLMo", "olmo2": "OLMo-2",
-                "vit": "ViT"}
+# display names of the HF model types the families import (each family's hf_names, depthlab.model.families)
+FAMILY_NAMES = {t: name for family in FAMILIES.values() for t, name in family.hf_names.items()}
 
 
 def _families() -> tuple[str, str]:
-    """(import's families, export's language-model classes), from the architecture registry."""
-    from depthlab.model.arch import ARCHS
-
-    names = [FAMILY_NAMES.get(t, t) for a in ARCHS.values() for t in a.hf_model_types]
-    classes = [a.hf_class for a in ARCHS.values() if a.causal]
+    """(import's families, export's language-model classes), from the family registry."""
+    names = list(FAMILY_NAMES.values())
+    classes = [a.hf_class for a in FAMILIES.values() if a.causal]
     return " / ".join(names), ", ".join(classes[:-1]) + " or " + classes[-1]
 
 

@@ -1,8 +1,9 @@
 """Weight mapping between depthlab's Transformer and stock Hugging Face models (both directions).
 
 Which schemes map onto which stock class is declared on each scheme (`hf_export`, depthlab.model.schemes), and
-which class a family exports to on the family (depthlab.model.arch): `pre` and `lns` map onto the family's own
-class (LlamaForCausalLM, Qwen2ForCausalLM, OlmoForCausalLM, Olmo2ForCausalLM). For `lns` the constant norm scale
+which class a family exports to, with its own config fields and norm names, on the family
+(depthlab.model.families): `pre` and `lns` map onto the family's own class (LlamaForCausalLM, Qwen2ForCausalLM,
+OlmoForCausalLM, Olmo2ForCausalLM, ...). For `lns` the constant norm scale
 folds into the norm weight, Norm_g(x) / sqrt(l) == Norm_{g / sqrt(l)}(x); OLMo-1's norm has no weight, so there it
 folds into the linear layers that read the norm's output, W (x / sqrt(l)) + b == (W / sqrt(l)) x + b (q, k, v
 after the attention norm, gate and up after the MLP norm). Either way the exported model is exact and costs
@@ -20,7 +21,7 @@ import torch
 from depthlab import UserError
 from depthlab.config import ModelConfig
 from depthlab.model import Transformer
-from depthlab.model.arch import arch_of
+from depthlab.model.families import family_of
 from depthlab.model.schemes import SCHEMES, scheme_class
 
 # depthlab name (inside layers.i) -> HF name (inside model.layers.i)
@@ -30,15 +31,13 @@ _PROJECTIONS = {
     "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
     "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj",
 }
-_LLAMA_NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
-_OLMO2_NORMS = {"attn_norm": "post_attention_layernorm", "mlp_norm": "post_feedforward_layernorm"}
 _GEMMA2_NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
                  "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
 _READERS = {"attn_norm": ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "mlp_norm": ("mlp.gate_proj", "mlp.up_proj")}
 
 
 def _block_names(cfg: ModelConfig) -> dict[str, str]:
-    return {**(_OLMO2_NORMS if arch_of(cfg).norms_after_branch else _LLAMA_NORMS), **_PROJECTIONS}
+    return {**family_of(cfg).hf_norm_names, **_PROJECTIONS}
 
 
 def _shared_config(cfg: ModelConfig) -> dict:
@@ -52,12 +51,10 @@ def _shared_config(cfg: ModelConfig) -> dict:
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict:
-    """Config fields of the family's stock class (the `pre` / `lns` export)."""
-    arch = arch_of(cfg)
+    """Config fields of the family's stock class (the `pre` / `lns` export): the shared ones and the family's own."""
+    arch = family_of(cfg)
     fields = {"architectures": [arch.hf_class], "model_type": arch.hf_model_types[0], **_shared_config(cfg),
-              "hidden_act": "silu", "mlp_bias": False, "torch_dtype": "float32"}
-    if arch.clip_qkv:
-        fields["clip_qkv"] = cfg.clip_qkv
+              "hidden_act": "silu", "mlp_bias": False, "torch_dtype": "float32", **arch.hf_config(cfg)}
     if arch.fixed_norm_eps is not None:
         if cfg.norm_eps != arch.fixed_norm_eps:
             raise UserError(f"cannot export model.arch={arch.name} with model.norm_eps={cfg.norm_eps}: "
@@ -113,7 +110,7 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     if not _plain(cfg.norm_scheme) or cfg.gpas:
         direct = [name for name in SCHEMES if _plain(name)]
         raise UserError(f"scheme {cfg.norm_scheme!r}{' + gpas' if cfg.gpas else ''} cannot be expressed as a stock "
-                        f"{arch_of(cfg).hf_class} checkpoint (only {', '.join(direct)} without gpas)")
+                        f"{family_of(cfg).hf_class} checkpoint (only {', '.join(direct)} without gpas)")
     state = _our_state(model)
     for i, layer in enumerate(model.layers):
         for name, readers in _READERS.items():
@@ -132,7 +129,7 @@ def _fold_branch_scale(state: dict, i: int, layer, cfg) -> None:
     s = getattr(layer, "out_scale", 1.0)
     if s == 1.0:
         return
-    targets = ("attn_norm", "mlp_norm") if arch_of(cfg).norms_after_branch else ("attn.o_proj", "mlp.down_proj")
+    targets = ("attn_norm", "mlp_norm") if family_of(cfg).norms_after_branch else ("attn.o_proj", "mlp.down_proj")
     for t in targets:
         for kind in ("weight", "bias"):
             if f"layers.{i}.{t}.{kind}" in state:
@@ -157,8 +154,8 @@ def to_hf_gemma2_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """depthlab weights from the family's stock HF weights (Llama, Mistral and Qwen2 share Llama's names, OLMo-1's
-    norms have no weights, OLMo-2 names its norms after the branches they follow). An HF name with no depthlab
+    """depthlab weights from the family's stock HF weights (the family's norm names, hf_norm_names: OLMo-1's norms
+    have no weights, OLMo-2 names its norms after the branches they follow). An HF name with no depthlab
     counterpart is kept as it is, so that loading reports it."""
     ours = {theirs: o for o, theirs in _block_names(cfg).items()}
     out = {}

@@ -7,7 +7,7 @@ constant or per-channel gain folds exactly into a stock weight, so the exported 
                  W (x / sqrt(l)) + b     = (W / sqrt(l)) x + b          (OLMo-1: no norm weight, q/k/v, gate/up)
     layerscale   h + diag(lam) W_o y     = h + (diag(lam) W_o) y        (rows of o_proj / down_proj)  -> Llama
     skipinit     h + alpha W_o y         = h + (alpha W_o) y                                          -> Llama
-    (-> Llama: the family's own class, Llama / Qwen2 / OLMo / OLMo-2 for model.arch llama / qwen2 / olmo / olmo2)
+    (-> Llama: the family's own class, its hf_class in depthlab.model.families: Llama, Qwen2, OLMo, ...)
     sandwich     a norm before and after each branch is Gemma-2's block                    -> Gemma2ForCausalLM
 
 The other schemes are refused, each with its reason (REFUSED): they put a norm or a residual add where no stock

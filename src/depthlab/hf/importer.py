@@ -1,5 +1,6 @@
-"""Start a depthlab Transformer from a Hugging Face checkpoint of a family depthlab models (depthlab.model.arch):
-Llama and Mistral (model.arch=llama), Qwen2 (q/k/v biases included), OLMo-1, OLMo-2.
+"""Start a depthlab Transformer from a Hugging Face checkpoint of a family depthlab models (depthlab.model.families:
+each family names the HF model types it imports, and reads its own config fields): Llama, Qwen2 (q/k/v biases
+included), OLMo-1, OLMo-2, ...
 
 With scheme="pre" the imported model's logits match the HF model's; then switch the scheme (scheme="lns") for
 continued pretraining with LayerNorm Scaling, as in the paper's Qwen2.5-0.5B and OLMo experiments.
@@ -13,10 +14,10 @@ from depthlab import UserError
 from depthlab.config import Config, DataConfig, ModelConfig
 from depthlab.hf.convert import from_hf_state_dict
 from depthlab.model import Transformer
-from depthlab.model.arch import ARCHS
+from depthlab.model.families import FAMILIES
 from depthlab.model.validate import validate
 
-FAMILIES = {model_type: arch for arch in ARCHS.values() for model_type in arch.hf_model_types}  # HF -> ours
+MODEL_TYPES = {model_type: arch for arch in FAMILIES.values() for model_type in arch.hf_model_types}  # HF -> ours
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json")
 MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k positions would cost memory for nothing
 
@@ -35,11 +36,11 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, zero_o_bias: bo
     zero_o_bias: a Llama with attention biases whose o_proj biases are all zero is our qwen2 (q/k/v biases), the
     form a qwen2 run is exported in when transformers would not load its tokenizer as it is (depthlab.hf.exporter)."""
     family = hf_cfg.model_type
-    if family not in FAMILIES:
-        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}")
-    arch = FAMILIES[family]
+    if family not in MODEL_TYPES:
+        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(MODEL_TYPES)}")
+    arch = MODEL_TYPES[family]
     if family == "llama" and getattr(hf_cfg, "attention_bias", False) and zero_o_bias:
-        arch, hf_cfg = ARCHS["qwen2"], _without_attention_bias(hf_cfg)
+        arch, hf_cfg = FAMILIES["qwen2"], _without_attention_bias(hf_cfg)
     rope = getattr(hf_cfg, "rope_parameters", None) or {  # transformers 4.x kept these as separate fields
         "rope_type": (getattr(hf_cfg, "rope_scaling", None) or {}).get("rope_type", "default"),
         "rope_theta": getattr(hf_cfg, "rope_theta", 10000.0)}
@@ -57,16 +58,12 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, zero_o_bias: bo
     if problems:
         raise UserError(f"cannot import this {family} model: {'; '.join(problems)}")
     seq = max_seq_len or min(hf_cfg.max_position_embeddings, MAX_SEQ_LEN)
-    window, types = getattr(hf_cfg, "sliding_window", None), getattr(hf_cfg, "layer_types", None)
-    if window and (types is None or "sliding_attention" in types) and window < seq:
-        raise UserError(f"this {family} model uses sliding-window attention ({window} tokens) and ours is full "
-                        f"attention; import with max_seq_len <= {window}")
     return ModelConfig(
         vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
         n_heads=hf_cfg.num_attention_heads, n_kv_heads=hf_cfg.num_key_value_heads, ffn_dim=hf_cfg.intermediate_size,
         max_seq_len=seq, rope_theta=float(rope.get("rope_theta", 10000.0)), arch=arch.name,
-        norm_eps=arch.fixed_norm_eps or hf_cfg.rms_norm_eps, clip_qkv=getattr(hf_cfg, "clip_qkv", None),
-        tie_embeddings=bool(hf_cfg.tie_word_embeddings), **overrides)
+        norm_eps=arch.fixed_norm_eps or hf_cfg.rms_norm_eps, tie_embeddings=bool(hf_cfg.tie_word_embeddings),
+        **arch.from_hf(hf_cfg, seq), **overrides)
 
 
 def _without_attention_bias(hf_cfg):
@@ -150,8 +147,8 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
                         f"constants, and --scheme {scheme} would apply them a second time; import it with --scheme "
                         "pre (the same logits), or use the run it was exported from")
     family = _model_type(src)
-    if family is not None and family not in FAMILIES and family != "vit":
-        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(FAMILIES)}, vit")
+    if family is not None and family not in MODEL_TYPES:
+        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(MODEL_TYPES)}")
     vit = family == "vit"
     if vit and tokenizer is not None:
         raise UserError(f"{src} is a ViT: it reads images, and --tokenizer has no meaning for it")

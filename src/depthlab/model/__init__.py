@@ -7,7 +7,8 @@
     transformer.py  Transformer: embedding -> blocks -> final norm -> LM head (logits, or the loss); loss_of(any LM);
                     build_model(config): the Transformer, or the ViT for model.arch=vit
     vit.py          ViT: patches -> the same scheme blocks (vit family: LayerNorm, GELU, no RoPE) -> class head
-    arch.py         architecture families (llama, qwen2, olmo, olmo2, vit): what each changes in the block
+    families/       the model families (llama, qwen2, olmo, olmo2, vit, ...), one module each: parts, HF
+                    mapping, import rules, FLOPs, validation, presets (families/base.py: the spec)
     loss.py         lm_loss, and linear_cross_entropy: LM head + cross-entropy by chunks, never the full logits
     validate.py     validate(config): every setting checked, against the registries too (exit 2 in the CLI)
 """

@@ -1,8 +1,9 @@
 """LLaMA building blocks: RMSNorm, DyT, OLMo-1's LayerNorm, RoPE, attention, SwiGLU MLP, the residual add and GPAS.
 
 Architecture only: no training plumbing. The blocks of every normalization scheme are assembled from these
-parts in `schemes.py`. Numerics follow Hugging Face's Llama exactly (fp32 RMSNorm statistics, rotate-half RoPE)
-so that weights move between the two with identical logits.
+parts in `schemes.py`, each family (depthlab.model.families) choosing its variant of each part. Numerics follow
+Hugging Face's Llama exactly (fp32 RMSNorm statistics, rotate-half RoPE) so that weights move between the two with
+identical logits.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.config import ModelConfig
-from depthlab.model.arch import arch_of
 
 
 class RMSNorm(nn.Module):
@@ -224,24 +224,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal self-attention with RoPE and grouped-query heads. What the families change (depthlab.model.arch):
-    biases on q, k, v (qwen2, vit) and o (vit); RMSNorm on q and on k over all heads, before RoPE (olmo2's
-    QK-norm); q, k, v clamped to [-clip_qkv, clip_qkv] (olmo, when model.clip_qkv is set); bidirectional without
-    RoPE (vit: called with rope=None)."""
+    """Causal self-attention with RoPE and grouped-query heads. The families' variants (depthlab.model.families)
+    are flags: biases on q, k, v (qwen2, vit) and o (vit); RMSNorm on q and on k over all heads, before RoPE (olmo2's
+    QK-norm); bidirectional without RoPE (vit: called with rope=None). q, k, v are clamped to
+    [-clip_qkv, clip_qkv] when model.clip_qkv is set (olmo). A family whose keys are masked otherwise overrides
+    `attend`."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool = False, out_bias: bool = False, qk_norm: bool = False,
+                 causal: bool = True):
         super().__init__()
-        arch = arch_of(cfg)
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
         self.clip_qkv = cfg.clip_qkv
         q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(cfg.dim, q_dim, bias=arch.qkv_bias)
-        self.k_proj = nn.Linear(cfg.dim, kv_dim, bias=arch.qkv_bias)
-        self.v_proj = nn.Linear(cfg.dim, kv_dim, bias=arch.qkv_bias)
-        self.o_proj = nn.Linear(q_dim, cfg.dim, bias=arch.out_bias)
-        self.causal = arch.causal
-        qk_norm = arch.qk_norm
+        self.q_proj = nn.Linear(cfg.dim, q_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, kv_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, kv_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.dim, bias=out_bias)
+        self.causal = causal
         self.q_norm = RMSNorm(q_dim, cfg.norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(kv_dim, cfg.norm_eps) if qk_norm else nn.Identity()
 
@@ -256,20 +256,26 @@ class Attention(nn.Module):
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.n_kv_heads != self.n_heads)
+        y = self.attend(q, k, v)
         return project(y.transpose(1, 2).reshape(B, T, -1), self.o_proj)[0]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(head_dim)) v over the keys each query sees: itself and every earlier one (causal),
+        or all of them. q: (B, H, T, D); k, v: (B, H_kv, T, D)."""
+        gqa = self.n_kv_heads != self.n_heads
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); for the vit family the original ViT's down(gelu(up(x))), with biases."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); with gelu, the original ViT's down(gelu(up(x))). bias: on up and down
+    (the vit family's)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, gelu: bool = False, bias: bool = False):
         super().__init__()
-        arch = arch_of(cfg)
-        self.gelu = arch.mlp == "gelu"
-        self.gate_proj = None if self.gelu else nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=arch.out_bias)
-        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=arch.out_bias)
+        self.gelu = gelu
+        self.gate_proj = None if gelu else nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=bias)
+        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gelu:

@@ -42,8 +42,9 @@ model's final norm before the LM head, unscaled.
     + gpas (pre, lns)   after each (+): x (1 - SiLU(a)) forward, x 1 backward; a: one per block (the default,
                         model.gpas_gate=per_block, as GPAS's reference) or one per add (per_add)
 
-Architecture families (model.arch: llama, qwen2, olmo, olmo2; depthlab.model.arch) change the parts, not the
-wiring: the norm (OLMo-1's LayerNorm without weight comes from make_norm), the attention (biases, QK-norm). The
+Model families (model.arch: llama, qwen2, olmo, olmo2, ...; depthlab.model.families) change the parts, not the
+wiring: the block asks its family for the norm (OLMo-1's LayerNorm without weight), the attention (biases, QK-norm)
+and the MLP. The
 exception is olmo2, whose block puts its norms on the branch outputs; there the schemes that wire their own block
 are refused (family_refusal), and pre / lns / dyt run OLMo-2's block with their norms.
 """
@@ -58,8 +59,8 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.config import ModelConfig
-from depthlab.model.arch import Arch, arch_of
-from depthlab.model.llama import MLP, Attention, DyT, GPASGate, GPASResidual, LayerNorm, Residual, RMSNorm
+from depthlab.model.families import Family, family_of
+from depthlab.model.llama import DyT, GPASGate, GPASResidual, Residual, RMSNorm
 
 SCHEMES: dict[str, type[PreLNBlock]] = {}
 _MUST_DECLARE = ("supports_gpas", "hf_patchable", "hf_export")
@@ -103,7 +104,7 @@ GPAS_EXPORT_REFUSAL = ("gpas scales the residual stream after every add (and RMS
 _REWIRED = "stock Llama and Gemma-2 blocks keep norms on the branches and a plain residual add"
 
 
-def family_refusal(cls: type[PreLNBlock], arch: Arch) -> str:
+def family_refusal(cls: type[PreLNBlock], arch: Family) -> str:
     """Why scheme `cls` cannot run on family `arch`, or "" when it can. Only olmo2 fixes where its norms sit (on
     the branch outputs, with QK-norm); a scheme that wires its own block would replace OLMo-2's block."""
     def runs(c):
@@ -160,19 +161,18 @@ class PreLNBlock(nn.Module):
         """The scheme's norm (DyT replaces it), else the family's: RMSNorm, or OLMo-1's LayerNorm (no weight)."""
         if cls.norm_cls is DyT:
             return DyT(cfg.dim, cfg.dyt_alpha_init, scale)
-        if arch_of(cfg).norm.startswith("layernorm"):
-            return LayerNorm(cfg.dim, cfg.norm_eps, scale, affine=arch_of(cfg).norm == "layernorm_affine")
-        return RMSNorm(cfg.dim, cfg.norm_eps, scale)
+        return family_of(cfg).make_norm(cfg, scale)
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
-        self.output_norms = self.norms_after_branch or arch_of(cfg).norms_after_branch  # reordered, olmo2
+        family = family_of(cfg)
+        self.output_norms = self.norms_after_branch or family.norms_after_branch  # reordered, olmo2
         attn_scale, mlp_scale = self.norm_scales(cfg, layer_id)
         self.attn_norm = self.make_norm(cfg, attn_scale)
-        self.attn = Attention(cfg)
+        self.attn = family.attention(cfg)
         self.mlp_norm = self.make_norm(cfg, mlp_scale)
-        self.mlp = MLP(cfg)
+        self.mlp = family.feed_forward(cfg)
         alpha = self.residual_alpha(cfg)
         if not cfg.gpas:
             self.attn_add, self.mlp_add = Residual(alpha), Residual(alpha)

@@ -1,15 +1,15 @@
 """Config validation: every impossible or out-of-range setting becomes one UserError line (exit 2 in the CLI).
 
-It lives next to the scheme and init registries it asks, so that depthlab.config stays plain data.
+It lives next to the scheme, family and init registries it asks, so that depthlab.config stays plain data; what
+only one family checks is that family's `check` (depthlab.model.families).
 """
 
 from __future__ import annotations
 
 import math
 
-from depthlab import UserError
 from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig
-from depthlab.model.arch import arch_of
+from depthlab.model.families import FAMILIES, family_of, require
 from depthlab.model.init import INITS
 from depthlab.model.llama import GPAS_GATES
 from depthlab.model.schemes import family_refusal, gpas_schemes, scheme_class
@@ -27,7 +27,7 @@ def train_warnings(cfg: Config) -> list[str]:
     """Settings that train but are probably not what was meant; `depthlab train` prints each."""
     out = []
     m, t = cfg.model, cfg.train
-    arch = arch_of(m)
+    arch = family_of(m)
     if arch.fixed_norm_eps is not None and m.norm_eps != arch.fixed_norm_eps and not m.is_vit:
         out.append(f"model.norm_eps={m.norm_eps} with model.arch={arch.name}: {arch.hf_class} fixes its norm's "
                    f"epsilon at {arch.fixed_norm_eps}, so this run will not export; set model.norm_eps="
@@ -58,104 +58,87 @@ def check_fits_host(cfg: Config) -> None:
     the kernel's OOM killer). Not part of `validate`: a config is valid whatever machine reads it."""
     mem, m = _host_memory(), cfg.model
     params = approx_params(m)
-    _require(4 * params <= mem, f"a model of {params:,} parameters needs {4 * params / 2**30:,.0f} GiB for its fp32 "
-             f"weights alone; this machine has {mem / 2**30:,.0f} GiB (model.dim={m.dim}, model.n_layers="
-             f"{m.n_layers}, model.vocab_size={m.vocab_size})")
+    require(4 * params <= mem, f"a model of {params:,} parameters needs {4 * params / 2**30:,.0f} GiB for its fp32 "
+            f"weights alone; this machine has {mem / 2**30:,.0f} GiB (model.dim={m.dim}, model.n_layers="
+            f"{m.n_layers}, model.vocab_size={m.vocab_size})")
     tokens = cfg.train.batch_size * (1 if m.is_vit else cfg.data.seq_len)
-    _require(4 * tokens * m.dim <= mem, f"train.batch_size={cfg.train.batch_size:,}: one batch's activations alone "
-             f"need {4 * tokens * m.dim / 2**30:,.0f} GiB; this machine has {mem / 2**30:,.0f} GiB")
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise UserError(message)
+    require(4 * tokens * m.dim <= mem, f"train.batch_size={cfg.train.batch_size:,}: one batch's activations alone "
+            f"need {4 * tokens * m.dim / 2**30:,.0f} GiB; this machine has {mem / 2**30:,.0f} GiB")
 
 
 def _number(obj, section: str, name: str, ok, what: str) -> None:
     """section.name must be finite (NaN and inf never are) and pass ok; what says what it must be."""
     v = getattr(obj, name)
-    _require(math.isfinite(v) and ok(v), f"{section}.{name} must be {what}, got {v}")
+    require(math.isfinite(v) and ok(v), f"{section}.{name} must be {what}, got {v}")
 
 
 def _check_model(m: ModelConfig) -> None:
-    scheme, arch = scheme_class(m.norm_scheme), arch_of(m)
+    scheme, arch = scheme_class(m.norm_scheme), family_of(m)
     refusal = family_refusal(scheme, arch)
-    _require(not refusal, refusal)
-    _require(m.clip_qkv is None or arch.clip_qkv,
-             f"model.clip_qkv is OLMo-1's q/k/v clamp (model.arch=olmo), not {arch.name}'s")
-    _require(m.clip_qkv is None or (math.isfinite(m.clip_qkv) and m.clip_qkv > 0),
-             f"model.clip_qkv must be a positive number or null, got {m.clip_qkv}")
-    _require(m.init == "auto" or m.init in INITS, f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
-    _require(not m.gpas or scheme.supports_gpas,
-             f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")
-    _require(m.gpas_gate in GPAS_GATES, f"model.gpas_gate must be {' or '.join(GPAS_GATES)}, got {m.gpas_gate!r}")
+    require(not refusal, refusal)
+    for other in FAMILIES.values():  # a family's own fields stay null under any other family
+        for name, what in other.options.items():
+            require(other is arch or getattr(m, name) is None,
+                    f"model.{name} is {what} (model.arch={other.name}), not {arch.name}'s")
+    require(m.init == "auto" or m.init in INITS, f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
+    require(not m.gpas or scheme.supports_gpas,
+            f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")
+    require(m.gpas_gate in GPAS_GATES, f"model.gpas_gate must be {' or '.join(GPAS_GATES)}, got {m.gpas_gate!r}")
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
-        _require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
-    _require(m.dim % m.n_heads == 0, f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
-    _require(m.head_dim % 2 == 0 or m.is_vit, f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
+        require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
+    require(m.dim % m.n_heads == 0, f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
+    require(m.head_dim % 2 == 0 or not arch.causal,
+            f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
     kv = m.n_kv_heads or m.n_heads
-    _require(kv > 0 and m.n_heads % kv == 0, f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
-    _require(not (isinstance(m.init_std, str) and m.init_std != "auto") and math.isfinite(m.weight_std)
-             and m.weight_std > 0, f"model.init_std must be a positive number or auto, got {m.init_std!r}")
+    require(kv > 0 and m.n_heads % kv == 0, f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
+    require(not (isinstance(m.init_std, str) and m.init_std != "auto") and math.isfinite(m.weight_std)
+            and m.weight_std > 0, f"model.init_std must be a positive number or auto, got {m.init_std!r}")
     _number(m, "model", "mixln_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
     _number(m, "model", "lns_power", lambda v: v >= 0, "a number >= 0")
     for name in ("norm_eps", "rope_theta", "embed_std"):
         _number(m, "model", name, lambda v: v > 0, "a positive number")
     for name in ("layerscale_init", "skip_alpha_init", "dyt_alpha_init"):
         _number(m, "model", name, lambda v: True, "a finite number")
-    _require(m.lns_placement in LNS_PLACEMENTS,
-             f"model.lns_placement must be {' or '.join(LNS_PLACEMENTS)}, got {m.lns_placement!r}")
-    _require(str(m.norm_gain_init) in GAIN_RULES,
-             f"model.norm_gain_init must be {' or '.join(GAIN_RULES)}, got {m.norm_gain_init!r}")
-    if m.is_vit:
-        _check_vit(m)
+    require(m.lns_placement in LNS_PLACEMENTS,
+            f"model.lns_placement must be {' or '.join(LNS_PLACEMENTS)}, got {m.lns_placement!r}")
+    require(str(m.norm_gain_init) in GAIN_RULES,
+            f"model.norm_gain_init must be {' or '.join(GAIN_RULES)}, got {m.norm_gain_init!r}")
+    arch.check(m)
 
 
 LNS_PLACEMENTS = ("norm", "branch", "attn_only", "mlp_only")
 GAIN_RULES = ("1", "depth")  # norm_gain_init / norm_gain_lr: unchanged, or times l^(-lns_power) in block l
 
 
-def _check_vit(m: ModelConfig) -> None:
-    for name in ("image_size", "patch_size", "channels", "num_classes"):
-        _require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
-    _require(m.image_size % m.patch_size == 0,
-             f"model.patch_size={m.patch_size} must divide model.image_size={m.image_size}")
-    _require(m.pool in ("cls", "mean"), f"model.pool must be cls or mean, got {m.pool!r}")
-    _require(m.pos_embed in ("learned", "sincos"), f"model.pos_embed must be learned or sincos, got {m.pos_embed!r}")
-    _require(m.pos_embed != "sincos" or m.dim % 4 == 0,
-             f"model.pos_embed=sincos needs model.dim divisible by 4, got {m.dim}")
-    _require(not m.tie_embeddings, "model.tie_embeddings has no meaning for a ViT (no token embedding)")
-
-
 def _check_data(d: DataConfig, m: ModelConfig) -> None:
-    _require(m.is_vit or 0 < d.seq_len <= m.max_seq_len,
-             f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
-    _require(0 < d.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {d.val_fraction}")
+    require(m.is_vit or 0 < d.seq_len <= m.max_seq_len,
+            f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
+    require(0 < d.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {d.val_fraction}")
     _number(d, "data", "builtin_mb", lambda v: v > 0, "a positive number")
 
 
 def _check_train(t: TrainConfig) -> None:
     for name in ("max_steps", "batch_size", "grad_accum", "eval_every", "log_every"):
-        _require(getattr(t, name) > 0, f"train.{name} must be positive, got {getattr(t, name)}")
+        require(getattr(t, name) > 0, f"train.{name} must be positive, got {getattr(t, name)}")
     _number(t, "train", "lr", lambda v: v > 0, "a positive number")
-    _require(t.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
+    require(t.warmup_steps >= 0, f"train.warmup_steps must be >= 0, got {t.warmup_steps}")
     _number(t, "train", "min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
     for name in ("beta1", "beta2"):
         _number(t, "train", name, lambda v: 0 <= v < 1, "in [0, 1)")
     _number(t, "train", "dist_timeout_s", lambda v: v > 0, "a positive number of seconds")
     for name in ("weight_decay", "grad_clip", "peak_flops"):
         _number(t, "train", name, lambda v: v >= 0, "a number >= 0")
-    _require(t.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: unchunked), got {t.loss_chunk}")
-    _require(t.threads >= 0, f"train.threads must be >= 0 (0: PyTorch's default), got {t.threads}")
-    _require(0 <= t.seed < 2**32, f"train.seed must be in 0..2**32-1, got {t.seed}")
-    _require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
-    _require(t.max_skips >= 0, f"train.max_skips must be >= 0, got {t.max_skips}")
-    _require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
-    _require(t.global_batch >= 0 and t.dp_replicate >= 1 and t.dp_shard >= 0,
-             "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
-    _require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
-             "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
-    _require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
+    require(t.loss_chunk >= 0, f"train.loss_chunk must be >= 0 (0: unchunked), got {t.loss_chunk}")
+    require(t.threads >= 0, f"train.threads must be >= 0 (0: PyTorch's default), got {t.threads}")
+    require(0 <= t.seed < 2**32, f"train.seed must be in 0..2**32-1, got {t.seed}")
+    require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
+    require(t.max_skips >= 0, f"train.max_skips must be >= 0, got {t.max_skips}")
+    require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
+    require(t.global_batch >= 0 and t.dp_replicate >= 1 and t.dp_shard >= 0,
+            "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
+    require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
+            "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
+    require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
     for name in ("norm_gain_lr", "block_lr"):
-        _require(str(getattr(t, name)) in GAIN_RULES,
-                 f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")
+        require(str(getattr(t, name)) in GAIN_RULES,
+                f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")

@@ -3,7 +3,7 @@
     image (B, C, H, W) ─ patches (B, P, C p p) ─ patch_embed ─ [class token] + positions ─ blocks ─ norm ─ pool ─ head
 
 The blocks are the scheme registry's (depthlab.model.schemes), built with the vit family's parts
-(depthlab.model.arch): LayerNorm with weight and bias, biases on every projection, a GELU MLP and bidirectional
+(depthlab.model.families.vit): LayerNorm with weight and bias, biases on every projection, a GELU MLP and bidirectional
 attention without RoPE. So every scheme runs on a ViT unchanged, and LNS has its two placements (model.lns_placement:
 norm, as for language models, or branch, the paper's best for ViT). The layout follows the original ViT and
 Hugging Face's ViTForImageClassification (patch embedding = a linear map of each patch flattened as (C, p, p), the

@@ -64,7 +64,8 @@ class Study:
         return Path(self.out) / "runs.jsonl"
 
     def config(self, cell: Cell):
-        from depthlab.config import apply_overrides, preset
+        from depthlab.config import apply_overrides
+        from depthlab.model.families import preset
 
         over = [*self.base, *self.variants[cell.variant], f"train.lr={cell.lr}", f"train.seed={cell.seed}"]
         if cell.layers is not None:

@@ -8,23 +8,16 @@ import time
 import torch
 
 from depthlab.config import ModelConfig
+from depthlab.model.families import family_of
 
 # Dense bf16 tensor-core peaks (FLOP/s) of data-centre GPUs, by a substring of torch.cuda.get_device_name().
 GPU_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """6 x (matmul parameters, LM head included, embedding lookup excluded) + 12 x L x T x d for attention
-    scores and values (PaLM, appendix B). For a ViT a token is a patch: its embedding is a matmul, its MLP has two
-    matrices, and the class head runs once per image (seq_len tokens)."""
-    kv = (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-    mlp_mats = 2 if cfg.is_vit else 3  # GELU vs SwiGLU
-    per_layer = 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv + mlp_mats * cfg.dim * cfg.ffn_dim
-    if cfg.is_vit:
-        outer = cfg.channels * cfg.patch_size ** 2 * cfg.dim + cfg.dim * cfg.num_classes / seq_len
-    else:
-        outer = cfg.dim * cfg.vocab_size
-    return 6 * (cfg.n_layers * per_layer + outer) + 12 * cfg.n_layers * seq_len * cfg.dim
+    """Training FLOPs per token: the family's formula (depthlab.model.families.base.Family.train_flops_per_token:
+    6 x matmul parameters + PaLM's 12 x L x T x d for attention; for a ViT a token is a patch)."""
+    return family_of(cfg).train_flops_per_token(cfg, seq_len)
 
 
 @functools.cache

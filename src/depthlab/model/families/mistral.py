@@ -1,0 +1,60 @@
+"""The mistral family: LLaMA's block with sliding-window attention (model.sliding_window).
+
+Each token attends to itself and the sliding_window - 1 tokens before it, in every layer: transformers' Mistral
+mask, key j visible to query i when i - sliding_window < j <= i (masking_utils.sliding_window_causal_mask_function,
+the same for its eager and sdpa attention). With sliding_window null, or at least the context, it is Llama.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from depthlab.config import ModelConfig
+from depthlab.model.families.base import Family, register, require
+from depthlab.model.llama import Attention
+
+
+class SlidingWindowAttention(Attention):
+    """Causal attention over the last `window` keys (the query's own included)."""
+
+    def __init__(self, cfg: ModelConfig, window: int | None):
+        super().__init__(cfg)
+        self.window = window
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        T = q.shape[-2]
+        if self.window is None or T <= self.window:  # every earlier key is inside the window
+            return super().attend(q, k, v)
+        i = torch.arange(T, device=q.device)
+        back = i[:, None] - i[None, :]  # query index - key index
+        visible = (back >= 0) & (back < self.window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=self.n_kv_heads != self.n_heads)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}"
+
+
+@register("mistral")
+class Mistral(Family):
+    """Mistral (7B v0.1: a 4096-token window over a 32k context): Llama's block, attention in a sliding window."""
+
+    hf_class = "MistralForCausalLM"
+    hf_names = {"mistral": "Mistral"}
+    options = {"sliding_window": "Mistral's attention window"}
+
+    def attention(self, cfg: ModelConfig) -> Attention:
+        return SlidingWindowAttention(cfg, cfg.sliding_window)
+
+    def check(self, m: ModelConfig) -> None:
+        require(m.sliding_window is None or m.sliding_window > 0,
+                f"model.sliding_window must be a positive number of tokens or null, got {m.sliding_window}")
+
+    def attended_keys(self, cfg: ModelConfig, seq_len: int) -> int:
+        return min(seq_len, cfg.sliding_window or seq_len)
+
+    def hf_config(self, cfg: ModelConfig) -> dict:
+        return {"sliding_window": cfg.sliding_window}
+
+    def from_hf(self, hf_cfg, seq_len: int) -> dict:
+        return {"sliding_window": hf_cfg.sliding_window}  # MistralForCausalLM slides in every layer
