@@ -240,7 +240,7 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     if len(tokens) < seq_len + 1:
         raise UserError(f"only {len(tokens)} tokens in {source}; need at least {seq_len + 1}")
     res = evaluate(loaded.lm(), np.asarray(tokens), seq_len, batch_size, device, cfg.train.dtype if cfg else "fp32",
-                   progress=progress)
+                   progress=progress, desc="eval")
     what = f"scheme {cfg.model.norm_scheme}" if cfg else type(loaded.model).__name__
     print(f"{loaded.path}: {what}, data {source}")
     print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}  "

@@ -54,16 +54,16 @@ def autocast(device: torch.device, dtype: str):
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
              dtype: str = "fp32", env: D.DistEnv | None = None, loss_chunk: int = TrainConfig.loss_chunk,
-             progress: bool = False) -> dict:
+             progress: bool = False, desc: str = "validation") -> dict:
     """Per-token mean loss over every window of the validation stream, and its perplexity. Under torchrun
     the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that).
-    `progress`: a bar of this rank's batches on a terminal."""
+    `progress`: a bar of this rank's batches on a terminal, named `desc`."""
     env = env or D.DistEnv()
     was_training = model.training
     model.eval()
     total, count, mine, filler = 0.0, 0, 0, None
     n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
-    bar = progress_bar(total=math.ceil(n_batches / env.world_size), enabled=progress, desc="validation",
+    bar = progress_bar(total=math.ceil(n_batches / env.world_size), enabled=progress, desc=desc,
                        unit="batch")
     for b, (x, y) in enumerate(eval_batches(tokens, seq_len, batch_size)):
         filler = filler if filler is not None else x
