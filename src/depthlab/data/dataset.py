@@ -148,7 +148,7 @@ def save_val_tokens(run_dir: Path, tokens: np.ndarray) -> None:
 
 def saved_val_tokens(run_dir: Path | None, digest: str | None) -> np.ndarray | None:
     """The validation tokens `save_val_tokens` kept in a run, memory-mapped, if they are the ones `digest` (a
-    checkpoint's val_sha256) names; None otherwise (an older run, another run's file, a damaged file)."""
+    checkpoint's val_digest) names; None otherwise (an older run, another run's file, a damaged file)."""
     path = run_dir / VAL_TOKENS if run_dir is not None else None
     if not digest or path is None or not path.is_file():
         return None
