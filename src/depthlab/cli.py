@@ -370,7 +370,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's weights and architecture (e.g. "
                    "one made by `depthlab import`), with a fresh optimizer: continued pretraining, for example "
                    "with --scheme lns")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars (the steps' bar; and on a "
+                   "terminal, the tokenization's and each validation's)")
     add_plan_flags(t)
     t.set_defaults(func=cmd_train)
 
