@@ -107,6 +107,8 @@ CASES = [
     ("train-resume-hf-dir", "train --resume {hf} {T}", "Hugging Face model directory"),
     ("train-resume-prepared", "train --resume {prep} {T}", "prepared-data directory"),
     ("train-resume-changed-config", "train --data {txt} --resume {run} {T} --set model.dim=64", "different config"),
+    ("train-resume-auto-another-file", "train --data {txt_copy} --run-dir {victim} --resume auto {T}",
+     "data.paths"),  # an identical copy is another file (the same file by another path resumes: test_trainer)
     ("train-resume-loose-checkpoint", "train --data {txt} --resume {loose} {T}", "--run-dir"),
     ("train-resume-all-corrupted", "train --data {txt} --resume {corrupt} {T}", "no valid checkpoint"),
     ("train-resume-imported", TRAIN + " --resume {imported}", "--init-from"),
@@ -343,6 +345,8 @@ def build_world(root: Path) -> dict[str, str]:
     w = {"T": TINY}
     (root / "a.txt").write_text(_text(400))
     w["txt"] = str(root / "a.txt")
+    shutil.copy(root / "a.txt", root / "a_copy.txt")
+    w["txt_copy"] = str(root / "a_copy.txt")
     run = root / "run"
     code, err, tb = invoke(["train", "--data", w["txt"], "--run-dir", str(run), *TINY.split(),
                             "--set", "train.ckpt_every=1"])

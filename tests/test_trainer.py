@@ -4,6 +4,7 @@ import errno
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,6 +92,42 @@ def test_resume_refuses_a_different_config_and_lists_differences(tmp_path, corpu
     # a fresh run refuses to write into a directory that already holds checkpoints
     res = cli("--run-dir", run, "--data", corpus, "--max-steps", 4, *sets())
     assert res.returncode == 2 and "--resume auto" in res.stderr
+
+
+def test_resume_auto_knows_one_file_by_another_path_and_refuses_another_file(tmp_path, corpus, monkeypatch):
+    """data.paths are compared as files: a relative path from another directory or a link to the same file
+    resumes; another file (even an identical copy) is refused in one line."""
+    import contextlib
+    import io
+
+    from depthlab.cli import main
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "sub").mkdir()
+    shutil.copy(corpus, tmp_path / "data" / "c.txt")
+    shutil.copy(corpus, tmp_path / "data" / "copy.txt")
+    (tmp_path / "sub" / "link.txt").symlink_to(tmp_path / "data" / "c.txt")
+    args = ["--run-dir", str(tmp_path / "run"), "--resume", "auto", "--max-steps", "4", "--no-progress",
+            *map(str, sets(train__ckpt_every=2))]
+
+    def train(cwd: Path, *data: str) -> tuple[int, str]:
+        monkeypatch.chdir(cwd)
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(["train", *(["--data", *data] if data else []), *args])
+        return code, err.getvalue()
+
+    assert train(tmp_path, "data/c.txt")[0] == 0  # a relative path, recorded with the directory it starts from
+    reference = losses(tmp_path / "run")
+    for cwd, data in ((tmp_path / "sub", ["../data/c.txt"]), (tmp_path / "sub", ["link.txt"]),
+                      (tmp_path / "sub", [])):  # no --data: the run's own paths, from where they were given
+        shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_0000004")
+        code, err = train(cwd, *data)
+        assert code == 0 and "resuming" in err and "step 2" in err, err
+        assert losses(tmp_path / "run") == pytest.approx(reference, abs=1e-6)
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step_0000004")
+    code, err = train(tmp_path, "data/copy.txt")
+    assert code == 2 and err.count("\n") == 1 and "different config: data.paths:" in err and "copy.txt" in err, err
 
 
 def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path, corpus):

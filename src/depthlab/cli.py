@@ -21,24 +21,44 @@ def base_config(args):
     the --config file or the preset."""
     from depthlab.config import Config
     from depthlab.model.families import preset
-    from depthlab.rundir import CONFIG, Kind, what_is
+    from depthlab.rundir import CONFIG, ENV, META, Kind, what_is
 
     if args.resume == "auto" and args.run_dir and (Path(args.run_dir) / CONFIG).is_file() and \
             what_is(args.run_dir) is Kind.RUN:  # the run's own config; no rank hashes a checkpoint for it
-        return Config.load(Path(args.run_dir) / CONFIG)
+        return saved_config(Path(args.run_dir), ENV)
     if args.resume:
         from depthlab.train.trainer import resume_point
 
         # only the config is needed here; the trainer verifies the checkpoint and reports skipped ones, once
         run_dir, ckpt = resume_point(args.run_dir, args.resume)
         if ckpt is not None:
-            return Config.load(ckpt / CONFIG)
+            return saved_config(ckpt, META)
         if what_is(run_dir) is Kind.RUN and (run_dir / CONFIG).is_file():
-            return Config.load(run_dir / CONFIG)
+            return saved_config(run_dir, ENV)
     if args.config and args.preset:
         raise UserError("--config and --preset both give the whole starting config; pass one of them (adjust "
                         "either with --set)")
     return Config.load(args.config) if args.config else preset(args.preset or "cpu-tiny")
+
+
+def saved_config(directory: Path, record: str):
+    """A run's or a checkpoint's config.json, its relative data paths made absolute from the directory they were
+    given in (`record`: the env.json or meta.json written with it, when it has that), so a run resumed from
+    another directory reads the same files."""
+    import json
+
+    from depthlab.config import Config
+    from depthlab.data.sources import resolved
+    from depthlab.rundir import CONFIG
+
+    cfg = Config.load(directory / CONFIG)
+    try:
+        cwd = json.loads((directory / record).read_text()).get("cwd")
+    except (OSError, ValueError, AttributeError):  # an older run records none; the trainer checks the rest
+        cwd = None
+    if cwd:
+        cfg.data.paths = resolved(cfg.data.paths, cwd)
+    return cfg
 
 
 def build_config(args):
@@ -136,7 +156,7 @@ def cmd_eval(args) -> None:
         return
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         return eval_images(loaded, args.data, args.batch_size, device)
-    eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device)
+    eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device, progress=not args.no_progress)
 
 
 def refuse_meaningless(args) -> None:
@@ -187,11 +207,14 @@ def eval_commonsense(args, device) -> None:
     print(f"wrote {md} and {js}")
 
 
-def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_size: int, device) -> None:
-    """Per-token loss and perplexity of a loaded model on `data`, or on a run's own validation split."""
+def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_size: int, device,
+                    progress: bool = False) -> None:
+    """Per-token loss and perplexity of a loaded model on `data`, or on a run's own validation split (the tokens
+    the run kept when it has them, so the corpus is not read and tokenized again)."""
     import numpy as np
 
-    from depthlab.data.dataset import build_token_data, eval_tokens
+    from depthlab.data.dataset import build_token_data, eval_tokens, saved_val_tokens
+    from depthlab.rundir import VAL_TOKENS, run_of
     from depthlab.train.runtime import evaluate
 
     seq_len = seq_len or loaded.seq_len
@@ -206,16 +229,19 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
         print(f"response loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}")
         return
     if data:
-        tokens, source = eval_tokens(data, tok, cfg.data.text_field if cfg else "text")
+        tokens, source = eval_tokens(data, tok, cfg.data.text_field if cfg else "text", progress)
     elif cfg is None:
         raise UserError(f"{loaded.path} is a Hugging Face model directory with no validation split of its own; "
                         "give the text to evaluate on with --data")
+    elif (tokens := saved_val_tokens(run_of(loaded.path), loaded.meta.get("val_digest"))) is not None:
+        source = f"the run's validation split ({loaded.meta['source']}; the tokens it kept in {VAL_TOKENS})"
     else:
-        split = build_token_data(cfg, tokenizer=tok)
+        split = build_token_data(cfg, tokenizer=tok, progress=progress)
         tokens, source = split.val, f"the run's validation split ({split.source})"
     if len(tokens) < seq_len + 1:
         raise UserError(f"only {len(tokens)} tokens in {source}; need at least {seq_len + 1}")
-    res = evaluate(loaded.lm(), np.asarray(tokens), seq_len, batch_size, device, cfg.train.dtype if cfg else "fp32")
+    res = evaluate(loaded.lm(), np.asarray(tokens), seq_len, batch_size, device, cfg.train.dtype if cfg else "fp32",
+                   progress=progress, desc="eval")
     what = f"scheme {cfg.model.norm_scheme}" if cfg else type(loaded.model).__name__
     print(f"{loaded.path}: {what}, data {source}")
     print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}  "
@@ -379,7 +405,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's weights and architecture (e.g. "
                    "one made by `depthlab import`), with a fresh optimizer: continued pretraining, for example "
                    "with --scheme lns")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars (the steps' bar; and on a "
+                   "terminal, the tokenization's and each validation's)")
     add_plan_flags(t)
     t.set_defaults(func=cmd_train)
 
@@ -397,6 +424,8 @@ def make_parser() -> argparse.ArgumentParser:
                    "most 512)")
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--device", default="auto")
+    e.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
+                   "tokenizing --data, the evaluation)")
     e.set_defaults(func=cmd_eval)
 
     add_finetune(sub)

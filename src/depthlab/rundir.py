@@ -57,6 +57,7 @@ from depthlab.checkpoint import (  # noqa: F401 (the checkpoint format's names, 
 
 # ---------------------------------------------------------------- file names, defined once
 METRICS, ENV = "metrics.jsonl", "env.json"
+VAL_TOKENS = "val_tokens.npy"  # a run's validation tokens, kept when it tokenized raw text (eval reuses them)
 PREPARED_INDEX, PREPARED_WORK, PREPARED_PLAN, PREPARED_FORMAT = "index.json", ".work", "plan.json", \
     "depthlab-tokens"
 EXPORT_INFO = "depthlab_export.json"  # provenance of an HF directory depthlab wrote (export, prune)

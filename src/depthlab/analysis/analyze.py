@@ -32,6 +32,7 @@ from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.metrics import Accumulator, unit
 from depthlab.analysis.removal import RemovalSums, run_removal, single_layer_sweep
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, is_classifier
+from depthlab.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Options:
     heatmap_channels: int = 48
     token_chunk: int = 1024
     curse: CurseSpec = CurseSpec()  # the index's thresholds and interior
+    progress: bool = False  # a bar per pass on a terminal
 
 
 def heatmap_blocks(n_layers: int) -> list[int]:
@@ -91,7 +93,7 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
     L = lm.n_layers
     lm.discover(batches[0].inputs, batches[0].mask)
     acc, sums = Accumulator(L), RemovalSums(L, lm.classifier)
-    for b in batches:
+    for b in progress_bar(batches, opts.progress, desc="analyze: metrics", unit="batch"):
         tr = lm.trace(b.inputs, b.mask)
         observe_states(lm, acc, tr.hidden, b, opts.token_chunk)
         for l in range(L):
@@ -101,13 +103,14 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
     res = acc.results()
     if opts.removal:
         runs = [(r["start_block"] - 1, r["n"]) for r in res["angular"]["best_block"] if 1 < r["n"] < L]
-        for b in batches:
+        for b in progress_bar(batches, opts.progress, desc="analyze: removal", unit="batch"):
             run_removal(lm, b, lm.trace(b.inputs, b.mask), runs, sums)
         res["removal"] = sums.results(L)
     if opts.jacobian:
         b = batches[0]
         tr = lm.trace(b.inputs, b.mask)
-        jac = [block_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask, opts.probes) for l in range(L)]
+        jac = [block_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask, opts.probes)
+               for l in progress_bar(range(L), opts.progress, desc="analyze: jacobians", unit="block")]
         res["jacobian"] = {"block_gain": [g for g, _ in jac], "block_vs_identity": [d for _, d in jac],
                            "output_gain": output_jacobian(lm, b, tr, opts.probes), "probes": opts.probes,
                            "heatmaps": [token_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask,
@@ -135,7 +138,7 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
                                             shape=(L + 1, *h.shape)) for k, h in enumerate(H)]
         for k, h in enumerate(H):
             spills[k][0] = h.float().cpu().numpy()
-        for l in range(L):
+        for l in progress_bar(range(L), opts.progress, desc="analyze: blocks", unit="block"):
             if l > 0:
                 skel.load_block(l)
             if opts.jacobian:

@@ -128,7 +128,8 @@ def to_batches(windows: list[np.ndarray], batch_size: int, pad_id: int) -> list[
 
 
 def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int, batch_size: int,
-                        vocab_size: int, sample: int | None = None, seed: int = 0) -> list[Batch]:
+                        vocab_size: int, sample: int | None = None, seed: int = 0,
+                        progress: bool = False) -> list[Batch]:
     """The first n_tokens of the text as batches; or, with `sample`, that many windows drawn (seeded) from all of
     it, in text order."""
     from tokenizers import Tokenizer
@@ -137,7 +138,8 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
         from depthlab.data.dataset import pack
         from depthlab.data.sources import Document
 
-        stream = pack(tokenizer, [Document(str(i), t) for i, t in enumerate(texts)])
+        stream = pack(tokenizer, [Document(str(i), t) for i, t in enumerate(texts)], progress=progress,
+                      desc="tokenize calibration text")
         pad_id = 0
         windows = (list(sample_windows(stream, sample, seq_len, seed)) if sample and len(stream) >= seq_len
                    else pack_windows(stream, n_tokens, seq_len))

@@ -35,6 +35,8 @@ def _add_model_args(p) -> None:
     p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
                    "the metrics are accumulated in fp32 either way")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
+                   "tokenizing the calibration text, each pass of the analysis)")
 
 
 def _request(args, model: str):
@@ -56,7 +58,7 @@ def _request(args, model: str):
 
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
-                   probes=args.probes, curse=curse)
+                   probes=args.probes, curse=curse, progress=not args.no_progress)
     from depthlab.train.runtime import resolve_device
 
     device = str(resolve_device(args.device, "--device"))

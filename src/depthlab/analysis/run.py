@@ -104,7 +104,7 @@ def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Ba
     # a sample is spread over more text than it reads (the built-in corpus is read up to what is asked for)
     texts, source = read_calibration_text(req.data, req.windows * seq_len * 8 if req.windows else req.tokens)
     batches = calibration_batches(tok, texts, req.tokens, seq_len, req.batch_size, _vocab_size(lm), req.windows,
-                                  req.window_seed)
+                                  req.window_seed, req.options.progress)
     got = sum(b.n_tokens for b in batches)
     if req.windows:
         source += f"; {sum(len(b.ids) for b in batches)} windows sampled over all of it (seed {req.window_seed})"

@@ -8,7 +8,10 @@ sampler's position is plain data, so a resumed run sees exactly the tokens it wo
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +24,7 @@ from depthlab.data.prepared import is_prepared, load_prepared
 from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, expand, read_documents
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import is_val, pack, val_period
+from depthlab.rundir import VAL_TOKENS
 
 __all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "eval_batches", "pack", "read_documents"]
 
@@ -83,25 +87,26 @@ def _prepared_data(paths: list[str], wanted: Tokenizer | None) -> TokenData:
     return TokenData(tok, arrays["train"], arrays["val"], f"{path}: {index['source']}", index)
 
 
-def _raw_data(cfg: Config, tokenizer: Tokenizer | None) -> TokenData:
+def _raw_data(cfg: Config, tokenizer: Tokenizer | None, progress: bool) -> TokenData:
     docs, source, _ = load_text(cfg)
     train_docs, val_docs = split_documents(docs, cfg.data.val_fraction)
     if tokenizer is None:
         if cfg.data.tokenizer:
             tokenizer = load_tokenizer(cfg.data.tokenizer)
         else:  # trained on the training documents only, so validation text stays unseen
-            tokenizer = train_bpe((d.text for d in train_docs), cfg.model.vocab_size)
-    return TokenData(tokenizer, pack(tokenizer, train_docs), pack(tokenizer, val_docs), source)
+            tokenizer = train_bpe((d.text for d in train_docs), cfg.model.vocab_size, progress)
+    return TokenData(tokenizer, pack(tokenizer, train_docs, progress=progress, desc="tokenize train"),
+                     pack(tokenizer, val_docs, progress=progress, desc="tokenize validation"), source)
 
 
-def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenData:
+def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None, progress: bool = False) -> TokenData:
     """The configured data: a prepared directory (memory-mapped), or raw text tokenized now (given tokenizer,
-    data.tokenizer, or byte-level BPE trained on the training documents)."""
+    data.tokenizer, or byte-level BPE trained on the training documents); `progress`: bars on a terminal."""
     if any(is_prepared(p) for p in cfg.data.paths):
         wanted = tokenizer or (load_tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer else None)
         data = _prepared_data(cfg.data.paths, wanted)
     else:
-        data = _raw_data(cfg, tokenizer)
+        data = _raw_data(cfg, tokenizer, progress)
     vocab = data.tokenizer.get_vocab_size()
     if vocab > cfg.model.vocab_size:
         raise UserError(f"the tokenizer has {vocab} tokens but model.vocab_size is {cfg.model.vocab_size}; "
@@ -113,7 +118,8 @@ def build_token_data(cfg: Config, tokenizer: Tokenizer | None = None) -> TokenDa
     return data
 
 
-def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text") -> tuple[np.ndarray, str]:
+def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text",
+                progress: bool = False) -> tuple[np.ndarray, str]:
     """Tokens to evaluate a model on: a prepared directory's validation split (made with `tokenizer`), or raw
     files packed now with `tokenizer`; and a one-line description."""
     if any(is_prepared(p) for p in paths):
@@ -121,7 +127,36 @@ def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text"
         return data.val, f"the validation split of {data.source}"
     check_line_lengths(expand(paths))
     docs, report = read_documents(paths, text_field=text_field)
-    return pack(tokenizer, docs), f"{describe_inputs(paths)} ({report.summary()})"
+    return pack(tokenizer, docs, progress=progress), f"{describe_inputs(paths)} ({report.summary()})"
+
+
+def tokens_digest(tokens: np.ndarray) -> str:
+    """Content hash of a token stream (its dtype and ids)."""
+    h = hashlib.sha256(np.dtype(tokens.dtype).str.encode())
+    h.update(np.ascontiguousarray(tokens).tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_val_tokens(run_dir: Path, tokens: np.ndarray) -> None:
+    """Keep a run's validation tokens (raw text tokenized for the run), so `eval RUN` need not tokenize again;
+    written whole or not at all."""
+    tmp = run_dir / (VAL_TOKENS + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, np.asarray(tokens), allow_pickle=False)
+    os.replace(tmp, run_dir / VAL_TOKENS)
+
+
+def saved_val_tokens(run_dir: Path | None, digest: str | None) -> np.ndarray | None:
+    """The validation tokens `save_val_tokens` kept in a run, memory-mapped, if they are the ones `digest` (a
+    checkpoint's val_digest) names; None otherwise (an older run, another run's file, a damaged file)."""
+    path = run_dir / VAL_TOKENS if run_dir is not None else None
+    if not digest or path is None or not path.is_file():
+        return None
+    try:
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    return tokens if tokens.ndim == 1 and tokens_digest(tokens) == digest else None
 
 
 def windows(tokens: np.ndarray, seq_len: int) -> int:

@@ -439,7 +439,8 @@ def _run_job(out: Path, job: dict, settings: dict, log) -> dict:
         if not plan_path.is_file():
             work.mkdir(parents=True, exist_ok=True)
             units = plan_units(job["items"], job["workers"], settings["streaming"], job["unit_bytes"])
-            tok = job["given"] or train_bpe(_sample_texts(units, settings, job["sample_bytes"]), job["vocab_size"])
+            tok = job["given"] or train_bpe(_sample_texts(units, settings, job["sample_bytes"]), job["vocab_size"],
+                                        job["progress"])
             tok.save(str(work / TOKENIZER_FILE))
             write_json_atomic(plan_path, {"request": job["request"], "units": units})
         plan = json.loads(plan_path.read_text())

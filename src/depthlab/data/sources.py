@@ -84,6 +84,13 @@ def describe_inputs(paths: list[str]) -> str:
     return ", ".join(paths) if len(paths) <= 3 else f"{paths[0]}, ..., {paths[-1]} ({len(paths)} inputs)"
 
 
+def resolved(paths: list[str], cwd: str | Path | None = None) -> list[str]:
+    """The data paths as absolute paths with symbolic links resolved, relative ones taken from `cwd` (default:
+    the current directory), so one file compares equal however it was named; hf: specs as given."""
+    base = Path(cwd) if cwd else Path.cwd()
+    return [p if p.startswith(HF_PREFIX) else str((base / Path(p).expanduser()).resolve()) for p in paths]
+
+
 def expand(paths: list[str]) -> list[str]:
     """Files (folders walked, globs matched, hidden entries ignored) and `hf:` specs, in a stable order."""
     out: list[str] = []

@@ -15,16 +15,18 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from depthlab import UserError
+from depthlab.progress import on_terminal
 
 EOT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def train_bpe(texts, vocab_size: int) -> Tokenizer:
+def train_bpe(texts, vocab_size: int, progress: bool = False) -> Tokenizer:
+    """Byte-level BPE trained on `texts` (with `progress`, the tokenizers library's own bars on a terminal)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=on_terminal(progress),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     return tok

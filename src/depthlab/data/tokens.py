@@ -9,6 +9,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from depthlab.data.tokenizer import eot_id
+from depthlab.progress import progress_bar
 
 
 def token_dtype(vocab_size: int) -> type:
@@ -41,9 +42,14 @@ def encode_texts(tok: Tokenizer, texts: list[str], eot: int, dtype) -> tuple[np.
     return np.array(flat, dtype=dtype), np.array(lengths, dtype=np.int64)
 
 
-def pack(tok: Tokenizer, docs, batch: int = 256) -> np.ndarray:
-    """Tokenize documents with the batch API into one packed stream, documents separated by EOT."""
+def pack(tok: Tokenizer, docs, batch: int = 256, progress: bool = False, desc: str = "tokenize") -> np.ndarray:
+    """Tokenize documents with the batch API into one packed stream, documents separated by EOT (with
+    `progress`, a bar of documents on a terminal)."""
     dtype, eot = token_dtype(tok.get_vocab_size()), eot_id(tok)
     texts = [d.text for d in docs]
-    parts = [encode_texts(tok, texts[i:i + batch], eot, dtype)[0] for i in range(0, len(texts), batch)]
+    parts = []
+    with progress_bar(total=len(texts), enabled=progress, desc=desc, unit="doc") as bar:
+        for i in range(0, len(texts), batch):
+            parts.append(encode_texts(tok, texts[i:i + batch], eot, dtype)[0])
+            bar.update(len(texts[i:i + batch]))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import random
 import subprocess
@@ -18,6 +19,7 @@ from depthlab import UserError, __version__
 from depthlab.config import Config, TrainConfig
 from depthlab.data.dataset import eval_batches
 from depthlab.model import loss_of
+from depthlab.progress import progress_bar
 from depthlab.train import distributed as D
 
 
@@ -51,13 +53,18 @@ def autocast(device: torch.device, dtype: str):
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
-             dtype: str = "fp32", env: D.DistEnv | None = None, loss_chunk: int = TrainConfig.loss_chunk) -> dict:
+             dtype: str = "fp32", env: D.DistEnv | None = None, loss_chunk: int = TrainConfig.loss_chunk,
+             progress: bool = False, desc: str = "validation") -> dict:
     """Per-token mean loss over every window of the validation stream, and its perplexity. Under torchrun
-    the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that)."""
+    the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that).
+    `progress`: a bar of this rank's batches on a terminal, named `desc`."""
     env = env or D.DistEnv()
     was_training = model.training
     model.eval()
     total, count, mine, filler = 0.0, 0, 0, None
+    n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
+    bar = progress_bar(total=math.ceil(n_batches / env.world_size), enabled=progress, desc=desc,
+                       unit="batch")
     for b, (x, y) in enumerate(eval_batches(tokens, seq_len, batch_size)):
         filler = filler if filler is not None else x
         if b % env.world_size != env.rank:
@@ -66,7 +73,8 @@ def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_siz
             total += loss_of(model, x.to(device), y.to(device), reduction="sum", loss_chunk=loss_chunk).item()
         count += y.numel()
         mine += 1
-    n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
+        bar.update(1)
+    bar.close()
     for _ in range(math.ceil(n_batches / env.world_size) - mine):  # FSDP: every rank runs as many forwards
         with autocast(device, dtype):
             loss_of(model, filler.to(device), filler.to(device), loss_chunk=loss_chunk)  # no full logits either
@@ -95,6 +103,7 @@ def environment(device: torch.device, env: D.DistEnv) -> dict:
             "python": platform.python_version(), "platform": platform.platform(), "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
             "threads": torch.get_num_threads(), "world_size": env.world_size,
+            "cwd": os.getcwd(),  # where the config's relative data paths start from
             "started": datetime.now().isoformat(timespec="seconds")}
 
 

@@ -37,7 +37,8 @@ from depthlab.checkpoint import (
     tidy_after_kill,
 )
 from depthlab.config import Config, per_rank_batch
-from depthlab.data.dataset import PackedSampler, TokenData, build_token_data
+from depthlab.data.dataset import PackedSampler, TokenData, build_token_data, save_val_tokens, tokens_digest
+from depthlab.data.sources import resolved
 from depthlab.data.tokenizer import load_tokenizer
 from depthlab.model.validate import check_fits_host, validate
 from depthlab.rundir import (
@@ -250,7 +251,8 @@ class Trainer:
         self.step, self.skipped, self.last_ckpt, self.verdicts, self.data_s = 0, 0, None, {}, 0.0
         self.skipped_in_a_row = 0
         self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
-                     "n_params": self.module.num_params(), **self.data_meta(), "world_size": self.env.world_size}
+                     "n_params": self.module.num_params(), **self.data_meta(), "world_size": self.env.world_size,
+                     "cwd": os.getcwd()}  # where data.paths start from when they are relative
         if ckpt:
             self._restore(ckpt)
 
@@ -290,11 +292,15 @@ class Trainer:
 
     def load_data(self, tokenizer):
         """The training and validation data (tokenizer: the checkpoint's or the parent model's, if any)."""
-        return build_token_data(self.cfg, tokenizer=tokenizer)
+        return build_token_data(self.cfg, tokenizer=tokenizer, progress=self.progress)
 
     def data_meta(self) -> dict:
-        """What the checkpoint records about the data; its train_* entries must match on resume."""
-        return {"train_tokens": int(len(self.data.train)), "val_tokens": int(len(self.data.val))}
+        """What the checkpoint records about the data; its train_* entries must match on resume. Raw text
+        tokenized for this run also records its validation tokens' digest: the run keeps them (VAL_TOKENS)."""
+        meta = {"train_tokens": int(len(self.data.train)), "val_tokens": int(len(self.data.val))}
+        if not self.data.meta:  # prepared data keeps its own memory-mapped splits
+            meta["val_digest"] = tokens_digest(self.data.val)
+        return meta
 
     def tokens_per_sample(self) -> int:
         return self.cfg.data.seq_len
@@ -309,7 +315,7 @@ class Trainer:
         """{'val_loss', 'val_ppl', 'val_tokens'} on the held-out data (a subclass's data hook)."""
         tc = self.cfg.train
         return evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
-                        self.env, tc.loss_chunk)
+                        self.env, tc.loss_chunk, self.progress)
 
     def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
         """Find the run directory and the checkpoint to resume (None: a fresh start). One decision for every
@@ -440,6 +446,9 @@ class Trainer:
     def _restore(self, ckpt: Path) -> None:
         meta = self.resume_meta  # verified by rank 0 (_open_run)
         saved = Config.load(ckpt / CONFIG).to_dict()  # fields newer than the checkpoint read as their defaults
+        paths = self.cfg.data.paths  # the same files named another way (from another directory, through a link)
+        if resolved(saved["data"]["paths"], meta.get("cwd")) == resolved(paths):  # are the same data
+            saved["data"]["paths"] = paths
         diffs = [d for d in config_diff(saved, self.cfg.to_dict()) if d.split(":")[0] not in RESUMABLE_CHANGES]
         # Another number of ranks is fine when the global micro-batch (ranks x sequences) is unchanged.
         saved_global = saved["train"]["batch_size"] * meta.get("world_size", 1)
@@ -531,6 +540,8 @@ class Trainer:
         self.cfg.save(self.run_dir / CONFIG)
         if self.data.tokenizer is not None:  # image data has none
             self.data.tokenizer.save(str(self.run_dir / TOKENIZER))
+        if "val_digest" in self.meta:
+            save_val_tokens(self.run_dir, self.data.val)
         (self.run_dir / ENV).write_text(json.dumps(environment(self.device, self.env), indent=2) + "\n")
         print(f"depthlab train: preset {self.cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim} "
               f"({self.module.num_params() / 1e6:.1f}M params), {tc.max_steps} steps on {self.env.world_size} x "
