@@ -426,6 +426,7 @@ def lns_tables(records: dict, parts: list[str], unstable: list[str], ref_depth: 
                      f"{_index(p, 'removal_deep_over_shallow')} / {_index(q, 'removal_deep_over_shallow')} |")
     names = ("removal_deep", "removal_middle", "last_var", "update_deep")
     for g in res["parts"]:
+        lines += ["", parts_reading(g)]
         lines += ["", f"**LNS taken apart at N = {g['layers']}, lr {g['lr']:g}.** Δ = variant − pre, paired by seed; "
                   "the index and quantities are the final models' (mean ± std over seeds).", "",
                   "| variant | seeds | val loss | Δ vs pre | inert fraction | removal deep/shallow | "
@@ -444,6 +445,30 @@ def lns_tables(records: dict, parts: list[str], unstable: list[str], ref_depth: 
             lines.append(f"| {v} | {_grid(s)} | {_rate(s['best_lr'])} | {len(b['seeds'])} | {spread(b['val_loss'])} | "
                          f"{b['diverged']} |")
     return lines + [""]
+
+
+def parts_reading(g: dict) -> str:
+    """The decomposition's reading in words, from its numbers: is the curse there to lift (pre's index), and how
+    much of LNS's difference each part alone gives (the issue's rule: gain-init alone giving LNS's gain while the
+    deep blocks stay as inert means an optimisation effect)."""
+    v = g["variants"]
+    pre, lns, gi = v.get("pre", {}), v.get("lns", {}), v.get("pre+gain_init", {})
+    reading = pre.get("index", {}).get("reading", "unknown")
+    out = [f"*Reading (N = {g['layers']}, lr {g['lr']:g}, {len(pre.get('seeds', []))} seeds):* Pre-LN's curse index "
+           f"reads **{reading}** (interior inert fraction {_index(pre, 'inert_fraction')}, deep/shallow removal "
+           f"{_index(pre, 'removal_deep_over_shallow')})"]
+    out[-1] += (": no identity-like interior for LNS to lift here, so what LNS gains at this depth and rate is not "
+                "curse-lifting." if reading == "absent" else ".")
+    d = {name: r["delta_val_loss"] for name, r in v.items() if r.get("delta_val_loss", {}).get("seeds")}
+    if d:
+        out.append("Against pre: " + "; ".join(f"{name} {spread(c, '.3f', signed=True)} ({c['verdict']})"
+                                               for name, c in d.items()) + ".")
+    if "lns" in d and "pre+gain_init" in d and d["lns"]["mean"] < 0:
+        share = d["pre+gain_init"]["mean"] / d["lns"]["mean"]
+        out.append(f"Gain initialisation at l^-p alone gives {share:.0%} of LNS's mean difference, with an interior "
+                   f"inert fraction of {_index(gi, 'inert_fraction')} (LNS {_index(lns, 'inert_fraction')}, pre "
+                   f"{_index(pre, 'inert_fraction')}).")
+    return " ".join(out)
 
 
 def along_table(records: dict) -> list[str]:
