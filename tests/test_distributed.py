@@ -162,6 +162,7 @@ def test_sharded_checkpoints_resume_on_2_1_and_2_ranks_like_the_uninterrupted_ru
     assert main(["export", str(step3), str(tmp_path / "hf")]) == 0  # consolidated into one safetensors file
     assert (tmp_path / "hf" / "model.safetensors").is_file()
     assert main(["eval", str(step3)]) == 0
+    _layerwise_reads_it_like_whole_model_mode(step3)
     cut("ref2", "two_to_one")
     _train(one, tmp_path / "two_to_one", resume="auto")
 
@@ -170,6 +171,24 @@ def test_sharded_checkpoints_resume_on_2_1_and_2_ranks_like_the_uninterrupted_ru
         got = losses(tmp_path / run)
         assert list(got) == [1, 2, 3, 4, 5, 6], run
         assert all(abs(got[s] - ref[s]) < 1e-6 for s in (4, 5, 6)), (run, got, ref)
+
+
+def _layerwise_reads_it_like_whole_model_mode(ckpt):
+    from depthlab.analysis.calibration import calibration_batches
+    from depthlab.analysis.layerwise import load_skeleton
+    from depthlab.analysis.run import load_layered
+    from depthlab.analysis.study import Options, analyze, analyze_layerwise
+    from tests.test_analysis_layerwise import _close
+    from tests.test_analysis_support import TEXT
+
+    whole = load_layered(str(ckpt))
+    skel, _, _, _ = load_skeleton(str(ckpt))  # one block in memory, read from the rank files block by block
+    assert len(skel.lm.blocks) == 1 and skel.n_layers == whole.lm.n_layers == 3
+    batches = calibration_batches(whole.tokenizer, [TEXT], 64, 16, 2, 300)
+    a, b = analyze(whole.lm, batches, Options(removal=False, probes=1)), \
+        analyze_layerwise(skel, batches, Options(removal=False, probes=1))
+    assert _close([s["rms"] for s in a["states"]], [s["rms"] for s in b["states"]])
+    assert _close(a["lens"]["kl"], b["lens"]["kl"]) and _close(a["angular"]["all_tokens"], b["angular"]["all_tokens"])
 
 
 def test_resume_hashes_each_checkpoint_file_once(tmp_path, corpus, monkeypatch):
@@ -187,6 +206,50 @@ def test_resume_hashes_each_checkpoint_file_once(tmp_path, corpus, monkeypatch):
     newest = tmp_path / "run" / "checkpoints" / "step_0000004"
     files = [str(newest / name) for name in checkpoint.verify_checkpoint(newest)["files"]]
     assert files and all(hashed[f] == 1 for f in files), hashed
+
+
+def _resume_with_shared_verification(rank, cfg, run):
+    import json
+    from collections import Counter
+
+    from depthlab import UserError, checkpoint
+    from depthlab.train.trainer import Trainer
+
+    _train(cfg, run)
+    checkpoint._VERIFIED.clear()  # a new process
+    real, hashed = checkpoint._sha256, Counter()
+    checkpoint._sha256 = lambda p: hashed.update([str(p)]) or real(p)
+    trainer = Trainer(cfg, run_dir=run, resume="auto", progress=False)
+    trainer.close()
+    counts = D.gather_objects(hashed, trainer.env)
+    newest = run / "checkpoints" / "step_0000004"
+    files = [str(newest / name) for name in json.loads((newest / "meta.json").read_text())["files"]]
+    total = sum(counts, Counter())
+    assert trainer.step == 4 and any("__1_0.distcp" in f for f in files)
+    assert all(total[f] == 1 for f in files) and set(total) == set(files), total  # each file once, in all
+    assert all(counts), counts  # and both ranks took part
+    if rank == 0:  # rank 1's shard of the newest checkpoint, damaged
+        with open(newest / "shards" / "__1_0.distcp", "r+b") as f:
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    dist.barrier()
+    with pytest.raises(UserError) as err:
+        Trainer(cfg, run_dir=run, resume=str(newest), progress=False)
+    assert str(err.value) == (f"corrupted checkpoint {newest}: shards/__1_0.distcp does not match its checksum; "
+                              f"the previous valid checkpoint is {run / 'checkpoints' / 'step_0000002'}")
+    trainer = Trainer(cfg, run_dir=run, resume="auto", progress=False)  # auto skips it, on every rank alike
+    trainer.close()
+    assert D.gather_objects(trainer.step, trainer.env) == [2, 2]
+
+
+def test_ranks_share_the_verification_of_a_resumed_checkpoint(tmp_path, corpus):
+    from tests.test_trainer import make_cfg
+
+    cfg = make_cfg(corpus, **{"train.max_steps": 4, "train.ckpt_every": 2, "train.batch_size": 2,
+                              "train.parallel": "fsdp"})
+    run_ranks(_resume_with_shared_verification, cfg, tmp_path / "run")
 
 
 # ---------------------------------------------------------------- meta-device build

@@ -21,6 +21,7 @@ hashes a checkpoint at most once: verdicts are cached by the files' identity (in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,27 +67,120 @@ def _identity(path: Path, names) -> tuple:
 
 
 _VERIFIED: dict[tuple, dict] = {}  # (path, identity of its files) -> meta: what this process has hashed
+_TEAM = None  # the DistEnv of the ranks that share rank 0's verifications (verifying_together)
+
+
+def _key(path: Path, meta: dict) -> tuple:
+    return str(path.resolve()), _identity(path, [META, *meta["files"]])
+
+
+def _check(path: Path, files: dict) -> str | None:
+    """Why some of a checkpoint's files (name -> sha256) are not what its manifest says, or None."""
+    for name, digest in files.items():
+        if not (path / name).is_file():
+            return f"corrupted checkpoint {path}: {name} is missing"
+        try:
+            if _sha256(path / name) != digest:
+                return f"corrupted checkpoint {path}: {name} does not match its checksum"
+        except OSError as e:
+            return f"corrupted checkpoint {path}: cannot read {name} ({e.strerror or e})"
+    return None
 
 
 def verify_checkpoint(path: Path) -> dict:
     """The checkpoint's meta.json, after checking every file against its recorded sha256 (once per process for
-    the same files)."""
+    the same files). On rank 0 inside verifying_together, the files are hashed by all ranks, each its share."""
     path = Path(path)
     try:
         meta = json.loads((path / META).read_text())
         files = meta["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(f"corrupted checkpoint {path}: unreadable {META} ({e})") from None
-    key = (str(path.resolve()), _identity(path, [META, *files]))
+    key = _key(path, meta)
     if key in _VERIFIED:
         return _VERIFIED[key]
-    for name, digest in files.items():
-        if not (path / name).is_file():
-            raise CorruptCheckpoint(f"corrupted checkpoint {path}: {name} is missing")
-        if _sha256(path / name) != digest:
-            raise CorruptCheckpoint(f"corrupted checkpoint {path}: {name} does not match its checksum")
+    error = _ask_team((str(path), meta, _deal(path, files, _TEAM.world_size)), _TEAM) if _TEAM else \
+        _check(path, files)
+    if error:
+        raise CorruptCheckpoint(error)
     _VERIFIED[key] = meta
     return meta
+
+
+def _deal(path: Path, files: dict, ranks: int) -> dict[str, int]:
+    """Which rank hashes which file: the largest first, each to the rank with the fewest bytes so far."""
+    sizes = {name: (path / name).stat().st_size if (path / name).is_file() else 0 for name in files}
+    load, owner = [0] * ranks, {}
+    for name in sorted(files, key=lambda n: (-sizes[n], n)):
+        owner[name] = min(range(ranks), key=load.__getitem__)
+        load[owner[name]] += sizes[name]
+    return owner
+
+
+def _share(request: tuple, env) -> str | None:
+    """One shared verification, on every rank: its own files of the checkpoint, then every rank's verdict; the
+    first error of any rank (the same on all), or None, and then the verdict is remembered on every rank."""
+    from depthlab.train import distributed as D
+
+    path, meta, owner = Path(request[0]), request[1], request[2]
+    mine = {n: d for n, d in meta["files"].items() if owner[n] == env.rank}
+    error = next((e for e in D.gather_objects(_check(path, mine), env) if e), None)
+    if error is None:
+        _VERIFIED[_key(path, meta)] = meta
+    return error
+
+
+def _ask_team(request: tuple, env) -> str | None:
+    """Rank 0: send the other ranks (waiting in serve_verification) a checkpoint to verify, and verify with them."""
+    from depthlab.train import distributed as D
+
+    D.broadcast_object(request, env)
+    return _share(request, env)
+
+
+@contextlib.contextmanager
+def verifying_together(env):
+    """Rank 0's side of a shared decision: inside the block, each checkpoint verify_checkpoint hashes is dealt out
+    to every rank (see serve_verification), so every file is read once in all, not all of them by rank 0."""
+    from depthlab.train import distributed as D
+
+    global _TEAM
+    _TEAM = env
+    try:
+        yield
+    finally:
+        _TEAM = None
+        D.broadcast_object(None, env)  # the other ranks stop serving
+
+
+def serve_verification(env) -> None:
+    """The other ranks' side: hash their share of every checkpoint rank 0 verifies, until it is done."""
+    from depthlab.train import distributed as D
+
+    while (request := D.broadcast_object(None, env)) is not None:
+        _share(request, env)
+
+
+def rank0_decides(env, decide: Callable):
+    """decide() on rank 0, every checkpoint it verifies hashed by all ranks together; its result, or its
+    UserError, on every rank (collective). In one process, just decide()."""
+    from depthlab.train import distributed as D
+
+    if not env.enabled:
+        return decide()
+    result = None
+    if env.is_main:
+        with verifying_together(env):
+            try:
+                result = decide()
+            except UserError as e:
+                result = e
+    else:
+        serve_verification(env)
+    result = D.broadcast_object(result, env)
+    if isinstance(result, UserError):
+        raise result
+    return result
 
 
 def is_valid(ckpt: Path) -> bool:
@@ -135,20 +229,45 @@ def load_verified(ckpt: Path) -> dict:
 # ---------------------------------------------------------------- reading
 def load_weights(ckpt: Path, device: str = "cpu") -> dict:
     """The full model state dict of a checkpoint in either format (sharded ones assembled in this process)."""
-    if not is_sharded(ckpt):
-        from safetensors.torch import load_file
+    return read_weights(ckpt, None, device)
 
-        return load_file(str(Path(ckpt) / WEIGHTS), device=device)
+
+def weight_names(ckpt: Path) -> list[str]:
+    """The names of a checkpoint's weights, in either format, without reading them."""
+    if not is_sharded(ckpt):
+        from safetensors import safe_open
+
+        with safe_open(str(Path(ckpt) / WEIGHTS), "pt") as f:
+            return list(f.keys())
+    return list(_shard_entries(ckpt))
+
+
+def _shard_entries(ckpt: Path) -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    entries = dcp.FileSystemReader(str(Path(ckpt) / SHARDS)).read_metadata().state_dict_metadata
+    return {k[len("model."):]: m for k, m in entries.items() if k.startswith("model.") and hasattr(m, "size")}
+
+
+def read_weights(ckpt: Path, names=None, device: str = "cpu") -> dict:
+    """Some of a checkpoint's weights, full tensors by name (names None: all of them), in either format. From a
+    sharded checkpoint only the parts of the rank files that hold them are read, so a caller that takes one
+    block at a time (layer-by-layer analysis) never holds the whole model."""
+    if not is_sharded(ckpt):
+        from safetensors import safe_open
+
+        with safe_open(str(Path(ckpt) / WEIGHTS), "pt", device=device) as f:
+            return {k: f.get_tensor(k) for k in (f.keys() if names is None else names)}
     import torch
     import torch.distributed.checkpoint as dcp
 
-    reader = dcp.FileSystemReader(str(Path(ckpt) / SHARDS))
-    entries = reader.read_metadata().state_dict_metadata
-    state = {k[len("model."):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in entries.items()
-             if k.startswith("model.") and hasattr(m, "size")}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+    entries = _shard_entries(ckpt)
+    state = {k: torch.empty(entries[k].size, dtype=entries[k].properties.dtype)
+             for k in (entries if names is None else names)}
+    if state:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"model": state}, checkpoint_id=str(Path(ckpt) / SHARDS), no_dist=True)
     return {k: v.to(device) for k, v in state.items()}
 
 

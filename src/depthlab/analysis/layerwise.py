@@ -16,29 +16,43 @@ from safetensors import safe_open
 
 from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
+from depthlab.checkpoint import is_sharded, read_weights, weight_names
 from depthlab.rundir import CONFIG, TOKENIZER, WEIGHTS, Kind, hf_context, load_hf_tokenizer, model_path, torch_dtype
 
 
 class TensorFiles:
-    """Read single tensors by name from one safetensors file or a sharded set (model.safetensors.index.json)."""
+    """Read tensors by name from a depthlab checkpoint (full or sharded: depthlab.checkpoint reads either) or from
+    Hugging Face safetensors (one file or a sharded set, model.safetensors.index.json)."""
 
     def __init__(self, folder: Path):
         index = folder / "model.safetensors.index.json"
-        if index.is_file():
+        self.ckpt = None
+        if is_sharded(folder):
+            self.ckpt, self.where = folder, dict.fromkeys(weight_names(folder), folder)
+        elif index.is_file():
             wm = json.loads(index.read_text())["weight_map"]
             self.where = {k: folder / f for k, f in wm.items()}
         elif (folder / WEIGHTS).is_file():
             with safe_open(str(folder / WEIGHTS), "pt") as f:
                 self.where = {k: folder / WEIGHTS for k in f.keys()}
         else:
-            raise UserError(f"layer-by-layer mode needs safetensors weights; none in {folder}")
+            raise UserError(f"layer-by-layer mode needs safetensors weights or a sharded checkpoint; none in {folder}")
 
-    def get(self, key: str):
-        with safe_open(str(self.where[key]), "pt") as f:
-            return f.get_tensor(key)
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def get_many(self, keys: list[str]) -> dict:
+        if self.ckpt is not None:  # one read of the rank files' parts that hold these tensors
+            return read_weights(self.ckpt, keys)
+        out = {}
+        for path in dict.fromkeys(self.where[k] for k in keys):
+            with safe_open(str(path), "pt") as f:
+                out.update({k: f.get_tensor(k) for k in keys if self.where[k] == path})
+        return out
 
     def with_prefix(self, prefix: str) -> dict:
-        return {k[len(prefix):]: self.get(k) for k in self.where if k.startswith(prefix)}
+        got = self.get_many([k for k in self.where if k.startswith(prefix)])
+        return {k[len(prefix):]: v for k, v in got.items()}
 
 
 class Skeleton:
@@ -60,15 +74,15 @@ class Skeleton:
 
 
 def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> None:
-    state = {}
+    wanted = []
     for k in model.state_dict():
         if k.startswith(blocks_path + "."):
             continue
-        if k in files.where:
-            state[k] = files.get(k)
+        if k in files:
+            wanted.append(k)
         elif not (tied and k.endswith("weight") and "head" in k):
             raise UserError(f"weight {k} missing from the checkpoint")
-    model.load_state_dict(state, strict=False)
+    model.load_state_dict(files.get_many(wanted), strict=False)
 
 
 def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu"):

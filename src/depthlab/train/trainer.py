@@ -32,6 +32,7 @@ from depthlab.checkpoint import (
     load_verified,
     load_weights,
     prune_checkpoints,
+    rank0_decides,
     save_checkpoint,
     save_sharded,
     tidy_after_kill,
@@ -320,19 +321,9 @@ class Trainer:
     def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
         """Find the run directory and the checkpoint to resume (None: a fresh start). One decision for every
         rank: rank 0 locks the directory for the whole run, tidies what a kill left, chooses and verifies the
-        checkpoint and checks that the directory is ours to write; every rank takes its answer (or its error) and
-        checks that it sees the same files."""
-        decision: tuple | UserError | None = None
-        if self.env.is_main:
-            try:
-                decision = self._decide(run_dir, resume, overwrite)
-            except UserError as e:
-                if not self.env.enabled:
-                    raise
-                decision = e
-        decision = D.broadcast_object(decision, self.env)
-        if isinstance(decision, UserError):
-            raise decision
+        checkpoint (every rank hashing its share of the files) and checks that the directory is ours to write;
+        every rank takes its answer (or its error) and checks that it sees the same files."""
+        decision = rank0_decides(self.env, lambda: self._decide(run_dir, resume, overwrite))
         self.run_dir, ckpt, self.in_place, self.branch_of, self.resume_meta, seen = decision
         problems = [p for p in D.gather_objects(None if self.env.is_main else self._unseen(ckpt, seen), self.env)
                     if p]
@@ -414,7 +405,7 @@ class Trainer:
         """Continued pretraining: weights from a checkpoint, everything else fresh. The scheme may differ from the
         checkpoint's (pre and lns share every weight), the shapes may not."""
         src = find_checkpoint(path)
-        load_verified(src)
+        rank0_decides(self.env, lambda: load_verified(src))  # every rank hashes its share of the files
         state = lora.plain_weights(src)
         mine = {k: tuple(v.shape) for k, v in self.module.state_dict().items()}  # global shapes, also sharded
         wrong = next((f"{k}: {tuple(v.shape)} in the checkpoint, {mine[k]} here" for k, v in state.items()
