@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from depthlab import UserError
-from depthlab.data.dataset import PackedSampler, eval_batches, windows
+from depthlab.data.dataset import PackedSampler, eval_batches, shuffled, windows
 
 SEQ = 4
 
@@ -136,3 +136,69 @@ def test_shuffled_needs_no_memory_for_a_billion_windows():
     n = 3_000_000_000
     p = shuffled(np.arange(n - 1000, n), n, seed=1, epoch=0)
     assert len(set(p.tolist())) == 1000 and p.min() >= 0 and p.max() < n
+
+
+def old_order(n: int, batch: int, world: int, rank: int, seed: int, steps: int) -> list[list[int]]:
+    """The first `steps` batches of rank `rank` as the samplers drew them before SeededOrder: the global order is
+    shuffled(0..n-1, epoch) epoch after epoch, cut into batches of batch * world, rank r taking the r-th slice."""
+    flat = np.concatenate([shuffled(np.arange(n), n, seed, e) for e in range(steps * batch * world // n + 1)])
+    return [flat[s * batch * world + rank * batch:][:batch].tolist() for s in range(steps)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_sampler_draws_the_old_order_bitwise(world):
+    from depthlab.data.images import ImageSampler
+    from depthlab.train.finetune import ExampleSampler
+
+    n, batch, seed, steps = 23, 3, 9, 12  # 36 * world items: across one epoch boundary or more
+    for rank in range(world):
+        want = old_order(n, batch, world, rank, seed, steps)
+        packed = PackedSampler(stream(n), SEQ, batch, seed, rank, world)
+        assert [window_ids(packed.next_batch()[0]) for _ in range(steps)] == want
+        images = np.arange(n, dtype=np.float32)[:, None, None, None] * np.ones((1, 1, 2, 2), np.float32)
+        vision = ImageSampler(images, np.arange(n), batch, seed, rank, world)
+        assert [vision.next_batch()[1].tolist() for _ in range(steps)] == want
+        rows = np.repeat(np.arange(n, dtype=np.int32), SEQ)  # row i is all i
+        examples = ExampleSampler(rows, -rows, SEQ, batch, seed, rank, world)
+        got = [examples.next_batch() for _ in range(steps)]
+        assert [x[:, 0].tolist() for x, _ in got] == want and all(torch.equal(y, -x) for x, y in got)
+
+
+def test_old_checkpoint_states_resume_every_sampler():
+    """The loader states checkpoints have always stored (these keys, in this order) load and continue the order."""
+    from depthlab.data.images import ImageSampler
+    from depthlab.train.finetune import ExampleSampler
+
+    n, want = 23, old_order(23, 4, 1, 0, 5, 8)
+    old = {"epoch": 0, "cursor": 16, "seed": 5, "windows": n, "seq_len": SEQ}  # 4 batches of 4 drawn
+    packed = PackedSampler(stream(n), SEQ, 4, seed=5)
+    packed.load_state_dict(json.loads(json.dumps(old)))
+    assert [window_ids(packed.next_batch()[0]) for _ in range(4)] == want[4:]
+    assert json.dumps(packed.state_dict()) == json.dumps({**old, "epoch": 1, "cursor": 9})
+    rows = np.repeat(np.arange(n, dtype=np.int32), SEQ)
+    examples = ExampleSampler(rows, rows, SEQ, 4, seed=5)
+    examples.load_state_dict(old)
+    assert [examples.next_batch()[0][:, 0].tolist() for _ in range(4)] == want[4:]
+    assert json.dumps(examples.state_dict()) == json.dumps({**old, "epoch": 1, "cursor": 9})
+    old_images = {"epoch": 0, "cursor": 16, "seed": 5, "images": n}
+    vision = ImageSampler(np.zeros((n, 1, 2, 2), np.float32), np.arange(n), 4, seed=5)
+    vision.load_state_dict(old_images)
+    assert [vision.next_batch()[1].tolist() for _ in range(4)] == want[4:]
+    assert json.dumps(vision.state_dict()) == json.dumps({**old_images, "epoch": 1, "cursor": 9})
+    with pytest.raises(UserError, match=r"the image loader state does not fit this data \(images 23 -> 22\); "
+                                        "resume with the same images and seed"):
+        ImageSampler(np.zeros((22, 1, 2, 2), np.float32), np.arange(22), 4, seed=5).load_state_dict(old_images)
+    with pytest.raises(UserError, match=r"the data loader state does not fit this data \(windows 23 -> 22\); "
+                                        "resume with the same data, seq_len and seed"):
+        ExampleSampler(rows[:-SEQ], rows[:-SEQ], SEQ, 4, seed=5).load_state_dict(old)
+
+
+def test_no_sampler_subclasses_another():
+    """Each sampler holds a SeededOrder and only gathers its items."""
+    from depthlab.data.dataset import SeededOrder
+    from depthlab.data.images import ImageSampler
+    from depthlab.train.finetune import ExampleSampler
+
+    samplers = (PackedSampler, ImageSampler, ExampleSampler)
+    assert all(cls.__bases__ == (object,) for cls in samplers)
+    assert isinstance(PackedSampler(stream(4), SEQ, 2, seed=0).order, SeededOrder)

@@ -15,7 +15,7 @@ from depthlab.model import Transformer
 from depthlab.train.callbacks import Callback
 from depthlab.train.finetune import (
     IGNORE,
-    FinetuneTrainer,
+    Finetuning,
     build_instruction_data,
     encode_example,
     finetune_config,
@@ -23,6 +23,7 @@ from depthlab.train.finetune import (
     read_records,
     response_loss,
 )
+from depthlab.train.trainer import Trainer
 from tests.conftest import tiny_model_config
 
 DATA = Path(__file__).parent / "data" / "commonsense"
@@ -53,7 +54,8 @@ def trainer(base, run_dir, resume=None, extra=(), callbacks=None):
     from depthlab.data.tokenizer import load_tokenizer
 
     data = build_instruction_data(TRAIN, load_tokenizer(ckpt / "tokenizer.json"), cfg.data.seq_len)
-    return FinetuneTrainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=False, callbacks=callbacks)
+    return Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=False, callbacks=callbacks,
+                   task=Finetuning())
 
 
 def run(t):

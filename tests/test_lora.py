@@ -15,7 +15,8 @@ from depthlab.hf.importer import save_as_checkpoint
 from depthlab.model import SCHEMES, Transformer
 from depthlab.train import lora as L
 from depthlab.train.callbacks import Callback
-from depthlab.train.finetune import FinetuneTrainer, build_instruction_data, finetune_config, response_loss
+from depthlab.train.finetune import Finetuning, build_instruction_data, finetune_config, response_loss
+from depthlab.train.trainer import Trainer
 from tests.conftest import tiny_model_config
 from tests.test_finetune import FAST, TRAIN, bpe_for_tests, run
 
@@ -72,7 +73,8 @@ def lora_trainer(base, run_dir, resume=None, extra=(), callbacks=None):
     from depthlab.data.tokenizer import load_tokenizer
 
     data = build_instruction_data(TRAIN, load_tokenizer(ckpt / "tokenizer.json"), cfg.data.seq_len)
-    return FinetuneTrainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=False, callbacks=callbacks)
+    return Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=False, callbacks=callbacks,
+                   task=Finetuning())
 
 
 def test_lora_trains_only_the_adapters_and_resumes_bitwise_after_a_kill(bpe, tmp_path):

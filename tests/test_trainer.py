@@ -330,3 +330,28 @@ def test_init_from_continues_pretraining_with_another_scheme(tmp_path, corpus):
     bad = cli("--run-dir", tmp_path / "bad", "--init-from", ckpt, "--scheme", "sandwich", "--data", corpus,
               "--max-steps", 2)
     assert bad.returncode == 2 and "cannot start from" in bad.stderr
+
+
+def test_the_trainer_asks_its_task(tmp_path, corpus):
+    """What a run trains on, validates with and records in a checkpoint is its task's; the default is the config's."""
+    from depthlab.train.tasks import LanguageModelling
+
+    class Counted(LanguageModelling):  # a task of its own: validation and checkpoint meta are what it says
+        def data_meta(self, data):
+            return {**super().data_meta(data), "task": "counted"}
+
+        def validation(self, cfg, model, data, env, device, progress):
+            return {**super().validation(cfg, model, data, env, device, progress), "val_counted": 1.0}
+
+    cfg = make_cfg(corpus, **{"train.max_steps": 2})
+    plain = Trainer(cfg, run_dir=tmp_path / "plain", progress=False)
+    assert type(plain.task) is LanguageModelling
+    plain.close()
+    t = Trainer(cfg, run_dir=tmp_path / "counted", progress=False, task=Counted())
+    try:
+        result = t.train()
+    finally:
+        t.close()
+    assert result.val["val_counted"] == 1.0 and read_metrics(tmp_path / "counted")[-1]["val_counted"] == 1.0
+    meta = json.loads((result.checkpoint / "meta.json").read_text())
+    assert meta["task"] == "counted" and meta["train_tokens"] > 0 and "val_digest" in meta

@@ -14,7 +14,7 @@ from depthlab import UserError
 from depthlab.config import apply_overrides
 from depthlab.model.families import preset
 from depthlab.train import checkpoint as C
-from depthlab.train.trainer import VisionTrainer, train
+from depthlab.train.trainer import Trainer, train
 
 SMALL = ["model.dim=64", "model.n_layers=4", "model.n_heads=4", "model.ffn_dim=128", "train.batch_size=32",
          "train.log_every=1", "train.warmup_steps=5"]
@@ -87,4 +87,4 @@ def test_vit_sigkill_then_resume_reproduces_losses_bitwise(tmp_path):
 def test_vit_needs_as_many_classes_as_the_data(tmp_path):
     cfg = apply_overrides(preset("vit-digits"), [*SMALL, "model.num_classes=5"])
     with pytest.raises(UserError, match="10 classes but model.num_classes is 5"):
-        VisionTrainer(cfg, run_dir=tmp_path / "r")
+        Trainer(cfg, run_dir=tmp_path / "r")  # model.arch=vit: the image classification task

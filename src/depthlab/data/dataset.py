@@ -26,7 +26,8 @@ from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import is_val, pack, val_period
 from depthlab.rundir import VAL_TOKENS
 
-__all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "eval_batches", "pack", "read_documents"]
+__all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "SeededOrder", "eval_batches", "pack",
+           "read_documents"]
 
 MIN_DOCUMENTS = 20  # fewer documents are cut into pieces at line boundaries so a held-out set exists
 ON_THE_FLY_MAX_BYTES = 256e6  # more raw text than this must go through `depthlab data prepare`
@@ -195,40 +196,38 @@ def shuffled(idx: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 4) ->
     return y.astype(np.int64)
 
 
-class PackedSampler:
-    """Yields batches of windows in a seeded random order, epoch after epoch.
+class SeededOrder:
+    """The one seeded, resumable order every sampler draws from: position idx of epoch e is
+    `shuffled(idx, n, seed, e)`, epoch after epoch, never stored.
 
-    The state (epoch, cursor) is the whole position; the order is a function of (seed, epoch) computed on the
-    fly, never stored. With world_size > 1 every step draws one global batch of batch_size * world_size windows
-    and rank r takes its r-th slice: disjoint, and together complete. The state is the same on every rank, and
-    counts windows of the global order, so a run may resume on another world size.
-    """
+    Each `next()` takes one global batch of batch_size * world_size items and returns this rank's slice of it (the
+    r-th): the ranks' slices are disjoint and together complete. The state (epoch, cursor) is the whole position,
+    the same on every rank, and counts items of the global order, so a run may resume on another world size.
+    `identity` (e.g. windows and seq_len) is what the state records besides the seed; a state that names another
+    is refused as "the {name} loader state does not fit this data; resume with the same {same} and seed"."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, *,
+                 name: str = "data", same: str = "data", **identity):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
-        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.n = windows(tokens, seq_len)
-        if self.n < 1:
-            raise UserError(f"{len(tokens)} tokens hold no window of seq_len {seq_len}")
+        self.n, self.batch_size, self.seed, self.rank, self.world_size = n, batch_size, seed, rank, world_size
+        self.name, self.same, self.identity = name, same, identity
         self.epoch, self.cursor = 0, 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "windows": self.n,
-                "seq_len": self.seq_len}
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, **self.identity}
 
     def load_state_dict(self, state: dict) -> None:
-        mine = {"seed": self.seed, "windows": self.n, "seq_len": self.seq_len}
+        mine = {"seed": self.seed, **self.identity}
         changed = [f"{k} {state[k]} -> {v}" for k, v in mine.items() if k in state and state[k] != v]
-        if changed:  # the position would point at other tokens: refuse rather than silently resume elsewhere
-            raise UserError(f"the data loader state does not fit this data ({', '.join(changed)}); resume with the "
-                            f"same data, seq_len and seed")
+        if changed:  # the position would point at other items: refuse rather than silently resume elsewhere
+            raise UserError(f"the {self.name} loader state does not fit this data ({', '.join(changed)}); resume "
+                            f"with the same {self.same} and seed")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
 
-    def _take(self, k: int) -> np.ndarray:
-        out = []
+    def next(self) -> np.ndarray:
+        """This rank's item indices of the next global batch."""
+        k, out = self.batch_size * self.world_size, []
         while k:
             if self.cursor == self.n:
                 self.epoch, self.cursor = self.epoch + 1, 0
@@ -236,12 +235,30 @@ class PackedSampler:
             out.append(shuffled(np.arange(self.cursor, j), self.n, self.seed, self.epoch))
             k -= j - self.cursor
             self.cursor = j
-        return np.concatenate(out)
+        return np.concatenate(out)[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+
+class PackedSampler:
+    """Yields batches of token windows in the SeededOrder of the windows (epoch after epoch, per rank, resumable):
+    a resumed run sees exactly the tokens it would have seen, on any world size."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
+                 world_size: int = 1):
+        n = windows(tokens, seq_len)
+        self.order = SeededOrder(n, batch_size, seed, rank, world_size, same="data, seq_len", windows=n,
+                                 seq_len=seq_len)
+        if n < 1:
+            raise UserError(f"{len(tokens)} tokens hold no window of seq_len {seq_len}")
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def state_dict(self) -> dict:
+        return self.order.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.load_state_dict(state)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self._take(self.batch_size * self.world_size)
-        return gather_windows(self.tokens, idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size],
-                              self.seq_len)
+        return gather_windows(self.tokens, self.order.next(), self.seq_len)
 
 
 def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int):

@@ -15,7 +15,7 @@ without a validation split holds out every val_period-th image, the held-out rul
 depends on nothing but the order of the images. Both splits are then normalised with the training split's
 per-channel mean and std.
 
-ImageSampler is PackedSampler's seeded order, rank slicing and resumable (epoch, cursor) position over images.
+ImageSampler draws the images in the one seeded, resumable order of every sampler (depthlab.data.dataset.SeededOrder).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from depthlab import UserError
-from depthlab.data.dataset import PackedSampler
+from depthlab.data.dataset import SeededOrder
 from depthlab.data.tokens import is_val, val_period
 
 __all__ = ["ImageData", "build_image_data", "fit_images", "ImageSampler", "eval_image_batches"]
@@ -53,8 +53,6 @@ class ImageData:
     source: str  # one line: where the images came from, how many, which split rule
     mean: list[float]  # per channel, of the resized training images with pixel values in [0, 1]
     std: list[float]
-    tokenizer = None  # images have no tokenizer (class attributes, not fields)
-    tokenizer_hash = None
 
     @property
     def num_classes(self) -> int:
@@ -405,36 +403,27 @@ def build_image_data(paths: list[str], image_size: int, channels: int, val_fract
 # --- batches ----------------------------------------------------------------------------------------------------
 
 
-class ImageSampler(PackedSampler):
-    """Yields (images, labels) batches in a seeded random order, epoch after epoch: PackedSampler's order, rank
-    slicing and (epoch, cursor) position, over images instead of token windows. A resumed run sees exactly the
-    images it would have seen, on any world size."""
+class ImageSampler:
+    """Yields (images, labels) batches in the SeededOrder of the images (epoch after epoch, per rank, resumable):
+    a resumed run sees exactly the images it would have seen, on any world size."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world size {world_size}")
+        self.order = SeededOrder(len(x), batch_size, seed, rank, world_size, name="image", same="images",
+                                 images=len(x))
         if len(x) != len(y):
             raise ValueError(f"{len(x)} images but {len(y)} labels")
         if len(x) < 1:
             raise UserError("no training images to sample from")
-        self.x, self.y, self.batch_size, self.seed = x, y, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.n, self.epoch, self.cursor = len(x), 0, 0
+        self.x, self.y = x, y
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "images": self.n}
+        return self.order.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        mine = {"seed": self.seed, "images": self.n}
-        changed = [f"{k} {state[k]} -> {v}" for k, v in mine.items() if k in state and state[k] != v]
-        if changed:  # the position would point at other images: refuse rather than silently resume elsewhere
-            raise UserError(f"the image loader state does not fit this data ({', '.join(changed)}); resume with "
-                            f"the same images and seed")
-        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self.order.load_state_dict(state)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        b = self.batch_size
-        idx = self._take(b * self.world_size)[self.rank * b:(self.rank + 1) * b]  # this rank's slice
+        idx = self.order.next()
         return (torch.from_numpy(np.asarray(self.x[idx], dtype=np.float32)),
                 torch.from_numpy(np.asarray(self.y[idx], dtype=np.int64)))
 

@@ -197,7 +197,7 @@ def train_cell(study: Study, cell: Cell) -> dict:
     import torch
 
     from depthlab.analysis.metrics import init_update_ratios
-    from depthlab.train.trainer import Trainer, TrainingDiverged, VisionTrainer, read_metrics
+    from depthlab.train.trainer import Trainer, TrainingDiverged, read_metrics
 
     torch.set_num_threads(1)
     cfg = study.config(cell)
@@ -216,9 +216,8 @@ def train_cell(study: Study, cell: Cell) -> dict:
     if not cfg.model.is_vit:
         rec["init_update_ratio"] = init_update_ratios(cfg.model, seed=cell.seed)
     t0 = time.time()
-    cls = VisionTrainer if cfg.model.is_vit else Trainer
-    trainer = cls(cfg, run_dir=run_dir, data=data, callbacks=[along] if along else [], progress=False,
-                  overwrite=not resumable, resume="auto" if resumable else None)
+    trainer = Trainer(cfg, run_dir=run_dir, data=data, callbacks=[along] if along else [], progress=False,
+                      overwrite=not resumable, resume="auto" if resumable else None)
     if trainer.step:
         rec["resumed_at_step"] = trainer.step
     if along and along.val is None:

@@ -1,7 +1,10 @@
 """Training: the loop and what plugs into it.
 
 trainer.py      the loop: packed batches, gradient accumulation, bf16 autocast, validation perplexity,
-                metrics.jsonl, exact resume, the non-finite guard
+                metrics.jsonl, exact resume, the non-finite guard; one Trainer for every task
+tasks.py        what a run trains on: the Task interface (data, sampler, validation, checkpoint meta) and
+                LanguageModelling; vision.py ImageClassification and finetune.py Finetuning are the others
+vision.py       image classification for model.arch=vit
 runtime.py      the toolbox the loop shares with eval / analysis / hf: device, seeding and RNG state, autocast,
                 per-token evaluation, run-directory naming, environment record, config diffs
 finetune.py     supervised fine-tuning on instruction data (loss on the response tokens only)

@@ -11,8 +11,9 @@ The prompt and the response are encoded separately and joined, so the boundary i
 on the prompt's tokens (no loss there: LLM-Adapters' `train_on_inputs=False`) and on padding. Examples are
 padded, not packed: each is one row of seq_len + 1 tokens, right-padded (causal attention never lets a real
 token see the padding), longer ones truncated at the end (LLM-Adapters' `cutoff_len`); an example whose
-response does not fit at all is dropped with a warning. The training loop is depthlab's `Trainer` with two data
-hooks (the sampler and the validation loss): exact resume, atomic checkpoints, metrics.jsonl, progress bar.
+response does not fit at all is dropped with a warning. The training loop is depthlab's `Trainer` with the
+`Finetuning` task (its sampler and validation loss; depthlab.train.tasks): exact resume, atomic checkpoints,
+metrics.jsonl, progress bar.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import numpy as np
 import torch
 
 from depthlab import UserError
-from depthlab.data.dataset import PackedSampler, TokenData
+from depthlab.data.dataset import SeededOrder, TokenData
 from depthlab.data.tokenizer import eot_id
 from depthlab.model import loss_of
 from depthlab.train import distributed as D
 from depthlab.train.runtime import autocast
+from depthlab.train.tasks import LanguageModelling
 from depthlab.train.trainer import Trainer
 
 IGNORE = -100
@@ -180,40 +182,52 @@ def build_instruction_data(path: str | Path, tok, seq_len: int, warn=print) -> I
                            val_targets=vy.reshape(-1))
 
 
-class ExampleSampler(PackedSampler):
-    """PackedSampler's seeded order and resumable state over padded examples (rows) instead of windows."""
+class ExampleSampler:
+    """Batches of padded examples (rows) and their targets in the SeededOrder of the rows."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
                  world_size: int = 1):
         self.rows, self.targets = x.reshape(-1, seq_len), y.reshape(-1, seq_len)
-        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.n, self.epoch, self.cursor = len(self.rows), 0, 0
+        self.order = SeededOrder(len(self.rows), batch_size, seed, rank, world_size, same="data, seq_len",
+                                 windows=len(self.rows), seq_len=seq_len)
+
+    def state_dict(self) -> dict:
+        return self.order.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.load_state_dict(state)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self._take(self.batch_size * self.world_size)
-        idx = idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        idx = self.order.next()
         return torch.from_numpy(self.rows[idx]).long(), torch.from_numpy(self.targets[idx]).long()
 
 
 TASK = "finetune"  # in a fine-tuning checkpoint's meta.json: its validation loss is the responses'
 
 
-class FinetuneTrainer(Trainer):
-    """The Trainer on padded instruction examples; the loss (training and validation) is the response tokens'."""
+class Finetuning(LanguageModelling):
+    """Language modelling on padded instruction examples (InstructionData): the loss, in training and validation,
+    is the response tokens'; the checkpoint is marked `task: finetune`. The data is the instruction file encoded
+    with the model's own tokenizer (`finetune()` builds it and hands it to the Trainer)."""
 
-    def data_meta(self) -> dict:
-        return {**super().data_meta(), "task": TASK}
+    def load_data(self, cfg, tokenizer, progress: bool) -> InstructionData:
+        if tokenizer is None:
+            raise UserError("fine-tuning encodes the instructions with the model's own tokenizer; set "
+                            "train.init_from to a checkpoint with one")
+        return build_instruction_data(cfg.data.paths[0], tokenizer, cfg.data.seq_len,
+                                      lambda msg: print(msg, file=sys.stderr))
 
-    def make_sampler(self):
-        tc = self.cfg.train
-        return ExampleSampler(self.data.train, self.data.train_targets, self.cfg.data.seq_len, tc.batch_size,
-                              tc.seed, self.env.rank, self.env.world_size)
+    def data_meta(self, data) -> dict:
+        return {**super().data_meta(data), "task": TASK}
 
-    @torch.no_grad()
-    def validation(self) -> dict:
-        return response_loss(self.model, self.data.val, self.data.val_targets, self.cfg.data.seq_len,
-                             self.cfg.train.batch_size, self.device, self.cfg.train.dtype)
+    def sampler(self, cfg, data, env) -> ExampleSampler:
+        tc = cfg.train
+        return ExampleSampler(data.train, data.train_targets, cfg.data.seq_len, tc.batch_size, tc.seed, env.rank,
+                              env.world_size)
+
+    def validation(self, cfg, model, data, env, device, progress: bool) -> dict:
+        return response_loss(model, data.val, data.val_targets, cfg.data.seq_len, cfg.train.batch_size, device,
+                             cfg.train.dtype)
 
 
 @torch.no_grad()
@@ -281,8 +295,8 @@ def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress:
         raise UserError(f"{ckpt} has no {TOKENIZER}; fine-tuning encodes the instructions with the model's own")
     data = build_instruction_data(cfg.data.paths[0], load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len,
                                   lambda msg: print(msg, file=sys.stderr))
-    trainer = FinetuneTrainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress,
-                              overwrite=overwrite)
+    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress, overwrite=overwrite,
+                      task=Finetuning())
     try:
         return trainer.train()
     finally:

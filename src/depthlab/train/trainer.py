@@ -38,9 +38,8 @@ from depthlab.checkpoint import (
     tidy_after_kill,
 )
 from depthlab.config import Config, per_rank_batch
-from depthlab.data.dataset import PackedSampler, TokenData, build_token_data, save_val_tokens, tokens_digest
+from depthlab.data.dataset import TokenData
 from depthlab.data.sources import resolved
-from depthlab.data.tokenizer import load_tokenizer
 from depthlab.model.validate import check_fits_host, validate
 from depthlab.rundir import (
     CHECKPOINTS,
@@ -48,7 +47,6 @@ from depthlab.rundir import (
     ENV,
     META,
     METRICS,
-    TOKENIZER,
     TRAINER,
     Kind,
     find_checkpoint,
@@ -68,14 +66,14 @@ from depthlab.train.runtime import (
     autocast,
     config_diff,
     environment,
-    evaluate,
     new_run_dir,
     resolve_device,
     rng_state,
     seed_everything,
     set_rng_state,
 )
-from depthlab.train.vision import VisionHooks
+from depthlab.train.tasks import LanguageModelling, Task
+from depthlab.train.vision import ImageClassification
 
 # Config fields that may change when resuming: they do not affect which tokens are seen or the numerics.
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
@@ -189,16 +187,18 @@ def resume_point(run_dir: str | Path | None, resume: str | None,
 
 
 class Trainer:
-    """One training run of a language model: opens (or resumes) its run directory and holds its lock, builds the
-    data, model and optimizer from the config, then `train()` steps to train.max_steps, writing metrics.jsonl,
-    validation and checkpoints and calling the callbacks. The data hooks (`load_data`, `make_sampler`,
-    `validation`, ...) are what fine-tuning (FinetuneTrainer) and image classification (VisionTrainer) override.
-    `train(cfg)` below picks the class, runs it and releases the directory."""
+    """One training run: opens (or resumes) its run directory and holds its lock, builds the data (through its
+    task), model and optimizer from the config, then `train()` steps to train.max_steps, writing metrics.jsonl,
+    validation and checkpoints and calling the callbacks. The task (depthlab.train.tasks) is what is trained on:
+    data, sampler, validation and what a checkpoint records of the data; by default image classification for
+    model.arch=vit, else language modelling (fine-tuning passes its own). `train(cfg)` below runs one and
+    releases the directory."""
 
     def __init__(self, cfg: Config, run_dir: str | Path | None = None, resume: str | None = None,
                  data: TokenData | None = None, callbacks: list[Callback] | None = None, progress: bool = True,
-                 overwrite: bool = False):
+                 overwrite: bool = False, task: Task | None = None):
         self.cfg = validate(cfg)
+        self.task = task or (ImageClassification() if cfg.model.is_vit else LanguageModelling())
         tc = cfg.train
         if tc.threads:
             torch.set_num_threads(tc.threads)
@@ -237,7 +237,8 @@ class Trainer:
     def _build(self, data: TokenData | None, ckpt: Path | None) -> None:
         tc, cfg = self.cfg.train, self.cfg
         seed_everything(tc.seed)
-        self.data = data or self._shared_data(self.saved_tokenizer(ckpt))
+        self.data = data or self._shared_data(self.task.saved_tokenizer(cfg, ckpt, self.run_dir))
+        self.tokenizer = self.task.tokenizer(self.data)  # None for images
 
         seed_everything(tc.seed)  # model init does not depend on how much randomness the data step used
         self.module, self.model = D.build_parallel(cfg.model, tc, self.env, self.device)
@@ -248,25 +249,27 @@ class Trainer:
         self.layers = self.module.layers
         self.opt = make_optimizer(self.model, tc, cfg.model.lns_power)
         self.sched = make_scheduler(self.opt, tc)
-        self.sampler = self.make_sampler()
+        self.sampler = self.task.sampler(cfg, self.data, self.env)
         self.step, self.skipped, self.last_ckpt, self.verdicts, self.data_s = 0, 0, None, {}, 0.0
         self.skipped_in_a_row = 0
-        self.meta = {"source": self.data.source, "tokenizer_hash": self.data.tokenizer_hash,
-                     "n_params": self.module.num_params(), **self.data_meta(), "world_size": self.env.world_size,
+        self.meta = {"source": self.data.source, "tokenizer_hash": self.task.tokenizer_hash(self.data),
+                     "n_params": self.module.num_params(), **self.task.data_meta(self.data),
+                     "world_size": self.env.world_size,
                      "cwd": os.getcwd()}  # where data.paths start from when they are relative
         if ckpt:
             self._restore(ckpt)
 
     def _shared_data(self, tokenizer):
-        """load_data on every rank, with one tokenizer: when there is none yet, rank 0 trains it (or fails, and
-        every rank reports its error) and the other ranks take it, instead of each training its own."""
+        """The task's load_data on every rank, with one tokenizer: when there is none yet, rank 0 trains it (or
+        fails, and every rank reports its error) and the other ranks take it, instead of each training its own."""
         if tokenizer is not None or not self.env.enabled:
-            return self.load_data(tokenizer)
+            return self.task.load_data(self.cfg, tokenizer, self.progress)
         first = None
         if self.env.is_main:
             try:
-                first = self.load_data(None)
-                shared = first.tokenizer.to_str() if first.tokenizer is not None else None
+                first = self.task.load_data(self.cfg, None, self.progress)
+                made = self.task.tokenizer(first)
+                shared = made.to_str() if made is not None else None
             except UserError as e:
                 shared = e
         else:
@@ -278,45 +281,11 @@ class Trainer:
             return first
         from tokenizers import Tokenizer
 
-        return self.load_data(Tokenizer.from_str(shared) if shared is not None else None)
-
-    # ------------------------------------------------------------------ data hooks (fine-tuning, vision override)
-    def saved_tokenizer(self, ckpt: Path | None):
-        """The tokenizer the data must use: the resumed checkpoint's (a branch's new run directory has none yet),
-        or with train.init_from the parent model's (continued pretraining keeps it); None: train one."""
-        if ckpt:
-            return load_tokenizer(ckpt / TOKENIZER if (ckpt / TOKENIZER).is_file() else self.run_dir / TOKENIZER)
-        if self.cfg.train.init_from and not self.cfg.data.tokenizer:
-            src_tok = find_checkpoint(self.cfg.train.init_from) / TOKENIZER
-            return load_tokenizer(src_tok) if src_tok.is_file() else None
-        return None
-
-    def load_data(self, tokenizer):
-        """The training and validation data (tokenizer: the checkpoint's or the parent model's, if any)."""
-        return build_token_data(self.cfg, tokenizer=tokenizer, progress=self.progress)
-
-    def data_meta(self) -> dict:
-        """What the checkpoint records about the data; its train_* entries must match on resume. Raw text
-        tokenized for this run also records its validation tokens' digest: the run keeps them (VAL_TOKENS)."""
-        meta = {"train_tokens": int(len(self.data.train)), "val_tokens": int(len(self.data.val))}
-        if not self.data.meta:  # prepared data keeps its own memory-mapped splits
-            meta["val_digest"] = tokens_digest(self.data.val)
-        return meta
-
-    def tokens_per_sample(self) -> int:
-        return self.cfg.data.seq_len
-
-    def make_sampler(self):
-        """The training batches (a subclass's data hook: fine-tuning's padded examples)."""
-        tc = self.cfg.train
-        return PackedSampler(self.data.train, self.cfg.data.seq_len, tc.batch_size, tc.seed, self.env.rank,
-                             self.env.world_size)
+        return self.task.load_data(self.cfg, Tokenizer.from_str(shared) if shared is not None else None, self.progress)
 
     def validation(self) -> dict:
-        """{'val_loss', 'val_ppl', 'val_tokens'} on the held-out data (a subclass's data hook)."""
-        tc = self.cfg.train
-        return evaluate(self.model, self.data.val, self.cfg.data.seq_len, tc.batch_size, self.device, tc.dtype,
-                        self.env, tc.loss_chunk, self.progress)
+        """The task's validation metrics of the model now ({'val_loss', ...})."""
+        return self.task.validation(self.cfg, self.model, self.data, self.env, self.device, self.progress)
 
     def _open_run(self, run_dir, resume, overwrite: bool) -> Path | None:
         """Find the run directory and the checkpoint to resume (None: a fresh start). One decision for every
@@ -451,8 +420,8 @@ class Trainer:
                          f"train.batch_size to {saved_global / self.env.world_size:g}")
         if diffs:
             raise UserError(f"cannot resume {ckpt} with a different config: " + "; ".join(diffs))
-        sizes = {k: v for k, v in self.data_meta().items() if k.startswith("train_")}
-        if meta.get("tokenizer_hash") != self.data.tokenizer_hash or any(meta.get(k) != v for k, v in sizes.items()):
+        sizes = {k: v for k, v in self.task.data_meta(self.data).items() if k.startswith("train_")}
+        if meta.get("tokenizer_hash") != self.meta["tokenizer_hash"] or any(meta.get(k) != v for k, v in sizes.items()):
             saved = ", ".join(f"{meta.get(k)} {k.split('_', 1)[1]}" for k in sizes)
             raise UserError(f"cannot resume {ckpt}: the training data or tokenizer differs from the checkpoint's "
                             f"({saved}, tokenizer {meta.get('tokenizer_hash')})")
@@ -488,11 +457,11 @@ class Trainer:
         trainer_state = {"scheduler": self.sched.state_dict(), "rng": rngs[0],
                          "cuda_rng": [r.get("cuda") for r in rngs]}
         if self.env.enabled:
-            save_sharded(path, self.module, self.opt, self.cfg, meta, self.data.tokenizer, trainer_state, self.env)
+            save_sharded(path, self.module, self.opt, self.cfg, meta, self.tokenizer, trainer_state, self.env)
         else:
             trainer_state["optimizer"] = D.full_optimizer_state(self.module, self.opt)
             save_checkpoint(path, lora.checkpoint_names(D.full_model_state(self.module)), self.cfg, meta,
-                            self.data.tokenizer, trainer_state)
+                            self.tokenizer, trainer_state)
         if self.env.is_main:
             self.verdicts[path.name] = True
             prune_checkpoints(self.run_dir, self.cfg.train.keep_last, self.verdicts)
@@ -524,15 +493,12 @@ class Trainer:
         """Rank 0: the run directory's config, tokenizer and environment, a one-line banner, and the metrics log
         (from this step on: later lines, a kill's partial line, or a branch's parent lines are dealt with)."""
         tc, m = self.cfg.train, self.cfg.model
-        meta = self.data_meta()
+        meta = self.task.data_meta(self.data)
         unit = next(k for k in meta if k.startswith("train_")).split("_", 1)[1]
         sizes = f"{meta['train_' + unit]:,} train / {meta['val_' + unit]:,} val {unit}"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cfg.save(self.run_dir / CONFIG)
-        if self.data.tokenizer is not None:  # image data has none
-            self.data.tokenizer.save(str(self.run_dir / TOKENIZER))
-        if "val_digest" in self.meta:
-            save_val_tokens(self.run_dir, self.data.val)
+        self.task.save_run_files(self.run_dir, self.data)
         (self.run_dir / ENV).write_text(json.dumps(environment(self.device, self.env), indent=2) + "\n")
         print(f"depthlab train: preset {self.cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim} "
               f"({self.module.num_params() / 1e6:.1f}M params), {tc.max_steps} steps on {self.env.world_size} x "
@@ -624,7 +590,7 @@ class _Meter:
     """Throughput and MFU over the steps since the last log line."""
 
     def __init__(self, trainer: Trainer):
-        tc, seq_len, world = trainer.cfg.train, trainer.tokens_per_sample(), trainer.env.world_size
+        tc, seq_len, world = trainer.cfg.train, trainer.task.tokens_per_sample(trainer.cfg), trainer.env.world_size
         self.tokens_per_step = tc.batch_size * tc.grad_accum * seq_len * world
         self.flops_per_step = train_flops_per_token(trainer.cfg.model, seq_len) * self.tokens_per_step
         self.peak = peak_flops(trainer.device, tc.dtype, tc.peak_flops) * world
@@ -658,14 +624,9 @@ def peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-class VisionTrainer(VisionHooks, Trainer):
-    """The trainer for model.arch=vit: images and labels, validation loss and top-1 accuracy."""
-
-
 def train(cfg: Config, run_dir: Path | None = None, data: TokenData | None = None, progress: bool = True,
           resume: str | None = None, overwrite: bool = False) -> RunResult:
-    trainer_class = VisionTrainer if cfg.model.is_vit else Trainer
-    trainer = trainer_class(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress, overwrite=overwrite)
+    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, data=data, progress=progress, overwrite=overwrite)
     try:
         return trainer.train()
     finally:

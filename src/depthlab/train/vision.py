@@ -1,8 +1,8 @@
 """Training a ViT (model.arch=vit) with the same trainer: images and labels instead of token windows.
 
-VisionHooks replaces only the Trainer's data hooks (depthlab.train.trainer.VisionTrainer = VisionHooks + Trainer;
-`train()` picks it for model.arch=vit): the data (depthlab.data.images: scikit-learn's digits when no
-path is given, an ImageFolder tree, a .npz, or CIFAR-10's pickles), the sampler (seeded, resumable exactly), and the
+ImageClassification is the Trainer's task for model.arch=vit (depthlab.train.tasks; the Trainer picks it from the
+config): the data (depthlab.data.images: scikit-learn's digits when no path is given, an ImageFolder tree, a .npz,
+or CIFAR-10's pickles), the sampler (seeded, resumable exactly), and the
 validation metrics (mean loss and top-1 accuracy over every held-out image). Everything else (optimizer, schedule,
 checkpoints and exact resume, depth monitors, run-directory guarantees) is the Trainer's.
 """
@@ -14,38 +14,35 @@ import torch
 from depthlab import UserError
 from depthlab.data.images import ImageData, ImageSampler, build_image_data, eval_image_batches
 from depthlab.train.runtime import autocast
+from depthlab.train.tasks import Task
 
 
-class VisionHooks:
-    """The Trainer's data hooks for images (a mixin: it uses the Trainer's cfg, env, device, data and model)."""
+class ImageClassification(Task):
+    """Images and labels (depthlab.data.images), mean loss and top-1 accuracy over every held-out image; no
+    tokenizer. The checkpoint records the class names and the training split's pixel mean and std."""
 
-    def saved_tokenizer(self, ckpt):
-        return None  # images need none
-
-    def load_data(self, tokenizer) -> ImageData:
-        m = self.cfg.model
-        data = build_image_data(self.cfg.data.paths, m.image_size, m.channels, self.cfg.data.val_fraction)
+    def load_data(self, cfg, tokenizer, progress: bool) -> ImageData:
+        m = cfg.model
+        data = build_image_data(cfg.data.paths, m.image_size, m.channels, cfg.data.val_fraction)
         if data.num_classes > m.num_classes:
             raise UserError(f"the data has {data.num_classes} classes but model.num_classes is {m.num_classes}; "
                             f"set model.num_classes={data.num_classes}")
         return data
 
-    def data_meta(self) -> dict:
-        d = self.data
-        return {"train_images": int(len(d.train_y)), "val_images": int(len(d.val_y)), "classes": list(d.classes),
-                "pixel_mean": list(d.mean), "pixel_std": list(d.std)}
+    def data_meta(self, data: ImageData) -> dict:
+        return {"train_images": int(len(data.train_y)), "val_images": int(len(data.val_y)),
+                "classes": list(data.classes), "pixel_mean": list(data.mean), "pixel_std": list(data.std)}
 
-    def tokens_per_sample(self) -> int:
-        return self.cfg.model.n_patches + (self.cfg.model.pool == "cls")
+    def tokens_per_sample(self, cfg) -> int:
+        return cfg.model.n_patches + (cfg.model.pool == "cls")
 
-    def make_sampler(self):
-        tc = self.cfg.train
-        return ImageSampler(self.data.train_x, self.data.train_y, tc.batch_size, tc.seed, self.env.rank,
-                            self.env.world_size)
+    def sampler(self, cfg, data: ImageData, env) -> ImageSampler:
+        tc = cfg.train
+        return ImageSampler(data.train_x, data.train_y, tc.batch_size, tc.seed, env.rank, env.world_size)
 
-    def validation(self) -> dict:
-        tc = self.cfg.train
-        return evaluate_images(self.model, self.data.val_x, self.data.val_y, tc.batch_size, self.device, tc.dtype)
+    def validation(self, cfg, model, data: ImageData, env, device, progress: bool) -> dict:
+        tc = cfg.train
+        return evaluate_images(model, data.val_x, data.val_y, tc.batch_size, device, tc.dtype)
 
 
 @torch.no_grad()
