@@ -409,7 +409,19 @@ def make_parser() -> argparse.ArgumentParser:
                    "terminal, the tokenization's and each validation's)")
     add_plan_flags(t)
     t.set_defaults(func=cmd_train)
+    add_eval(sub)
+    add_finetune(sub)
+    s = sub.add_parser("schemes", help="list the normalization schemes")
+    s.set_defaults(func=cmd_schemes)
 
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
+    return p
+
+
+def add_eval(sub) -> None:
     e = sub.add_parser("eval", help="validation loss and perplexity of a model",
                        description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
                        "or a Hugging Face model directory), on --data or, by default, on the run's own validation "
@@ -427,16 +439,6 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
                    "tokenizing --data, the evaluation)")
     e.set_defaults(func=cmd_eval)
-
-    add_finetune(sub)
-    s = sub.add_parser("schemes", help="list the normalization schemes")
-    s.set_defaults(func=cmd_schemes)
-
-    import importlib
-
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_commands(sub)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
