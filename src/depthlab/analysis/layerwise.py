@@ -16,7 +16,10 @@ from safetensors import safe_open
 
 from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
-from depthlab.rundir import CONFIG, TOKENIZER, WEIGHTS, Kind, hf_context, load_hf_tokenizer, model_path, torch_dtype
+from depthlab.checkpoint import CONFIG, TOKENIZER, WEIGHTS
+from depthlab.hf.load import hf_context, load_hf_tokenizer
+from depthlab.loading import torch_dtype
+from depthlab.paths import Kind, model_path
 
 
 class TensorFiles:

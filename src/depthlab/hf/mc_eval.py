@@ -117,7 +117,7 @@ def scorer_for(loaded) -> Scorer:
 
 def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
     """A scorer for any model path: a depthlab checkpoint or run, or a Hugging Face model directory."""
-    from depthlab.rundir import load_model
+    from depthlab.hf.load import load_model
     from depthlab.train.runtime import resolve_device
 
     return scorer_for(load_model(path, device=str(resolve_device(device))))

@@ -67,7 +67,8 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite:
 
     from depthlab.hf.apply import load_pretrained
     from depthlab.hf.exporter import export
-    from depthlab.rundir import EXPORT_INFO, Kind, is_depthlab_hf, model_path, writing
+    from depthlab.owned import is_depthlab_hf, writing
+    from depthlab.paths import EXPORT_INFO, Kind, model_path
 
     kind, path = model_path(src)
     with tempfile.TemporaryDirectory() as tmp, writing(out_dir, is_depthlab_hf, "prune", overwrite,
