@@ -75,7 +75,7 @@ def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> N
 
 
 def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu"):
-    """(Skeleton, tokenizer, seq_len, info) for any model path (depthlab.rundir.model_path); info["context"] is the
+    """(Skeleton, tokenizer, seq_len, info) for any model path (depthlab.paths.model_path); info["context"] is the
     longest window the model takes."""
     p = Path(path)
     kind, ckpt = model_path(p)

@@ -25,7 +25,7 @@ VERSION = 1
 
 
 def is_prepared(path: str | Path) -> bool:
-    """A prepared-data directory, finished or not (depthlab.rundir.what_is decides)."""
+    """A prepared-data directory, finished or not (depthlab.paths.what_is decides)."""
     return what_is(path) is Kind.PREPARED
 
 

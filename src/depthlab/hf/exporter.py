@@ -92,7 +92,7 @@ def hf_tokenizer(tok):
 
 def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Write a stock HF model directory for a depthlab model path (a checkpoint, a run: its newest checkpoint).
-    The directory is written whole (depthlab.rundir.writing): an existing `out_dir` must be an earlier export or
+    The directory is written whole (depthlab.owned.writing): an existing `out_dir` must be an earlier export or
     prune, unless `overwrite`."""
     from depthlab.checkpoint import warn
     from depthlab.hf.load import load_model

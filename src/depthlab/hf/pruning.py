@@ -61,7 +61,7 @@ def _prune_config(cfg, n: int, kept: list[int]) -> None:
 
 def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
-    first). `out_dir` is written whole (depthlab.rundir.writing): an existing one must be an earlier export or
+    first). `out_dir` is written whole (depthlab.owned.writing): an existing one must be an earlier export or
     prune, unless `overwrite`."""
     from transformers import AutoTokenizer
 

@@ -1,4 +1,4 @@
-"""The checkpoint format lives in depthlab.checkpoint (rundir and the trainer both ask it); this is its old import
+"""The checkpoint format lives in depthlab.checkpoint (paths, loading and the trainer ask it); this is its old import
 path, kept for the code that still imports these names from here (depthlab.hf.importer, tests). New code imports
 depthlab.checkpoint, find_checkpoint from depthlab.paths and load_checkpoint from depthlab.loading."""
 
