@@ -129,7 +129,9 @@ def test_config_is_data_only():
 
 
 @pytest.mark.parametrize("module", ["depthlab.config", "depthlab.model", "depthlab.model.validate", "depthlab.hf.apply",
-                                    "depthlab.hf.exporter", "depthlab.analysis.layerwise", "depthlab.cli"])
+                                    "depthlab.hf.exporter", "depthlab.analysis.layerwise", "depthlab.cli",
+                                    "depthlab.paths", "depthlab.owned", "depthlab.loading", "depthlab.hf.load",
+                                    "depthlab.metrics", "depthlab.rundir"])
 def test_modules_import_in_isolation(module):
     """Each in a fresh interpreter, so that no earlier import hides an order-dependent cycle."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
