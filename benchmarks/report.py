@@ -203,7 +203,7 @@ SUPERSEDED = [
     "learning rate (2e-3; 5e-4 for 300 steps) and at most 2M tokens, and concluded that LNS loses to Pre-LN. That "
     "model started outside the paper's regime: std 0.02 is a width-768 value, and at width 64 every block's update "
     "ratio at initialisation was 0.011 (LLaMA-130M's is about 0.27; measured with "
-    "`depthlab.analysis.metrics.init_update_ratios`), so its blocks started almost silent and LNS damped the deep "
+    "`depthlab.metrics.init_update_ratios`), so its blocks started almost silent and LNS damped the deep "
     "quarter further to 0.002. Its verdicts are withdrawn and its script is gone; its result files stay in "
     "`benchmarks/results/reproduce*/`, read by nothing. Its claims 5 (Post-LN, DeepNorm and Mix-LN less stable at "
     "depth) and 6 (LNS + scaled init worse than LNS) have not been re-run under the width-matched init.",

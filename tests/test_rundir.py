@@ -107,3 +107,31 @@ def test_import_replaces_an_earlier_import_but_not_a_run(world, tmp_path, capsys
     assert load_model(tmp_path / "ckpt").cfg.model.norm_scheme == "lns"
     assert main(["import", str(tok), str(tmp_path / "run" / "checkpoints" / "step_0000007")]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]])
+def test_train_prepare_and_export_refuse_with_one_rule(world, tmp_path, capsys, flags):
+    """train's run directory, `data prepare --out` and export's OUT_DIR are claimed by one rule (owned.claim): a
+    file is refused even with --overwrite, another directory is refused in the same words unless --overwrite."""
+    (tmp_path / "a-file").write_text("mine")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    text = str(world / "text.txt")
+    commands = {  # the command's name in the error, the flag it names, its command line
+        "train": ("--run-dir", lambda out: ["train", "--preset", "cpu-tiny", "--data", text, "--set",
+                                            "train.max_steps=1", "--run-dir", str(out), "--no-progress"]),
+        "data prepare": ("--out", lambda out: ["data", "prepare", text, "--out", str(out), "--vocab-size", "300",
+                                               "--workers", "1", "--no-progress"]),
+        "export": ("path", lambda out: ["export", str(world / "runs"), str(out)]),
+    }
+    for what, (choose, argv) in commands.items():
+        assert main(argv(tmp_path / "a-file") + flags) == 2
+        err = capsys.readouterr().err
+        assert f"a-file is a file; {what} writes a directory there: choose another {choose}" in err, err
+        assert (tmp_path / "a-file").read_text() == "mine"
+        if not flags:
+            assert main(argv(mine)) == 2
+            err = capsys.readouterr().err
+            assert "mine is a directory of other files, not " in err and " or pass --overwrite " in err, err
+            assert (mine / "notes.txt").read_text() == "my notes"

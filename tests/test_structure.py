@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle among depthlab's modules, no function over 60 lines, one scheme registry."""
+"""The package's shape: no import cycle among depthlab's modules nor among its subpackages, no function over 60 lines,
+one scheme registry."""
 
 import ast
 import subprocess
@@ -86,12 +87,51 @@ def test_no_import_cycle_among_depthlab_modules():
     assert cycle is None, " -> ".join(cycle)
 
 
+def package_of(module: str) -> str:
+    """The node a module counts as in the package graph: its subpackage of depthlab (depthlab.hf.cli: depthlab.hf),
+    or itself for a top-level module (depthlab.rundir, depthlab.cli, depthlab for __init__.py)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (SRC / Path(*parts)).is_dir() else module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed onto packages: A -> B when some module of A imports one of B (lazy imports
+    inside functions count, as in the module graph)."""
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        out.setdefault(package_of(module), set()).update(package_of(d) for d in deps)
+    return {p: deps - {p} for p, deps in out.items()}
+
+
+def test_package_graph_collapses_modules_onto_subpackages():
+    assert package_of("depthlab.hf.cli") == "depthlab.hf" == package_of("depthlab.hf")
+    assert package_of("depthlab.model.families.llama") == "depthlab.model"
+    assert package_of("depthlab.rundir") == "depthlab.rundir" and package_of("depthlab") == "depthlab"
+    # two acyclic modules whose packages import each other: a cycle only the package graph shows
+    modules_only = {"depthlab.data.a": {"depthlab.paths"}, "depthlab.paths": {"depthlab.data.b"},
+                    "depthlab.data.b": set()}
+    assert find_cycle(modules_only) is None
+    assert find_cycle(package_graph(modules_only)) == ["depthlab.data", "depthlab.paths", "depthlab.data"]
+    graph = package_graph(import_graph())
+    assert {"depthlab.data", "depthlab.model", "depthlab.paths"} <= graph["depthlab.train"]
+    assert "depthlab.hf" in graph["depthlab.analysis"] and "depthlab.train" in graph["depthlab.hf"]
+
+
+def test_no_import_cycle_among_depthlab_packages():
+    """depthlab.data, .hf, .train, .model, .analysis, .study and the top-level modules (each its own node) form a
+    DAG: paths, owned, loading and metrics sit below the packages that use them, hf.load above loading."""
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, " -> ".join(cycle)
+
+
 def test_config_is_data_only():
     assert not {m for m in import_graph()["depthlab.config"] if m.startswith("depthlab.model")}
 
 
 @pytest.mark.parametrize("module", ["depthlab.config", "depthlab.model", "depthlab.model.validate", "depthlab.hf.apply",
-                                    "depthlab.hf.exporter", "depthlab.analysis.layerwise", "depthlab.cli"])
+                                    "depthlab.hf.exporter", "depthlab.analysis.layerwise", "depthlab.cli",
+                                    "depthlab.paths", "depthlab.owned", "depthlab.loading", "depthlab.hf.load",
+                                    "depthlab.metrics", "depthlab.rundir"])
 def test_modules_import_in_isolation(module):
     """Each in a fresh interpreter, so that no earlier import hides an order-dependent cycle."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)

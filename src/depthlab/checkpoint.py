@@ -373,8 +373,6 @@ def save_sharded(path: str | Path, model, opt, cfg, meta: dict, tokenizer, train
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from depthlab.train import distributed as D
-
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
 
@@ -384,7 +382,7 @@ def save_sharded(path: str | Path, model, opt, cfg, meta: dict, tokenizer, train
             error = None
         except (OSError, RuntimeError, dcp.api.CheckpointException) as e:
             error = str(_write_failed(path, e))
-        errors = [e for e in D.gather_objects(error, env) if e]
+        errors = [e for e in env.gather(error) if e]
         if errors:
             if env.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -402,7 +400,7 @@ def save_sharded(path: str | Path, model, opt, cfg, meta: dict, tokenizer, train
     def write_shards():
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / SHARDS))
         mine = {f"{SHARDS}/{p.name}": _sha256(p) for p in sorted((tmp / SHARDS).glob(f"__{env.rank}_*"))}
-        for part in D.gather_objects(mine, env):
+        for part in env.gather(mine):
             digests.update(part)
 
     agreed(write_shards)

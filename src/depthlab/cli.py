@@ -19,9 +19,10 @@ EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set mo
 def base_config(args):
     """The config the flags apply to: with --resume the run's own (its checkpoint's, or a started run's), else
     the --config file or the preset."""
+    from depthlab.checkpoint import CONFIG, META
     from depthlab.config import Config
     from depthlab.model.families import preset
-    from depthlab.rundir import CONFIG, ENV, META, Kind, what_is
+    from depthlab.paths import ENV, Kind, what_is
 
     if args.resume == "auto" and args.run_dir and (Path(args.run_dir) / CONFIG).is_file() and \
             what_is(args.run_dir) is Kind.RUN:  # the run's own config; no rank hashes a checkpoint for it
@@ -47,9 +48,9 @@ def saved_config(directory: Path, record: str):
     another directory reads the same files."""
     import json
 
+    from depthlab.checkpoint import CONFIG
     from depthlab.config import Config
     from depthlab.data.sources import resolved
-    from depthlab.rundir import CONFIG
 
     cfg = Config.load(directory / CONFIG)
     try:
@@ -62,9 +63,10 @@ def saved_config(directory: Path, record: str):
 
 
 def build_config(args):
+    from depthlab.checkpoint import CONFIG
     from depthlab.config import Config, apply_overrides
     from depthlab.model.validate import validate
-    from depthlab.rundir import CONFIG, find_checkpoint
+    from depthlab.paths import find_checkpoint
 
     cfg = base_config(args)
     if getattr(args, "init_from", None):  # the architecture comes with the weights; --scheme / --set may change it
@@ -114,8 +116,8 @@ def cmd_train(args) -> None:
             print(format_plan(plan))
         check_fits(plan, args.gpu_memory)
         return
+    from depthlab.checkpoint import warn
     from depthlab.model.validate import train_warnings
-    from depthlab.rundir import warn
 
     for msg in train_warnings(cfg):
         warn(msg)
@@ -131,7 +133,7 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from depthlab.rundir import load_model
+    from depthlab.hf.load import load_model
     from depthlab.train.runtime import resolve_device
 
     if args.batch_size < 1:
@@ -193,7 +195,7 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None
 def eval_commonsense(args, device) -> None:
     """The eight-task table, and with --mmlu the paper's table (docs/downstream.md), for every model given."""
     from depthlab.hf.commonsense import evaluate_models, is_table, markdown, table_paths, write_tables
-    from depthlab.rundir import writing_files
+    from depthlab.owned import writing_files
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
@@ -214,7 +216,7 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     import numpy as np
 
     from depthlab.data.dataset import build_token_data, eval_tokens, saved_val_tokens
-    from depthlab.rundir import VAL_TOKENS, run_of
+    from depthlab.paths import VAL_TOKENS, run_of
     from depthlab.train.runtime import evaluate
 
     seq_len = seq_len or loaded.seq_len
@@ -255,7 +257,7 @@ def cmd_finetune(args) -> None:
         raise UserError("--resume auto needs --run-dir (the run directory to continue)")
     if args.seq_len is not None and args.seq_len < 1:
         raise UserError(f"--seq-len must be at least 1, got {args.seq_len}")
-    from depthlab.rundir import Kind, what_is
+    from depthlab.paths import Kind, what_is
 
     if what_is(args.model) is Kind.HF:
         raise UserError(f"{args.model} is a Hugging Face model directory; fine-tuning starts from a depthlab "

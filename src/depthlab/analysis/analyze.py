@@ -29,9 +29,9 @@ from depthlab.analysis.calibration import Batch, ImageBatch
 from depthlab.analysis.curse import CurseSpec, curse_index, index_lines
 from depthlab.analysis.jacobian import block_jacobian, output_jacobian, token_jacobian
 from depthlab.analysis.layers import LayeredLM
-from depthlab.analysis.metrics import Accumulator, unit
 from depthlab.analysis.removal import RemovalSums, run_removal, single_layer_sweep
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, is_classifier
+from depthlab.metrics import Accumulator, unit
 from depthlab.progress import progress_bar
 
 

@@ -70,7 +70,7 @@ def _request(args, model: str):
 def _results(args, model: str, log=lambda: None) -> dict:
     """Analyse a model, or reuse an earlier analysis when given its output folder (with metrics.json)."""
     from depthlab.analysis.run import run_request
-    from depthlab.rundir import ANALYSIS_RESULTS, Kind, what_is
+    from depthlab.paths import ANALYSIS_RESULTS, Kind, what_is
 
     p = Path(model) / ANALYSIS_RESULTS[0]
     if what_is(model) is Kind.ANALYSIS and p.is_file():
@@ -95,7 +95,7 @@ def cmd_analyze(args) -> None:
     from depthlab.analysis.analyze import summary_lines
     from depthlab.analysis.report import write_report
     from depthlab.analysis.results import is_classifier
-    from depthlab.rundir import is_analysis, writing
+    from depthlab.owned import is_analysis, writing
 
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
     with writing(out, is_analysis, "analyze", args.overwrite, [args.model]) as tmp:  # refused before the work
@@ -114,7 +114,7 @@ def cmd_analyze(args) -> None:
 def cmd_compare(args) -> None:
     from depthlab.analysis.report import write_comparison
     from depthlab.analysis.run import task_of
-    from depthlab.rundir import is_comparison, writing
+    from depthlab.owned import is_comparison, writing
 
     if len(args.models) < 2:
         raise UserError("compare needs at least two models")
@@ -142,7 +142,7 @@ MAX_THEORY_DEPTH = 1_000_000  # iterated in Python and drawn point by point: 10^
 def cmd_theory(args) -> None:
     import math
 
-    from depthlab.rundir import writing
+    from depthlab.owned import writing
     from depthlab.theory import is_theory, simulate, write_theory_report
 
     if not 2 <= args.depth <= MAX_THEORY_DEPTH:

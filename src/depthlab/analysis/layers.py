@@ -261,7 +261,7 @@ def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
     return [(getattr(b, probe), "input") for b in lm.blocks]
 
 
-# --- wrapping loaded models (loading itself is depthlab.rundir's) ------------------------------------------
+# --- wrapping loaded models (loading itself is depthlab.hf.load's) -----------------------------------------
 
 def from_depthlab(model, name: str) -> LayeredLM:
     from depthlab.model.vit import ViT

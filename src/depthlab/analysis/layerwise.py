@@ -16,8 +16,10 @@ from safetensors import safe_open
 
 from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
-from depthlab.checkpoint import is_sharded, read_weights, weight_names
-from depthlab.rundir import CONFIG, TOKENIZER, WEIGHTS, Kind, hf_context, load_hf_tokenizer, model_path, torch_dtype
+from depthlab.checkpoint import CONFIG, TOKENIZER, WEIGHTS, is_sharded, read_weights, weight_names
+from depthlab.hf.load import hf_context, load_hf_tokenizer
+from depthlab.loading import torch_dtype
+from depthlab.paths import Kind, model_path
 
 
 class TensorFiles:
@@ -86,7 +88,7 @@ def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> N
 
 
 def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu"):
-    """(Skeleton, tokenizer, seq_len, info) for any model path (depthlab.rundir.model_path); info["context"] is the
+    """(Skeleton, tokenizer, seq_len, info) for any model path (depthlab.paths.model_path); info["context"] is the
     longest window the model takes."""
     p = Path(path)
     kind, ckpt = model_path(p)

@@ -46,10 +46,11 @@ class LayeredModel:
 
 def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float32",
                  device: str = "cpu") -> LayeredModel:
-    """Any model path (depthlab.rundir.load_model: a run, a checkpoint, an HF directory) as a LayeredLM, on
+    """Any model path (depthlab.hf.load.load_model: a run, a checkpoint, an HF directory) as a LayeredLM, on
     `device` in `dtype` (the metrics are accumulated in fp32/fp64 whatever the model's dtype)."""
     from depthlab.analysis.layers import from_depthlab, from_hf
-    from depthlab.rundir import Kind, load_model
+    from depthlab.hf.load import load_model
+    from depthlab.paths import Kind
 
     loaded = load_model(path, device, dtype, trust_remote_code=trust_remote_code)
     if loaded.kind is Kind.HF:
@@ -82,8 +83,9 @@ def task_of(path: str) -> str:
     """What a model path (or an earlier analysis folder) holds, as a result kind (depthlab.analysis.results): image
     classification for a depthlab ViT, else language modelling. Reads configs only; checks the path as `model_path`
     does."""
+    from depthlab.checkpoint import CONFIG
     from depthlab.config import Config
-    from depthlab.rundir import ANALYSIS_RESULTS, CONFIG, Kind, model_path, what_is
+    from depthlab.paths import ANALYSIS_RESULTS, Kind, model_path, what_is
 
     if what_is(path) is Kind.ANALYSIS:
         p = Path(path) / ANALYSIS_RESULTS[0]

@@ -24,7 +24,7 @@ from depthlab.data.prepared import is_prepared, load_prepared
 from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, expand, read_documents
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import is_val, pack, val_period
-from depthlab.rundir import VAL_TOKENS
+from depthlab.paths import VAL_TOKENS
 
 __all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "SeededOrder", "eval_batches", "pack",
            "read_documents"]

@@ -36,6 +36,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from depthlab import UserError
+from depthlab.checkpoint import TOKENIZER as TOKENIZER_FILE
 from depthlab.data.prepared import VERSION
 from depthlab.data.sources import (
     HF_PREFIX,
@@ -49,14 +50,13 @@ from depthlab.data.sources import (
 )
 from depthlab.data.tokenizer import eot_id, load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
-from depthlab.rundir import (
+from depthlab.owned import claim, locked
+from depthlab.paths import (
     PREPARED_FORMAT as FORMAT,
     PREPARED_INDEX as INDEX,
     PREPARED_PLAN as PLAN,
     PREPARED_WORK as WORK,
-    TOKENIZER as TOKENIZER_FILE,
     Kind,
-    locked,
     what_is,
 )
 
@@ -371,12 +371,17 @@ def _check_settings(val_fraction: float, vocab_size: int, workers: int, tokenize
         raise UserError(f"--workers must be 0 (one per CPU core) or more, got {workers}")
 
 
+def _is_prepared(out: Path) -> bool:
+    """Prepared data, finished or not (only its .work directory so far): what `data prepare` may write again."""
+    return what_is(out) is Kind.PREPARED or all(p.name == WORK for p in out.iterdir())
+
+
 def _check_out(out: Path, request: dict, overwrite: bool, log) -> dict | None:
     """The finished index when `out` already holds exactly this request; None when the job is to run. Refuses
-    anything but missing, empty or prepared-data directories (unless `overwrite`: then it is removed first)."""
-    kind = what_is(out)
-    if kind is Kind.FILE:
-        raise UserError(f"{out} is a file; data prepare writes a directory there: choose another --out")
+    anything but missing, empty or prepared-data directories (depthlab.owned.claim; with `overwrite` another
+    directory is removed first)."""
+    kind = claim(out, _is_prepared, "data prepare", overwrite, choose="--out",
+                 output="a depthlab prepared-data directory")
     if (out / INDEX).is_file() and kind is Kind.PREPARED:
         index = json.loads((out / INDEX).read_text())
         if index.get("request") == request:
@@ -385,10 +390,7 @@ def _check_out(out: Path, request: dict, overwrite: bool, log) -> dict | None:
         if not overwrite:
             raise UserError(f"{out} already holds data prepared from other inputs or settings; choose another --out, "
                             "or pass --overwrite to replace it")
-    ours = kind in (Kind.MISSING, Kind.EMPTY, Kind.PREPARED) or all(p.name == WORK for p in out.iterdir())
-    if not ours and not overwrite:
-        raise UserError(f"{out} is {kind.value}, not a depthlab prepared-data directory; choose another --out, or "
-                        "pass --overwrite to replace it")
+    ours = kind in (Kind.MISSING, Kind.EMPTY) or _is_prepared(out)
     if not ours or (out / INDEX).is_file():  # with --overwrite: another directory, or data of another request
         shutil.rmtree(out)
     return None

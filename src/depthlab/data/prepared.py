@@ -10,13 +10,13 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from depthlab import UserError
+from depthlab.checkpoint import TOKENIZER as TOKENIZER_FILE
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash
-from depthlab.rundir import (
+from depthlab.paths import (
     PREPARED_FORMAT as FORMAT,
     PREPARED_INDEX as INDEX,
     PREPARED_PLAN as PLAN,
     PREPARED_WORK as WORK,
-    TOKENIZER as TOKENIZER_FILE,
     Kind,
     what_is,
 )
@@ -25,7 +25,7 @@ VERSION = 1
 
 
 def is_prepared(path: str | Path) -> bool:
-    """A prepared-data directory, finished or not (depthlab.rundir.what_is decides)."""
+    """A prepared-data directory, finished or not (depthlab.paths.what_is decides)."""
     return what_is(path) is Kind.PREPARED
 
 

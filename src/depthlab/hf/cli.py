@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 
 from depthlab import UserError
+from depthlab.checkpoint import CONFIG
 from depthlab.model.families import FAMILIES
-from depthlab.rundir import CONFIG, quiet_transformers
 
 OVERWRITE = "replace OUT_DIR even if it is not this command's own kind of output (another run, other files)"
 
 
 def cmd_export(args) -> None:
     from depthlab.hf.exporter import export
+    from depthlab.hf.load import quiet_transformers
 
     quiet_transformers()
     if args.adapter_only:
@@ -31,6 +32,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_prune(args) -> None:
+    from depthlab.hf.load import quiet_transformers
     from depthlab.hf.pruning import parse_span, prune
 
     quiet_transformers()
@@ -41,6 +43,7 @@ def cmd_prune(args) -> None:
 
 def cmd_import(args) -> None:
     from depthlab.hf.importer import import_to_checkpoint
+    from depthlab.hf.load import quiet_transformers
 
     quiet_transformers()
     out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len,
@@ -51,7 +54,7 @@ def cmd_import(args) -> None:
 def cmd_harness(args) -> None:
     import importlib.util
 
-    from depthlab.rundir import load_model
+    from depthlab.hf.load import load_model
     from depthlab.train.runtime import resolve_device
 
     given = [name for name, value in (("--tasks", args.tasks), ("--data", args.data),

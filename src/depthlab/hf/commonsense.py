@@ -192,9 +192,9 @@ def markdown(results: dict) -> str:
 
 def is_table(path: Path) -> bool:
     """PREFIX.md or PREFIX.json written by write_tables: the JSON half holds its tables and results."""
-    from depthlab.rundir import _read_json
+    from depthlab.paths import read_json
 
-    d = _read_json(path.with_suffix(".json"))
+    d = read_json(path.with_suffix(".json"))
     return isinstance(d, dict) and d.get("written_by") == TABLE_MARK and path.suffix in (".md", ".json")
 
 

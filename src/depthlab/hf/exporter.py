@@ -92,9 +92,12 @@ def hf_tokenizer(tok):
 
 def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Write a stock HF model directory for a depthlab model path (a checkpoint, a run: its newest checkpoint).
-    The directory is written whole (depthlab.rundir.writing): an existing `out_dir` must be an earlier export or
+    The directory is written whole (depthlab.owned.writing): an existing `out_dir` must be an earlier export or
     prune, unless `overwrite`."""
-    from depthlab.rundir import Kind, is_depthlab_hf, load_model, warn, what_is, writing
+    from depthlab.checkpoint import warn
+    from depthlab.hf.load import load_model
+    from depthlab.owned import is_depthlab_hf, writing
+    from depthlab.paths import Kind, what_is
 
     if what_is(src) is Kind.HF:
         raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
@@ -157,7 +160,8 @@ def _save_tokenizer(tok, out: Path) -> None:
 def _write_hf_dir(out: Path, state: dict, fields: dict, loaded, tok) -> None:
     from transformers import AutoConfig
 
-    from depthlab.rundir import EXPORT_INFO, WEIGHTS, save_weights
+    from depthlab.checkpoint import WEIGHTS, save_weights
+    from depthlab.paths import EXPORT_INFO
 
     architectures = fields.pop("architectures")
     fields = {k: v for k, v in fields.items() if k != "torch_dtype"}

@@ -121,7 +121,7 @@ def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: dict, tokeni
 
 def is_import(path) -> bool:
     """A checkpoint of its own, outside any run: what `depthlab import` writes, and may replace."""
-    from depthlab.rundir import Kind, run_of, what_is
+    from depthlab.paths import Kind, run_of, what_is
 
     return what_is(path) is Kind.CHECKPOINT and run_of(path) is None
 
@@ -133,7 +133,8 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
     checkpoint-based tools run on it. An existing `out_dir` must be an earlier import, unless `overwrite`."""
     from pathlib import Path
 
-    from depthlab.rundir import Kind, claim, locked, what_is
+    from depthlab.owned import claim, locked
+    from depthlab.paths import Kind, what_is
 
     kind = what_is(src)
     if kind in (Kind.OTHER, Kind.EMPTY) and not (Path(src) / "config.json").is_file():
@@ -211,9 +212,10 @@ def _hf_config(src) -> dict:
     """The HF directory's config.json as a dict ({} where there is none)."""
     from pathlib import Path
 
-    from depthlab.rundir import CONFIG, _read_json
+    from depthlab.checkpoint import CONFIG
+    from depthlab.paths import read_json
 
-    d = _read_json(Path(src) / CONFIG)
+    d = read_json(Path(src) / CONFIG)
     return d if isinstance(d, dict) else {}
 
 
@@ -225,9 +227,9 @@ def _export_info(src) -> dict:
     """A depthlab export's provenance file ({} for any other model)."""
     from pathlib import Path
 
-    from depthlab.rundir import EXPORT_INFO, _read_json
+    from depthlab.paths import EXPORT_INFO, read_json
 
-    d = _read_json(Path(src) / EXPORT_INFO)
+    d = read_json(Path(src) / EXPORT_INFO)
     return d if isinstance(d, dict) else {}
 
 

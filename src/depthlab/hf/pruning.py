@@ -61,13 +61,14 @@ def _prune_config(cfg, n: int, kept: list[int]) -> None:
 
 def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
-    first). `out_dir` is written whole (depthlab.rundir.writing): an existing one must be an earlier export or
+    first). `out_dir` is written whole (depthlab.owned.writing): an existing one must be an earlier export or
     prune, unless `overwrite`."""
     from transformers import AutoTokenizer
 
     from depthlab.hf.apply import load_pretrained
     from depthlab.hf.exporter import export
-    from depthlab.rundir import EXPORT_INFO, Kind, is_depthlab_hf, model_path, writing
+    from depthlab.owned import is_depthlab_hf, writing
+    from depthlab.paths import EXPORT_INFO, Kind, model_path
 
     kind, path = model_path(src)
     with tempfile.TemporaryDirectory() as tmp, writing(out_dir, is_depthlab_hf, "prune", overwrite,

@@ -145,10 +145,10 @@ def image_processor_dict(cfg: ModelConfig, meta: dict) -> dict | None:
 
 
 def export_vit(loaded, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """depthlab.hf.exporter.export for a ViT checkpoint (`loaded`: depthlab.rundir.load_model's): config.json,
+    """depthlab.hf.exporter.export for a ViT checkpoint (`loaded`: depthlab.hf.load.load_model's): config.json,
     model.safetensors, preprocessor_config.json (when the run recorded its pixel statistics) and the provenance
     file, written whole."""
-    from depthlab.rundir import is_depthlab_hf, writing
+    from depthlab.owned import is_depthlab_hf, writing
 
     state = to_hf_vit_state_dict(loaded.model)
     fields = hf_vit_config_dict(loaded.cfg.model, loaded.meta.get("classes"))
@@ -160,7 +160,8 @@ def export_vit(loaded, out_dir: str | Path, overwrite: bool = False) -> Path:
 def _write_vit_dir(out: Path, state: dict, fields: dict, loaded) -> None:
     from transformers import AutoConfig
 
-    from depthlab.rundir import EXPORT_INFO, WEIGHTS, save_weights
+    from depthlab.checkpoint import WEIGHTS, save_weights
+    from depthlab.paths import EXPORT_INFO
 
     architectures = fields.pop("architectures")
     hf_cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)

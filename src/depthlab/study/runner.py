@@ -196,7 +196,7 @@ def train_cell(study: Study, cell: Cell) -> dict:
 
     import torch
 
-    from depthlab.analysis.metrics import init_update_ratios
+    from depthlab.metrics import init_update_ratios
     from depthlab.train.trainer import Trainer, TrainingDiverged, read_metrics
 
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from depthlab.analysis.metrics import token_update_ratio
+from depthlab.metrics import token_update_ratio
 
 
 class Callback:
@@ -28,7 +28,7 @@ class DepthMonitor(Callback):
       depth/var[l-1]           variance of the residual stream after block l
       depth/rms[l-1]           its root mean square
       depth/update_ratio[l-1]  mean over tokens of ||h_l - h_{l-1}|| / ||h_{l-1}||, how much block l changes the
-                               stream: the analysis' update_ratio (depthlab.analysis.metrics.token_update_ratio)
+                               stream: the analysis' update_ratio (depthlab.metrics.token_update_ratio)
       depth/grad_norm[l-1]     gradient norm of block l's parameters (before clipping)
 
     Hooks exist only on monitor steps, so other steps pay nothing.

@@ -1,6 +1,6 @@
-"""The checkpoint format lives in depthlab.checkpoint (rundir and the trainer both ask it); this is its old import
+"""The checkpoint format lives in depthlab.checkpoint (paths, loading and the trainer ask it); this is its old import
 path, kept for the code that still imports these names from here (depthlab.hf.importer, tests). New code imports
-depthlab.checkpoint, and find_checkpoint / load_checkpoint from depthlab.rundir."""
+depthlab.checkpoint, find_checkpoint from depthlab.paths and load_checkpoint from depthlab.loading."""
 
 from depthlab.checkpoint import (  # noqa: F401
     WEIGHTS,
@@ -10,4 +10,5 @@ from depthlab.checkpoint import (  # noqa: F401
     save_checkpoint,
     verify_checkpoint,
 )
-from depthlab.rundir import find_checkpoint, load_checkpoint  # noqa: F401
+from depthlab.loading import load_checkpoint  # noqa: F401
+from depthlab.paths import find_checkpoint  # noqa: F401

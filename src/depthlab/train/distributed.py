@@ -49,6 +49,14 @@ class DistEnv:
     def enabled(self) -> bool:
         return self.world_size > 1
 
+    def gather(self, obj) -> list:
+        """Every rank's obj, in rank order, on every rank (small things: per-rank timings, file digests)."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.host_group)
+        return out
+
 
 def init_distributed(device: torch.device, timeout_s: float = 1800.0) -> DistEnv:
     """Join the process group torchrun set up (RANK / WORLD_SIZE in the environment); a no-op otherwise.
@@ -204,12 +212,8 @@ def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
 
 
 def gather_objects(obj, env: DistEnv) -> list:
-    """Every rank's obj, in rank order, on every rank (small things: per-rank timings, file digests)."""
-    if not env.enabled:
-        return [obj]
-    out = [None] * env.world_size
-    dist.all_gather_object(out, obj, group=env.host_group)
-    return out
+    """Every rank's obj, in rank order, on every rank (DistEnv.gather)."""
+    return env.gather(obj)
 
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -253,9 +253,10 @@ def finetune_config(model: str, data: str, seq_len: int | None = None, overrides
     instruction file as data, and fine-tuning defaults (lr 3e-4 -- LLM-Adapters' full fine-tuning used 1e-4 to
     3e-4 on 7B models, and 3e-4 for LoRA --, 100 warmup steps scaled down to the run, weight decay 0) before --set
     overrides. `lora` (a LoraConfig): LoRA adapters instead of full fine-tuning (depthlab.train.lora)."""
+    from depthlab.checkpoint import CONFIG
     from depthlab.config import Config, LoraConfig, apply_overrides
     from depthlab.model.validate import validate
-    from depthlab.rundir import CONFIG, find_checkpoint
+    from depthlab.paths import find_checkpoint
     from depthlab.train.lora import check_lora, require_peft
 
     ckpt = find_checkpoint(model)
@@ -288,8 +289,8 @@ def validation_of_finetune(loaded, batch_size: int, device) -> dict:
 def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress: bool = True,
              overwrite: bool = False):
     """Fine-tune `ckpt`'s weights on cfg.data.paths[0]; the trainer's RunResult."""
+    from depthlab.checkpoint import TOKENIZER
     from depthlab.data.tokenizer import load_tokenizer
-    from depthlab.rundir import TOKENIZER
 
     if not (ckpt / TOKENIZER).is_file():
         raise UserError(f"{ckpt} has no {TOKENIZER}; fine-tuning encodes the instructions with the model's own")

@@ -12,9 +12,9 @@ the adapters never touch them, and an adapter on q_proj reads the scaled norm ou
 A LoRA run's checkpoint is self-contained, in depthlab's names: model.safetensors holds the frozen base weights
 under their own names (`layers.0.attn.q_proj.weight`) and each adapter as `<module>.lora_A.weight` and
 `<module>.lora_B.weight` (peft's adapter names without its `base_model.model.` prefix), beside the config's
-`train.lora`. `plain_weights` merges them, W + (alpha / r) B A, so that every command reading a checkpoint
-(eval, export, analyze, fine-tuning from it) sees a plain model; `checkpoint_names` / `peft_names` translate
-between these names and those of the live, adapted model (trainer save and resume).
+`train.lora`. Reading them back, merged into a plain model, is depthlab.loading's (`plain_weights`, `merged`);
+`checkpoint_names` / `peft_names` translate between these names and those of the live, adapted model (trainer
+save and resume).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch
 
 from depthlab import UserError
 from depthlab.config import LoraConfig
+from depthlab.loading import LORA_A as _A, plain_weights  # noqa: F401 (plain_weights: the trainer's name for it)
 
 # --lora-targets name -> the projection in a depthlab block (HF Llama calls them q_proj ... down_proj too)
 TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o": "attn.o_proj",
            "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 ADAPTER = "default"  # peft's name for the one adapter
-_A, _B = ".lora_A.weight", ".lora_B.weight"
 
 
 def target_modules(lora: LoraConfig) -> list[str]:
@@ -100,39 +100,3 @@ def peft_names(state: dict) -> dict:
             k = f"{module}.{ADAPTER}.{param}"
         out[k] = v
     return out
-
-
-def scaling(lora: LoraConfig) -> float:
-    return lora.alpha / lora.rank  # peft's (not rsLoRA's alpha / sqrt(r))
-
-
-@torch.no_grad()
-def merged(state: dict, lora: LoraConfig) -> dict:
-    """Checkpoint weights with every adapter merged into its weight, W + (alpha / r) B A, as peft's merge computes
-    it; the adapters' own entries dropped. A state without adapters comes back as it is."""
-    out = base_weights(state)
-    for key in (k for k in state if k.endswith(_A)):
-        module = key[:-len(_A)]
-        delta = (state[module + _B] @ state[key]) * scaling(lora)
-        out[module + ".weight"] = out[module + ".weight"] + delta.to(out[module + ".weight"].dtype)
-    return out
-
-
-def plain_weights(ckpt, device: str = "cpu") -> dict:
-    """A checkpoint's weights as a plain model of its config takes them: a LoRA run's adapters merged."""
-    from depthlab.checkpoint import CONFIG, load_weights
-    from depthlab.config import Config
-
-    state = load_weights(ckpt, device)
-    lora = Config.load(ckpt / CONFIG).train.lora
-    return merged(state, lora) if lora.rank else state
-
-
-def base_weights(state: dict) -> dict:
-    """Checkpoint weights without the adapters: the base model's, unmerged."""
-    return {k: v for k, v in state.items() if not k.endswith((_A, _B))}
-
-
-def adapters(state: dict) -> dict:
-    """Only the adapters of checkpoint weights: {module: (A, B)}."""
-    return {k[:-len(_A)]: (state[k], state[k[:-len(_A)] + _B]) for k in state if k.endswith(_A)}

@@ -25,12 +25,18 @@ from tqdm import tqdm
 
 from depthlab import UserError
 from depthlab.checkpoint import (
+    CHECKPOINTS,
+    CONFIG,
+    META,
+    TRAINER,
     _sha256,
     is_sharded,
+    list_checkpoints,
     load_sharded_state,
     load_trainer_state,
     load_verified,
     load_weights,
+    newest_valid_checkpoint,
     prune_checkpoints,
     rank0_decides,
     save_checkpoint,
@@ -41,23 +47,8 @@ from depthlab.config import Config, per_rank_batch
 from depthlab.data.dataset import TokenData
 from depthlab.data.sources import resolved
 from depthlab.model.validate import check_fits_host, validate
-from depthlab.rundir import (
-    CHECKPOINTS,
-    CONFIG,
-    ENV,
-    META,
-    METRICS,
-    TRAINER,
-    Kind,
-    find_checkpoint,
-    list_checkpoints,
-    lock_text,
-    locked,
-    model_path,
-    newest_valid_checkpoint,
-    run_of,
-    what_is,
-)
+from depthlab.owned import claim, lock_text, locked
+from depthlab.paths import ENV, METRICS, Kind, find_checkpoint, model_path, run_of, what_is
 from depthlab.train import distributed as D, lora
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
 from depthlab.train.flops import peak_flops, train_flops_per_token
@@ -336,15 +327,13 @@ class Trainer:
         return None
 
     def _claim(self, ckpt: Path | None, resume: str | None, overwrite: bool) -> None:
-        """Refuse a run directory that is not ours to write: a file, another kind of directory, another run."""
-        d, kind = self.run_dir, what_is(self.run_dir)
-        if kind is Kind.FILE:
-            raise UserError(f"cannot write to run directory {d}: it is a file")
-        if kind in (Kind.MISSING, Kind.EMPTY) or (kind is not Kind.RUN and overwrite):
-            return
+        """Refuse a run directory that is not ours to write (depthlab.owned.claim: a file, another kind of directory),
+        or another run."""
+        d = self.run_dir
+        kind = claim(d, lambda p: what_is(p) is Kind.RUN, "train", overwrite, choose="--run-dir",
+                     output="a run directory", anyway="to write the run into it anyway")
         if kind is not Kind.RUN:
-            raise UserError(f"{d} is {kind.value}, not a run directory; choose another --run-dir, or pass "
-                            "--overwrite to write the run into it anyway")
+            return
         if resume == "auto" or not list_checkpoints(d) or self.in_place:
             return  # continuing it, or a run that never wrote a checkpoint
         if overwrite:
