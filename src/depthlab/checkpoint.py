@@ -120,11 +120,9 @@ def _deal(path: Path, files: dict, ranks: int) -> dict[str, int]:
 def _share(request: tuple, env) -> str | None:
     """One shared verification, on every rank: its own files of the checkpoint, then every rank's verdict; the
     first error of any rank (the same on all), or None, and then the verdict is remembered on every rank."""
-    from depthlab.train import distributed as D
-
     path, meta, owner = Path(request[0]), request[1], request[2]
     mine = {n: d for n, d in meta["files"].items() if owner[n] == env.rank}
-    error = next((e for e in D.gather_objects(_check(path, mine), env) if e), None)
+    error = next((e for e in env.gather(_check(path, mine)) if e), None)
     if error is None:
         _VERIFIED[_key(path, meta)] = meta
     return error
@@ -132,9 +130,7 @@ def _share(request: tuple, env) -> str | None:
 
 def _ask_team(request: tuple, env) -> str | None:
     """Rank 0: send the other ranks (waiting in serve_verification) a checkpoint to verify, and verify with them."""
-    from depthlab.train import distributed as D
-
-    D.broadcast_object(request, env)
+    env.broadcast(request)
     return _share(request, env)
 
 
@@ -142,30 +138,24 @@ def _ask_team(request: tuple, env) -> str | None:
 def verifying_together(env):
     """Rank 0's side of a shared decision: inside the block, each checkpoint verify_checkpoint hashes is dealt out
     to every rank (see serve_verification), so every file is read once in all, not all of them by rank 0."""
-    from depthlab.train import distributed as D
-
     global _TEAM
     _TEAM = env
     try:
         yield
     finally:
         _TEAM = None
-        D.broadcast_object(None, env)  # the other ranks stop serving
+        env.broadcast(None)  # the other ranks stop serving
 
 
 def serve_verification(env) -> None:
     """The other ranks' side: hash their share of every checkpoint rank 0 verifies, until it is done."""
-    from depthlab.train import distributed as D
-
-    while (request := D.broadcast_object(None, env)) is not None:
+    while (request := env.broadcast(None)) is not None:
         _share(request, env)
 
 
 def rank0_decides(env, decide: Callable):
     """decide() on rank 0, every checkpoint it verifies hashed by all ranks together; its result, or its
     UserError, on every rank (collective). In one process, just decide()."""
-    from depthlab.train import distributed as D
-
     if not env.enabled:
         return decide()
     result = None
@@ -177,7 +167,7 @@ def rank0_decides(env, decide: Callable):
                 result = e
     else:
         serve_verification(env)
-    result = D.broadcast_object(result, env)
+    result = env.broadcast(result)
     if isinstance(result, UserError):
         raise result
     return result

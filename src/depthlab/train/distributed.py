@@ -57,6 +57,14 @@ class DistEnv:
         dist.all_gather_object(out, obj, group=self.host_group)
         return out
 
+    def broadcast(self, obj):
+        """Rank 0's value of obj on every rank."""
+        if not self.enabled:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        return box[0]
+
 
 def init_distributed(device: torch.device, timeout_s: float = 1800.0) -> DistEnv:
     """Join the process group torchrun set up (RANK / WORLD_SIZE in the environment); a no-op otherwise.
@@ -237,12 +245,8 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer | None, model_s
 
 
 def broadcast_object(obj, env: DistEnv):
-    """Rank 0's value of obj on every rank."""
-    if not env.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=env.host_group)
-    return box[0]
+    """Rank 0's value of obj on every rank (DistEnv.broadcast)."""
+    return env.broadcast(obj)
 
 
 def barrier(env: DistEnv) -> None:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from depthlab.checkpoint import TOKENIZER
 from depthlab.data.dataset import PackedSampler, build_token_data, save_val_tokens, tokens_digest
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash
-from depthlab.rundir import TOKENIZER, find_checkpoint
+from depthlab.paths import find_checkpoint
 from depthlab.train.runtime import evaluate
 
 
