@@ -140,6 +140,22 @@ def scaleout_section(after: dict | None, before: dict | None) -> list[str]:
     return out
 
 
+def lns_records() -> dict:
+    """The LNS study's records, with the depth study's (same settings and corpus) underneath."""
+    from depthlab.study.records import load_records
+
+    depth, lns = (load_records(RESULTS / d / "runs.jsonl") for d in ("depth_study", "lns_study"))
+    return {**depth, **lns}
+
+
+def lns_headline() -> list[str]:
+    from benchmarks import lns_study, study_report
+
+    if not (RESULTS / "lns_study" / "runs.jsonl").exists():
+        return []
+    return study_report.lns_headline(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
+
+
 def lns_study_section() -> list[str]:
     from benchmarks import lns_study, study_report
     from depthlab.study.records import load_records
@@ -164,8 +180,7 @@ def lns_study_section() -> list[str]:
         out += [f"### {name}", "", f"Made by `{command}` (the last run into it; `make study-lns` and `make "
                 "study-along` run the whole of each).", ""]
         if d.name == "lns_study":
-            merged = {**load_records(RESULTS / "depth_study" / "runs.jsonl"), **records}
-            out += study_report.lns_tables(merged, list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
+            out += study_report.lns_tables(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
         elif study_report.plot_along(records, IMG / f"{d.name}_along.png"):
             out += study_report.along_table(records) + [f"![Δ and the curse index along training](img/{d.name}"
                                                         "_along.png)", ""]
@@ -185,8 +200,8 @@ def copy_plots() -> None:
 
 HEADLINE_LIMITS = [
     "**What this scale cannot say.** Nothing about the paper's sizes (71M-1B), data (C4) or budgets (billions of "
-    "tokens): every language-model run here saw 2M tokens at width 64. The best rates were chosen at 24 blocks and "
-    "used at every depth, so a rate that transfers differently to 6 or 48 blocks is not ruled out. The depth "
+    "tokens): every language-model run here saw 2M tokens at width 64. Section 1's best rates were chosen at 24 "
+    "blocks and used at every depth; section 9 tunes each depth on its own (6 blocks so far; 48 not yet). The depth "
     "table's probe figures are from the earlier 64-window probe of the final checkpoints, whose noise (about 0.01 "
     "nats) is the size of the interior costs it reads; only the 6-block pair was re-run with the new probe along "
     "training, and the curse along training at depth is the next study's. Under Adam, "
@@ -226,7 +241,8 @@ def main() -> Path:
     copy_plots()
     n6 = RESULTS / "depth_study_n6"
     study_report.along_section(n6)  # its results.json, read by the headline
-    lines = INTRO + ["", "## Headline", ""] + study_report.headline(study, n6) + study_report.vit_headline(vit)
+    lines = INTRO + ["", "## Headline", ""] + study_report.headline(study, n6) + lns_headline() \
+        + study_report.vit_headline(vit)
     lines += HEADLINE_LIMITS
     lines += ["## 1. Does LNS beat Pre-LN, by depth, and is the curse there?", ""]
     lines += study_report.depth_section(study, "depth_study_")

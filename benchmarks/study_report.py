@@ -447,6 +447,23 @@ def lns_tables(records: dict, parts: list[str], unstable: list[str], ref_depth: 
     return lines + [""]
 
 
+def lns_headline(records: dict, parts: list[str], unstable: list[str], ref_depth: int) -> list[str]:
+    """The LNS study's findings so far, for the page's headline: the depths where both schemes ran a rate grid of
+    their own (at least three rates), and each decomposition's reading."""
+    from depthlab.study.summary import lns_study
+
+    res = lns_study(records, parts, unstable, ref_depth)
+    own = [d for d in res["depths"] if all(len(d["grids"][v]["grid"]) >= 3 for v in d["grids"])]
+    if not own and not res["parts"]:
+        return []
+    out = ["**Why LNS wins (section 9, still running).**"]
+    if own:
+        out.append("Each scheme at its own best rate at that depth (its own grid): " + "; ".join(
+            f"N={d['layers']}: pre {_rate(d['grids']['pre']['best_lr'])}, lns {_rate(d['grids']['lns']['best_lr'])}"
+            f", Δ {_delta(d['delta_val_loss'])}" for d in own) + ".")
+    return [" ".join(out + [parts_reading(g) for g in res["parts"]]), ""]
+
+
 def parts_reading(g: dict) -> str:
     """The decomposition's reading in words, from its numbers: is the curse there to lift (pre's index), and how
     much of LNS's difference each part alone gives (the issue's rule: gain-init alone giving LNS's gain while the
@@ -454,7 +471,8 @@ def parts_reading(g: dict) -> str:
     v = g["variants"]
     pre, lns, gi = v.get("pre", {}), v.get("lns", {}), v.get("pre+gain_init", {})
     reading = pre.get("index", {}).get("reading", "unknown")
-    out = [f"*Reading (N = {g['layers']}, lr {g['lr']:g}, {len(pre.get('seeds', []))} seeds):* Pre-LN's curse index "
+    n = len(pre.get("seeds", []))
+    out = [f"*Reading (N = {g['layers']}, lr {g['lr']:g}, {n} seed{'' if n == 1 else 's'}):* Pre-LN's curse index "
            f"reads **{reading}** (interior inert fraction {_index(pre, 'inert_fraction')}, deep/shallow removal "
            f"{_index(pre, 'removal_deep_over_shallow')})"]
     out[-1] += (": no identity-like interior for LNS to lift here, so what LNS gains at this depth and rate is not "
