@@ -74,7 +74,8 @@ class Study:
 
     def settings(self) -> dict:
         s = asdict(self)
-        return {k: v for k, v in s.items() if k not in ("out", "runs_dir")}  # where files go is not a setting
+        # where files go is not a setting; the corpus is named by its sha256 in meta
+        return {k: v for k, v in s.items() if k not in ("out", "runs_dir", "corpus")}
 
 
 # ---------------------------------------------------------------------------------------------------- phases
