@@ -185,6 +185,14 @@ def lns_study_section() -> list[str]:
             out += study_report.along_table(records) + [f"![Δ and the curse index along training](img/{d.name}"
                                                         "_along.png)", ""]
         out += ["Every cell:", ""] + study_report.cell_tables(d) + [""]
+    from depthlab.study.summary import ALONG_RULE
+
+    missing = {"lns_study": "Not run yet (`make study-lns`).",
+               "lns_study_along": "Not finished yet (`make study-along`). Its decision rule, declared before its "
+                                  f"runs finished: {ALONG_RULE}",
+               "lns_study_gpu": "Not run: no GPU machine has been lent to this project yet (`make study-gpu-prepare`"
+                                " here, then `make study-gpu` on the GPU)."}
+    out += [f"### {name}\n\n{missing[d]}\n" for name, d in parts if (name, RESULTS / d) not in done]
     return out
 
 

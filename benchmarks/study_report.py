@@ -491,9 +491,9 @@ def parts_reading(g: dict) -> str:
 
 def along_table(records: dict) -> list[str]:
     """Part 3: at every probe along training, both schemes' probe loss, Δ and both curse indices."""
-    from depthlab.study.summary import along_pairs
+    from depthlab.study.summary import ALONG_RULE, along_pairs, along_verdict
 
-    lines = []
+    lines = [f"**Decision rule** (declared before the runs finished): {ALONG_RULE}", ""]
     for a in along_pairs(records):
         lines += [f"**N = {a['layers']}, lr {a['lr']:g}** (seed 0; final validation loss pre {a['val_loss']['pre']:.4f}"
                   f", lns {a['val_loss']['lns']:.4f}).", "",
@@ -503,7 +503,10 @@ def along_table(records: dict) -> list[str]:
                   f"{_number(p['pre_inert_fraction'])} | {_number(p['lns_inert_fraction'])} | "
                   f"{_number(p['pre_removal_deep_over_shallow'])} | {_number(p['lns_removal_deep_over_shallow'])} |"
                   for p in a["probes"]]
-        lines.append("")
+        v = along_verdict(a)
+        lines += ["", f"*Verdict at N = {a['layers']}, lr {a['lr']:g}:* claim 1 **{v['verdict']}**: {v['why']}"
+                  + (f" (Δ changed by {v['gap_change']:+.4f} nats from {v['from_tokens']:,} to {v['to_tokens']:,} "
+                     f"tokens; Pre-LN's index {v['pre_index']})." if "gap_change" in v else "."), ""]
     return lines
 
 

@@ -213,6 +213,7 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| lns-L2-lr0.001-seed0 | 96 |" in printed and "**N = 2, lr 0.001**" in printed
     assert printed.count("\n| 96 | ") == 1  # the along table: one row per probe, both schemes side by side
+    assert "**Decision rule**" in printed and "*Verdict at N = 2, lr 0.001:* claim 1 **" in printed
     assert json.loads((gpu / "settings.json").read_text())["ckpt_every"] == 2  # along cells resume after a kill
     from benchmarks.study_report import plot_along
     from depthlab.study.records import load_records

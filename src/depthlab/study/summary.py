@@ -281,8 +281,68 @@ def along_pairs(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
         rows = [{"step": p["step"], "tokens": p["tokens"], f"{a}_loss": p["probe_loss"], f"{b}_loss": q["probe_loss"],
                  "delta": q["probe_loss"] - p["probe_loss"],
                  **{f"{v}_{k}": x["curse"].get(k) for v, x in ((a, p), (b, q))
-                    for k in ("inert_fraction", "removal_deep_over_shallow", "update_slope")}}
+                    for k in ("inert_fraction", "inert_fraction_ci", "removal_deep_over_shallow",
+                              "removal_deep_over_shallow_ci", "update_slope")}}
                 for p in pre["probes"] if (q := by_step.get(p["step"]))]
         out.append({"layers": L, "lr": lr, "status": {a: pre["status"], b: lns["status"]},
                     "val_loss": {a: pre["val_loss"], b: lns["val_loss"]}, "probes": rows})
     return out
+
+
+# Part 3's decision rule, declared before its runs finished. Baseline: the first probe after initialisation;
+# end: the last probe. The gap "grows in LNS's favour" when Δ = lns - pre falls by at least GAP_GROWTH nats and ends
+# below zero. Pre-LN's index "moves toward identity-like" when its end value leaves its baseline's 95% interval in
+# that direction (inert fraction up, or deep/shallow removal cost down); it "stays flat" when neither leaves the
+# interval. LNS's deep blocks are "the more inert" when at the end LNS's inert fraction is above Pre-LN's interval
+# or its deep/shallow removal cost below Pre-LN's interval.
+GAP_GROWTH = 0.01
+ALONG_RULE = ("claim 1 is *supported* if Pre-LN's curse index moves toward identity-like while the gap grows in "
+              "LNS's favour and LNS's index stays less identity-like than Pre-LN's; *refuted* for this lever if the "
+              "gap grows while Pre-LN's index stays flat, or LNS's deep blocks end the more inert; *inconclusive* "
+              f"otherwise. Baseline: the first probe after initialisation; end: the last. The gap grows when "
+              f"Δ = lns − pre falls by at least {GAP_GROWTH} nats and ends below zero; an index moves when its end "
+              "value leaves the baseline's 95% bootstrap interval (inert fraction up, or deep/shallow removal cost "
+              "down, is toward identity-like); LNS's deep blocks are the more inert when at the end its inert "
+              "fraction is above Pre-LN's interval or its deep/shallow removal cost below it.")
+
+
+def _outside(x: float | None, ci, direction: int) -> bool:
+    """x left the interval ci upward (direction +1) or downward (-1)."""
+    if x is None or not ci or None in ci:
+        return False
+    return x > ci[1] if direction > 0 else x < ci[0]
+
+
+def along_verdict(pair: dict, a: str = "pre", b: str = "lns") -> dict:
+    """Part 3's decision rule (ALONG_RULE) applied to one along_pairs() entry."""
+    probes = [p for p in pair["probes"] if p["tokens"] > 0]
+    if len(probes) < 2:
+        return {"verdict": "inconclusive", "why": "fewer than two probes after initialisation"}
+    first, last = probes[0], probes[-1]
+    inert, ratio = "inert_fraction", "removal_deep_over_shallow"
+    gap = last["delta"] - first["delta"]
+    grows = gap <= -GAP_GROWTH and last["delta"] < 0
+    toward = (_outside(last[f"{a}_{inert}"], first[f"{a}_{inert}_ci"], +1)
+              or _outside(last[f"{a}_{ratio}"], first[f"{a}_{ratio}_ci"], -1))
+    away = (_outside(last[f"{a}_{inert}"], first[f"{a}_{inert}_ci"], -1)
+            or _outside(last[f"{a}_{ratio}"], first[f"{a}_{ratio}_ci"], +1))
+    b_more_inert = (_outside(last[f"{b}_{inert}"], last[f"{a}_{inert}_ci"], +1)
+                    or _outside(last[f"{b}_{ratio}"], last[f"{a}_{ratio}_ci"], -1))
+    b_lower = (last[f"{b}_{inert}"] is not None and last[f"{a}_{inert}"] is not None
+               and last[f"{b}_{inert}"] <= last[f"{a}_{inert}"]
+               and last[f"{b}_{ratio}"] is not None and last[f"{a}_{ratio}"] is not None
+               and last[f"{b}_{ratio}"] >= last[f"{a}_{ratio}"])
+    pre_index = "toward identity-like" if toward else "away from identity-like" if away else "flat"
+    if b_more_inert:
+        verdict, why = "refuted", f"{b}'s deep blocks end the more inert"
+    elif grows and toward and b_lower:
+        verdict, why = "supported", f"{a}'s index moves toward identity-like while the gap grows and {b}'s stays lower"
+    elif grows and not toward:
+        verdict, why = "refuted", f"the gap grows while {a}'s index is {pre_index}"
+    elif not grows:
+        verdict, why = "inconclusive", f"the gap does not grow in {b}'s favour"
+    else:
+        verdict, why = "inconclusive", f"{a}'s index moves toward identity-like; {b}'s is not lower on both"
+    return {"verdict": verdict, "why": why, "gap_change": gap, "gap_grows": grows, "pre_index": pre_index,
+            "lns_more_inert": b_more_inert, "lns_lower": b_lower, "from_tokens": first["tokens"],
+            "to_tokens": last["tokens"]}
