@@ -439,11 +439,16 @@ def lns_tables(records: dict, parts: list[str], unstable: list[str], ref_depth: 
     if res["stability"]:
         lines += ["", f"**Stability at N = {ref_depth}.** Each scheme's seed-0 grid (diverged: a non-finite loss or "
                   "one above ln V), then its best rate over every seed that ran.", "",
-                  "| scheme | grid | best rate | seeds | loss at best | diverged at best |", "|---" * 6 + "|"]
+                  "| scheme | grid | best rate | seeds | loss at best | diverged at best | Δ vs pre | Δ vs lns |",
+                  "|---" * 8 + "|"]
         for v, s in res["stability"].items():
-            b = s["at_best"]
+            b, vs = s["at_best"], s["against"]
             lines.append(f"| {v} | {_grid(s)} | {_rate(s['best_lr'])} | {len(b['seeds'])} | {spread(b['val_loss'])} | "
-                         f"{b['diverged']} |")
+                         f"{b['diverged']} | {_delta(vs.get('pre', {}))} | {_delta(vs.get('lns', {}))} |")
+        lines += ["", "Δ: the scheme at its own best rate against pre (and lns) at theirs at this depth, paired by "
+                  "seed. Claim 5 says post, deepnorm and mixln are less stable at depth than pre-norm schemes (read "
+                  "the diverged rates of each grid against pre's, in the depth table above); claim 6 says lns with "
+                  "scaled init is worse than lns."]
     return lines + [""]
 
 

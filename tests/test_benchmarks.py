@@ -190,8 +190,9 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     from benchmarks import lns_study
 
     out = tmp_path / "lns"
-    lns_study.main(["run", "--phases", "depths", "parts", "--grid-depths", "2", "--widen", "1", "--seeds", "0",
-                    "--parts-depth", "2", "--parts-lrs", "1e-3", *LNS_TINY, "--out", str(out),
+    lns_study.main(["run", "--phases", "depths", "parts", "stability", "--grid-depths", "2", "--widen", "1",
+                    "--seeds", "0", "--ref-depth", "2", "--parts-depth", "2", "--parts-lrs", "1e-3", *LNS_TINY,
+                    "--out", str(out),
                     "--runs-dir", str(tmp_path / "runs")])
     runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
     parts = {r["variant"] for r in runs if r["lr"] == 1e-3}
@@ -203,6 +204,9 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     assert "| pre+block_lr | 2 | 0.001 | 1 |" in table  # every cell, and the parts' tables from the summary
     assert "**Each depth at its own rate.**" in table and "LNS taken apart at N = 2, lr 0.001" in table
     assert table.count("| pre+gain_lr | 1 | ") == 1  # its row in the parts table, over its one seed
+    assert "**Stability at N = 2.**" in table
+    row = next(x for x in table.splitlines() if x.startswith("| lns+scaled | 0.002 "))  # its grid in one row
+    assert row.count("per seed") == 2  # against pre and against lns, each at its own best rate
     gpu = tmp_path / "gpu"
     lns_study.main(["run", "--gpu", "--device", "cpu", "--dtype", "fp32", "--no-compile", "--along-depths", "2",
                     "--along-lrs", "1e-3", "--probe-every", "32", *LNS_TINY, "--out", str(gpu),

@@ -259,11 +259,13 @@ def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: i
         v: {**variant_reading(records, v, L, lr),
             **({"delta_val_loss": against(records, ("pre", lr), (v, lr), L)} if v != "pre" else {})}
         for v in parts}} for L, lr in groups]
-    stability = {}
+    stability, ref = {}, {d_["layers"]: d_["grids"] for d_ in depths}.get(ref_depth, {})
     for v in unstable:
         g = own_rate_grid(records, v, ref_depth)
-        if g["grid"]:
-            stability[v] = {**g, "at_best": variant_reading(records, v, ref_depth, g["best_lr"])}
+        if g["grid"]:  # against pre, and a variant of lns (lns+scaled) against lns, each at its own best rate
+            base = {w: against(records, (w, ref[w]["best_lr"]), (v, g["best_lr"]), ref_depth)
+                    for w in (a, b) if w in ref and (w == a or v.startswith(f"{b}+"))}
+            stability[v] = {**g, "at_best": variant_reading(records, v, ref_depth, g["best_lr"]), "against": base}
     return {"depths": depths, "parts": decomposition, "stability": stability, "runs": len(records),
             "train_s": sum(r.get("wall_s", 0.0) for r in records.values())}
 
