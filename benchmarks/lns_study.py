@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.depth_study import add_arguments, study
-from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, widened_grid
+from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, widened_grids
 
 OUT = Path(__file__).parent / "results" / "lns_study"
 PHASES = ("depths", "parts", "along", "stability")
@@ -64,7 +64,7 @@ def run_phase(s: Study, name: str, a) -> None:
         depths = a.grid_depths if name == "depths" else [a.ref_depth]
         variants = ("pre", "lns") if name == "depths" else UNSTABLE
         for L in depths:
-            best = {v: widened_grid(s, v, GRIDS.get(v, GRIDS["pre"]), L, a.widen, a.jobs)[1] for v in variants}
+            best = widened_grids(s, {v: GRIDS.get(v, GRIDS["pre"]) for v in variants}, L, a.widen, a.jobs)
             run_cells(s, seed_cells(s, best, a.seeds, L), a.jobs)
     elif name == "parts":
         run_cells(s, [c for lr in a.parts_lrs for c in seed_cells(s, dict.fromkeys(PARTS, lr), a.seeds,

@@ -7,7 +7,7 @@ rates, the probe and the token budgets to probe at. The phases are functions of 
 
     grid_cells(study, lrs, layers)              every variant at every rate, seed 0
     best_rates(study, records, lrs, layers)     variant -> its best rate, None until its grid has finished
-    widened_grid(study, variant, lrs, layers, widen, jobs)   one variant's grid, trained and widened past an edge
+    widened_grids(study, grids, layers, widen)  variant -> its best rate: all grids side by side, widened past edges
     seed_cells(study, best, seeds, layers)      every variant at its best rate, every seed
     run_cells(study, cells, jobs)               train (in parallel processes) what is missing
 """
@@ -106,18 +106,25 @@ def best_rates(study: Study | None, records: dict, lrs: list[float], layers: int
     return out
 
 
-def widened_grid(s: Study, variant: str, lrs: list[float], layers: int | None, widen: int,
-                 jobs: int = 1) -> tuple[list[float], float]:
-    """Train `variant`'s rate grid (seed 0), widened by a factor 2 past an edge that holds the best rate (`widen`
-    times at most); returns the final grid and its best rate."""
-    lrs = sorted(lrs)
+def widened_grids(s: Study, grids: dict[str, list[float]], layers: int | None, widen: int,
+                  jobs: int = 1) -> dict[str, float | None]:
+    """Train each variant's rate grid (seed 0), all variants' cells side by side, each grid widened by a factor 2
+    past an edge that holds its best rate (`widen` times at most); returns each variant's best rate."""
+    grids, best = {v: sorted(lrs) for v, lrs in grids.items()}, {}
     for i in range(widen + 1):
-        run_cells(s, grid_cells(s, lrs, layers, [variant]), jobs)
-        best = best_rates(s, load_records(s.runs_file), lrs, layers, [variant])[variant]
-        if i == widen or min(lrs) < best < max(lrs):
+        run_cells(s, [c for v, lrs in grids.items() if v not in best for c in grid_cells(s, lrs, layers, [v])], jobs)
+        records = load_records(s.runs_file)
+        for v, lrs in grids.items():
+            if v in best:
+                continue
+            b = best_rates(s, records, lrs, layers, [v])[v]
+            if i == widen or min(lrs) < b < max(lrs):
+                best[v] = b
+            else:
+                grids[v] = [*lrs, max(lrs) * 2] if b == max(lrs) else [min(lrs) / 2, *lrs]
+        if len(best) == len(grids):
             break
-        lrs = [*lrs, max(lrs) * 2] if best == max(lrs) else [min(lrs) / 2, *lrs]
-    return lrs, best
+    return best
 
 
 def seed_cells(study: Study, best: dict[str, float | None], seeds: list[int],
