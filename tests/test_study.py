@@ -107,6 +107,10 @@ def test_a_tiny_study_grid_best_rate_seeds_and_resume(tmp_path, corpus):
     plain = Study("plain", str(tmp_path / "plain"), study.variants, study.base)
     run_cells(plain, seed_cells(plain, {"pre": 1e-2}, [0], layers=4), log=lambda m: None)
     assert load_records(plain.runs_file)["pre-L4-lr0.01-seed0"]["val_loss"] == r["val_loss"]
+    # a study that reuses this one's records trains only the cells it lacks, and counts the others as its own
+    again = Study("again", str(tmp_path / "again"), study.variants, study.base, reuse=[str(study.runs_file)])
+    assert run_cells(again, grid_cells(again, lrs, layers=4)) == [] and not again.runs_file.exists()
+    assert set(again.records()) == set(records) and "reuse" not in again.settings()
 
 
 def _train_one(study, cell):  # a spawned process: train one cell in this process (the test kills it)

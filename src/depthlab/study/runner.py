@@ -56,12 +56,19 @@ class Study:
     val_tokens: int | None = None  # the trainer evaluates on the first val_tokens of the validation split
     keep_runs: bool = False
     ckpt_every: int = 0  # > 0: cells checkpoint every this many steps and a killed cell resumes where it stopped
+    reuse: list[str] = field(default_factory=list)  # runs files of studies whose cells are this one's (same settings)
     command: str = ""  # how the study was started, recorded in settings.json
     meta: dict = field(default_factory=dict)  # the study's own description (sizes, depths, corpus), recorded too
 
     @property
     def runs_file(self) -> Path:
         return Path(self.out) / "runs.jsonl"
+
+    def records(self) -> dict:
+        """This study's records over those of the studies it reuses: a cell one of them trained is not trained
+        again (the caller has checked that their settings and corpus are this study's)."""
+        reused = {k: r for f in self.reuse for k, r in load_records(Path(f)).items()}
+        return {**reused, **load_records(self.runs_file)}
 
     def config(self, cell: Cell):
         from depthlab.config import apply_overrides
@@ -75,7 +82,7 @@ class Study:
     def settings(self) -> dict:
         s = asdict(self)
         # where files go is not a setting; the corpus is named by its sha256 in meta
-        return {k: v for k, v in s.items() if k not in ("out", "runs_dir", "corpus")}
+        return {k: v for k, v in s.items() if k not in ("out", "runs_dir", "corpus", "reuse")}
 
 
 # ---------------------------------------------------------------------------------------------------- phases
@@ -113,7 +120,7 @@ def widened_grids(s: Study, grids: dict[str, list[float]], layers: int | None, w
     grids, best = {v: sorted(lrs) for v, lrs in grids.items()}, {}
     for i in range(widen + 1):
         run_cells(s, [c for v, lrs in grids.items() if v not in best for c in grid_cells(s, lrs, layers, [v])], jobs)
-        records = load_records(s.runs_file)
+        records = s.records()
         for v, lrs in grids.items():
             if v in best:
                 continue
@@ -137,7 +144,7 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
     out = Path(study.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "settings.json").write_text(json.dumps(study.settings(), indent=2) + "\n")
-    done = load_records(study.runs_file)
+    done = study.records()
     todo = list(dict.fromkeys(c for c in cells if c.key not in done))
     if not todo:
         return []
