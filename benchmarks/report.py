@@ -149,11 +149,38 @@ def lns_records() -> dict:
 
 
 def lns_headline() -> list[str]:
-    from benchmarks import lns_study, study_report
+    """The bottom line of the LNS study (section 9) with the depth study's same-rate rows (section 1)."""
+    from benchmarks import lns_findings, lns_study
+    from depthlab.study.summary import along_pairs, lns_study as summary
 
     if not (RESULTS / "lns_study" / "runs.jsonl").exists():
         return []
-    return study_report.lns_headline(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
+    res = summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
+    along = along_pairs(load_records_of("lns_study_along"))
+    equal = (load(RESULTS / "depth_study" / "results.json") or {}).get("equal_rate", [])
+    return lns_findings.bottom_line(res, along, equal)
+
+
+def section1_reading() -> list[str]:
+    from benchmarks import lns_findings, lns_study
+    from depthlab.study.summary import lns_study as summary
+
+    res = summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
+    return lns_findings.section1_reading(res, load(RESULTS / "depth_study" / "results.json"))
+
+
+def headline_limits() -> list[str]:
+    from benchmarks import lns_findings
+
+    along = [r["layers"] for r in load_records_of("lns_study_along").values()]
+    return lns_findings.limits(RESULTS / "lns_study" / "settings.json", RESULTS / "lns_study_along" / "settings.json",
+                               [6, 12, 24, 48], sorted(set(along)), (RESULTS / "lns_study_gpu" / "runs.jsonl").exists())
+
+
+def load_records_of(name: str) -> dict:
+    from depthlab.study.records import load_records
+
+    return load_records(RESULTS / name / "runs.jsonl")
 
 
 def lns_study_section() -> list[str]:
@@ -206,19 +233,6 @@ def copy_plots() -> None:
         shutil.copy(png, IMG / f"gpu_71m_{png.name}")
 
 
-HEADLINE_LIMITS = [
-    "**What this scale cannot say.** Nothing about the paper's sizes (71M-1B), data (C4) or budgets (billions of "
-    "tokens): every language-model run here saw 2M tokens at width 64. Section 1's best rates were chosen at 24 "
-    "blocks and used at every depth; section 9 tunes each depth on its own (6 blocks so far; 48 not yet). The depth "
-    "table's probe figures are from the earlier 64-window probe of the final checkpoints, whose noise (about 0.01 "
-    "nats) is the size of the interior costs it reads; only the 6-block pair was re-run with the new probe along "
-    "training, and the curse along training at depth is the next study's. Under Adam, "
-    "LNS is exactly Pre-LN with depth-scaled gain init and gain learning rate (docs/method.md), so a loss gain "
-    "alone does not tell curse-lifting from an optimisation effect.",
-    "",
-]
-
-
 SUPERSEDED = [
     "## 6. The earlier study at init std 0.02 (superseded, code removed)",
     "",
@@ -235,7 +249,7 @@ SUPERSEDED = [
 
 
 def main() -> Path:
-    from benchmarks import study_report
+    from benchmarks import lns_findings, study_report
     from benchmarks.findings import INTRO, NOT_DONE, findings
 
     files = {"train_speed": RESULTS / "train_speed.json", "train_speed_compile": RESULTS / "train_speed_compile.json",
@@ -249,10 +263,9 @@ def main() -> Path:
     copy_plots()
     n6 = RESULTS / "depth_study_n6"
     study_report.along_section(n6)  # its results.json, read by the headline
-    lines = INTRO + ["", "## Headline", ""] + study_report.headline(study, n6) + lns_headline() \
-        + study_report.vit_headline(vit)
-    lines += HEADLINE_LIMITS
-    lines += ["## 1. Does LNS beat Pre-LN, by depth, and is the curse there?", ""]
+    lines = INTRO + ["", "## Headline", ""] + lns_headline() + study_report.headline(study, n6) \
+        + study_report.vit_headline(vit) + headline_limits()
+    lines += ["## 1. Does LNS beat Pre-LN, by depth, and is the curse there?", ""] + section1_reading()
     lines += study_report.depth_section(study, "depth_study_")
     lines += study_report.along_section(n6)
     sections = [("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
@@ -261,7 +274,8 @@ def main() -> Path:
     for key, body in sections:
         lines += body + prose.get(key, []) + [""]
     lines += SUPERSEDED
-    lines += ["## 7. Vision Transformers: where LNS goes", ""] + study_report.vit_section(vit, "img/vit_study.png")
+    lines += ["## 7. Vision Transformers: where LNS goes", ""] + lns_findings.vit_reading(load(vit / "results.json"))
+    lines += study_report.vit_section(vit, "img/vit_study.png")
     lines += scaleout_section(load(RESULTS / "scaleout.json"), load(RESULTS / "scaleout_before.json"))
     lines += lns_study_section()
     lines += NOT_DONE

@@ -233,8 +233,9 @@ def headline(out: Path, along: Path | None = None) -> list[str]:
     s, done = res["settings"], [d for d in res["depths"] if d["seeds"]]
     parts = [f"N={d['layers']}: {spread(d['delta_val_loss'], '.3f', signed=True)} nats over "
              f"{len(d['seeds'])} seeds ({d['delta_val_loss']['verdict']})" for d in done]
-    lines = [f"**At each scheme's best rate** (pre {res['best_lr']['pre']:g}, lns {res['best_lr']['lns']:g}, "
-             f"chosen on a grid at N = {s['ref_depth']}), LNS − Pre-LN validation loss: " + "; ".join(parts) + "."]
+    lines = [f"**Section 1: one rate per scheme at every depth** (pre {res['best_lr']['pre']:g}, lns "
+             f"{res['best_lr']['lns']:g}, each the best of a grid at N = {s['ref_depth']}), LNS − Pre-LN validation "
+             "loss: " + "; ".join(parts) + "."]
     flipped = [r for r in res["equal_rate"] if r["sign_differs"]]
     if flipped:
         lines.append("**At one shared rate the sign differs**: at N = " + str(s["ref_depth"]) + ", seed 0, LNS − "
@@ -450,23 +451,6 @@ def lns_tables(records: dict, parts: list[str], unstable: list[str], ref_depth: 
                   "the diverged rates of each grid against pre's, in the depth table above); claim 6 says lns with "
                   "scaled init is worse than lns."]
     return lines + [""]
-
-
-def lns_headline(records: dict, parts: list[str], unstable: list[str], ref_depth: int) -> list[str]:
-    """The LNS study's findings so far, for the page's headline: the depths where both schemes ran a rate grid of
-    their own (at least three rates), and each decomposition's reading."""
-    from depthlab.study.summary import lns_study
-
-    res = lns_study(records, parts, unstable, ref_depth)
-    own = [d for d in res["depths"] if all(len(d["grids"][v]["grid"]) >= 3 for v in d["grids"])]
-    if not own and not res["parts"]:
-        return []
-    out = ["**Why LNS wins (section 9, still running).**"]
-    if own:
-        out.append("Each scheme at its own best rate at that depth (its own grid): " + "; ".join(
-            f"N={d['layers']}: pre {_rate(d['grids']['pre']['best_lr'])}, lns {_rate(d['grids']['lns']['best_lr'])}"
-            f", Δ {_delta(d['delta_val_loss'])}" for d in own) + ".")
-    return [" ".join(out + [parts_reading(g) for g in res["parts"]]), ""]
 
 
 def parts_reading(g: dict) -> str:

@@ -241,3 +241,37 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     assert (tmp_path / "along.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         lns_study.main(["run", "--phases", "along", "parts"])  # along runs alone
+
+
+def test_lns_bottom_line_judges_from_the_numbers():
+    """The headline's verdict follows the written rules: LNS ahead where Pre-LN's index reads absent, and gain-init
+    alone giving most of LNS's difference, favour an optimisation effect, unless the along runs support claim 1."""
+    from benchmarks.lns_findings import bottom_line
+
+    def c(mean, verdict="lower"):
+        return {"mean": mean, "std": 0.004, "n": 2, "verdict": verdict, "seeds": [0, 1]}
+
+    def depth(L, delta, reading):
+        grid = {"grid": {"a": 1, "b": 2, "c": 3}, "edge": False, "best_lr": 8e-3}
+        return {"layers": L, "grids": {"pre": grid, "lns": grid}, "delta_val_loss": c(delta),
+                "pre": {"index": {"reading": reading}}, "lns": {}}
+
+    parts = [{"layers": 12, "lr": 8e-3, "variants": {"lns": {"delta_val_loss": c(-0.03)},
+                                                     "pre+gain_init": {"delta_val_loss": c(-0.027)},
+                                                     "pre+gain_lr": {"delta_val_loss": c(0.01, "higher")}}}]
+    res = {"depths": [depth(6, -0.02, "absent"), depth(48, -0.07, "present")], "parts": parts}
+    text = bottom_line(res, [], [{"lr": 1e-3, "delta": 0.13}, {"lr": 8e-3, "delta": -0.05}])[0]
+    assert "reads absent at N = 6 and present at N = 48" in text and "its gain is not curse-lifting" in text
+    assert "give 90% of LNS's difference" in text and "LNS is behind at 0.001 (by +0.130" in text
+    assert "**The data favour an optimisation effect" in text
+    probe = {"delta": -0.05, "pre_inert_fraction": 0.5, "pre_inert_fraction_ci": [0.4, 0.6], "lns_inert_fraction": 0.0,
+             "lns_inert_fraction_ci": [0, 0.1], "pre_removal_deep_over_shallow": 0.4,
+             "pre_removal_deep_over_shallow_ci": [0.3, 0.5], "lns_removal_deep_over_shallow": 1.0,
+             "lns_removal_deep_over_shallow_ci": [0.9, 1.1]}
+    start = {**probe, "delta": -0.01, "pre_inert_fraction": 0.0, "pre_inert_fraction_ci": [0, 0.1],
+             "pre_removal_deep_over_shallow": 1.0, "pre_removal_deep_over_shallow_ci": [0.9, 1.1]}
+    along = [{"layers": 12, "lr": 8e-3, "probes": [{**start, "tokens": 1}, {**probe, "tokens": 2}]}]
+    text = bottom_line(res, along, [])[0]
+    assert "claim 1 supported" in text and "do not single out one explanation" in text
+    parts[0]["variants"]["pre+gain_init"]["delta_val_loss"] = c(-0.001, "inconclusive")  # gain-init alone: 3%
+    assert "do not single out" in bottom_line(res, [], [])[0]

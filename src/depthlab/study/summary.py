@@ -224,7 +224,8 @@ def variant_reading(records: dict, variant: str, layers: int | None, lr: float |
     cells = [records[k] for s in seeds if lr is not None and (k := cell_key(variant, lr, s, layers)) in records]
     runs = _runs(records, variant, layers, lr, seeds)
     out = {"lr": lr, "seeds": sorted(runs), "diverged": len(cells) - len(runs),
-           "val_loss": mean_std(r["val_loss"] for r in runs.values())}
+           "val_loss": mean_std(r["val_loss"] for r in runs.values()),
+           "old_probe": any(r.get("probe", {}).get("old") for r in runs.values())}  # the earlier 64-window probe
     if runs and all(final_probe(r) for r in runs.values()):
         out["index"] = index_reading(runs)
         out["quantities"] = {name: mean_std(x for r in runs.values() if (x := _quantity(fn, r, layers)) is not None)
