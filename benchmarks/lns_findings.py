@@ -78,10 +78,17 @@ def bottom_line(res: dict, along: list[dict], equal_rate: list[dict]) -> list[st
                        _d(g["variants"]["pre+gain_lr"]["delta_val_loss"]) for g in res["parts"]
                        if g["variants"].get("pre+gain_lr", {}).get("delta_val_loss", {}).get("seeds")) + ".")
     verdicts = [(a, along_verdict(a)) for a in along]
+    verdicts = [(a, v) for a, v in verdicts if "to_delta" in v]
     if verdicts:
-        out.append("Along training (" + "; ".join(
-            f"N = {a['layers']}, lr {a['lr']:g}, seed 0: claim 1 {v['verdict']}, {v['why']}" for a, v in verdicts)
-            + ").")
+        out.append("Along training, seed 0: " + "; ".join(
+            f"at N = {a['layers']}, lr {a['lr']:g} Δ goes from {v['from_delta']:+.3f} at {v['from_tokens'] / 1e6:.1f}M "
+            f"tokens to {v['to_delta']:+.3f} at {v['to_tokens'] / 1e6:.1f}M while Pre-LN's index "
+            f"{'stays' if v['pre_index'] == 'flat' else 'moves'} {v['pre_index']}: claim 1 **{v['verdict']}** "
+            f"({v['why']})" for a, v in verdicts) + ".")
+        ahead = [(a, v) for a, v in verdicts if v["from_delta"] < 0]
+        if ahead and all(v["to_delta"] > v["from_delta"] + 0.01 for _, v in ahead):
+            out.append("Where LNS starts ahead, its lead shrinks with training: a head start more than a better end "
+                       "point.")
     favour = (absent and shares and all(s is not None and 0.5 <= s <= 1.5 for s in shares.values())
               and not any(v["verdict"] == "supported" for _, v in verdicts))
     if favour:

@@ -270,8 +270,9 @@ def test_lns_bottom_line_judges_from_the_numbers():
              "lns_removal_deep_over_shallow_ci": [0.9, 1.1]}
     start = {**probe, "delta": -0.01, "pre_inert_fraction": 0.0, "pre_inert_fraction_ci": [0, 0.1],
              "pre_removal_deep_over_shallow": 1.0, "pre_removal_deep_over_shallow_ci": [0.9, 1.1]}
-    along = [{"layers": 12, "lr": 8e-3, "probes": [{**start, "tokens": 1}, {**probe, "tokens": 2}]}]
+    along = [{"layers": 12, "lr": 8e-3, "probes": [{**start, "tokens": 1_500_000}, {**probe, "tokens": 15_000_000}]}]
     text = bottom_line(res, along, [])[0]
-    assert "claim 1 supported" in text and "do not single out one explanation" in text
+    assert "claim 1 **supported**" in text and "do not single out one explanation" in text
+    assert "Δ goes from -0.010 at 1.5M tokens to -0.050 at 15.0M while Pre-LN's index moves toward" in text
     parts[0]["variants"]["pre+gain_init"]["delta_val_loss"] = c(-0.001, "inconclusive")  # gain-init alone: 3%
     assert "do not single out" in bottom_line(res, [], [])[0]

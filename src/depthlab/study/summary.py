@@ -348,4 +348,5 @@ def along_verdict(pair: dict, a: str = "pre", b: str = "lns") -> dict:
         verdict, why = "inconclusive", f"{a}'s index moves toward identity-like; {b}'s is not lower on both"
     return {"verdict": verdict, "why": why, "gap_change": gap, "gap_grows": grows, "pre_index": pre_index,
             "lns_more_inert": b_more_inert, "lns_lower": b_lower, "from_tokens": first["tokens"],
+            "from_delta": first["delta"], "to_delta": last["delta"],
             "to_tokens": last["tokens"]}
