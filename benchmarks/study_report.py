@@ -493,9 +493,11 @@ def along_table(records: dict) -> list[str]:
                   f"{_number(p['pre_removal_deep_over_shallow'])} | {_number(p['lns_removal_deep_over_shallow'])} |"
                   for p in a["probes"]]
         v = along_verdict(a)
+        how = (f" (Δ {v['from_delta']:+.4f} at {v['from_tokens']:,} tokens, {v['to_delta']:+.4f} at "
+               f"{v['to_tokens']:,}; Pre-LN's index {'stays' if v['pre_index'] == 'flat' else 'moves'} "
+               f"{v['pre_index']})." if "gap_change" in v else ".")
         lines += ["", f"*Verdict at N = {a['layers']}, lr {a['lr']:g}:* claim 1 **{v['verdict']}**: {v['why']}"
-                  + (f" (Δ changed by {v['gap_change']:+.4f} nats from {v['from_tokens']:,} to {v['to_tokens']:,} "
-                     f"tokens; Pre-LN's index {v['pre_index']})." if "gap_change" in v else "."), ""]
+                  + how, ""]
     return lines
 
 
