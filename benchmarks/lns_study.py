@@ -18,30 +18,26 @@ the old stability claims, as thin phases over depthlab.study (the depth study's 
     stability  post, deepnorm, mixln and lns with scaled init at --ref-depth, each on pre's grid widened as above,
                seed 0; then --seeds at each best rate; divergence (non-finite, or loss above ln V) is recorded
 
-Cells the depth study already trained with the same settings and corpus (its N = 24 grid, 8e-3 at 6-48 blocks) are
-not trained again (--no-reuse trains them too); their probe is that study's. Selection is by the final validation
-loss (the study's declared metric). `--gpu` is `along` where it means more,
-prepared for one lent H100/H200 (about 8 minutes in all, not yet measured): width 128, 12 and 24 blocks, pre and
-lns at 1e-3 (the paper's shared rate) and 3e-3, 3,662 steps of 64 x 256 tokens (60M), bf16, compiled, ten probes
-per run, records in lns_study_gpu/. `prepare --gpu` tokenizes its corpus beforehand into --runs-dir (uint16 tokens,
-about 40 MB), so the device only trains.
+Cells the depth study trained alike (its N = 24 grid, 8e-3 at 6-48 blocks; its probe) are not trained again unless
+--no-reuse. Selection is by the final validation loss. `--gpu` is `along` where it means more, prepared for one lent
+H100/H200 (about 8 minutes in all, not yet measured): width 128, 12 and 24 blocks, pre and lns at 1e-3 (the paper's
+shared rate) and 3e-3, 3,662 steps of 64 x 256 tokens (60M), bf16, compiled, ten probes per run, records in
+lns_study_gpu/. `prepare --gpu` tokenizes its corpus beforehand into --runs-dir (uint16, about 40 MB).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from benchmarks.depth_study import add_arguments, study
+from depthlab.study.records import trained_alike
 from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, widened_grids
 
 OUT = Path(__file__).parent / "results" / "lns_study"
 PHASES = ("depths", "parts", "along", "stability")
 DEPTH = OUT.with_name("depth_study")  # its cells (the N = 24 grid, 8e-3 at 6-48 blocks) are reused where settings agree
-TRAINING = ("dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "eval_every", "corpus_mb", "val_tokens",
-            "init_std", "embed_std")
 ALONG = {"steps": 14648, "eval_every": 1465, "corpus_mb": 64.0, "phases": ["along"],
          "out": str(OUT.with_name("lns_study_along"))}
 VARIANTS = {
@@ -63,17 +59,6 @@ GPU = {"dim": 128, "heads": 4, "ffn": 344, "seq": 256, "batch": 64, "steps": 366
        "vocab": 8192, "corpus_mb": 64.0, "device": "cuda", "dtype": "bf16", "compile": True, "jobs": 1,
        "along_lrs": [1e-3, 3e-3], "along_depths": [12, 24], "probe_every": 6_000_000, "phases": ["along"],
        "out": str(OUT.with_name("lns_study_gpu"))}
-
-
-def same_training(meta: dict, other: Path) -> bool:
-    """Whether the study whose settings.json is `other` trained its cells as this one does (model, data, steps,
-    init and the corpus by its sha256); its probe may differ."""
-    if not other.exists():
-        return False
-    o = json.loads(other.read_text())
-    o = {**o, **o.get("meta", {})}
-    sha = o.get("corpus_sha256") or (o.get("corpus") or {}).get("sha256")
-    return sha == meta["corpus"]["sha256"] and all(o.get(k) == meta[k] for k in TRAINING)
 
 
 def run_phase(s: Study, name: str, a) -> None:
@@ -103,8 +88,7 @@ def main(argv=None) -> None:
     p.add_argument("--widen", type=int, default=2, help="times a grid is widened past an edge (default 2)")
     p.add_argument("--probe-every", type=int, default=1_500_000, help="along: tokens between probes")
     p.add_argument("--gpu", action="store_true", help="the GPU settings of `along` (see the module docstring)")
-    p.add_argument("--no-reuse", dest="reuse_depth_study", action="store_false",
-                   help="train again the cells the depth study already trained with the same settings")
+    p.add_argument("--no-reuse", dest="reuse_depth_study", action="store_false", help="retrain the depth study's cells")
     add_arguments(p)
     p.set_defaults(out=str(OUT))
     a = p.parse_args(argv)
@@ -117,7 +101,7 @@ def main(argv=None) -> None:
         from benchmarks.study_report import recorded_command
 
         s = study(a, recorded_command("lns_study", argv if argv is not None else sys.argv[1:]), "lns", VARIANTS)
-        if a.reuse_depth_study and same_training(s.meta, DEPTH / "settings.json"):
+        if a.reuse_depth_study and trained_alike(s.meta, DEPTH / "settings.json"):
             s.reuse, s.meta["reuses"] = [str(DEPTH / "runs.jsonl")], DEPTH.name  # its cells are not trained again
         if "along" in a.phases:  # hours per cell: checkpoint at every evaluation, so a killed cell resumes
             s.ckpt_every = a.eval_every

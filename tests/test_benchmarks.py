@@ -185,18 +185,18 @@ LNS_TINY = ["--steps", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", 
 
 
 def test_lns_study_reuses_the_depth_study_only_where_it_trained_alike(tmp_path):
-    from benchmarks import lns_study
+    from depthlab.study.records import TRAINING, trained_alike
 
     meta = {"dim": 64, "heads": 4, "ffn": 172, "vocab": 2048, "seq": 64, "batch": 16, "steps": 2000, "eval_every": 250,
             "corpus_mb": 10.0, "val_tokens": 32768, "init_std": "auto", "embed_std": 0.6, "corpus": {"sha256": "ab"}}
     old = tmp_path / "old.json"  # the depth study's settings file keeps these at its top level
-    old.write_text(json.dumps({**{k: meta[k] for k in lns_study.TRAINING}, "corpus_sha256": "ab", "lrs": [1e-3]}))
+    old.write_text(json.dumps({**{k: meta[k] for k in TRAINING}, "corpus_sha256": "ab", "lrs": [1e-3]}))
     new = tmp_path / "new.json"  # a study's own format keeps them in meta
     new.write_text(json.dumps({"name": "x", "meta": {**meta, "probe_windows": 64}}))
-    assert lns_study.same_training(meta, old) and lns_study.same_training(meta, new)
-    assert not lns_study.same_training({**meta, "steps": 14648}, old)  # the along phase's longer runs
-    assert not lns_study.same_training({**meta, "corpus": {"sha256": "cd"}}, new)
-    assert not lns_study.same_training(meta, tmp_path / "missing.json")
+    assert trained_alike(meta, old) and trained_alike(meta, new)
+    assert not trained_alike({**meta, "steps": 14648}, old)  # the along phase's longer runs
+    assert not trained_alike({**meta, "corpus": {"sha256": "cd"}}, new)
+    assert not trained_alike(meta, tmp_path / "missing.json")
 
 
 def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):

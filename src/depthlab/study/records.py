@@ -19,6 +19,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+TRAINING = ("dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "eval_every", "corpus_mb", "val_tokens",
+            "init_std", "embed_std")  # the study settings (in its meta) that decide how a cell trains
+
+
+def trained_alike(meta: dict, other: Path) -> bool:
+    """Whether the study whose settings.json is `other` trained its cells as the study of `meta` does (its TRAINING
+    settings and the corpus by its sha256; older files keep them at the top level); its probe may differ."""
+    if not other.exists():
+        return False
+    o = json.loads(other.read_text())
+    o = {**o, **o.get("meta", {})}
+    sha = o.get("corpus_sha256") or (o.get("corpus") or {}).get("sha256")
+    return sha == meta["corpus"]["sha256"] and all(o.get(k) == meta[k] for k in TRAINING)
+
 
 def cell_key(variant: str, lr: float, seed: int, layers: int | None = None) -> str:
     return f"{variant}{'' if layers is None else f'-L{layers}'}-lr{lr:g}-seed{seed}"
