@@ -46,7 +46,11 @@ def bottom_line(res: dict, along: list[dict], equal_rate: list[dict]) -> list[st
     out.append("Each scheme at its own best rate at each depth, LNS − Pre-LN validation loss: " + "; ".join(
         f"N = {d['layers']} {_d(d['delta_val_loss'])}" + ("" if d in own else " (a grid not yet complete)")
         for d in res["depths"] if d["delta_val_loss"].get("seeds")) + ".")
-    means = [d["delta_val_loss"]["mean"] for d in res["depths"] if d["delta_val_loss"].get("seeds")]
+    done = [d for d in res["depths"] if d["delta_val_loss"].get("seeds")]
+    out.append("The loss itself, at those rates, by depth: " + "; ".join(
+        f"N = {d['layers']} pre {d['pre']['val_loss']['mean']:.3f}, lns {d['lns']['val_loss']['mean']:.3f}"
+        for d in done) + ".")
+    means = [d["delta_val_loss"]["mean"] for d in done]
     if len(means) > 2 and all(b < a for a, b in zip(means, means[1:])):
         out.append("The gap widens with every doubling of depth.")
     behind = [r for r in equal_rate if r["delta"] > 0]
