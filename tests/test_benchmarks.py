@@ -254,7 +254,7 @@ def test_lns_bottom_line_judges_from_the_numbers():
     def depth(L, delta, reading):
         grid = {"grid": {"a": 1, "b": 2, "c": 3}, "edge": False, "best_lr": 8e-3}
         return {"layers": L, "grids": {"pre": grid, "lns": grid}, "delta_val_loss": c(delta),
-                "pre": {"index": {"reading": reading}}, "lns": {}}
+                "pre": {"index": {"reading": reading}, "val_loss": {"mean": 2.4}}, "lns": {"val_loss": {"mean": 2.35}}}
 
     parts = [{"layers": 12, "lr": 8e-3, "variants": {"lns": {"delta_val_loss": c(-0.03)},
                                                      "pre+gain_init": {"delta_val_loss": c(-0.027)},
@@ -263,7 +263,7 @@ def test_lns_bottom_line_judges_from_the_numbers():
     text = bottom_line(res, [], [{"lr": 1e-3, "delta": 0.13}, {"lr": 8e-3, "delta": -0.05}])[0]
     assert "reads absent at N = 6 and present at N = 48" in text and "its gain is not curse-lifting" in text
     assert "give 90% of LNS's difference" in text and "LNS is behind at 0.001 (by +0.130" in text
-    assert "**The data favour an optimisation effect" in text
+    assert "**The data favour an optimisation effect" in text and "N = 48 pre 2.400, lns 2.350" in text
     probe = {"delta": -0.05, "pre_inert_fraction": 0.5, "pre_inert_fraction_ci": [0.4, 0.6], "lns_inert_fraction": 0.0,
              "lns_inert_fraction_ci": [0, 0.1], "pre_removal_deep_over_shallow": 0.4,
              "pre_removal_deep_over_shallow_ci": [0.3, 0.5], "lns_removal_deep_over_shallow": 1.0,
