@@ -129,11 +129,11 @@ def limits(lns_settings: Path, along_settings: Path, depths: list[int], along_de
     """What this scale cannot say, with the tokens per parameter of these runs."""
     tpp = tokens_per_parameter(lns_settings, depths) if lns_settings.exists() else {}
     along = tokens_per_parameter(along_settings, along_depths) if along_settings.exists() else {}
-    ratio = ", ".join(f"{tpp[L]:.1f} at N = {L}" for L in sorted(tpp))
-    ratio += "".join(f"; {along[L]:.0f} in the along runs (N = {L})" for L in sorted(along))
+    ratio = ", ".join(f"{tpp[L]:.1f} (N = {L})" for L in sorted(tpp))
+    ratio += "".join(f", {along[L]:.0f} (the along runs, N = {L})" for L in sorted(along))
     return ["**What this scale cannot say.** The paper trains 130M-1B parameter models at width 768 and more on C4, "
             "about 20 tokens per parameter at 130M; these runs train width-64 models on Python source code, at "
-            f"{ratio or 'a few'} tokens per parameter. A high-rate advantage of a gain initialisation at width 64 "
+            f"tokens per parameter {ratio or 'of a few'}. A high-rate advantage of a gain initialisation at width 64 "
             "need not survive at width 768, where the paper's shared 1e-3 may already sit at each scheme's optimum; "
             "and a curse that forms over billions of tokens may not have formed in 2M-15M. The GPU study (section 9, "
             "part 5) asks the along question at width 128 and 60M tokens" + ("." if gpu_ran else "; it has not run "
