@@ -199,3 +199,34 @@ def vit_reading(vit: dict | None) -> list[str]:
                f"{200 * se:.1f} points) is larger than the paper's (ViT-S on ImageNet: +0.8 points with the scale "
                "on the branch outputs, −1.5 with it after the norm).")
     return [" ".join(out), ""]
+
+
+def stability_reading(res: dict) -> list[str]:
+    """Claims 5 and 6 read from the stability phase (res: lns_study()). Claim 5 (post, deepnorm and mixln less stable
+    at depth than Pre-LN) is read on the rates both a scheme and Pre-LN ran at the reference depth with seed 0:
+    supported where the scheme diverged at a rate Pre-LN trained at, not supported where it diverged at none of them.
+    Claim 6 (lns with scaled init worse than lns) is the paired Δ against lns, each at its own best rate: supported
+    if higher."""
+    st, ref_depth = res["stability"], res["ref_depth"]
+    pre = next((d["grids"]["pre"] for d in res["depths"] if d["layers"] == ref_depth), None)
+    if not st or pre is None:
+        return []
+    out = [f"*Reading (claims 5 and 6, N = {ref_depth}, width-matched init):*"]
+    pre_ok = {float(lr) for lr in pre["grid"]} - set(pre["diverged"])
+    for v, s in st.items():
+        rates = sorted(float(lr) for lr in s["grid"])
+        shared = [lr for lr in rates if lr in pre_ok]
+        worse = [lr for lr in shared if lr in s["diverged"]]
+        trained = [lr for lr in rates if lr not in s["diverged"]]
+        span = f"trained at {', '.join(f'{lr:g}' for lr in trained) or 'no rate'}" + (
+            f", diverged at {', '.join(f'{lr:g}' for lr in s['diverged'])}" if s["diverged"] else ", diverged at none")
+        if v.startswith("lns+"):
+            vs = s["against"].get("lns", {})
+            word = {"higher": "supported", "lower": "contradicted"}.get(vs.get("verdict"), "inconclusive")
+            out.append(f"{v} {span}; at its best rate against lns at its own, Δ {_d(vs) if vs.get('seeds') else '-'}:"
+                       f" claim 6 **{word}**.")
+        else:
+            word = "supported" if worse else ("not supported" if shared else "not tested")
+            out.append(f"{v} {span} (of the rates Pre-LN trained at, diverged at "
+                       f"{', '.join(f'{lr:g}' for lr in worse) or 'none'}): claim 5 **{word}** for {v}.")
+    return [" ".join(out), ""]

@@ -148,25 +148,27 @@ def lns_records() -> dict:
     return {**depth, **lns}
 
 
-def lns_headline() -> list[str]:
-    """The bottom line of the LNS study (section 9) with the depth study's same-rate rows (section 1)."""
-    from benchmarks import lns_findings, lns_study
-    from depthlab.study.summary import along_pairs, lns_study as summary
+def lns_summary() -> dict | None:
+    """lns_study() of the LNS study's records (with the depth study's underneath), or None before it ran."""
+    from benchmarks import lns_study
+    from depthlab.study.summary import lns_study as summary
 
     if not (RESULTS / "lns_study" / "runs.jsonl").exists():
+        return None
+    ref = (load(RESULTS / "lns_study" / "settings.json") or {}).get("meta", {}).get("ref_depth", 24)
+    return summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), ref)
+
+
+def lns_headline(res: dict | None) -> list[str]:
+    """The bottom line of the LNS study (section 9) with the depth study's same-rate rows (section 1)."""
+    from benchmarks import lns_findings
+    from depthlab.study.summary import along_pairs
+
+    if res is None:
         return []
-    res = summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
     along = along_pairs(load_records_of("lns_study_along"))
     equal = (load(RESULTS / "depth_study" / "results.json") or {}).get("equal_rate", [])
     return lns_findings.bottom_line(res, along, equal)
-
-
-def section1_reading() -> list[str]:
-    from benchmarks import lns_findings, lns_study
-    from depthlab.study.summary import lns_study as summary
-
-    res = summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
-    return lns_findings.section1_reading(res, load(RESULTS / "depth_study" / "results.json"))
 
 
 def headline_limits() -> list[str]:
@@ -183,8 +185,8 @@ def load_records_of(name: str) -> dict:
     return load_records(RESULTS / name / "runs.jsonl")
 
 
-def lns_study_section() -> list[str]:
-    from benchmarks import lns_study, study_report
+def lns_study_section(res: dict | None) -> list[str]:
+    from benchmarks import lns_findings, lns_study, study_report
     from depthlab.study.records import load_records
 
     out = ["## 9. Why LNS wins: each depth at its own rate, LNS taken apart, the curse along training", ""]
@@ -207,7 +209,9 @@ def lns_study_section() -> list[str]:
         out += [f"### {name}", "", f"Made by `{command}` (the last run into it; `make study-lns` and `make "
                 "study-along` run the whole of each).", ""]
         if d.name == "lns_study":
-            out += study_report.lns_tables(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), 24)
+            ref = res["ref_depth"] if res else 24
+            out += study_report.lns_tables(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), ref)
+            out += lns_findings.stability_reading(res) if res else []
         elif study_report.plot_along(records, IMG / f"{d.name}_along.png"):
             out += study_report.along_table(records) + [f"![Δ and the curse index along training](img/{d.name}"
                                                         "_along.png)", ""]
@@ -243,8 +247,7 @@ SUPERSEDED = [
     "`depthlab.metrics.init_update_ratios`), so its blocks started almost silent and LNS damped the deep "
     "quarter further to 0.002. Its verdicts are withdrawn and its script is gone; its result files stay in "
     "`benchmarks/results/reproduce*/`, read by nothing. Its claims 5 (Post-LN, DeepNorm and Mix-LN less stable at "
-    "depth) and 6 (LNS + scaled init worse than LNS) have not been re-run under the width-matched init.",
-    "",
+    "depth) and 6 (LNS + scaled init worse than LNS) are re-run under the width-matched init in section 9 (part 4)",
 ]
 
 
@@ -263,9 +266,12 @@ def main() -> Path:
     copy_plots()
     n6 = RESULTS / "depth_study_n6"
     study_report.along_section(n6)  # its results.json, read by the headline
-    lines = INTRO + ["", "## Headline", ""] + lns_headline() + study_report.headline(study, n6) \
+    res = lns_summary()
+    lines = INTRO + ["", "## Headline", ""] + lns_headline(res) + study_report.headline(study, n6) \
         + study_report.vit_headline(vit) + headline_limits()
-    lines += ["## 1. Does LNS beat Pre-LN, by depth, and is the curse there?", ""] + section1_reading()
+    lines += ["## 1. Does LNS beat Pre-LN, by depth, and is the curse there?", ""]
+    if res is not None:
+        lines += lns_findings.section1_reading(res, load(study / "results.json"))
     lines += study_report.depth_section(study, "depth_study_")
     lines += study_report.along_section(n6)
     sections = [("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
@@ -274,10 +280,12 @@ def main() -> Path:
     for key, body in sections:
         lines += body + prose.get(key, []) + [""]
     lines += SUPERSEDED
+    lines[-1] += ("." if res and res["stability"] else ", which has not run yet.")
+    lines.append("")
     lines += ["## 7. Vision Transformers: where LNS goes", ""] + lns_findings.vit_reading(load(vit / "results.json"))
     lines += study_report.vit_section(vit, "img/vit_study.png")
     lines += scaleout_section(load(RESULTS / "scaleout.json"), load(RESULTS / "scaleout_before.json"))
-    lines += lns_study_section()
+    lines += lns_study_section(res)
     lines += NOT_DONE
     path = DOCS / "results.md"
     path.write_text("\n".join(lines).rstrip() + "\n")

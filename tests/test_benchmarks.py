@@ -276,3 +276,25 @@ def test_lns_bottom_line_judges_from_the_numbers():
     assert "Δ goes from -0.010 at 1.5M tokens to -0.050 at 15.0M while Pre-LN's index moves toward" in text
     parts[0]["variants"]["pre+gain_init"]["delta_val_loss"] = c(-0.001, "inconclusive")  # gain-init alone: 3%
     assert "do not single out" in bottom_line(res, [], [])[0]
+
+
+def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran():
+    """Claim 5 is judged only on rates where Pre-LN trained; claim 6 by lns+scaled's paired Δ against lns."""
+    from benchmarks.lns_findings import stability_reading
+
+    pre = {"grid": {"0.002": 2.5, "0.008": 2.4, "0.016": 9.0}, "diverged": [0.016], "best_lr": 8e-3, "edge": False}
+    res = {"ref_depth": 24, "depths": [{"layers": 24, "grids": {"pre": pre}}], "stability": {
+        "post": {"grid": {"0.002": 2.6, "0.008": 9.1}, "diverged": [0.008], "against": {}},
+        "deepnorm": {"grid": {"0.008": 2.5, "0.016": 9.0}, "diverged": [0.016], "against": {}},
+        "mixln": {"grid": {"0.032": 9.0}, "diverged": [0.032], "against": {}},
+        "lns+scaled": {"grid": {"0.008": 2.5}, "diverged": [], "against": {"lns": {
+            "mean": 0.03, "std": 0.004, "verdict": "higher", "seeds": [0, 1]}}}}}
+    text = stability_reading(res)[0]
+    assert "post trained at 0.002, diverged at 0.008 (of the rates Pre-LN trained at, diverged at 0.008): claim 5 " \
+           "**supported** for post" in text
+    assert "claim 5 **not supported** for deepnorm" in text  # it diverged only where pre did too
+    assert "claim 5 **not tested** for mixln" in text  # no rate in common with a trained Pre-LN
+    assert "lns+scaled trained at 0.008, diverged at none" in text and "claim 6 **supported**" in text
+    res["stability"]["lns+scaled"]["against"]["lns"]["verdict"] = "inconclusive"
+    assert "claim 6 **inconclusive**" in stability_reading(res)[0]
+    assert stability_reading({**res, "stability": {}}) == []

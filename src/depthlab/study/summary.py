@@ -267,8 +267,8 @@ def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: i
             base = {w: against(records, (w, ref[w]["best_lr"]), (v, g["best_lr"]), ref_depth)
                     for w in (a, b) if w in ref and (w == a or v.startswith(f"{b}+"))}
             stability[v] = {**g, "at_best": variant_reading(records, v, ref_depth, g["best_lr"]), "against": base}
-    return {"depths": depths, "parts": decomposition, "stability": stability, "runs": len(records),
-            "train_s": sum(r.get("wall_s", 0.0) for r in records.values())}
+    return {"depths": depths, "parts": decomposition, "stability": stability, "ref_depth": ref_depth,
+            "runs": len(records), "train_s": sum(r.get("wall_s", 0.0) for r in records.values())}
 
 
 def along_pairs(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
