@@ -43,13 +43,14 @@ def bottom_line(res: dict, along: list[dict], equal_rate: list[dict]) -> list[st
         return []
     own = _own(res)
     out = ["**What the runs say about LNS.**"]
-    out.append("Each scheme at its own best rate at each depth, LNS − Pre-LN validation loss: " + "; ".join(
-        f"N = {d['layers']} {_d(d['delta_val_loss'])}" + ("" if d in own else " (a grid not yet complete)")
-        for d in res["depths"] if d["delta_val_loss"].get("seeds")) + ".")
     done = [d for d in res["depths"] if d["delta_val_loss"].get("seeds")]
-    out.append("The loss itself, at those rates, by depth: " + "; ".join(
-        f"N = {d['layers']} pre {d['pre']['val_loss']['mean']:.3f}, lns {d['lns']['val_loss']['mean']:.3f}"
-        for d in done) + ".")
+    if done:
+        out.append("Each scheme at its own best rate at each depth, LNS − Pre-LN validation loss: " + "; ".join(
+            f"N = {d['layers']} {_d(d['delta_val_loss'])}" + ("" if d in own else " (a grid not yet complete)")
+            for d in done) + ".")
+        out.append("The loss itself, at those rates, by depth: " + "; ".join(
+            f"N = {d['layers']} pre {d['pre']['val_loss']['mean']:.3f}, lns {d['lns']['val_loss']['mean']:.3f}"
+            for d in done) + ".")
     means = [d["delta_val_loss"]["mean"] for d in done]
     if len(means) > 2 and all(b < a for a, b in zip(means, means[1:])):
         out.append("The gap widens with every doubling of depth.")
@@ -93,6 +94,11 @@ def bottom_line(res: dict, along: list[dict], equal_rate: list[dict]) -> list[st
         if ahead and all(v["to_delta"] > v["from_delta"] + 0.01 for _, v in ahead):
             out.append("Where LNS starts ahead, its lead shrinks with training: a head start more than a better end "
                        "point.")
+    st = stability_verdicts(res) if res.get("stability") else {}
+    if st:
+        out.append(f"Stability at N = {res['ref_depth']} under the width-matched init (seed-0 grids): " + "; ".join(
+            f"{v} diverged at {_rates_text(r['diverged'])}: claim {r['claim']} **{r['word']}**"
+            for v, r in st.items()) + " (section 9, part 4).")
     favour = (absent and shares and all(s is not None and 0.5 <= s <= 1.5 for s in shares.values())
               and not any(v["verdict"] == "supported" for _, v in verdicts))
     if favour:
@@ -201,32 +207,49 @@ def vit_reading(vit: dict | None) -> list[str]:
     return [" ".join(out), ""]
 
 
-def stability_reading(res: dict) -> list[str]:
-    """Claims 5 and 6 read from the stability phase (res: lns_study()). Claim 5 (post, deepnorm and mixln less stable
-    at depth than Pre-LN) is read on the rates both a scheme and Pre-LN ran at the reference depth with seed 0:
-    supported where the scheme diverged at a rate Pre-LN trained at, not supported where it diverged at none of them.
-    Claim 6 (lns with scaled init worse than lns) is the paired Δ against lns, each at its own best rate: supported
-    if higher."""
-    st, ref_depth = res["stability"], res["ref_depth"]
-    pre = next((d["grids"]["pre"] for d in res["depths"] if d["layers"] == ref_depth), None)
-    if not st or pre is None:
-        return []
-    out = [f"*Reading (claims 5 and 6, N = {ref_depth}, width-matched init):*"]
+def stability_verdicts(res: dict) -> dict[str, dict]:
+    """Claims 5 and 6 read from the stability phase (res: lns_study()), per scheme: the rates it trained and diverged
+    at, and its claim's word. Claim 5 (post, deepnorm and mixln less stable at depth than Pre-LN) is read on the rates
+    both a scheme and Pre-LN ran at the reference depth with seed 0: supported where the scheme diverged at a rate
+    Pre-LN trained at, not supported where it diverged at none of them. Claim 6 (lns with scaled init worse than lns)
+    is the paired Δ against lns, each at its own best rate: supported if higher, contradicted if lower."""
+    pre = next((d["grids"]["pre"] for d in res["depths"] if d["layers"] == res["ref_depth"]), None)
+    if pre is None:
+        return {}
     pre_ok = {float(lr) for lr in pre["grid"]} - set(pre["diverged"])
-    for v, s in st.items():
+    out = {}
+    for v, s in res["stability"].items():
         rates = sorted(float(lr) for lr in s["grid"])
-        shared = [lr for lr in rates if lr in pre_ok]
-        worse = [lr for lr in shared if lr in s["diverged"]]
-        trained = [lr for lr in rates if lr not in s["diverged"]]
-        span = f"trained at {', '.join(f'{lr:g}' for lr in trained) or 'no rate'}" + (
-            f", diverged at {', '.join(f'{lr:g}' for lr in s['diverged'])}" if s["diverged"] else ", diverged at none")
+        worse = [lr for lr in rates if lr in pre_ok and lr in s["diverged"]]
+        row = {"claim": 5, "trained": [lr for lr in rates if lr not in s["diverged"]], "diverged": s["diverged"],
+               "worse": worse}
         if v.startswith("lns+"):
             vs = s["against"].get("lns", {})
-            word = {"higher": "supported", "lower": "contradicted"}.get(vs.get("verdict"), "inconclusive")
-            out.append(f"{v} {span}; at its best rate against lns at its own, Δ {_d(vs) if vs.get('seeds') else '-'}:"
-                       f" claim 6 **{word}**.")
+            row.update(claim=6, delta=vs, word={"higher": "supported", "lower": "contradicted"}.get(
+                vs.get("verdict"), "inconclusive"))
         else:
-            word = "supported" if worse else ("not supported" if shared else "not tested")
-            out.append(f"{v} {span} (of the rates Pre-LN trained at, diverged at "
-                       f"{', '.join(f'{lr:g}' for lr in worse) or 'none'}): claim 5 **{word}** for {v}.")
+            row["word"] = "supported" if worse else ("not supported" if pre_ok & set(rates) else "not tested")
+        out[v] = row
+    return out
+
+
+def _rates_text(lrs: list[float]) -> str:
+    return ", ".join(f"{lr:g}" for lr in lrs) or "none"
+
+
+def stability_reading(res: dict) -> list[str]:
+    """stability_verdicts() in words, under the stability table."""
+    verdicts = stability_verdicts(res)
+    if not verdicts:
+        return []
+    out = [f"*Reading (claims 5 and 6, N = {res['ref_depth']}, width-matched init):*"]
+    for v, r in verdicts.items():
+        span = f"{v} trained at {_rates_text(r['trained'])}, diverged at {_rates_text(r['diverged'])}"
+        if r["claim"] == 6:
+            vs = r["delta"]
+            out.append(f"{span}; at its best rate against lns at its own, Δ {_d(vs) if vs.get('seeds') else '-'}: "
+                       f"claim 6 **{r['word']}**.")
+        else:
+            out.append(f"{span} (of the rates Pre-LN trained at, diverged at {_rates_text(r['worse'])}): claim 5 "
+                       f"**{r['word']}** for {v}.")
     return [" ".join(out), ""]

@@ -280,10 +280,11 @@ def test_lns_bottom_line_judges_from_the_numbers():
 
 def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran():
     """Claim 5 is judged only on rates where Pre-LN trained; claim 6 by lns+scaled's paired Δ against lns."""
-    from benchmarks.lns_findings import stability_reading
+    from benchmarks.lns_findings import bottom_line, stability_reading
 
     pre = {"grid": {"0.002": 2.5, "0.008": 2.4, "0.016": 9.0}, "diverged": [0.016], "best_lr": 8e-3, "edge": False}
-    res = {"ref_depth": 24, "depths": [{"layers": 24, "grids": {"pre": pre}}], "stability": {
+    res = {"ref_depth": 24, "depths": [{"layers": 24, "grids": {"pre": pre}, "pre": {}, "delta_val_loss": {}}],
+           "parts": [], "stability": {
         "post": {"grid": {"0.002": 2.6, "0.008": 9.1}, "diverged": [0.008], "against": {}},
         "deepnorm": {"grid": {"0.008": 2.5, "0.016": 9.0}, "diverged": [0.016], "against": {}},
         "mixln": {"grid": {"0.032": 9.0}, "diverged": [0.032], "against": {}},
@@ -295,6 +296,8 @@ def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran():
     assert "claim 5 **not supported** for deepnorm" in text  # it diverged only where pre did too
     assert "claim 5 **not tested** for mixln" in text  # no rate in common with a trained Pre-LN
     assert "lns+scaled trained at 0.008, diverged at none" in text and "claim 6 **supported**" in text
+    assert "post diverged at 0.008: claim 5 **supported**; deepnorm diverged at 0.016: claim 5 **not supported**" \
+        in bottom_line(res, [], [])[0]
     res["stability"]["lns+scaled"]["against"]["lns"]["verdict"] = "inconclusive"
     assert "claim 6 **inconclusive**" in stability_reading(res)[0]
     assert stability_reading({**res, "stability": {}}) == []
