@@ -43,7 +43,8 @@ def study(a, command: str, name: str = "depth", variants: dict | None = None) ->
     meta = {k: getattr(a, k) for k in ("dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "eval_every",
                                        "corpus_mb", "val_tokens", "ref_depth", "depths", "seeds", "ref_seeds", "lrs")}
     s = Study(name, a.out, variants or VARIANTS, base, "cpu-tiny", runs, probe=ProbeSpec(a.probe_windows, a.seq),
-              budgets=a.budgets, corpus=str(Path(runs) / "corpus"), val_tokens=a.val_tokens, command=command)
+              budgets=a.budgets, corpus=str(Path(runs) / "corpus"), val_tokens=a.val_tokens, command=command,
+              ckpt_every=a.eval_every)  # 10 min to hours per cell: a killed cell resumes at its last evaluation
     s.meta.update({**meta, "init_std": "auto", "embed_std": (2 / 5) ** 0.5, "probe_windows": a.probe_windows,
               "corpus": build_corpus(s.config(grid_cells(s, [1e-3], 2)[0]), Path(s.corpus))})
     return s

@@ -13,16 +13,17 @@ the old stability claims, as thin phases over depthlab.study (the depth study's 
                l^-p, pre with those gains learning at lr*l^-p, pre with every block-l parameter at lr*l^-p
     along      pre and lns at each of --along-depths and --along-lrs, seed 0, probed every --probe-every tokens;
                run alone: its defaults are 14,648 steps of 16 x 64 tokens (15M, under one epoch of the 64 MB
-               built-in corpus), its records go to lns_study_along/; its cells checkpoint at every evaluation,
-               so a killed study run again resumes each unfinished cell where it stopped (keep --runs-dir)
+               built-in corpus), its records go to lns_study_along/
     stability  post, deepnorm, mixln and lns with scaled init at --ref-depth, each on pre's grid widened as above,
                seed 0; then --seeds at each best rate; divergence (non-finite, or loss above ln V) is recorded
 
-Cells the depth study trained alike (its N = 24 grid, 8e-3 at 6-48 blocks; its probe) are not trained again unless
---no-reuse. Selection is by the final validation loss. `--gpu` is `along` where it means more, prepared for one lent
-H100/H200 (about 8 minutes in all, not yet measured): width 128, 12 and 24 blocks, pre and lns at 1e-3 (the paper's
-shared rate) and 3e-3, 3,662 steps of 64 x 256 tokens (60M), bf16, compiled, ten probes per run, records in
-lns_study_gpu/. `prepare --gpu` tokenizes its corpus beforehand into --runs-dir (uint16, about 40 MB).
+Every phase's cells checkpoint at each evaluation, so a killed study run again resumes each unfinished cell where it
+stopped (keep --runs-dir). Cells the depth study trained alike (its N = 24 grid, 8e-3 at 6-48 blocks; its probe) are
+not trained again unless --no-reuse. Selection is by the final validation loss. `--gpu` is `along` where it means
+more, prepared for one lent H100/H200 (about 8 minutes in all, not yet measured): width 128, 12 and 24 blocks, pre
+and lns at 1e-3 (the paper's shared rate) and 3e-3, 3,662 steps of 64 x 256 tokens (60M), bf16, compiled, ten probes
+per run, records in lns_study_gpu/. `prepare --gpu` tokenizes its corpus beforehand into --runs-dir (uint16, about
+40 MB).
 """
 
 from __future__ import annotations
@@ -103,8 +104,6 @@ def main(argv=None) -> None:
         s = study(a, recorded_command("lns_study", argv if argv is not None else sys.argv[1:]), "lns", VARIANTS)
         if a.reuse_depth_study and trained_alike(s.meta, DEPTH / "settings.json"):
             s.reuse, s.meta["reuses"] = [str(DEPTH / "runs.jsonl")], DEPTH.name  # its cells are not trained again
-        if "along" in a.phases:  # hours per cell: checkpoint at every evaluation, so a killed cell resumes
-            s.ckpt_every = a.eval_every
         for name in a.phases if a.cmd == "run" else []:
             run_phase(s, name, a)
     from benchmarks.study_report import along_table, cell_tables, lns_tables

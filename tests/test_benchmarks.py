@@ -222,6 +222,7 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     assert "**Stability at N = 2.**" in table
     row = next(x for x in table.splitlines() if x.startswith("| lns+scaled | 0.002 "))  # its grid in one row
     assert row.count("per seed") == 2  # against pre and against lns, each at its own best rate
+    assert json.loads((out / "settings.json").read_text())["ckpt_every"] == 2  # every phase's cells resume
     gpu = tmp_path / "gpu"
     lns_study.main(["run", "--gpu", "--device", "cpu", "--dtype", "fp32", "--no-compile", "--along-depths", "2",
                     "--along-lrs", "1e-3", "--probe-every", "32", *LNS_TINY, "--out", str(gpu),
