@@ -102,11 +102,14 @@ def bottom_line(res: dict, along: list[dict], equal_rate: list[dict]) -> list[st
     favour = (absent and shares and all(s is not None and 0.5 <= s <= 1.5 for s in shares.values())
               and not any(v["verdict"] == "supported" for _, v in verdicts))
     if favour:
+        gap = {d["layers"]: d["delta_val_loss"]["mean"] for d in done}
+        larger = present and all(gap.get(p, 0) < min(gap.get(a, 0) for a in absent) for p in present)
         out.append("**The data favour an optimisation effect over curse-lifting**: smaller deep norm gains at the "
                    "start (what LNS is under Adam, docs/method.md) let the high rates train, and cost at low rates, "
                    "whether or not Pre-LN's deep blocks are identity-like. Where Pre-LN's index reads present "
-                   f"(N = {', '.join(map(str, present)) or 'none'}), these runs cannot say how much of LNS's larger "
-                   "lead is curse-lifting.")
+                   f"(N = {', '.join(map(str, present)) or 'none'}), these runs cannot say how much of LNS's "
+                   + ("larger lead" if larger else "lead there (no larger than where the index reads absent)")
+                   + " is curse-lifting.")
     else:
         out.append("**The runs so far do not single out one explanation** of LNS's advantage (section 9 holds each).")
     return [" ".join(out), ""]

@@ -265,6 +265,7 @@ def test_lns_bottom_line_judges_from_the_numbers():
     assert "reads absent at N = 6 and present at N = 48" in text and "its gain is not curse-lifting" in text
     assert "give 90% of LNS's difference" in text and "LNS is behind at 0.001 (by +0.130" in text
     assert "**The data favour an optimisation effect" in text and "N = 48 pre 2.400, lns 2.350" in text
+    assert "how much of LNS's larger lead is curse-lifting" in text  # -0.07 where present against -0.02 absent
     probe = {"delta": -0.05, "pre_inert_fraction": 0.5, "pre_inert_fraction_ci": [0.4, 0.6], "lns_inert_fraction": 0.0,
              "lns_inert_fraction_ci": [0, 0.1], "pre_removal_deep_over_shallow": 0.4,
              "pre_removal_deep_over_shallow_ci": [0.3, 0.5], "lns_removal_deep_over_shallow": 1.0,
