@@ -39,8 +39,8 @@ from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, wide
 OUT = Path(__file__).parent / "results" / "lns_study"
 PHASES = ("depths", "parts", "along", "stability")
 DEPTH = OUT.with_name("depth_study")  # its cells (the N = 24 grid, 8e-3 at 6-48 blocks) are reused where settings agree
-ALONG = {"steps": 14648, "eval_every": 1465, "corpus_mb": 64.0, "phases": ["along"],
-         "out": str(OUT.with_name("lns_study_along"))}
+ALONG = {"steps": 14648, "eval_every": 1465, "corpus_mb": 64.0, "phases": ["along"], "along_depths": [12],
+         "along_lrs": [2e-3, 8e-3], "out": str(OUT.with_name("lns_study_along"))}
 VARIANTS = {
     "pre": ["model.norm_scheme=pre"],
     "lns": ["model.norm_scheme=lns"],
@@ -84,8 +84,8 @@ def main(argv=None) -> None:
     p.add_argument("--grid-depths", nargs="+", type=int, default=[6, 48])
     p.add_argument("--parts-depth", type=int, default=12)
     p.add_argument("--parts-lrs", nargs="+", type=float, default=[2e-3, 8e-3])
-    p.add_argument("--along-depths", nargs="+", type=int, default=[12])
-    p.add_argument("--along-lrs", nargs="+", type=float, default=[2e-3, 8e-3])
+    p.add_argument("--along-depths", nargs="+", type=int, default=ALONG["along_depths"])
+    p.add_argument("--along-lrs", nargs="+", type=float, default=ALONG["along_lrs"])
     p.add_argument("--widen", type=int, default=2, help="times a grid is widened past an edge (default 2)")
     p.add_argument("--probe-every", type=int, default=1_500_000, help="along: tokens between probes")
     p.add_argument("--gpu", action="store_true", help="the GPU settings of `along` (see the module docstring)")

@@ -215,6 +215,7 @@ def lns_study_section(res: dict | None) -> list[str]:
         elif study_report.plot_along(records, IMG / f"{d.name}_along.png"):
             out += study_report.along_table(records) + [f"![Δ and the curse index along training](img/{d.name}"
                                                         "_along.png)", ""]
+            out += along_not_run(records) if d.name == "lns_study_along" else []
         out += ["Every cell:", ""] + study_report.cell_tables(d) + [""]
     from depthlab.study.summary import ALONG_RULE
 
@@ -225,6 +226,17 @@ def lns_study_section(res: dict | None) -> list[str]:
                                 " here, then `make study-gpu` on the GPU)."}
     out += [f"### {name}\n\n{missing[d]}\n" for name, d in parts if (name, RESULTS / d) not in done]
     return out
+
+
+def along_not_run(records: dict) -> list[str]:
+    """The CPU along pairs the study plans (its defaults) that have no finished pair in the records."""
+    from benchmarks.lns_study import ALONG
+    from depthlab.study.summary import along_pairs
+
+    ran = {(a["layers"], a["lr"]) for a in along_pairs(records)}
+    todo = [f"N = {L}, lr {lr:g}" for L in ALONG["along_depths"] for lr in ALONG["along_lrs"] if (L, lr) not in ran]
+    return [f"**Not run yet:** {', '.join(todo)} (`make study-along`; the pairs above are skipped, a killed cell "
+            "resumes).", ""] if todo else []
 
 
 def copy_plots() -> None:

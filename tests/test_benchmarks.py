@@ -303,3 +303,17 @@ def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran():
     res["stability"]["lns+scaled"]["against"]["lns"]["verdict"] = "inconclusive"
     assert "claim 6 **inconclusive**" in stability_reading(res)[0]
     assert stability_reading({**res, "stability": {}}) == []
+
+
+def test_the_results_page_names_the_along_pairs_not_run():
+    """Section 9 lists the planned CPU along pairs that have no finished pair in the records (here: the recorded
+    8e-3 pair alone, then nothing)."""
+    from benchmarks import report
+    from benchmarks.lns_study import ALONG
+    from depthlab.study.records import load_records
+
+    records = load_records(report.RESULTS / "lns_study_along" / "runs.jsonl")
+    eight = {k: r for k, r in records.items() if r["lr"] == 8e-3}
+    assert ALONG["along_lrs"] == [2e-3, 8e-3] and len(eight) == 2
+    assert report.along_not_run(eight)[0].startswith("**Not run yet:** N = 12, lr 0.002 (")
+    assert "N = 12, lr 0.002, N = 12, lr 0.008" in report.along_not_run({})[0]
