@@ -224,8 +224,8 @@ def stability_verdicts(res: dict) -> dict[str, dict]:
     for v, s in res["stability"].items():
         rates = sorted(float(lr) for lr in s["grid"])
         worse = [lr for lr in rates if lr in pre_ok and lr in s["diverged"]]
-        row = {"claim": 5, "trained": [lr for lr in rates if lr not in s["diverged"]], "diverged": s["diverged"],
-               "worse": worse}
+        row = {"claim": 5, "loss": {lr: s["grid"][f"{lr:g}"] for lr in rates}, "diverged": s["diverged"],
+               "worse": worse, "pre_loss": {lr: pre["grid"][f"{lr:g}"] for lr in rates if f"{lr:g}" in pre["grid"]}}
         if v.startswith("lns+"):
             vs = s["against"].get("lns", {})
             row.update(claim=6, delta=vs, word={"higher": "supported", "lower": "contradicted"}.get(
@@ -247,7 +247,9 @@ def stability_reading(res: dict) -> list[str]:
         return []
     out = [f"*Reading (claims 5 and 6, N = {res['ref_depth']}, width-matched init):*"]
     for v, r in verdicts.items():
-        span = f"{v} trained at {_rates_text(r['trained'])}, diverged at {_rates_text(r['diverged'])}"
+        span = f"{v}, final loss by rate " + ", ".join(
+            f"{lr:g} {x:.3f}" + (f" (pre {r['pre_loss'][lr]:.3f})" if lr in r["pre_loss"] else "")
+            for lr, x in r["loss"].items()) + f", diverged at {_rates_text(r['diverged'])}"
         if r["claim"] == 6:
             vs = r["delta"]
             out.append(f"{span}; at its best rate against lns at its own, Δ {_d(vs) if vs.get('seeds') else '-'}: "
