@@ -97,7 +97,8 @@ def bottom_line(res: dict, along: list[dict], equal_rate: list[dict]) -> list[st
     st = stability_verdicts(res) if res.get("stability") else {}
     if st:
         out.append(f"Stability at N = {res['ref_depth']} under the width-matched init (seed-0 grids): " + "; ".join(
-            f"{v} diverged at {_rates_text(r['diverged'])}: claim {r['claim']} **{r['word']}**"
+            f"{v} diverged at {_rates_text(r['diverged'])}: claim {r['claim']}"
+            + (f" by divergence **{r['word']}**{_gap(r)}" if r["claim"] == 5 else f" **{r['word']}**")
             for v, r in st.items()) + " (section 9, part 4).")
     favour = (absent and shares and all(s is not None and 0.5 <= s <= 1.5 for s in shares.values())
               and not any(v["verdict"] == "supported" for _, v in verdicts))
@@ -226,6 +227,8 @@ def stability_verdicts(res: dict) -> dict[str, dict]:
         worse = [lr for lr in rates if lr in pre_ok and lr in s["diverged"]]
         row = {"claim": 5, "loss": {lr: s["grid"][f"{lr:g}"] for lr in rates}, "diverged": s["diverged"],
                "worse": worse, "pre_loss": {lr: pre["grid"][f"{lr:g}"] for lr in rates if f"{lr:g}" in pre["grid"]}}
+        gaps = {lr: x - row["pre_loss"][lr] for lr, x in row["loss"].items() if lr in row["pre_loss"]}
+        row["gap"] = max(gaps.items(), key=lambda kv: kv[1]) if gaps else None  # (rate, its loss minus pre's)
         if v.startswith("lns+"):
             vs = s["against"].get("lns", {})
             row.update(claim=6, delta=vs, word={"higher": "supported", "lower": "contradicted"}.get(
@@ -234,6 +237,10 @@ def stability_verdicts(res: dict) -> dict[str, dict]:
             row["word"] = "supported" if worse else ("not supported" if pre_ok & set(rates) else "not tested")
         out[v] = row
     return out
+
+
+def _gap(r: dict) -> str:
+    return f"; its largest loss gap to pre at one rate is {r['gap'][1]:+.3f} at {r['gap'][0]:g}" if r["gap"] else ""
 
 
 def _rates_text(lrs: list[float]) -> str:
@@ -255,6 +262,6 @@ def stability_reading(res: dict) -> list[str]:
             out.append(f"{span}; at its best rate against lns at its own, Δ {_d(vs) if vs.get('seeds') else '-'}: "
                        f"claim 6 **{r['word']}**.")
         else:
-            out.append(f"{span} (of the rates Pre-LN trained at, diverged at {_rates_text(r['worse'])}): claim 5 "
-                       f"**{r['word']}** for {v}.")
+            out.append(f"{span} (of the rates Pre-LN trained at, diverged at {_rates_text(r['worse'])}): claim 5 by "
+                       f"divergence **{r['word']}** for {v}{_gap(r)}.")
     return [" ".join(out), ""]

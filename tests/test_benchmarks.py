@@ -294,12 +294,14 @@ def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran():
             "mean": 0.03, "std": 0.004, "verdict": "higher", "seeds": [0, 1]}}}}}
     text = stability_reading(res)[0]
     assert "post, final loss by rate 0.002 2.600 (pre 2.500), 0.008 9.100 (pre 2.400), diverged at 0.008 (of the " \
-           "rates Pre-LN trained at, diverged at 0.008): claim 5 **supported** for post" in text
-    assert "claim 5 **not supported** for deepnorm" in text  # it diverged only where pre did too
-    assert "claim 5 **not tested** for mixln" in text  # no rate in common with a trained Pre-LN
+           "rates Pre-LN trained at, diverged at 0.008): claim 5 by divergence **supported** for post; its largest " \
+           "loss gap to pre at one rate is +6.700 at 0.008." in text
+    assert "claim 5 by divergence **not supported** for deepnorm" in text  # it diverged only where pre did too
+    assert "claim 5 by divergence **not tested** for mixln." in text  # no rate in common with a trained Pre-LN
     assert "lns+scaled, final loss by rate 0.008 2.500 (pre 2.400), diverged at none" in text
     assert "claim 6 **supported**" in text
-    assert "post diverged at 0.008: claim 5 **supported**; deepnorm diverged at 0.016: claim 5 **not supported**" \
+    assert "post diverged at 0.008: claim 5 by divergence **supported**; its largest loss gap to pre at one rate is " \
+           "+6.700 at 0.008; deepnorm diverged at 0.016: claim 5 by divergence **not supported**" \
         in bottom_line(res, [], [])[0]
     res["stability"]["lns+scaled"]["against"]["lns"]["verdict"] = "inconclusive"
     assert "claim 6 **inconclusive**" in stability_reading(res)[0]
