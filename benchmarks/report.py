@@ -212,6 +212,12 @@ def lns_study_section(res: dict | None) -> list[str]:
             ref = res["ref_depth"] if res else 24
             out += study_report.lns_tables(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), ref)
             out += lns_findings.stability_reading(res) if res else []
+            vocab = (load(d / "settings.json") or {}).get("meta", {}).get("vocab", 2048)
+            if res and study_report.plot_rates(res, IMG / "lns_study_rates.png", vocab):
+                out += ["![Final loss against learning rate, by depth and scheme](img/lns_study_rates.png)", "",
+                        "Final validation loss against learning rate, seed 0 (the large marker: each curve's best "
+                        "rate; dashed, where a run came near it: ln V, above which a run counts as diverged; "
+                        "diverged runs are drawn just above it). Each panel has its own loss scale.", ""]
         elif study_report.plot_along(records, IMG / f"{d.name}_along.png"):
             out += study_report.along_table(records) + [f"![Δ and the curse index along training](img/{d.name}"
                                                         "_along.png)", ""]

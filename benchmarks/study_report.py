@@ -527,3 +527,36 @@ def plot_along(records: dict, path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def plot_rates(res: dict, path: Path, vocab: int) -> bool:
+    """Final validation loss against learning rate (seed 0): pre and lns at each depth, one panel per depth, and
+    every stability scheme at the reference depth beside pre and lns, with ln V (the divergence line) dashed. The
+    best rate of each curve is the filled marker. res: depthlab.study.summary.lns_study()."""
+    if not res["depths"]:
+        return False
+    plt = _plt()
+    panels = [(f"N = {d['layers']}", d["grids"]) for d in res["depths"]]
+    ref = {d["layers"]: d["grids"] for d in res["depths"]}.get(res["ref_depth"], {})
+    if res["stability"]:
+        panels.append((f"N = {res['ref_depth']}, every scheme", {**ref, **res["stability"]}))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
+    for ax, (title, grids) in zip(axes[0], panels):
+        rates = sorted({float(lr) for g in grids.values() for lr in g["grid"]})
+        for v, g in grids.items():
+            lrs = [float(lr) for lr in g["grid"]]
+            line, = ax.plot(lrs, [min(x, 1.1 * math.log(vocab)) for x in g["grid"].values()], "o-", label=v, ms=4)
+            if g.get("best_lr") is not None:
+                ax.plot([g["best_lr"]], [g["grid"][f"{g['best_lr']:g}"]], "o", color=line.get_color(), ms=9)
+        if any(x > math.log(vocab) - 1 for g in grids.values() for x in g["grid"].values()):
+            ax.axhline(math.log(vocab), color="grey", ls="--", lw=0.8)  # only where a run came near it
+        ax.set(xscale="log", title=title, xlabel="learning rate")
+        ax.set_xticks(rates, [f"{lr:g}" for lr in rates], minor=False, fontsize=7)
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("final validation loss (seed 0)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

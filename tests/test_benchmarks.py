@@ -280,7 +280,7 @@ def test_lns_bottom_line_judges_from_the_numbers():
     assert "do not single out" in bottom_line(res, [], [])[0]
 
 
-def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran():
+def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran(tmp_path):
     """Claim 5 is judged only on rates where Pre-LN trained; claim 6 by lns+scaled's paired Δ against lns."""
     from benchmarks.lns_findings import bottom_line, stability_reading
 
@@ -306,6 +306,11 @@ def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran():
     res["stability"]["lns+scaled"]["against"]["lns"]["verdict"] = "inconclusive"
     assert "claim 6 **inconclusive**" in stability_reading(res)[0]
     assert stability_reading({**res, "stability": {}}) == []
+    from benchmarks.study_report import plot_rates
+
+    res["stability"]["post"]["grid"]["0.016"] = math.inf  # a diverged run is drawn just above ln V
+    assert plot_rates(res, tmp_path / "rates.png", 2048) and (tmp_path / "rates.png").stat().st_size > 10_000
+    assert not plot_rates({**res, "depths": []}, tmp_path / "none.png", 2048)
 
 
 def test_the_results_page_names_the_along_pairs_not_run():
