@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from depthlab.study.corpus import build_corpus
+from depthlab.study.corpus import build_corpus, unigram_loss
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import load_records
 from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells
@@ -47,6 +47,7 @@ def study(a, command: str, name: str = "depth", variants: dict | None = None) ->
               ckpt_every=a.eval_every)  # 10 min to hours per cell: a killed cell resumes at its last evaluation
     s.meta.update({**meta, "init_std": "auto", "embed_std": (2 / 5) ** 0.5, "probe_windows": a.probe_windows,
               "corpus": build_corpus(s.config(grid_cells(s, [1e-3], 2)[0]), Path(s.corpus))})
+    s.meta["unigram_loss"] = unigram_loss(Path(s.corpus), a.val_tokens)  # the validation loss of no context at all
     return s
 
 

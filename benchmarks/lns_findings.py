@@ -98,7 +98,8 @@ def bottom_line(res: dict, along: list[dict], equal_rate: list[dict]) -> list[st
     if st:
         out.append(f"Stability at N = {res['ref_depth']} under the width-matched init (seed-0 grids): " + "; ".join(
             f"{v} diverged at {_rates_text(r['diverged'])}: claim {r['claim']}"
-            + (f" by divergence **{r['word']}**{_gap(r)}" if r["claim"] == 5 else f" **{r['word']}**")
+            + (f" by divergence **{r['word']}**{_gap(r, res.get('unigram_loss'))}" if r["claim"] == 5
+               else f" **{r['word']}**")
             for v, r in st.items()) + " (section 9, part 4).")
     favour = (absent and shares and all(s is not None and 0.5 <= s <= 1.5 for s in shares.values())
               and not any(v["verdict"] == "supported" for _, v in verdicts))
@@ -239,8 +240,15 @@ def stability_verdicts(res: dict) -> dict[str, dict]:
     return out
 
 
-def _gap(r: dict) -> str:
-    return f"; its largest loss gap to pre at one rate is {r['gap'][1]:+.3f} at {r['gap'][0]:g}" if r["gap"] else ""
+def _gap(r: dict, floor: float | None = None) -> str:
+    """The largest loss gap to pre, and where the unigram loss (floor) is known how far that loss is from it."""
+    if not r["gap"]:
+        return ""
+    lr, gap = r["gap"]
+    out = f"; its largest loss gap to pre at one rate is {gap:+.3f} at {lr:g}"
+    if floor is not None:
+        out += f", {r['loss'][lr] - floor:+.3f} from the unigram loss ({floor:.3f}: token frequencies alone)"
+    return out
 
 
 def _rates_text(lrs: list[float]) -> str:
@@ -263,5 +271,5 @@ def stability_reading(res: dict) -> list[str]:
                        f"claim 6 **{r['word']}**.")
         else:
             out.append(f"{span} (of the rates Pre-LN trained at, diverged at {_rates_text(r['worse'])}): claim 5 by "
-                       f"divergence **{r['word']}** for {v}{_gap(r)}.")
+                       f"divergence **{r['word']}** for {v}{_gap(r, res.get('unigram_loss'))}.")
     return [" ".join(out), ""]

@@ -155,8 +155,9 @@ def lns_summary() -> dict | None:
 
     if not (RESULTS / "lns_study" / "runs.jsonl").exists():
         return None
-    ref = (load(RESULTS / "lns_study" / "settings.json") or {}).get("meta", {}).get("ref_depth", 24)
-    return summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), ref)
+    meta = (load(RESULTS / "lns_study" / "settings.json") or {}).get("meta", {})
+    res = summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), meta.get("ref_depth", 24))
+    return {**res, "unigram_loss": meta.get("unigram_loss")}  # the validation loss of no context, where recorded
 
 
 def lns_headline(res: dict | None) -> list[str]:

@@ -222,7 +222,8 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     assert "**Stability at N = 2.**" in table
     row = next(x for x in table.splitlines() if x.startswith("| lns+scaled | 0.002 "))  # its grid in one row
     assert row.count("per seed") == 2  # against pre and against lns, each at its own best rate
-    assert json.loads((out / "settings.json").read_text())["ckpt_every"] == 2  # every phase's cells resume
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["ckpt_every"] == 2 and 0 < settings["meta"]["unigram_loss"] < math.log(300)  # cells resume
     gpu = tmp_path / "gpu"
     lns_study.main(["run", "--gpu", "--device", "cpu", "--dtype", "fp32", "--no-compile", "--along-depths", "2",
                     "--along-lrs", "1e-3", "--probe-every", "32", *LNS_TINY, "--out", str(gpu),
@@ -303,6 +304,8 @@ def test_the_stability_reading_compares_divergence_on_the_rates_pre_ran(tmp_path
     assert "post diverged at 0.008: claim 5 by divergence **supported**; its largest loss gap to pre at one rate is " \
            "+6.700 at 0.008; deepnorm diverged at 0.016: claim 5 by divergence **not supported**" \
         in bottom_line(res, [], [])[0]
+    assert "+6.700 at 0.008, +3.000 from the unigram loss (6.100: token frequencies alone)" in \
+        stability_reading({**res, "unigram_loss": 6.1})[0]
     res["stability"]["lns+scaled"]["against"]["lns"]["verdict"] = "inconclusive"
     assert "claim 6 **inconclusive**" in stability_reading(res)[0]
     assert stability_reading({**res, "stability": {}}) == []

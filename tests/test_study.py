@@ -157,3 +157,18 @@ def test_a_killed_resumable_cell_continues_where_it_stopped(tmp_path, corpus):
     assert after["val_loss"] == ref["val_loss"] and after["val_curve"] == ref["val_curve"]
     assert [p["step"] for p in after["probes"]] == [0, 10, 250, 300]
     assert [p["probe_loss"] for p in after["probes"]] == [p["probe_loss"] for p in ref["probes"]]
+
+
+def test_the_unigram_loss_is_the_cross_entropy_of_smoothed_training_frequencies(tmp_path):
+    """What a model that learned nothing from context reaches: add-one smoothed train frequencies scored on the
+    first val_tokens of the validation split."""
+    import math
+
+    import numpy as np
+
+    from depthlab.study.corpus import unigram_loss
+
+    np.save(tmp_path / "train.npy", np.array([0, 0, 1], dtype=np.uint16))
+    np.save(tmp_path / "val.npy", np.array([0, 1, 1], dtype=np.uint16))
+    assert unigram_loss(tmp_path, 2) == pytest.approx(-(math.log(3 / 5) + math.log(2 / 5)) / 2)
+    assert unigram_loss(tmp_path) == pytest.approx(-(math.log(3 / 5) + 2 * math.log(2 / 5)) / 3)

@@ -31,6 +31,15 @@ def build_corpus(cfg, folder: Path) -> dict:
     return info
 
 
+def unigram_loss(folder: Path, val_tokens: int | None = None) -> float:
+    """The loss (nats per token) on the first val_tokens of a built corpus's validation split of predicting every token
+    from the training tokens' frequencies alone (add-one smoothed): what a model that learned nothing from context
+    reaches."""
+    train, val = np.load(Path(folder) / "train.npy", mmap_mode="r"), np.load(Path(folder) / "val.npy")[:val_tokens]
+    counts = np.bincount(train, minlength=int(max(train.max(), val.max())) + 1).astype(np.float64) + 1.0
+    return float(-np.log(counts[val] / counts.sum()).mean())
+
+
 def load_corpus(folder: Path, val_tokens: int | None = None):
     """(TokenData whose validation is the first val_tokens of the split, the whole validation stream)."""
     from depthlab.data.dataset import TokenData
