@@ -116,4 +116,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from depthlab.cli import one_line_errors
+    sys.exit(one_line_errors(main))

@@ -172,3 +172,22 @@ def test_the_unigram_loss_is_the_cross_entropy_of_smoothed_training_frequencies(
     np.save(tmp_path / "val.npy", np.array([0, 1, 1], dtype=np.uint16))
     assert unigram_loss(tmp_path, 2) == pytest.approx(-(math.log(3 / 5) + math.log(2 / 5)) / 2)
     assert unigram_loss(tmp_path) == pytest.approx(-(math.log(3 / 5) + 2 * math.log(2 / 5)) / 3)
+
+
+def test_a_cell_that_cannot_run_does_not_cost_the_records_of_the_others(tmp_path, corpus, capsys):
+    """A run directory held by another process fails its cell in one line, after the other cells are recorded."""
+    from depthlab import UserError
+    from depthlab.cli import one_line_errors
+    from depthlab.owned import locked
+    from depthlab.study.runner import Cell
+
+    study = Study("held", str(tmp_path / "out"), {"pre": ["model.norm_scheme=pre"]},
+                  base=[*TINY, "train.max_steps=4", f"data.paths=[{corpus}]"])
+    free, held = Cell("pre", 1e-2, 0, 2), Cell("pre", 1e-3, 0, 2)
+    with locked(tmp_path / "out" / "runs" / f"held-{held.key}", "test"):
+        with pytest.raises(UserError, match=r"1 of 2 runs of held failed \(pre-L2-lr0.001-seed0: .*in use by"):
+            run_cells(study, [held, free], log=lambda m: None)
+    assert set(load_records(study.runs_file)) == {free.key}
+    assert one_line_errors(run_cells, study, [held, free]) == 0  # free now: only the held cell runs
+    assert one_line_errors(lambda: (_ for _ in ()).throw(UserError("bad\n  flag"))) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "depthlab: error: bad flag"

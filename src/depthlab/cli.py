@@ -451,8 +451,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     warnings.formatwarning = lambda msg, cat, *a, **k: f"depthlab: warning: {msg}\n"
+    return one_line_errors(args.func, args)
+
+
+def one_line_errors(func, *args) -> int:
+    """Run func(*args); a user's mistake (UserError), what the machine refuses (OSError) and Ctrl-C end in one line
+    on stderr and an exit status (2, 2, 130), not a traceback. The CLI's and the study scripts' way out."""
     try:
-        args.func(args)
+        func(*args)
     except UserError as e:  # one line, whatever the message (a YAML parser's, say) holds
         print("depthlab: error: " + " ".join(line.strip() for line in str(e).splitlines() if line.strip()),
               file=sys.stderr)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
+from depthlab import UserError
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import append_record, cell_key, load_records
 from depthlab.train.callbacks import Callback
@@ -149,15 +150,23 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
     if not todo:
         return []
     log(f"{study.name}: {len(todo)} runs")
-    records = []
+    records, failed = [], []
     with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:  # no inherited thread pools
         futures = {pool.submit(train_cell, study, c): c for c in todo}
         for f in as_completed(futures):
-            rec = f.result()
+            try:
+                rec = f.result()
+            except UserError as e:  # a cell that cannot run (its run directory held by another process, say)
+                failed.append(f"{futures[f].key}: {e}")  # does not cost the records of the cells that can
+                log(f"  {failed[-1]}")
+                continue
             append_record(study.runs_file, rec)
             records.append(rec)
             log(f"  {rec['key']}: {study.select} {rec['val'].get(study.select, rec['val_loss']):.4f} "
                 f"({rec['wall_s']:.0f} s)")
+    if failed:
+        raise UserError(f"{len(failed)} of {len(todo)} runs of {study.name} failed ({'; '.join(failed)}); "
+                        "the others are recorded")
     return records
 
 
