@@ -13,7 +13,9 @@ the same seed; only model.norm_scheme differs. Written under --out: summary.json
 validation loss / perplexity, loss curves, last per-layer variance of each run), loss.png, var_by_depth.png,
 and the two run directories (metrics.jsonl, config.json); table.json (gpu_table.py's rows) when a GPU is
 present or --table is given. The step count is far below the paper's 10k (a time
-budget, not a reproduction); --max-steps changes it. Tested on CPU with tiny step counts only (see
+budget, not a reproduction); --max-steps changes it. It is a throughput check, not a test of claim 1: 19.7M
+tokens are 0.28 tokens per parameter (the paper: about 20); `python -m benchmarks.lns_study run --gpu` asks claim
+1's question on a GPU. Tested on CPU with tiny step counts only (see
 tests/test_benchmarks.py).
 """
 

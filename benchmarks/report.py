@@ -109,7 +109,10 @@ def gpu_section(r: dict | None) -> list[str]:
            "One command, sized to end well within 8 minutes on an H100-class GPU (two runs of 1,200 steps, batch 64 x "
            "256 tokens, bf16, the built-in corpus with a 32k BPE vocabulary, the paper's 71M dimensions; the time is "
            "an estimate from the FLOP count, not a measurement):", "",
-           "    python -m benchmarks.gpu_71m --out benchmarks/results/gpu_71m", ""]
+           "    python -m benchmarks.gpu_71m --out benchmarks/results/gpu_71m", "",
+           "It is a throughput check (tokens/s, MFU, peak memory), not a test of claim 1: 1,200 steps of 16k tokens "
+           "are 0.28 tokens per parameter (the paper trains about 20), too few for a loss difference to mean "
+           "anything about depth. Claim 1's GPU question is section 9's part 5.", ""]
     if r is None:
         return out + ["**Not run: no GPU machine was available to this task.** The script was exercised on CPU "
                       "with tiny overrides only (tests/test_benchmarks.py::test_gpu_script_runs_on_cpu_tiny); its "
