@@ -202,8 +202,9 @@ def lns_study_section(res: dict | None) -> list[str]:
         return out + ["Not run yet: `python -m benchmarks.lns_study run` (the depths, parts and stability phases), "
                       "`python -m benchmarks.lns_study run --phases along`, and on a GPU `python -m "
                       "benchmarks.lns_study run --gpu` (benchmarks/lns_study.py says what each trains).", ""]
-    out += ["Only the cells listed have finished (the rest of each phase is still to run: `make study-lns`, "
-            "`make study-along`); a difference on one seed reads inconclusive under section 1's rules. Selection "
+    out += ["The cells listed are those that have finished (`make study-lns` and `make study-along` train only the "
+            "cells of each phase that have no record yet); a difference on one seed reads inconclusive under "
+            "section 1's rules. Selection "
             "is by final validation loss. The curse index columns are the final model's, from the whole-split "
             "probe (section 1's N = 24 grid and its 6/48-block cells at 8e-3 come from the depth study, probed "
             "with its earlier 64-window probe where this study has not re-run them).", ""]
