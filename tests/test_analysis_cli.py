@@ -23,6 +23,8 @@ def test_analyze_depthlab_run_and_hf_model_then_compare(tmp_path, capsys):
         assert PLOTS <= names and {"report.html", "metrics.json", "states.csv", "blocks.csv"} <= names
         html = (out / "report.html").read_text()
         assert html.count("data:image/png;base64,") == len(PLOTS) and "src=\"http" not in html
+        for metric in ("variance(l)", "update_ratio(l)", "angular distance", "block influence", "logit lens"):
+            assert metric in html.split("<h2>Definitions</h2>")[1]  # the definitions themselves, not a redirect
         res = json.loads((out / "metrics.json").read_text())
         assert len(res["blocks"]) == 4 and res["tokens"] >= 200 and res["removal"]["base_ppl"] > 1
     out = capsys.readouterr().out

@@ -19,7 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from depthlab.analysis import curse as curse_module, metrics as metrics_module
+from depthlab import metrics as metrics_module
+from depthlab.analysis import curse as curse_module
 from depthlab.analysis.curse import index_lines
 from depthlab.analysis.results import is_classifier
 
