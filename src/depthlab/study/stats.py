@@ -1,4 +1,5 @@
-"""The statistics every study uses, written once."""
+"""The statistics every study uses, written once, each from a statistics library (scipy.stats, statsmodels): no
+hand-written quantile, bootstrap or multiple-testing code."""
 
 from __future__ import annotations
 
@@ -6,37 +7,68 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-import numpy as np
+from scipy import stats as st
+
+LEVEL = 0.95  # every interval on the page
+
+
+def finite(xs: Iterable[float | None]) -> list[float]:
+    return [float(x) for x in xs if x is not None and math.isfinite(x)]
 
 
 def mean_std(xs: Iterable[float]) -> dict:
     """{"mean", "std", "n"} of the finite values (std is the sample std, 0 for one value; mean nan for none)."""
-    v = [x for x in xs if x is not None and math.isfinite(x)]
+    v = finite(xs)
     if not v:
         return {"mean": math.nan, "std": math.nan, "n": 0}
     return {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0, "n": len(v)}
 
 
-def standard_error(ms: dict) -> float:
-    """std / sqrt(n) of a mean_std result; nan for fewer than two values (no spread is known)."""
-    return ms["std"] / math.sqrt(ms["n"]) if ms["n"] > 1 else math.nan
+def t_test(diffs: Sequence[float], level: float = LEVEL) -> dict:
+    """One-sample t-test of the mean of paired differences against 0: n, mean, std, standard error, the
+    `level` t-interval of the mean (df = n - 1) and the two-sided p. Interval and p are nan below two values."""
+    v = finite(diffs)
+    out = {**mean_std(v), "se": math.nan, "ci": [math.nan, math.nan], "p": math.nan}
+    if len(v) < 2:
+        return out
+    if statistics.pstdev(v) == 0:  # no spread: scipy's t is undefined; the interval is the point itself
+        return {**out, "se": 0.0, "ci": [v[0], v[0]], "p": 0.0 if v[0] else 1.0}
+    res = st.ttest_1samp(v, 0.0)
+    ci = res.confidence_interval(level)
+    return {**out, "se": out["std"] / math.sqrt(len(v)), "ci": [float(ci.low), float(ci.high)],
+            "p": float(res.pvalue)}
 
 
-def paired_differences(a: dict, b: dict) -> list[float]:
-    """b[k] - a[k] for every key in both (e.g. seed -> value), in key order."""
-    return [b[k] - a[k] for k in sorted(set(a) & set(b))]
+def tost(diffs: Sequence[float], margin: float) -> dict:
+    """Two one-sided t-tests that the mean difference lies inside (-margin, +margin): the p of each side and the
+    larger of the two (the equivalence p). nan below two values."""
+    v = finite(diffs)
+    if len(v) < 2 or statistics.pstdev(v) == 0:
+        return {"margin": margin, "p_lower": math.nan, "p_upper": math.nan, "p": math.nan, "n": len(v)}
+    lower = float(st.ttest_1samp(v, -margin, alternative="greater").pvalue)
+    upper = float(st.ttest_1samp(v, margin, alternative="less").pvalue)
+    return {"margin": margin, "p_lower": lower, "p_upper": upper, "p": max(lower, upper), "n": len(v)}
 
 
-def bootstrap_ci(xs: Sequence[float], stat=np.mean, draws: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> list[float]:
-    """Percentile bootstrap interval of stat(xs); [x, x] for a single value, [nan, nan] for none."""
-    v = np.asarray([x for x in xs if math.isfinite(x)], dtype=np.float64)
-    if len(v) == 0:
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (statsmodels' multipletests); a nan p stays nan and is left out of the family."""
+    from statsmodels.stats.multitest import multipletests
+
+    idx = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
+    out = [math.nan] * len(pvalues)
+    if idx:
+        adjusted = multipletests([pvalues[i] for i in idx], method="holm")[1]
+        for i, p in zip(idx, adjusted, strict=True):
+            out[i] = float(p)
+    return out
+
+
+def proportion_ci(k: int, n: int, level: float = LEVEL) -> list[float]:
+    """Clopper-Pearson interval of a proportion k / n (scipy's binomtest); [nan, nan] for n = 0."""
+    if n == 0:
         return [math.nan, math.nan]
-    idx = np.random.default_rng(seed).integers(0, len(v), size=(draws, len(v)))
-    s = np.apply_along_axis(stat, 1, v[idx])
-    tail = (1 - level) / 2
-    return [float(np.quantile(s, tail)), float(np.quantile(s, 1 - tail))]
+    ci = st.binomtest(k, n).proportion_ci(level, method="exact")
+    return [float(ci.low), float(ci.high)]
 
 
 def binomial_se(p: float, n: int) -> float:
@@ -45,15 +77,20 @@ def binomial_se(p: float, n: int) -> float:
 
 
 def spread(ms: dict, f: str = ".4f", signed: bool = False) -> str:
-    """"mean ± std (n)" as text; the sign (when asked) goes on the mean only, never on the spread."""
+    """"mean ± std" as text; the sign (when asked) goes on the mean only, never on the spread."""
     if not ms or not ms.get("n"):
         return "-"
     mean = f"{ms['mean']:{'+' if signed else ''}{f}}"
     return mean if ms["n"] < 2 else f"{mean} ± {ms['std']:{f}}"
 
 
-def linear_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Least-squares slope of ys against xs; nan for fewer than two points."""
-    if len(xs) < 2:
-        return math.nan
-    return float(np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)[0])
+def interval(c: dict, f: str = ".3f") -> str:
+    """"[lo, hi]" of a t_test() result, or "no interval (n = 1)"."""
+    lo, hi = c.get("ci") or [math.nan, math.nan]
+    return f"[{lo:+{f}}, {hi:+{f}}]" if math.isfinite(lo) else f"no interval (n = {c.get('n', 0)})"
+
+
+def pvalue(p: float) -> str:
+    if p is None or not math.isfinite(p):
+        return "-"
+    return f"{p:.2g}" if p >= 1e-3 else "<0.001"

@@ -35,21 +35,39 @@ def _angular(p: dict) -> list[float]:
     return p.get("angular_last") or p["angular_all"]
 
 
-# name -> (what it is, its value on a final probe of L blocks, the direction the paper predicts for lns - pre)
+def _deep_mean(key: str):
+    return lambda p, L: _mean_at(p[key], deep_blocks(L))
+
+
+def _jacobian_deep(p: dict, L: int) -> float | None:
+    j = p["curse"].get("jacobian_vs_identity")
+    return _mean_at(j, deep_blocks(L)) if j else None
+
+
+def _nblock_angular(p: dict, L: int) -> float | None:
+    """Gromov's n-block angular distance at the largest n probed (about N/2): the closest-ended run of n blocks."""
+    runs = p["curse"].get("contiguous")
+    return max(runs, key=lambda r: r["n"])["distance"] if runs else None
+
+
+# name -> (what it is, its value on a final probe of L blocks, the direction the paper predicts for lns - pre, the
+# paper's claim it tests, whether that claim needs Pre-LN's curse present)
 MECHANISMS = {
     "inert_fraction": ("interior inert fraction (removal < 0.005 nats)", lambda p, L: p["curse"]["inert_fraction"],
-                       "lower"),
+                       "lower", 4, True),
+    "inert_fraction_rel": ("interior inert fraction (removal < 5% of block 2's)",
+                           lambda p, L: p["curse"].get("inert_fraction_rel"), "lower", 4, True),
     "removal_deep_over_shallow": ("removal cost, deep / shallow interior",
-                                  lambda p, L: p["curse"]["removal_deep_over_shallow"], "higher"),
-    "update_deep": ("update ratio, deep interior mean", lambda p, L: _mean_at(p["update_ratio"], deep_blocks(L)),
-                    "higher"),
+                                  lambda p, L: p["curse"]["removal_deep_over_shallow"], "higher", 4, True),
+    "update_deep": ("update ratio, deep interior mean", _deep_mean("update_ratio"), "higher", 3, True),
     "angular_deep": ("adjacent angular distance, deep interior mean",
-                     lambda p, L: _mean_at(_angular(p), deep_blocks(L)), "higher"),
-    "removal_deep": ("removal cost, deep interior mean (nats)", lambda p, L: _mean_at(p["removal"], deep_blocks(L)),
-                     "higher"),
+                     lambda p, L: _mean_at(_angular(p), deep_blocks(L)), "higher", 3, True),
+    "nblock_angular": ("n-block angular distance (Gromov, largest n)", _nblock_angular, "higher", 3, True),
+    "jacobian_deep": ("‖J − I‖, deep interior mean", _jacobian_deep, "higher", 3, True),
+    "removal_deep": ("removal cost, deep interior mean (nats)", _deep_mean("removal"), "higher", 4, True),
     "removal_middle": ("removal cost, middle interior mean (nats)",
-                       lambda p, L: _mean_at(p["removal"], middle_blocks(L)), "higher"),
-    "last_var": ("variance after the last block", lambda p, L: p["var"][-1], "lower"),
+                       lambda p, L: _mean_at(p["removal"], middle_blocks(L)), "higher", 4, True),
+    "last_var": ("variance after the last block", lambda p, L: p["var"][-1], "lower", 2, False),
 }
 
 
@@ -66,7 +84,11 @@ def index_reading(runs: dict[int, dict]) -> dict:
     out = {"per_seed": per}
     for k in ("inert_fraction", "removal_deep_over_shallow", "update_slope"):
         out[k] = mean_std(c.get(k) for c in per.values())
-    out["reading"] = precondition(out["inert_fraction"]["mean"], out["removal_deep_over_shallow"]["mean"])
+    sizes = [c["interior"][1] - c["interior"][0] + 1 if c.get("interior") else 0 for c in per.values()]
+    out["interior_blocks"] = min(sizes) if sizes else None
+    out["inert_fraction_rel"] = mean_std(c.get("inert_fraction_rel") for c in per.values())
+    out["reading"] = precondition(out["inert_fraction"]["mean"], out["removal_deep_over_shallow"]["mean"],
+                                  out["interior_blocks"])
     init = [r["probes"][0]["curse"] for r in runs.values() if r.get("probes") and r["probes"][0]["tokens"] == 0]
     if init:  # the same models at initialisation (a probe at 0 tokens)
         out["at_init"] = {k: mean_std(c.get(k) for c in init) for k in ("inert_fraction", "removal_deep_over_shallow",
@@ -78,14 +100,22 @@ def paired(a: dict[int, dict], b: dict[int, dict], value) -> dict:
     """compare() of value(b) - value(a) seed by seed, with both sides' per-seed values."""
     seeds = sorted(set(a) & set(b))
     va, vb = {s: value(a[s]) for s in seeds}, {s: value(b[s]) for s in seeds}
-    return {**compare([vb[s] - va[s] for s in seeds]), "seeds": seeds, "a": va, "b": vb}
+    known = [s for s in seeds if va[s] is not None and vb[s] is not None]
+    return {**compare([vb[s] - va[s] for s in known]), "seeds": seeds, "a": va, "b": vb}
 
 
 def mechanisms(pre: dict[int, dict], lns: dict[int, dict], L: int) -> dict:
+    """Every mechanism quantity lns - pre seed by seed, with its claim's word (gated claims read "not testable"
+    unless Pre-LN's curse index is present)."""
+    reading = index_reading(pre)["reading"] if all(final_probe(r) for r in pre.values()) else "unknown"
     out = {}
-    for name, (what, fn, predicted) in MECHANISMS.items():
-        c = paired(pre, lns, lambda r, fn=fn: fn(final_probe(r), L))
-        out[name] = {"what": what, "predicted": predicted, "claim": claim(c, predicted), **c}
+    for name, (what, fn, predicted, number, gated) in MECHANISMS.items():
+        c = paired(pre, lns, lambda r, fn=fn: _quantity(fn, r, L))
+        if None in c["a"].values() or None in c["b"].values():
+            continue  # not in these records (the earlier probe kept no Jacobian)
+        cond = reading if gated else "present"
+        out[name] = {"what": what, "predicted": predicted, "paper_claim": number, "condition": cond,
+                     "claim": claim(c, predicted, cond), **c}
     return out
 
 
@@ -229,7 +259,7 @@ def variant_reading(records: dict, variant: str, layers: int | None, lr: float |
     if runs and all(final_probe(r) for r in runs.values()):
         out["index"] = index_reading(runs)
         out["quantities"] = {name: mean_std(x for r in runs.values() if (x := _quantity(fn, r, layers)) is not None)
-                             for name, (_, fn, _) in MECHANISMS.items()}
+                             for name, (_, fn, *_) in MECHANISMS.items()}
     return out
 
 
@@ -254,6 +284,11 @@ def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: i
         best = {v: g["best_lr"] for v, g in grids.items()}
         row = {"layers": L, "grids": grids, **{v: variant_reading(records, v, L, best[v]) for v in best}}
         row["delta_val_loss"] = against(records, (a, best[a]), (b, best[b]), L)
+        seeds = sorted({r["seed"] for r in records.values()})
+        ra, rb = (_runs(records, v, L, best[v], seeds) for v in (a, b))
+        probed = ra and rb and all(final_probe(r) for r in [*ra.values(), *rb.values()])
+        row["delta_probe_loss"] = paired(ra, rb, lambda r: final_probe(r)["probe_loss"]) if probed else {}
+        row["mechanisms"] = mechanisms(ra, rb, L) if probed else {}
         depths.append(row)
     groups = sorted({(r["layers"], r["lr"]) for r in records.values() if r["variant"] in parts[2:]})
     decomposition = [{"layers": L, "lr": lr, "variants": {
@@ -292,61 +327,37 @@ def along_pairs(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
     return out
 
 
-# Part 3's decision rule, declared before its runs finished. Baseline: the first probe after initialisation;
-# end: the last probe. The gap "grows in LNS's favour" when Δ = lns - pre falls by at least GAP_GROWTH nats and ends
-# below zero. Pre-LN's index "moves toward identity-like" when its end value leaves its baseline's 95% interval in
-# that direction (inert fraction up, or deep/shallow removal cost down); it "stays flat" when neither leaves the
-# interval. LNS's deep blocks are "the more inert" when at the end LNS's inert fraction is above Pre-LN's interval
-# or its deep/shallow removal cost below Pre-LN's interval.
-GAP_GROWTH = 0.01
-ALONG_RULE = ("claim 1 is *supported* if Pre-LN's curse index moves toward identity-like while the gap grows in "
-              "LNS's favour and LNS's index stays less identity-like than Pre-LN's; *refuted* for this lever if the "
-              "gap grows while Pre-LN's index stays flat, or LNS's deep blocks end the more inert; *inconclusive* "
-              f"otherwise. Baseline: the first probe after initialisation; end: the last. The gap grows when "
-              f"Δ = lns − pre falls by at least {GAP_GROWTH} nats and ends below zero; an index moves when its end "
-              "value leaves the baseline's 95% bootstrap interval (inert fraction up, or deep/shallow removal cost "
-              "down, is toward identity-like); LNS's deep blocks are the more inert when at the end its inert "
-              "fraction is above Pre-LN's interval or its deep/shallow removal cost below it.")
+def matched_rates(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
+    """Every (depth, rate) where a and b both trained seed 0 and were probed: both final models' curse index side
+    by side (absolute and relative inert fractions, deep/shallow removal ratio), and whether b's ratio is below a's
+    (b's deep blocks the cheaper to remove). The index at one rate, not at each scheme's best."""
+    records = {k: upgrade(r) for k, r in records.items()}
+    rows = []
+    for L, lr in sorted({(r["layers"], r["lr"]) for r in records.values() if r["variant"] == a and r.get("layers")}):
+        ra, rb = (records.get(cell_key(v, lr, 0, L)) for v in (a, b))
+        if not (ra and rb and ra.get("status") == rb.get("status") == "ok" and final_probe(ra) and final_probe(rb)):
+            continue
+        ca, cb = final_probe(ra)["curse"], final_probe(rb)["curse"]
+        old = ra.get("probe", {}).get("old") or rb.get("probe", {}).get("old")
+        row = {"layers": L, "lr": lr, "old_probe": bool(old),
+               "interior_blocks": ca["interior"][1] - ca["interior"][0] + 1 if ca.get("interior") else 0,
+               "val_loss": {a: ra["val_loss"], b: rb["val_loss"]}}
+        for k in ("inert_fraction", "inert_fraction_rel", "removal_deep_over_shallow"):
+            row[k] = {a: ca.get(k), b: cb.get(k)}
+        x, y = row["removal_deep_over_shallow"][a], row["removal_deep_over_shallow"][b]
+        row["b_ratio_lower"] = None if x is None or y is None else y < x
+        row["reading"] = precondition(ca.get("inert_fraction"), x, row["interior_blocks"])
+        rows.append(row)
+    return rows
 
 
-def _outside(x: float | None, ci, direction: int) -> bool:
-    """x left the interval ci upward (direction +1) or downward (-1)."""
-    if x is None or not ci or None in ci:
-        return False
-    return x > ci[1] if direction > 0 else x < ci[0]
-
-
-def along_verdict(pair: dict, a: str = "pre", b: str = "lns") -> dict:
-    """Part 3's decision rule (ALONG_RULE) applied to one along_pairs() entry."""
-    probes = [p for p in pair["probes"] if p["tokens"] > 0]
-    if len(probes) < 2:
-        return {"verdict": "inconclusive", "why": "fewer than two probes after initialisation"}
-    first, last = probes[0], probes[-1]
-    inert, ratio = "inert_fraction", "removal_deep_over_shallow"
-    gap = last["delta"] - first["delta"]
-    grows = gap <= -GAP_GROWTH and last["delta"] < 0
-    toward = (_outside(last[f"{a}_{inert}"], first[f"{a}_{inert}_ci"], +1)
-              or _outside(last[f"{a}_{ratio}"], first[f"{a}_{ratio}_ci"], -1))
-    away = (_outside(last[f"{a}_{inert}"], first[f"{a}_{inert}_ci"], -1)
-            or _outside(last[f"{a}_{ratio}"], first[f"{a}_{ratio}_ci"], +1))
-    b_more_inert = (_outside(last[f"{b}_{inert}"], last[f"{a}_{inert}_ci"], +1)
-                    or _outside(last[f"{b}_{ratio}"], last[f"{a}_{ratio}_ci"], -1))
-    b_lower = (last[f"{b}_{inert}"] is not None and last[f"{a}_{inert}"] is not None
-               and last[f"{b}_{inert}"] <= last[f"{a}_{inert}"]
-               and last[f"{b}_{ratio}"] is not None and last[f"{a}_{ratio}"] is not None
-               and last[f"{b}_{ratio}"] >= last[f"{a}_{ratio}"])
-    pre_index = "toward identity-like" if toward else "away from identity-like" if away else "flat"
-    if b_more_inert:
-        verdict, why = "refuted", f"{b}'s deep blocks end the more inert"
-    elif grows and toward and b_lower:
-        verdict, why = "supported", f"{a}'s index moves toward identity-like while the gap grows and {b}'s stays lower"
-    elif grows and not toward:
-        verdict, why = "refuted", f"the gap grows while {a}'s index is {pre_index}"
-    elif not grows:
-        verdict, why = "inconclusive", f"the gap does not grow in {b}'s favour"
-    else:
-        verdict, why = "inconclusive", f"{a}'s index moves toward identity-like; {b}'s is not lower on both"
-    return {"verdict": verdict, "why": why, "gap_change": gap, "gap_grows": grows, "pre_index": pre_index,
-            "lns_more_inert": b_more_inert, "lns_lower": b_lower, "from_tokens": first["tokens"],
-            "from_delta": first["delta"], "to_delta": last["delta"],
-            "to_tokens": last["tokens"]}
+def rerun_spread(*runs_files: dict) -> dict:
+    """Run-to-run non-determinism: cells (same key) trained again with the same settings in different runs files,
+    and the largest |difference| of their final validation losses."""
+    pairs = []
+    for i, x in enumerate(runs_files):
+        for y in runs_files[i + 1:]:
+            for k in sorted(set(x) & set(y)):
+                if x[k].get("status") == y[k].get("status") == "ok":
+                    pairs.append({"key": k, "diff": abs(x[k]["val_loss"] - y[k]["val_loss"])})
+    return {"pairs": pairs, "n": len(pairs), "max": max((p["diff"] for p in pairs), default=None)}

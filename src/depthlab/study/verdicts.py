@@ -1,66 +1,141 @@
-"""One verdict vocabulary for every study, and the rules that pick the word.
+"""The one decision rule every study reports by: each word comes from an interval, and n and the interval are printed
+beside it.
 
-A comparison of two variants on one metric reads, from paired differences d (b - a, one per seed):
+A comparison of two variants on one metric reads, from paired differences d = b - a (one per seed):
 
-    "lower"          every rule says b is below a: mean < 0 by more than two standard errors, and the bootstrap
-                     interval of the mean excludes 0
-    "higher"         the same, above
-    "inconclusive"   otherwise: the difference is within two standard errors, or its interval contains 0, or there is
-                     a single seed (no spread is known; the sign is still printed beside the word)
+    "lower" / "higher"       the 95% t-interval of the mean difference (df = n - 1, scipy.stats) excludes 0
+    "inconclusive"           the interval holds 0
+    "one seed: no verdict"   n = 1: no spread is known, so no interval (the sign is still printed beside it)
 
-A claim is then read from a comparison and the direction it predicts:
+At n = 2 the interval is mean ± 12.7 standard errors: two seeds rarely decide anything, and the page says so.
 
-    "supported"      the comparison went the predicted way
-    "contradicted"   it went the other way
-    "inconclusive"   the comparison was inconclusive
+A claim of the paper is read from a comparison, the direction the paper predicts and its precondition:
 
-The curse's precondition is read but never gates what is printed: every comparison appears with its per-seed
-numbers whatever the precondition says ("reported, not hidden").
+    "not testable"     the claim's precondition does not hold (Pre-LN's curse index is not "present": absent, or
+                       the interior is too small to read)
+    "supported"        the interval excludes 0 on the predicted side (with p Holm-adjusted over the claims' family,
+                       when a family is given)
+    "contradicted"     the interval excludes 0 on the other side, with at least MIN_CONTRADICT seeds
+    "not reproduced"   otherwise: the interval holds 0 (or excludes it on the other side with fewer seeds)
 
-    "present"        Pre-LN's interior inert fraction is at least PRESENT (a third of the interior), or its removal
-                     deep/shallow ratio is below CURSE_RATIO
-    "absent"         otherwise
+Equivalence ("A matches B") is a TOST with EQUIVALENCE_MARGIN, declared here before the numbers were read.
+Divergence (claim 5) is the paper's: a run that ends within UNIGRAM_MARGIN of the unigram loss (token frequencies
+alone; the paper's ~1,400 PPL) while Pre-LN trains at that rate.
+
+The curse's precondition, from Pre-LN's final probe:
+
+    "present"   the interior inert fraction is at least PRESENT, or the deep/shallow removal cost ratio is below
+                CURSE_RATIO
+    "absent"    neither
+    "unreadable"  the interior has fewer than MIN_INTERIOR blocks: a fraction of 3 blocks moves in steps of 1/3
+    "unknown"   no probe
 """
 
 from __future__ import annotations
 
 import math
 
-from depthlab.study.stats import bootstrap_ci, mean_std, standard_error
+from depthlab.study.stats import LEVEL, finite, holm, proportion_ci, t_test, tost
 
-COMPARISONS = ("lower", "higher", "inconclusive")
-CLAIMS = ("supported", "contradicted", "inconclusive")
-PRECONDITION = ("present", "absent", "unknown")
+COMPARISONS = ("lower", "higher", "inconclusive", "one seed: no verdict", "no runs")
+CLAIMS = ("supported", "not reproduced", "contradicted", "not testable", "one seed: no verdict")
+PRECONDITION = ("present", "absent", "unreadable", "unknown")
 PRESENT = 1 / 3
 CURSE_RATIO = 0.5
+MIN_INTERIOR = 5  # interior blocks below which the index cannot be read (N = 6 has 3)
+MIN_CONTRADICT = 3  # seeds an interval on the other side needs before "contradicted"
+EQUIVALENCE_MARGIN = 0.01  # nats: two variants "match" when the TOST puts their mean difference inside ± this
+UNIGRAM_MARGIN = 0.1  # nats: a run ending this close to the unigram loss learned nothing beyond token frequencies
+ALPHA = 1 - LEVEL
 
 
 def compare(diffs: list[float]) -> dict:
-    """The reading of paired differences b - a: the word, the mean ± std, the standard error and the interval."""
-    ms = mean_std(diffs)
-    se = standard_error(ms)
-    ci = bootstrap_ci(diffs)
-    word = "inconclusive"
-    if ms["n"] > 1 and math.isfinite(se) and abs(ms["mean"]) > 2 * se and not ci[0] <= 0 <= ci[1]:
-        word = "lower" if ms["mean"] < 0 else "higher"
-    return {"verdict": word, **ms, "se": se, "ci": ci, "per_seed": diffs}
+    """The reading of paired differences b - a: the word, n, mean ± std, the t-interval and p."""
+    t = t_test(diffs)
+    if t["n"] == 0:
+        word = "no runs"
+    elif t["n"] == 1:
+        word = "one seed: no verdict"
+    elif t["ci"][0] > 0:
+        word = "higher"
+    elif t["ci"][1] < 0:
+        word = "lower"
+    else:
+        word = "inconclusive"
+    return {"verdict": word, **t, "per_seed": list(diffs)}
 
 
-def claim(comparison: dict, predicted: str) -> str:
-    """"supported" if the comparison went the `predicted` way ("lower" or "higher"), "contradicted" if the other."""
-    if comparison["verdict"] == "inconclusive":
-        return "inconclusive"
-    return "supported" if comparison["verdict"] == predicted else "contradicted"
+def pooled(comparisons: list[dict]) -> dict:
+    """compare() of every paired difference of `comparisons` pooled as one sample: each (group, seed) pair is one
+    observation, groups weighted by their seed counts (how the page pools depths)."""
+    return {**compare([d for c in comparisons for d in c.get("per_seed", [])]), "groups": len(comparisons)}
 
 
-def precondition(inert_fraction: float | None, removal_ratio: float | None) -> str:
+def claim(comparison: dict, predicted: str, condition: str = "present", p_adjusted: float | None = None) -> str:
+    """The claim's word (module docstring) from a compare() result, the predicted direction ("lower"/"higher"), the
+    precondition's reading and, inside a family, the Holm-adjusted p."""
+    if condition != "present":
+        return "not testable"
+    n = comparison.get("n", 0)
+    if n < 2:
+        return "one seed: no verdict" if n == 1 else "not testable"
+    word = comparison["verdict"]
+    if p_adjusted is not None and math.isfinite(p_adjusted) and p_adjusted >= ALPHA:
+        word = "inconclusive"  # the interval excluded 0, but not after the family's adjustment
+    if word == predicted:
+        return "supported"
+    if word in ("lower", "higher") and n >= MIN_CONTRADICT:
+        return "contradicted"
+    return "not reproduced"
+
+
+def family(rows: list[dict]) -> list[dict]:
+    """Each row (a "comparison", "predicted" and "condition") with its Holm-adjusted p over the rows that are
+    testable, and its claim word."""
+    testable = [r["condition"] == "present" for r in rows]
+    adjusted = iter(holm([r["comparison"]["p"] for r, ok in zip(rows, testable, strict=True) if ok]))
+    out = []
+    for r, ok in zip(rows, testable, strict=True):
+        p = next(adjusted) if ok else math.nan
+        out.append({**r, "p_holm": p, "word": claim(r["comparison"], r["predicted"], r["condition"], p)})
+    return out
+
+
+def equivalent(diffs: list[float], margin: float = EQUIVALENCE_MARGIN) -> dict:
+    """TOST of paired differences against ± margin: "equivalent" when both one-sided tests reject at ALPHA (the 90%
+    interval inside the margin), "not shown equivalent" otherwise; one seed gives no verdict."""
+    t = tost(diffs, margin)
+    word = ("one seed: no verdict" if t["n"] < 2 else
+            "equivalent" if math.isfinite(t["p"]) and t["p"] < ALPHA else "not shown equivalent")
+    return {**t, "verdict": word, "comparison": compare(diffs)}
+
+
+def diverged(loss: float | None, unigram: float) -> bool:
+    """The paper's divergence: no finite loss, or a loss within UNIGRAM_MARGIN of the unigram loss."""
+    return loss is None or not math.isfinite(loss) or loss >= unigram - UNIGRAM_MARGIN
+
+
+def less_stable(losses: dict[float, float], pre_losses: dict[float, float], unigram: float) -> dict:
+    """Claim 5 for one scheme: over the rates where both it and Pre-LN ran and Pre-LN trained, the share k / n at
+    which the scheme diverged in the paper's sense, its Clopper-Pearson interval, and the word: "supported" when the
+    interval excludes 0 (Pre-LN diverged at none of these rates by construction), "not reproduced" otherwise."""
+    rates = sorted(lr for lr in losses if lr in pre_losses and not diverged(pre_losses[lr], unigram))
+    bad = [lr for lr in rates if diverged(losses[lr], unigram)]
+    ci = proportion_ci(len(bad), len(rates))
+    word = "not testable" if not rates else "supported" if ci[0] > 0 else "not reproduced"
+    return {"rates": rates, "diverged": bad, "n": len(rates), "share": len(bad) / len(rates) if rates else math.nan,
+            "ci": ci, "word": word, "unigram": unigram,
+            "gap": {lr: losses[lr] - pre_losses[lr] for lr in bad if math.isfinite(losses[lr])}}
+
+
+def precondition(inert_fraction: float | None, removal_ratio: float | None, interior: int | None = None) -> str:
     """Whether Pre-LN's interior is identity-like by the curse index (see the module docstring)."""
-    known = [x for x in (inert_fraction, removal_ratio) if x is not None and math.isfinite(x)]
-    if not known:
+    if interior is not None and interior < MIN_INTERIOR:
+        return "unreadable"
+    inert, ratio = finite([inert_fraction]), finite([removal_ratio])
+    if not inert and not ratio:
         return "unknown"
-    inert = inert_fraction is not None and math.isfinite(inert_fraction) and inert_fraction >= PRESENT
-    cheap = removal_ratio is not None and math.isfinite(removal_ratio) and removal_ratio < CURSE_RATIO
-    return "present" if inert or cheap else "absent"
+    return "present" if (inert and inert[0] >= PRESENT) or (ratio and ratio[0] < CURSE_RATIO) else "absent"
 
 
 def at_edge(best: float | None, grid: list[float]) -> bool:

@@ -1,0 +1,105 @@
+"""The paper's claims read from the LNS study's results (depthlab.study.summary.lns_study), each by the one rule of
+depthlab.study.verdicts, and the findings the results page opens with.
+
+    1   LNS trains to a lower loss than Pre-LN (pooled over depths, each scheme at its own best rate), and it does
+        so by lifting the curse of depth (per depth; testable only where Pre-LN's curse index reads present)
+    2   LNS lowers the variance after the last block
+    3   LNS's deep blocks are less identity-like: larger adjacent angular distance
+    4   removing a deep block costs more under LNS: a larger deep/shallow removal cost ratio
+    5   Post-LN, DeepNorm and Mix-LN diverge at depth where Pre-LN trains (the paper's ~1,400 PPL)
+    6   LNS with scaled initialisation is worse than LNS
+
+Claims 1-4 and 6 form one family, Holm-adjusted (testable rows only); claim 5 is a share of rates with its exact
+binomial interval.
+"""
+
+from __future__ import annotations
+
+from depthlab.study.summary import MECHANISMS
+from depthlab.study.verdicts import equivalent, family, less_stable, pooled
+
+CLAIM_TEXT = {
+    "1": "LNS trains to a lower loss than Pre-LN",
+    "1c": "LNS lowers the loss by lifting the curse (Pre-LN's deep blocks identity-like)",
+    "2": "LNS lowers the variance after the last block",
+    "3": "LNS's deep blocks are less identity-like (larger adjacent angular distance)",
+    "4": "removing a deep block costs more under LNS (deep/shallow removal ratio higher)",
+    "5": "{v} diverges at depth where Pre-LN trains",
+    "6": "LNS with scaled init is worse than LNS",
+}
+MECHANISM_OF = {"2": "last_var", "3": "angular_deep", "4": "removal_deep_over_shallow"}
+
+
+def _done(res: dict) -> list[dict]:
+    return [d for d in res["depths"] if d["delta_val_loss"].get("n")]
+
+
+def loss_rows(res: dict) -> list[dict]:
+    """Claim 1: pooled over depths (the loss, no precondition), then per depth (curse-lifting, gated)."""
+    done = _done(res)
+    rows = [{"claim": "1", "where": "pooled, N = " + ", ".join(str(d["layers"]) for d in done) + ", own best rates",
+             "measure": "val loss, lns − pre (nats)", "comparison": pooled([d["delta_val_loss"] for d in done]),
+             "predicted": "lower", "condition": "present"}] if done else []
+    for d in done:
+        rows.append({"claim": "1c", "where": f"N = {d['layers']}", "measure": "val loss, lns − pre (nats)",
+                     "comparison": d["delta_val_loss"], "predicted": "lower",
+                     "condition": d["pre"].get("index", {}).get("reading", "unknown")})
+    return rows
+
+
+def mechanism_rows(res: dict) -> list[dict]:
+    """Claims 2-4 per depth from the per-seed mechanism comparisons, each scheme at its own best rate."""
+    rows = []
+    for d in res["depths"]:
+        for number, name in MECHANISM_OF.items():
+            m = d.get("mechanisms", {}).get(name)
+            if m:
+                rows.append({"claim": number, "where": f"N = {d['layers']}", "measure": MECHANISMS[name][0],
+                             "comparison": m, "predicted": m["predicted"], "condition": m["condition"]})
+    return rows
+
+
+def scaled_rows(res: dict) -> list[dict]:
+    """Claim 6: lns+scaled - lns, each at its own best rate at the reference depth, paired by seed."""
+    vs = res.get("stability", {}).get("lns+scaled", {}).get("against", {}).get("lns")
+    return [{"claim": "6", "where": f"N = {res['ref_depth']}, own best rates", "measure": "val loss, "
+             "lns+scaled − lns (nats)", "comparison": vs, "predicted": "higher", "condition": "present"}] if vs else []
+
+
+def stability_rows(res: dict, unigram: float | None) -> list[dict]:
+    """Claim 5 per scheme (verdicts.less_stable) on the seed-0 grids at the reference depth."""
+    pre = next((d["grids"]["pre"] for d in res["depths"] if d["layers"] == res["ref_depth"]), None)
+    if pre is None or unigram is None:
+        return []
+    pre_loss = {float(lr): x for lr, x in pre["grid"].items()}
+    out = []
+    for v, s in res.get("stability", {}).items():
+        if v.startswith("lns+"):
+            continue
+        r = less_stable({float(lr): x for lr, x in s["grid"].items()}, pre_loss, unigram)
+        out.append({"claim": "5", "scheme": v, "where": f"N = {res['ref_depth']}, seed 0, every rate Pre-LN trained "
+                    "at", **r, "losses": {lr: s["grid"][f"{lr:g}"] for lr in r["diverged"]},
+                    "pre_losses": {lr: pre_loss[lr] for lr in r["diverged"]}})
+    return out
+
+
+def claims_table(res: dict, unigram: float | None) -> dict:
+    """{"family": claims 1-4 and 6 with Holm-adjusted p and their words, "stability": claim 5's rows}."""
+    rows = loss_rows(res) + mechanism_rows(res) + scaled_rows(res)
+    return {"family": family(rows), "stability": stability_rows(res, unigram)}
+
+
+def decomposition(res: dict) -> list[dict]:
+    """LNS taken apart, per (depth, rate): each part against pre (compare) and, for the gain initialisation alone,
+    a TOST against LNS itself (verdicts.equivalent)."""
+    out = []
+    for g in res.get("parts", []):
+        v = g["variants"]
+        lns, gi = (v.get(k, {}).get("delta_val_loss", {}) for k in ("lns", "pre+gain_init"))
+        seeds = sorted(set(lns.get("b", {})) & set(gi.get("b", {})))
+        eq = equivalent([gi["b"][s] - lns["b"][s] for s in seeds]) if seeds else None
+        out.append({"layers": g["layers"], "lr": g["lr"], "pre_reading": v.get("pre", {}).get("index", {})
+                    .get("reading", "unknown"), "against_pre": {k: r["delta_val_loss"] for k, r in v.items()
+                                                                if r.get("delta_val_loss", {}).get("n")},
+                    "gain_init_vs_lns": eq})
+    return out
