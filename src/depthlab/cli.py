@@ -136,10 +136,6 @@ def cmd_eval(args) -> None:
     from depthlab.hf.load import load_model
     from depthlab.train.runtime import resolve_device
 
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.seq_len is not None and args.seq_len < 1:
-        raise UserError(f"--seq-len must be at least 1, got {args.seq_len}")
     refuse_meaningless(args)
     device = resolve_device(args.device, "--device")
     if args.commonsense or args.mmlu:
@@ -296,31 +292,35 @@ def add_commonsense_options(e) -> None:
     e.add_argument("--commonsense", metavar="DIR", help="the eight commonsense tasks, DIR/<task>/test.json in "
                    "LLM-Adapters' layout (boolq, piqa, social_i_qa, hellaswag, winogrande, ARC-Easy, ARC-Challenge, "
                    "openbookqa): greedy generation with answer extraction and log-likelihood, a table of every model "
+    from depthlab.flags import at_least
+
                    "(docs/downstream.md)")
     e.add_argument("--mmlu", metavar="DIR", help="MMLU from local files (cais/mmlu's SUBJECT/test-*.parquet and "
                    "dev-*.parquet, or the original test/SUBJECT_test.csv and dev/SUBJECT_dev.csv), scored as "
                    "lm-evaluation-harness's mmlu task; with --commonsense the table gets the paper's columns (MMLU, "
                    "BoolQ, ARC-e, PIQA, HellaSwag, OBQA, WinoGrande)")
-    e.add_argument("--mmlu-shots", type=int, default=0, metavar="K", help="with --mmlu: examples from each subject's "
-                   "dev split in front of every question (0 or 5 as in the paper's harness; default 0)")
+    e.add_argument("--mmlu-shots", type=at_least(0), default=0, metavar="K", help="with --mmlu: examples from each "
+                   "subject's dev split in front of every question (0 or 5 as in the paper's harness; default 0)")
     e.add_argument("--table", default="commonsense", metavar="PREFIX", help="with --commonsense / --mmlu: write "
                    "PREFIX.md and PREFIX.json (default: commonsense); existing ones must be an earlier table")
     e.add_argument("--overwrite", action="store_true", help="with --commonsense: replace PREFIX.md / PREFIX.json "
                    "even if they are not an earlier table")
-    e.add_argument("--max-new-tokens", type=int, default=32, help="with --commonsense: greedy decoding length")
+    e.add_argument("--max-new-tokens", type=at_least(1), default=32, help="with --commonsense: greedy decoding length")
 
 
 def add_finetune(sub) -> None:
     f = sub.add_parser("finetune", help="supervised fine-tuning on Commonsense170K-format instruction data",
                        epilog=EPILOG, description="Full or LoRA fine-tuning of a depthlab checkpoint (a run, an "
                        "import of an HF model or of an export: `depthlab import`) on instruction / input / output "
+    from depthlab.flags import at_least, fraction, positive
+
                        "records, in LLM-Adapters' prompt template, with the loss on the response tokens only "
                        "(docs/downstream.md).")
     f.add_argument("model", metavar="MODEL", help="a depthlab checkpoint or run directory")
     f.add_argument("--data", required=True, metavar="FILE", help="a JSON array or JSON lines of records with "
                    "instruction, input, output (commonsense_170k.json)")
-    f.add_argument("--seq-len", type=int, help="tokens per example, longer ones truncated (default: 256, at most "
-                   "the model's context)")
+    f.add_argument("--seq-len", type=at_least(1), help="tokens per example, longer ones truncated (default: 256, "
+                   "at most the model's context)")
     f.add_argument("--out", help="parent directory for a new run directory (same as --set train.out_dir=...)")
     f.add_argument("--run-dir", help="use exactly this run directory (with --resume auto: continue it)")
     f.add_argument("--resume", metavar="auto|PATH", help="auto: the newest valid checkpoint in --run-dir")
@@ -331,9 +331,9 @@ def add_finetune(sub) -> None:
     f.add_argument("--lora", action="store_true", help="LoRA through peft: train low-rank adapters only, the "
                    "weights frozen (needs depthlab[lora]; LLM-Adapters' defaults below)")
     f.add_argument("--lora-rank", type=int, metavar="R", help="with --lora: the adapters' rank (default 32)")
-    f.add_argument("--lora-alpha", type=float, metavar="A", help="with --lora: the adapters' output is scaled by "
+    f.add_argument("--lora-alpha", type=positive, metavar="A", help="with --lora: the adapters' output is scaled by "
                    "A / R (default 2 x R: 64 at rank 32)")
-    f.add_argument("--lora-dropout", type=float, metavar="P", help="with --lora: dropout on the adapters' input "
+    f.add_argument("--lora-dropout", type=fraction, metavar="P", help="with --lora: dropout on the adapters' input "
                    "(default 0.05)")
     f.add_argument("--lora-targets", metavar="LIST", help="with --lora: the projections to adapt, of q, k, v, o, "
                    "gate, up, down (default q,k,v,up,down)")
@@ -355,10 +355,27 @@ class Parser(argparse.ArgumentParser):
         print(f"depthlab: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)",
               file=sys.stderr)
         sys.exit(2)
+        if message.startswith("argument -") and ": must be " in message:  # a range refused by depthlab.flags
+            message = message.removeprefix("argument ").replace(": must be ", " must be ", 1)
 
 
 MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a directory holding one run, or a " \
     "Hugging Face model directory"
+    def add_argument(self, *names, **kwargs):
+        from depthlab.flags import finite
+
+        if kwargs.get("type") is float:  # every float flag of every command: NaN and inf are never a setting
+            kwargs["type"] = finite
+        return super().add_argument(*names, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        from depthlab.flags import orphan_flag
+
+        namespace, extras = super().parse_known_args(args, namespace)
+        if message := orphan_flag(self, namespace):
+            self.error(message)
+        return namespace, extras
+
 OVERWRITE_HELP = "replace OUT even if it is not this command's own kind of output (another run, other files)"
 
 
@@ -370,10 +387,13 @@ def scheme_help() -> str:
 
 def add_plan_flags(t) -> None:
     t.add_argument("--dry-run", action="store_true", help="print the layout and the memory plan per rank, and stop")
-    t.add_argument("--world-size", type=int, metavar="N", help="with --dry-run: plan for N ranks (default: "
+    t.add_argument("--world-size", type=at_least(1), metavar="N", help="with --dry-run: plan for N ranks (default: "
                    "torchrun's WORLD_SIZE, else 1)")
-    t.add_argument("--gpu-memory", type=float, metavar="GIB", help="with --dry-run: refuse a plan that needs more "
-                   "than GIB per rank")
+    from depthlab.flags import at_least, only_with, positive
+
+    t.add_argument("--gpu-memory", type=positive, metavar="GIB", help="with --dry-run: refuse a plan that needs "
+                   "more than GIB per rank")
+    only_with(t, "--dry-run", "--world-size", "--gpu-memory")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -427,6 +447,8 @@ def add_eval(sub) -> None:
     e = sub.add_parser("eval", help="validation loss and perplexity of a model",
                        description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
                        "or a Hugging Face model directory), on --data or, by default, on the run's own validation "
+    from depthlab.flags import at_least
+
                        "split.")
     e.add_argument("checkpoint", metavar="MODEL", nargs="+", help=MODEL_HELP + " (several: with --commonsense)")
     e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on, or a prepared "
@@ -434,9 +456,9 @@ def add_eval(sub) -> None:
     e.add_argument("--tasks", nargs="+", metavar="FILE.jsonl", help="multiple-choice task files instead "
                    "(question, choices, answer index; docs/hf.md): accuracy and length-normalised accuracy")
     add_commonsense_options(e)
-    e.add_argument("--seq-len", type=int, help="window length (default: the run's; HF models: their context, at "
-                   "most 512)")
-    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--seq-len", type=at_least(1), help="window length (default: the run's; HF models: their "
+                   "context, at most 512)")
+    e.add_argument("--batch-size", type=at_least(1), default=16)
     e.add_argument("--device", default="auto")
     e.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
                    "tokenizing --data, the evaluation)")

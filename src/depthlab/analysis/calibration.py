@@ -61,8 +61,13 @@ def last_real_index(mask: torch.Tensor) -> torch.Tensor:
 
 def read_calibration_text(paths: list[str] | None, n_tokens: int) -> tuple[list[str], str]:
     from depthlab.data.sources import builtin_documents, read_documents
+    from depthlab.paths import Kind, what_is
 
     if paths:
+        prepared = [p for p in paths if what_is(p) is Kind.PREPARED]
+        if prepared:  # its token files hold no text to calibrate on, whatever else is given
+            raise UserError(f"{prepared[0]} is a prepared-data directory (token files); analyze calibrates on "
+                            "text: give --data the text files it was prepared from")
         docs, report = read_documents(paths)
         return [d.text for d in docs], f"{', '.join(paths)} ({report.summary()})"
     # Python source tokenizes at roughly 3-4 bytes a token; read a little more than needed.

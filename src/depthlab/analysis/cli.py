@@ -8,29 +8,36 @@ from pathlib import Path
 
 from depthlab import UserError
 
+TOKENS, PROBES = 4096, 4  # defaults of --tokens and --probes
+
 
 def _add_model_args(p) -> None:
+    from depthlab.flags import SEED, at_least, only_with, positive
+
     p.add_argument("--data", nargs="+", metavar="PATH", help="calibration text files or folders (default: the "
                    "built-in corpus); for a ViT one image source, whose validation split is used (default: the "
                    "run's own)")
-    p.add_argument("--tokens", type=int, default=4096, help="calibration tokens (default 4096; language models)")
-    p.add_argument("--images", type=int, help="a ViT's calibration images (default: the whole validation split)")
-    p.add_argument("--windows", type=int, help="sample this many windows over the whole calibration text (seeded, "
-                   "in text order) instead of reading its first --tokens (language models)")
-    p.add_argument("--window-seed", type=int, default=0, help="the seed of --windows (default 0)")
-    p.add_argument("--seq-len", type=int, help="window length (default: the run's, or 512 for HF models)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--tokens", type=at_least(1), default=TOKENS, help="calibration tokens (default 4096; language "
+                   "models)")
+    p.add_argument("--images", type=at_least(1), help="a ViT's calibration images (default: the whole validation "
+                   "split)")
+    p.add_argument("--windows", type=at_least(1), help="sample this many windows over the whole calibration text "
+                   "(seeded, in text order) instead of reading its first --tokens (language models)")
+    p.add_argument("--window-seed", type=SEED, default=0, help="the seed of --windows (default 0)")
+    only_with(p, "--windows", "--window-seed")
+    p.add_argument("--seq-len", type=at_least(2), help="window length (default: the run's, or 512 for HF models)")
+    p.add_argument("--batch-size", type=at_least(1), default=8)
     p.add_argument("--layer-by-layer", action="store_true", help="keep one block's weights in memory at a time "
                    "(for models larger than memory; no removal study)")
     p.add_argument("--no-removal", action="store_true", help="skip the layer-removal study")
     p.add_argument("--no-jacobian", action="store_true", help="skip the Jacobians")
     p.add_argument("--no-init", action="store_true", help="skip the curse index of the same model at "
                    "initialisation (depthlab runs: rebuilt from the run's config and seed)")
-    p.add_argument("--inert-delta", type=float, default=0.005, help="curse index: a block whose removal changes "
+    p.add_argument("--inert-delta", type=positive, default=0.005, help="curse index: a block whose removal changes "
                    "the loss by less than this many nats is inert (default 0.005)")
-    p.add_argument("--interior", nargs=2, type=int, default=[1, 2], metavar=("FIRST", "LAST"),
+    p.add_argument("--interior", nargs=2, type=at_least(0), default=[1, 2], metavar=("FIRST", "LAST"),
                    help="curse index: leave out the first FIRST and the last LAST blocks (default 1 2)")
-    p.add_argument("--probes", type=int, default=4, help="random projections per Jacobian estimate")
+    p.add_argument("--probes", type=at_least(1), default=PROBES, help="random projections per Jacobian estimate")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
                    "the metrics are accumulated in fp32 either way")
@@ -41,23 +48,18 @@ def _add_model_args(p) -> None:
 
 def _request(args, model: str):
     from depthlab.analysis.analyze import Options
+    from depthlab.analysis.curse import CurseSpec
     from depthlab.analysis.run import Request
 
-    for name in ("tokens", "batch_size", "probes"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.images is not None and args.images < 1:
-        raise UserError("--images must be at least 1")
-    if args.windows is not None and args.windows < 1:
-        raise UserError("--windows must be at least 1")
-    if args.seq_len is not None and args.seq_len < 2:
-        raise UserError("--seq-len must be at least 2")
-    if not args.inert_delta > 0 or min(args.interior) < 0:
-        raise UserError("--inert-delta must be positive and --interior counts at least 0")
-    from depthlab.analysis.curse import CurseSpec
-
+    removal = not args.no_removal and not args.layer_by_layer
+    no_removal = "--no-removal" if args.no_removal else "--layer-by-layer"
+    for flag, given, off in (("--probes", args.probes != PROBES, args.no_jacobian and "--no-jacobian"),
+                             ("--tokens", args.tokens != TOKENS, args.windows and "--windows"),  # reads all the text
+                             ("--inert-delta", args.inert_delta != CurseSpec.delta, not removal and no_removal)):
+        if given and off:  # the option would be dropped without a word
+            raise UserError(f"{flag} has no effect with {off}; drop one of them")
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
-    opts = Options(removal=not args.no_removal and not args.layer_by_layer, jacobian=not args.no_jacobian,
+    opts = Options(removal=removal, jacobian=not args.no_jacobian,
                    probes=args.probes, curse=curse, progress=not args.no_progress)
     from depthlab.train.runtime import resolve_device
 
@@ -121,7 +123,10 @@ def cmd_compare(args) -> None:
     labels = args.labels or [Path(m).resolve().name for m in args.models]
     if len(labels) != len(args.models):
         raise UserError(f"{len(labels)} labels for {len(args.models)} models")
-    if len(set(labels)) != len(labels):
+    if args.labels and len(set(labels)) != len(labels):  # the report's legend would not tell them apart
+        twice = next(lab for lab in labels if labels.count(lab) > 1)
+        raise UserError(f"--labels names two models {twice!r}; give each model its own label")
+    if len(set(labels)) != len(labels):  # default labels: models in folders of one name
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
     tasks = {m: task_of(m) for m in args.models}  # every path checked before minutes of analysis go into the first
     if len(set(tasks.values())) > 1:
@@ -140,18 +145,10 @@ MAX_THEORY_DEPTH = 1_000_000  # iterated in Python and drawn point by point: 10^
 
 
 def cmd_theory(args) -> None:
-    import math
 
     from depthlab.owned import writing
     from depthlab.theory import is_theory, simulate, write_theory_report
 
-    if not 2 <= args.depth <= MAX_THEORY_DEPTH:
-        raise UserError(f"--depth must be between 2 and {MAX_THEORY_DEPTH:,}, got {args.depth:,}")
-    for name in ("c", "sigma0"):
-        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
-            raise UserError(f"--{name} must be a positive finite number, got {getattr(args, name)}")
-    if not (math.isfinite(args.power) and args.power >= 0):
-        raise UserError(f"--power must be a finite number >= 0, got {args.power}")
     sim = simulate(args.depth, c=args.c, sigma0=args.sigma0, power=args.power)
     out = Path(args.out)
     with writing(out, is_theory, "theory", args.overwrite) as tmp:
@@ -187,10 +184,12 @@ def add_commands(sub) -> None:
     t = sub.add_parser("theory", help="simulate the paper's variance recursion (Pre-LN vs LNS)",
                        description="Iterate the variance recursions of Lemma 3.2 (Pre-LN) and its LNS "
                        "counterpart up to --depth and plot them against the paper's bounds.")
-    t.add_argument("--depth", type=int, default=1000)
-    t.add_argument("--c", type=float, default=1.0, help="the constant of the Θ-recursion (default 1)")
-    t.add_argument("--sigma0", type=float, default=1.0, help="standard deviation of the embedding output")
-    t.add_argument("--power", type=float, default=0.5, help="LNS exponent p in l^(-p) (default 0.5)")
+    t.add_argument("--depth", type=at_least(2, MAX_THEORY_DEPTH), default=1000)
+    t.add_argument("--c", type=positive, default=1.0, help="the constant of the Θ-recursion (default 1)")
+    t.add_argument("--sigma0", type=positive, default=1.0, help="standard deviation of the embedding output")
+    t.add_argument("--power", type=non_negative, default=0.5, help="LNS exponent p in l^(-p) (default 0.5)")
+    from depthlab.flags import at_least, non_negative, positive
+
     t.add_argument("--out", default="analysis/theory", help="output folder (default: analysis/theory); an "
                    "existing one must be an earlier theory plot")
     t.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a theory plot")

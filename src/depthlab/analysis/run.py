@@ -123,6 +123,20 @@ def _image_batches(req: Request, loaded: LayeredModel) -> tuple[list[ImageBatch]
     return batches, {"source": source, "images": sum(len(b.labels) for b in batches), "batch_size": req.batch_size}
 
 
+def check_interior(n_layers: int, spec) -> None:
+    """The curse index reads the interior blocks; an interior with none would drop it without a word: refused
+    when --interior was chosen, said when the default leaves none of a shallow model's blocks."""
+    from depthlab.analysis.curse import CurseSpec, interior
+
+    if interior(n_layers, spec):
+        return
+    what = f"--interior {spec.skip_first} {spec.skip_last} leaves no interior block of this {n_layers}-block model"
+    if (spec.skip_first, spec.skip_last) != (CurseSpec.skip_first, CurseSpec.skip_last):
+        raise UserError(f"{what}, and the curse index reads only those: keep FIRST + LAST below {n_layers}")
+    warnings.warn(f"{what} (the default), so the report has no curse index; --interior 0 0 indexes every block",
+                  stacklevel=2)
+
+
 def run_request(req: Request) -> dict:
     t0 = time.perf_counter()
     if req.layerwise:
@@ -133,6 +147,7 @@ def run_request(req: Request) -> dict:
     else:
         loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
+    check_interior(skel.n_layers if req.layerwise else lm.n_layers, req.options.curse)
     if lm.classifier:
         batches, data = _image_batches(req, loaded)
     elif req.images is not None:

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 import torch
+import yaml
 from lm_eval.api.model import TemplateLM
 
 from depthlab import UserError
@@ -90,34 +91,50 @@ class DepthlabLM(TemplateLM):
         return text[:cut]
 
 
-def task_names_and_paths(items: list[str]) -> tuple[list[str], list[str]]:
-    """(task names, include paths): a YAML file is its `task:` name plus its folder; a folder is every task defined
-    by the YAML files in it; anything else is a task name lm-eval knows."""
-    names, include = [], []
+def task_names_and_paths(items: list[str]) -> tuple[list[str], list[str], dict[str, Path]]:
+    """(task names, include paths, the file defining each local task): a YAML file is its `task:` name plus its
+    folder; a folder is every task defined by the YAML files in it; anything else is a task name lm-eval knows."""
+    names, include, defined = [], [], {}
     for item in items:
         p = Path(item)
         if _is_task_path(p):
             if not p.exists():
                 raise UserError(f"task file {p} does not exist")
             files = sorted(p.glob("*.y*ml")) if p.is_dir() else [p]
-            found = [n for f in files for n in _yaml_task_names(f)]
+            found = {n: f for f in files for n in _yaml_task_names(f)}
             if not found:
                 raise UserError(f"{p}: no lm-eval task definition (a YAML file with a 'task:' line)")
             names += found
+            defined.update(found)
             include.append(str(p if p.is_dir() else p.parent))
         else:
             names.append(item)
-    return names, include
+    return names, include, defined
 
 
 def _is_task_path(p: Path) -> bool:
     return p.is_dir() or p.suffix in (".yaml", ".yml")
 
 
+class _TaskYaml(yaml.SafeLoader):
+    """YAML as lm-eval reads task files, its own tags (`!function utils.process_docs`) accepted as they are."""
+
+
+_TaskYaml.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
 def _yaml_task_names(path: Path) -> list[str]:
-    """The `task:` names a YAML file defines (read as lines: task files may hold lm-eval's own !function tags)."""
+    """The `task:` names a YAML file defines (read as lines: a group file lists its tasks under `task:` too). A
+    file that is not YAML is refused here: lm-eval would skip it and then not know its task."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        yaml.load(text, _TaskYaml)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path} is not valid YAML: {getattr(e, 'problem', None) or e}{where}") from None
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         if line.startswith("task:"):
             out.append(line.split(":", 1)[1].strip().strip("'\""))
     return out
@@ -131,12 +148,44 @@ def run_harness(scorer: Scorer, items: list[str], batch_size: int = 16, limit: i
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local dataset files: never wait for a hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    names, include = task_names_and_paths(items)
+    names, include, defined = task_names_and_paths(items)
     local = len(names) - sum(1 for i in items if not _is_task_path(Path(i)))  # lm-eval's own tasks only if named
     manager = TaskManager(include_path=include or None, include_defaults=local < len(names))
     unknown = [n for n in names if n not in manager.all_tasks]
+    for n in unknown:
+        if n in defined:  # lm-eval skipped the file it is defined in (its log says why)
+            raise UserError(f"lm-eval skipped {defined[n]}, so it does not know its task {n}: the file is YAML but "
+                            "not a task lm-eval reads (its keys?)")
     if unknown:
         raise UserError(f"lm-eval does not know task(s) {', '.join(unknown)}; give a task name, a YAML task file or "
                         "a folder of them")
-    return lm_eval.simple_evaluate(model=DepthlabLM(scorer, batch_size), tasks=names, task_manager=manager,
+    tasks = [t for n in names for t in _built(manager, n, defined.get(n))]
+    return lm_eval.simple_evaluate(model=DepthlabLM(scorer, batch_size), tasks=tasks, task_manager=manager,
                                    limit=limit, log_samples=log_samples, bootstrap_iters=0)
+
+
+def _built(manager, name: str, source: Path | None) -> list:
+    """lm-eval's task (or group, or a tag's tasks) of `name`, every multiple-choice answer checked against its
+    choices. lm-eval checks only the first document, with an IndexError traceback, and scores any other answer
+    beyond the choices as wrong, a warning in its log."""
+    where = f"task {name}" + (f" ({source})" if source else "")
+    try:
+        loaded = manager.load([name])
+    except (IndexError, KeyError, ValueError, TypeError) as e:  # building the task reads its first document
+        hint = " (its first document's answer is beyond its choices)" if isinstance(e, IndexError) else ""
+        raise UserError(f"lm-eval cannot build {where}: {type(e).__name__}: {e}{hint}") from None
+    for task_name, task in loaded["tasks"].items():
+        _check_answers(task, f"task {task_name}" + (f" ({source})" if source else ""))
+    group = loaded["groups"].get(name)
+    return [group] if group is not None else list(loaded["tasks"].values())
+
+
+def _check_answers(task, where: str) -> None:
+    if task.config.output_type != "multiple_choice" or task.multiple_input:
+        return
+    for i, doc in enumerate(task.eval_docs):
+        choices, answer = task.doc_to_choice(doc), task.doc_to_target(doc)
+        for a in answer if isinstance(answer, list) else [answer]:
+            if not (a in choices if isinstance(a, str) else isinstance(a, int) and 0 <= a < len(choices)):
+                raise UserError(f"{where}, document {i}: the answer {a!r} is not one of its {len(choices)} choices "
+                                f"(an index 0..{len(choices) - 1} or a choice's text)")

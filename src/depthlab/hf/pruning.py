@@ -59,6 +59,19 @@ def _prune_config(cfg, n: int, kept: list[int]) -> None:
     cfg.num_hidden_layers = len(kept)
 
 
+def refuse_non_causal(path: Path, src) -> None:
+    """prune removes the decoder blocks of a causal language model; another kind (a ViT) is named as such."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from depthlab.paths import read_json
+
+    config = read_json(Path(path) / "config.json")
+    model_type = config.get("model_type") if isinstance(config, dict) else None  # else load_pretrained says why
+    if isinstance(model_type, str) and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        what = "a ViT (an image classifier)" if model_type == "vit" else f"a {model_type!r} model"
+        raise UserError(f"prune removes decoder blocks of a causal language model, and {src} is {what}")
+
+
 def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
     first). `out_dir` is written whole (depthlab.owned.writing): an existing one must be an earlier export or
@@ -75,7 +88,11 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite:
                                                              inputs=[src]) as out:
         if kind is Kind.CHECKPOINT:
             path = export(path, Path(tmp) / "exported")
-        model = load_pretrained(path)  # a patched (LNS) model keeps each kept layer's own scale
+        refuse_non_causal(path, src)
+        try:
+            model = load_pretrained(path)  # a patched (LNS) model keeps each kept layer's own scale
+        except UserError as e:  # name the user's model, not the temporary export it was loaded from
+            raise UserError(str(e).replace(str(path), str(src))) from None
         prune_layers(model, start, end)
         model.save_pretrained(out)
         try:

@@ -196,9 +196,16 @@ def _our_name(key: str) -> str:
 def import_hf_vit(src, scheme: str = "pre") -> tuple[ViT, ModelConfig]:
     """A depthlab ViT from a stock ViTForImageClassification (a loaded model or its directory): with scheme pre
     its logits equal the stock model's; another scheme (lns) takes the same weights from here on."""
+    import pickle
+
     from transformers import ViTForImageClassification
 
-    hf = src if isinstance(src, torch.nn.Module) else ViTForImageClassification.from_pretrained(src)
+    from depthlab.pickled import refusal
+
+    try:
+        hf = src if isinstance(src, torch.nn.Module) else ViTForImageClassification.from_pretrained(src)
+    except pickle.UnpicklingError as e:  # a pytorch_model.bin that holds more than tensors
+        raise refusal(src, e) from None
     c = hf.config
     square = all(isinstance(getattr(c, k), int) for k in ("image_size", "patch_size"))
     if type(hf).__name__ != HF_CLASS or c.hidden_act != "gelu" or not square:

@@ -87,6 +87,9 @@ def _check_model(m: ModelConfig) -> None:
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
         require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
     require(m.dim % m.n_heads == 0, f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
+    params = approx_params(m)  # PyTorch counts a tensor's bytes in int64: beyond that no device builds it
+    require(4 * params < 2**63, f"a model of {params:.3g} parameters (model.dim={m.dim}, model.n_layers="
+            f"{m.n_layers}, model.vocab_size={m.vocab_size}) has more fp32 bytes than any machine addresses (2^63)")
     require(m.head_dim % 2 == 0 or not arch.causal,
             f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
     kv = m.n_kv_heads or m.n_heads
@@ -134,6 +137,10 @@ def _check_train(t: TrainConfig) -> None:
     require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
     require(t.max_skips >= 0, f"train.max_skips must be >= 0, got {t.max_skips}")
     require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
+    mesh = [f"train.{name}={getattr(t, name)}" for name in ("dp_replicate", "dp_shard")
+            if getattr(t, name) != getattr(TrainConfig, name)]
+    require(t.parallel == "fsdp" or not mesh, f"{mesh[0] if mesh else ''} shapes FSDP's device mesh and has no "
+            f"effect with train.parallel={t.parallel}; set train.parallel=fsdp or drop it")
     require(t.global_batch >= 0 and t.dp_replicate >= 1 and t.dp_shard >= 0,
             "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
     require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,

@@ -20,6 +20,7 @@ save and resume).
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import torch
 
@@ -44,8 +45,8 @@ def check_lora(lora: LoraConfig) -> None:
         raise UserError(f"the LoRA rank must be a positive integer, got {lora.rank}")
     if not lora.rank:
         return
-    if not lora.alpha > 0:
-        raise UserError(f"the LoRA alpha must be positive, got {lora.alpha}")
+    if not (math.isfinite(lora.alpha) and lora.alpha > 0):  # inf scales every adapter's output to inf or NaN
+        raise UserError(f"the LoRA alpha must be a positive finite number, got {lora.alpha}")
     if not 0 <= lora.dropout < 1:
         raise UserError(f"the LoRA dropout must be in [0, 1), got {lora.dropout}")
     unknown = [t for t in lora.targets if t.removesuffix("_proj") not in TARGETS]
@@ -54,6 +55,20 @@ def check_lora(lora: LoraConfig) -> None:
         raise UserError(f"{what}; valid: {', '.join(TARGETS)} (the block's projections q_proj ... down_proj)")
     if len(set(target_modules(lora))) < len(lora.targets):
         raise UserError(f"LoRA target given twice: {', '.join(lora.targets)}")
+
+
+def check_rank(model: torch.nn.Module, rank: int, targets: list[str]) -> None:
+    """A rank above a target's smaller side adds values (rank x (in + out)) but no freedom: B A can change an
+    out x in weight by a matrix of rank min(in, out) at most, whatever the rank."""
+    shapes = {name: (m.out_features, m.in_features) for name, m in model.named_modules()
+              if name.endswith(tuple("." + t for t in targets)) and isinstance(m, torch.nn.Linear)}
+    if not shapes:
+        return
+    name, shape = min(shapes.items(), key=lambda kv: min(kv[1]))
+    if rank > min(shape):
+        raise UserError(f"LoRA rank {rank} is above the width of {name} ({shape[0]} x {shape[1]}), where no adapter "
+                        f"reaches a rank above {min(shape)}: use a rank of at most {min(shape)} (--lora-rank, "
+                        "train.lora.rank)")
 
 
 def require_peft() -> None:
@@ -78,6 +93,7 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> int:
     missing = [t for t in targets if not any(name.endswith("." + t) for name, _ in model.named_modules())]
     if missing:  # a ViT's MLP, say, has no gate_proj
         raise UserError(f"this model has no {missing[0].split('.')[-1]} to put a LoRA adapter on")
+    check_rank(model, lora.rank, targets)
     peft.inject_adapter_in_model(peft_config(lora, targets), model, adapter_name=ADAPTER)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
