@@ -289,11 +289,11 @@ def lora_settings(args):
 
 
 def add_commonsense_options(e) -> None:
+    from depthlab.flags import at_least
+
     e.add_argument("--commonsense", metavar="DIR", help="the eight commonsense tasks, DIR/<task>/test.json in "
                    "LLM-Adapters' layout (boolq, piqa, social_i_qa, hellaswag, winogrande, ARC-Easy, ARC-Challenge, "
                    "openbookqa): greedy generation with answer extraction and log-likelihood, a table of every model "
-    from depthlab.flags import at_least
-
                    "(docs/downstream.md)")
     e.add_argument("--mmlu", metavar="DIR", help="MMLU from local files (cais/mmlu's SUBJECT/test-*.parquet and "
                    "dev-*.parquet, or the original test/SUBJECT_test.csv and dev/SUBJECT_dev.csv), scored as "
@@ -309,11 +309,11 @@ def add_commonsense_options(e) -> None:
 
 
 def add_finetune(sub) -> None:
+    from depthlab.flags import at_least, fraction, positive
+
     f = sub.add_parser("finetune", help="supervised fine-tuning on Commonsense170K-format instruction data",
                        epilog=EPILOG, description="Full or LoRA fine-tuning of a depthlab checkpoint (a run, an "
                        "import of an HF model or of an export: `depthlab import`) on instruction / input / output "
-    from depthlab.flags import at_least, fraction, positive
-
                        "records, in LLM-Adapters' prompt template, with the loss on the response tokens only "
                        "(docs/downstream.md).")
     f.add_argument("model", metavar="MODEL", help="a depthlab checkpoint or run directory")
@@ -352,15 +352,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         command = self.prog.removeprefix("depthlab").strip()
+        if message.startswith("argument -") and ": must be " in message:  # a range refused by depthlab.flags
+            message = message.removeprefix("argument ").replace(": must be ", " must be ", 1)
         print(f"depthlab: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)",
               file=sys.stderr)
         sys.exit(2)
-        if message.startswith("argument -") and ": must be " in message:  # a range refused by depthlab.flags
-            message = message.removeprefix("argument ").replace(": must be ", " must be ", 1)
 
-
-MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a directory holding one run, or a " \
-    "Hugging Face model directory"
     def add_argument(self, *names, **kwargs):
         from depthlab.flags import finite
 
@@ -376,6 +373,9 @@ MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a dir
             self.error(message)
         return namespace, extras
 
+
+MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a directory holding one run, or a " \
+    "Hugging Face model directory"
 OVERWRITE_HELP = "replace OUT even if it is not this command's own kind of output (another run, other files)"
 
 
@@ -386,11 +386,11 @@ def scheme_help() -> str:
 
 
 def add_plan_flags(t) -> None:
+    from depthlab.flags import at_least, only_with, positive
+
     t.add_argument("--dry-run", action="store_true", help="print the layout and the memory plan per rank, and stop")
     t.add_argument("--world-size", type=at_least(1), metavar="N", help="with --dry-run: plan for N ranks (default: "
                    "torchrun's WORLD_SIZE, else 1)")
-    from depthlab.flags import at_least, only_with, positive
-
     t.add_argument("--gpu-memory", type=positive, metavar="GIB", help="with --dry-run: refuse a plan that needs "
                    "more than GIB per rank")
     only_with(t, "--dry-run", "--world-size", "--gpu-memory")
@@ -444,11 +444,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def add_eval(sub) -> None:
+    from depthlab.flags import at_least
+
     e = sub.add_parser("eval", help="validation loss and perplexity of a model",
                        description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
                        "or a Hugging Face model directory), on --data or, by default, on the run's own validation "
-    from depthlab.flags import at_least
-
                        "split.")
     e.add_argument("checkpoint", metavar="MODEL", nargs="+", help=MODEL_HELP + " (several: with --commonsense)")
     e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on, or a prepared "

@@ -181,6 +181,8 @@ def add_commands(sub) -> None:
     _add_model_args(c)
     c.set_defaults(func=cmd_compare)
 
+    from depthlab.flags import at_least, non_negative, positive
+
     t = sub.add_parser("theory", help="simulate the paper's variance recursion (Pre-LN vs LNS)",
                        description="Iterate the variance recursions of Lemma 3.2 (Pre-LN) and its LNS "
                        "counterpart up to --depth and plot them against the paper's bounds.")
@@ -188,8 +190,6 @@ def add_commands(sub) -> None:
     t.add_argument("--c", type=positive, default=1.0, help="the constant of the Θ-recursion (default 1)")
     t.add_argument("--sigma0", type=positive, default=1.0, help="standard deviation of the embedding output")
     t.add_argument("--power", type=non_negative, default=0.5, help="LNS exponent p in l^(-p) (default 0.5)")
-    from depthlab.flags import at_least, non_negative, positive
-
     t.add_argument("--out", default="analysis/theory", help="output folder (default: analysis/theory); an "
                    "existing one must be an earlier theory plot")
     t.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a theory plot")
