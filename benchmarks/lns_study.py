@@ -106,12 +106,14 @@ def main(argv=None) -> None:
             s.reuse, s.meta["reuses"] = [str(DEPTH / "runs.jsonl")], DEPTH.name  # its cells are not trained again
         for name in a.phases if a.cmd == "run" else []:
             run_phase(s, name, a)
-    from benchmarks.study_report import along_table, cell_tables, lns_tables
+    from benchmarks.results_page import own_best_lines
+    from benchmarks.study_report import along_table, cell_tables
     from depthlab.study.records import load_records
+    from depthlab.study.summary import lns_study
 
     records = load_records(Path(a.out) / "runs.jsonl")
-    tables = along_table(records) if "along" in a.phases else lns_tables(records, list(PARTS), list(UNSTABLE),
-                                                                         a.ref_depth)
+    tables = along_table(records) if "along" in a.phases else own_best_lines(
+        lns_study(records, list(PARTS), list(UNSTABLE), a.ref_depth))
     print("\n".join(tables + cell_tables(Path(a.out))))
 
 

@@ -1,11 +1,11 @@
-"""Write docs/results.md from the result files, so that no figure in it is typed by hand.
+"""Write docs/results.md (the studies) and docs/benchmarks.md (the systems benchmarks) from the result files, so
+that no figure or word in them is typed by hand.
 
     python -m benchmarks.report
 
-Recomputes the studies' results.json from their runs files (depthlab.study.summary, rendered by
-benchmarks/study_report.py), reads benchmarks/results/{train_speed,lns_cost}.json and, where it exists,
-benchmarks/results/gpu_71m/summary.json; copies the plots to docs/img/. Sections whose result file is missing
-say so.
+Recomputes the studies' results from their runs files (depthlab.study.summary and depthlab.study.claims, rendered
+by benchmarks/results_page.py and benchmarks/study_report.py), reads benchmarks/results/*.json for the systems
+page; writes the plots to docs/img/. Sections whose result file is missing say so.
 """
 
 from __future__ import annotations
@@ -144,11 +144,9 @@ def scaleout_section(after: dict | None, before: dict | None) -> list[str]:
 
 
 def lns_records() -> dict:
-    """The LNS study's records, with the depth study's (same settings and corpus) underneath."""
-    from depthlab.study.records import load_records
-
-    depth, lns = (load_records(RESULTS / d / "runs.jsonl") for d in ("depth_study", "lns_study"))
-    return {**depth, **lns}
+    """The LNS study's records over the depth study's (same settings and corpus): one value per cell, the LNS
+    study's where both trained it."""
+    return {**load_records_of("depth_study"), **load_records_of("lns_study")}
 
 
 def lns_summary() -> dict | None:
@@ -160,27 +158,7 @@ def lns_summary() -> dict | None:
         return None
     meta = (load(RESULTS / "lns_study" / "settings.json") or {}).get("meta", {})
     res = summary(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), meta.get("ref_depth", 24))
-    return {**res, "unigram_loss": meta.get("unigram_loss")}  # the validation loss of no context, where recorded
-
-
-def lns_headline(res: dict | None) -> list[str]:
-    """The bottom line of the LNS study (section 9) with the depth study's same-rate rows (section 1)."""
-    from benchmarks import lns_findings
-    from depthlab.study.summary import along_pairs
-
-    if res is None:
-        return []
-    along = along_pairs(load_records_of("lns_study_along"))
-    equal = (load(RESULTS / "depth_study" / "results.json") or {}).get("equal_rate", [])
-    return lns_findings.bottom_line(res, along, equal)
-
-
-def headline_limits() -> list[str]:
-    from benchmarks import lns_findings
-
-    along = [r["layers"] for r in load_records_of("lns_study_along").values()]
-    return lns_findings.limits(RESULTS / "lns_study" / "settings.json", RESULTS / "lns_study_along" / "settings.json",
-                               [6, 12, 24, 48], sorted(set(along)), (RESULTS / "lns_study_gpu" / "runs.jsonl").exists())
+    return {**res, "unigram_loss": meta.get("unigram_loss"), "val_tokens": meta.get("val_tokens")}
 
 
 def load_records_of(name: str) -> dict:
@@ -189,54 +167,48 @@ def load_records_of(name: str) -> dict:
     return load_records(RESULTS / name / "runs.jsonl")
 
 
-def lns_study_section(res: dict | None) -> list[str]:
-    from benchmarks import lns_findings, lns_study, study_report
-    from depthlab.study.records import load_records
+def _rate(lr: float | None) -> str:
+    return "-" if lr is None else f"{lr:g}"
 
-    out = ["## 9. Why LNS wins: each depth at its own rate, LNS taken apart, the curse along training", ""]
-    parts = (("Parts 1, 2 and 4: depths, parts, stability", "lns_study"),
-             ("Part 3: the curse along training (CPU, 15M tokens)", "lns_study_along"),
-             ("Part 5: the GPU study", "lns_study_gpu"))
-    done = [(name, RESULTS / d) for name, d in parts if (RESULTS / d / "runs.jsonl").exists()]
-    if not done:
-        return out + ["Not run yet: `python -m benchmarks.lns_study run` (the depths, parts and stability phases), "
-                      "`python -m benchmarks.lns_study run --phases along`, and on a GPU `python -m "
-                      "benchmarks.lns_study run --gpu` (benchmarks/lns_study.py says what each trains).", ""]
-    out += ["The cells listed are those that have finished (`make study-lns` and `make study-along` train only the "
-            "cells of each phase that have no record yet); a difference on one seed reads inconclusive under "
-            "section 1's rules. Selection "
-            "is by final validation loss. The curse index columns are the final model's, from the whole-split "
-            "probe (section 1's N = 24 grid and its 6/48-block cells at 8e-3 come from the depth study, probed "
-            "with its earlier 64-window probe where this study has not re-run them).", ""]
-    for name, d in done:
-        command = (load(d / "settings.json") or {}).get("command", "?")
-        records = load_records(d / "runs.jsonl")
-        out += [f"### {name}", "", f"Made by `{command}` (the last run into it; `make study-lns` and `make "
-                "study-along` run the whole of each).", ""]
-        if d.name == "lns_study":
-            ref = res["ref_depth"] if res else 24
-            out += study_report.lns_tables(lns_records(), list(lns_study.PARTS), list(lns_study.UNSTABLE), ref)
-            out += lns_findings.stability_reading(res) if res else []
-            vocab = (load(d / "settings.json") or {}).get("meta", {}).get("vocab", 2048)
-            if res and study_report.plot_rates(res, IMG / "lns_study_rates.png", vocab):
-                out += ["![Final loss against learning rate, by depth and scheme](img/lns_study_rates.png)", "",
-                        "Final validation loss against learning rate, seed 0 (the large marker: each curve's best "
-                        "rate; dashed, where a run came near it: ln V, above which a run counts as diverged; "
-                        "diverged runs are drawn just above it). Each panel has its own loss scale.", ""]
-        elif study_report.plot_along(records, IMG / f"{d.name}_along.png"):
-            out += study_report.along_table(records) + [f"![Δ and the curse index along training](img/{d.name}"
-                                                        "_along.png)", ""]
-            out += along_not_run(records) if d.name == "lns_study_along" else []
-        out += ["Every cell:", ""] + study_report.cell_tables(d) + [""]
-    from depthlab.study.summary import ALONG_RULE
 
-    missing = {"lns_study": "Not run yet (`make study-lns`).",
-               "lns_study_along": "Not finished yet (`make study-along`). Its decision rule, declared before its "
-                                  f"runs finished: {ALONG_RULE}",
-               "lns_study_gpu": "Not run: no GPU machine has been lent to this project yet (`make study-gpu-prepare`"
-                                " here, then `make study-gpu` on the GPU)."}
-    out += [f"### {name}\n\n{missing[d]}\n" for name, d in parts if (name, RESULTS / d) not in done]
-    return out
+def stability_lines(res: dict) -> list[str]:
+    from benchmarks import study_report
+    from benchmarks.results_page import _grid, said
+
+    if not res["stability"]:
+        return []
+    out = ["## 5. Stability at depth (claims 5 and 6)", "",
+           f"Each scheme's seed-0 grid at N = {res['ref_depth']} (diverged: non-finite or above ln V), then its best "
+           "rate over every seed; Δ against Pre-LN (and LNS) each at its own best rate, paired by seed. The claims "
+           "table reads claim 5 from these grids against the unigram loss.", "",
+           "| scheme | grid | best rate | Δ vs pre | Δ vs lns |", "|---|---|---|---|---|"]
+    for v, s in res["stability"].items():
+        vs = s["against"]
+        out.append(f"| {v} | {_grid(s)} | {_rate(s['best_lr'])} | "
+                   f"{said(vs.get('pre', {}))} | {said(vs['lns']) if 'lns' in vs else '-'} |")
+    vocab = (load(RESULTS / "lns_study" / "settings.json") or {}).get("meta", {}).get("vocab", 2048)
+    if study_report.plot_rates(res, IMG / "lns_study_rates.png", vocab):
+        out += ["", "![Final loss against learning rate, by depth and scheme](img/lns_study_rates.png)", "",
+                "Final validation loss against learning rate, seed 0 (large marker: each curve's best rate; dotted: "
+                "the unigram loss, what a model of token frequencies alone reaches; a run ending there has diverged "
+                "in the paper's sense). Each panel has its own loss scale.", ""]
+    return out + [""]
+
+
+def along_lines() -> list[str]:
+    from benchmarks import study_report
+
+    records = load_records_of("lns_study_along")
+    out = ["## 6. The curse along training (one seed per pair)", ""]
+    if not records:
+        return out + ["Not run yet (`make study-along`).", ""]
+    command = (load(RESULTS / "lns_study_along" / "settings.json") or {}).get("command", "?")
+    out += [f"Made by `{command}`. Each pair is one seed, so no pair gives a verdict: the table shows how the gap "
+            "and both indices move, for the next study to test with seeds.", ""]
+    if study_report.plot_along(records, IMG / "lns_study_along_along.png"):
+        out += study_report.along_table(records) + ["![Δ and the curse index along training](img/lns_study_along_"
+                                                    "along.png)", ""]
+    return out + along_not_run(records)
 
 
 def along_not_run(records: dict) -> list[str]:
@@ -250,6 +222,24 @@ def along_not_run(records: dict) -> list[str]:
             "resumes).", ""] if todo else []
 
 
+def noise_lines(rerun: dict, settings: dict) -> list[str]:
+    corpus = settings.get("corpus", {})
+    removed = corpus.get("dedup")
+    out = ["## 9. Selection, test split and run-to-run noise", "",
+           f"Cells trained twice with identical settings and corpus (the depth study's and the LNS study's copies): "
+           f"{rerun['n']} pairs, |Δ val loss| up to {rerun['max']:.4f} nats ("
+           + ", ".join(f"{p['key']} {p['diff']:.4f}" for p in rerun["pairs"]) + "). The page uses one value per cell "
+           "(the LNS study's), so a rerun's drift enters each interval as seed-to-seed spread, never twice.", "",
+           f"Selection and the validation loss use the first {settings.get('val_tokens', 0):,} tokens of the "
+           "validation split. " + (f"The corpus's near-duplicate removal dropped {removed['removed']} documents and "
+                                   f"its test split holds {corpus.get('test_tokens', 0):,} tokens." if removed else
+                                   "These records were trained before the study corpus dropped near-duplicate "
+                                   "documents and held out a test split (depthlab.study.corpus now does both): "
+                                   "the whole-split probe loss in section 1 is the closest they have to a metric "
+                                   "nobody tuned on, and it includes the selection slice."), ""]
+    return out
+
+
 def copy_plots() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     for png in (RESULTS / "depth_study").glob("*.png"):
@@ -260,22 +250,7 @@ def copy_plots() -> None:
         shutil.copy(png, IMG / f"gpu_71m_{png.name}")
 
 
-SUPERSEDED = [
-    "## 6. The earlier study at init std 0.02 (superseded, code removed)",
-    "",
-    "An earlier version of this page reported claims 1-6 on Shakespeare with a 24 x 64 model, init std 0.02, one "
-    "learning rate (2e-3; 5e-4 for 300 steps) and at most 2M tokens, and concluded that LNS loses to Pre-LN. That "
-    "model started outside the paper's regime: std 0.02 is a width-768 value, and at width 64 every block's update "
-    "ratio at initialisation was 0.011 (LLaMA-130M's is about 0.27; measured with "
-    "`depthlab.metrics.init_update_ratios`), so its blocks started almost silent and LNS damped the deep "
-    "quarter further to 0.002. Its verdicts are withdrawn and its script is gone; its result files stay in "
-    "`benchmarks/results/reproduce*/`, read by nothing. Its claims 5 (Post-LN, DeepNorm and Mix-LN less stable at "
-    "depth) and 6 (LNS + scaled init worse than LNS) are re-run under the width-matched init in section 9 (part 4)",
-]
-
-
-def main() -> Path:
-    from benchmarks import lns_findings, study_report
+def benchmarks_page() -> Path:
     from benchmarks.findings import INTRO, NOT_DONE, findings
 
     files = {"train_speed": RESULTS / "train_speed.json", "train_speed_compile": RESULTS / "train_speed_compile.json",
@@ -283,37 +258,60 @@ def main() -> Path:
              "gpu_71m": RESULTS / "gpu_71m" / "summary.json", "memory": RESULTS / "memory.json"}
     results = {k: load(p) for k, p in files.items()}
     prose = findings(results)
-    study, vit = RESULTS / "depth_study", RESULTS / "vit_study"
+    lines = list(INTRO) + [""]
+    for key, body in (("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
+                      ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"])),
+                      ("memory", memory_section(results["memory"]))):
+        lines += body + prose.get(key, []) + [""]
+    lines += scaleout_section(load(RESULTS / "scaleout.json"), load(RESULTS / "scaleout_before.json")) + NOT_DONE
+    DOCS.mkdir(parents=True, exist_ok=True)
+    path = DOCS / "benchmarks.md"
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def results_page() -> Path:
+    from benchmarks import results_page, study_report
+    from depthlab.study.runner import tokens_per_parameter
+    from depthlab.study.summary import matched_rates, rerun_spread
+
+    study, vit, n6 = RESULTS / "depth_study", RESULTS / "vit_study", RESULTS / "depth_study_n6"
     study_report.write_depth(study)  # results.json and plots, recomputed from the runs with today's rules
     study_report.write_vit(vit)
     copy_plots()
-    n6 = RESULTS / "depth_study_n6"
-    study_report.along_section(n6)  # its results.json, read by the headline
+    lines = ["# Results: does LayerNorm Scaling help, and why?", "",
+             "Generated by `python -m benchmarks.report` (`make results`) from the runs files under "
+             "`benchmarks/results/`; every number and word below is computed from them. The systems benchmarks "
+             "(speed, memory, scale-out) are on [their own page](benchmarks.md).", ""]
     res = lns_summary()
-    lines = INTRO + ["", "## Headline", ""] + lns_headline(res) + study_report.headline(study, n6) \
-        + study_report.vit_headline(vit) + headline_limits()
-    lines += ["## 1. Does LNS beat Pre-LN, by depth, and is the curse there?", ""]
+    settings = (load(RESULTS / "lns_study" / "settings.json") or {}).get("meta", {})
+    if res is None:
+        lines += ["The LNS study has not been run yet (`make study-lns`): this page cannot yet say whether LNS "
+                  "helps.", ""]
+    else:
+        rerun = rerun_spread(load_records_of("depth_study"), load_records_of("lns_study"))
+        done = [d["layers"] for d in res["depths"]]
+        tpp = tokens_per_parameter(RESULTS / "lns_study" / "settings.json", done)
+        equal = (load(study / "results.json") or {}).get("equal_rate", [])
+        lines += results_page.science(res, res["unigram_loss"], matched_rates(lns_records()), equal, rerun, tpp,
+                                      res["val_tokens"] or 0, IMG)
+        lines += stability_lines(res) + along_lines()
+    lines += ["## 7. One rate per scheme at every depth (the depth study)", ""]
+    lines += study_report.depth_section(study, "depth_study_") + study_report.along_section(n6)
+    lines += ["## 8. Vision Transformers: where LNS goes", ""] + study_report.vit_section(vit, "img/vit_study.png")
     if res is not None:
-        lines += lns_findings.section1_reading(res, load(study / "results.json"))
-    lines += study_report.depth_section(study, "depth_study_")
-    lines += study_report.along_section(n6)
-    sections = [("speed", speed_section(results["train_speed"], results["train_speed_compile"])),
-                ("lns", lns_section(results["lns_cost"])), ("gpu", gpu_section(results["gpu_71m"])),
-                ("memory", memory_section(results["memory"]))]
-    for key, body in sections:
-        lines += body + prose.get(key, []) + [""]
-    lines += SUPERSEDED
-    lines[-1] += ("." if res and res["stability"] else ", which has not run yet.")
-    lines.append("")
-    lines += ["## 7. Vision Transformers: where LNS goes", ""] + lns_findings.vit_reading(load(vit / "results.json"))
-    lines += study_report.vit_section(vit, "img/vit_study.png")
-    lines += scaleout_section(load(RESULTS / "scaleout.json"), load(RESULTS / "scaleout_before.json"))
-    lines += lns_study_section(res)
-    lines += NOT_DONE
+        lines += noise_lines(rerun, settings)
+        lines += ["## Every cell of the LNS study", ""] + study_report.cell_tables(RESULTS / "lns_study") + [""]
     path = DOCS / "results.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {path}")
     return path
+
+
+def main() -> Path:
+    benchmarks_page()
+    return results_page()
 
 
 if __name__ == "__main__":

@@ -67,10 +67,13 @@ def plot_depth(res: dict, records: dict, out: Path) -> None:
     for d in depths:
         a.scatter([d["layers"]] * len(d["delta_val_loss"]["per_seed"]), d["delta_val_loss"]["per_seed"], color="0.6",
                   s=12, zorder=2)
-    a.errorbar(Ls, [d["delta_val_loss"]["mean"] for d in depths], yerr=[d["delta_val_loss"]["std"] for d in depths],
+    ci = [d["delta_val_loss"]["ci"] for d in depths]
+    means = [d["delta_val_loss"]["mean"] for d in depths]
+    a.errorbar(Ls, means, yerr=[[m - lo if math.isfinite(lo) else 0 for m, (lo, _) in zip(means, ci, strict=True)],
+                                [hi - m if math.isfinite(hi) else 0 for m, (_, hi) in zip(means, ci, strict=True)]],
                marker="o", capsize=4, zorder=3)
     a.axhline(0, color="k", lw=0.8)
-    a.set(title="val loss, lns − pre at best rates (seeds grey)", ylabel="nats")
+    a.set(title="val loss, lns − pre at one shared rate per scheme\n(seeds grey, 95% t-interval)", ylabel="nats")
     for v, style in (("pre", "o-"), ("lns", "s--")):
         b.errorbar(Ls, [d[v]["index"]["inert_fraction"]["mean"] for d in depths],
                    yerr=[d[v]["index"]["inert_fraction"]["std"] for d in depths], fmt=style, capsize=3, label=v)
@@ -83,6 +86,7 @@ def plot_depth(res: dict, records: dict, out: Path) -> None:
     for ax in axes:
         ax.set(xscale="log", xlabel="blocks N")
         ax.set_xticks(Ls, [str(x) for x in Ls])
+        ax.xaxis.set_minor_locator(plt.NullLocator())  # minor log labels overlapped the depth ticks
     b.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "delta_and_index_by_depth.png", dpi=110)
@@ -106,8 +110,8 @@ def plot_profiles(res: dict, records: dict, out: Path, plt) -> None:
                 ax.plot(x, p[key], style, label=f"{v} N={L}")
     for ax, title in zip(axes, ("update ratio ||dh|| / ||h||", "loss increase when the block is removed",
                                 "adjacent angular distance"), strict=True):
-        ax.set(xlabel="block l / N", title=title)
-    axes[1].set_yscale("symlog", linthresh=1e-3)
+        ax.set(xlabel="block l / N", title=title, yscale="log")
+    axes[1].set_yscale("symlog", linthresh=1e-3)  # a removal can lower the loss: log where positive, linear near 0
     axes[0].legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(out / "profiles_by_depth.png", dpi=110)
@@ -161,38 +165,40 @@ def _grid_lines(res: dict) -> list[str]:
 
 
 def _depth_lines(res: dict) -> list[str]:
-    lines = ["Each depth, each scheme at its best rate (mean ± std over seeds; Δ paired seed by seed; the comparison "
-             "reads *inconclusive* within two standard errors or when its bootstrap interval holds 0). The curse "
-             "index of the final models: interior inert fraction (blocks 2 .. N−2 whose removal changes the loss by "
-             "< 0.005 nats) and removal cost deep / shallow interior; the precondition reads *present* when Pre-LN's "
-             "inert fraction is ≥ 1/3 or its ratio < 0.5. It is printed beside every comparison and gates none.", "",
-             "| N | seeds | pre val loss (probe's own) | lns val loss (probe's own) | Δ lns − pre (per seed) "
-             "| comparison | pre inert | lns inert | pre deep/shallow | lns deep/shallow | precondition |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    from benchmarks.results_page import said
+
+    lines = ["Each depth at the one rate per scheme chosen at the reference depth; Δ paired seed by seed with its 95% "
+             "t-interval (the page's one rule). The curse index of the final models: interior inert fraction "
+             "(blocks 2 .. N−2 whose removal changes the loss by < 0.005 nats) and removal cost deep / shallow "
+             "interior.", "",
+             "| N | pre val loss (whole-split probe) | lns val loss (whole-split probe) | Δ lns − pre | pre inert | "
+             "lns inert | pre deep/shallow | lns deep/shallow | Pre-LN curse |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for d in res["depths"]:
         if not d["seeds"]:
-            lines.append(f"| {d['layers']} | not run |" + " |" * 9)
+            lines.append(f"| {d['layers']} | not run |" + " |" * 7)
             continue
         p, q, delta = d["pre"]["index"], d["lns"]["index"], d["delta_val_loss"]
         index = [spread(x[k], ".2f") for k in ("inert_fraction", "removal_deep_over_shallow") for x in (p, q)]
         own = {v: f"{spread(d[v]['val_loss'])} ({spread(d[v].get('probe_loss'), '.2f')})" for v in ("pre", "lns")}
-        lines.append(f"| {d['layers']} | {len(d['seeds'])} | {own['pre']} | {own['lns']} | "
-                     f"{spread(delta, signed=True)} ({_per_seed(delta['per_seed'])}) "
-                     f"| {delta['verdict']} | " + " | ".join(index) + f" | {p['reading']} |")
+        lines.append(f"| {d['layers']} | {own['pre']} | {own['lns']} | {said(delta)} | " + " | ".join(index)
+                     + f" | {p['reading']} |")
     return lines + [""]
 
 
 def _mechanism_lines(res: dict) -> list[str]:
-    lines = ["Every mechanism quantity, un-gated: lns − pre seed by seed at each scheme's best rate, the paper's "
-             "predicted direction and what the seeds say.", "",
-             "| N | quantity | pre (per seed) | lns (per seed) | lns − pre | comparison | paper predicts | claim |",
-             "|---|---|---|---|---|---|---|---|"]
+    from benchmarks.results_page import said
+
+    lines = ["Every mechanism quantity: lns − pre seed by seed, the paper's predicted direction, and the claim's word "
+             "(not testable where Pre-LN's curse index does not read present).", "",
+             "| N | quantity | pre (per seed) | lns (per seed) | lns − pre | paper predicts | claim |",
+             "|---|---|---|---|---|---|---|"]
     for d in res["depths"]:
         for name, m in d["mechanisms"].items():
             pre = ", ".join(f"{x:.3g}" for x in m["a"].values())
             lns = ", ".join(f"{x:.3g}" for x in m["b"].values())
-            lines.append(f"| {d['layers']} | {MECHANISMS[name][0]} | {pre} | {lns} | {spread(m, '.3g', signed=True)} "
-                         f"| {m['verdict']} | lns {m['predicted']} | {m['claim']} |")
+            lines.append(f"| {d['layers']} | {MECHANISMS[name][0]} | {pre} | {lns} | {said(m, '.3g')} "
+                         f"| lns {m['predicted']} | {m['claim']} |")
     return lines + [""]
 
 
@@ -203,58 +209,6 @@ def depth_section(out: Path, img_prefix: str) -> list[str]:
     return (_setup_lines(res) + _grid_lines(res) + _depth_lines(res)
             + [f"![Δ loss and the curse index by depth](img/{img_prefix}delta_and_index_by_depth.png)", "",
                f"![per-block profiles](img/{img_prefix}profiles_by_depth.png)", ""] + _mechanism_lines(res))
-
-
-def _count(res: dict, name: str, sign: int) -> tuple[int, int]:
-    xs = [x for d in res["depths"] for x in d["mechanisms"].get(name, {}).get("per_seed", [])]
-    return sum(math.copysign(1, x) == sign for x in xs if x), len(xs)
-
-
-def _reprobed(along: Path | None) -> str:
-    """One sentence on the pair re-run with the new probe, from its results.json (written by along_section)."""
-    if not along or not (along / "results.json").exists():
-        return ""
-    res = json.loads((along / "results.json").read_text())
-    parts = []
-    for d in res["depths"]:
-        for v in ("pre", "lns"):
-            for p in [ps[-1] for ps in d[v]["along"].values() if ps]:
-                ci, rci = p["inert_fraction_ci"], p["removal_deep_over_shallow_ci"]
-                parts.append(f"N={d['layers']} {v} {p['inert_fraction']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}], deep/shallow "
-                             f"removal {p['removal_deep_over_shallow']:.2f} [{rci[0]:.2f}, {rci[1]:.2f}]")
-    return " Re-probed over the whole validation split with intervals (section 1): " + "; ".join(parts) + "."
-
-
-def headline(out: Path, along: Path | None = None) -> list[str]:
-    """The depth study's findings in a few sentences, from its results.json."""
-    if not (out / "results.json").exists():
-        return ["The depth study (section 1) has not been run yet: this page cannot yet say whether LNS helps."]
-    res = json.loads((out / "results.json").read_text())
-    s, done = res["settings"], [d for d in res["depths"] if d["seeds"]]
-    parts = [f"N={d['layers']}: {spread(d['delta_val_loss'], '.3f', signed=True)} nats over "
-             f"{len(d['seeds'])} seeds ({d['delta_val_loss']['verdict']})" for d in done]
-    lines = [f"**Section 1: one rate per scheme at every depth** (pre {res['best_lr']['pre']:g}, lns "
-             f"{res['best_lr']['lns']:g}, each the best of a grid at N = {s['ref_depth']}), LNS − Pre-LN validation "
-             "loss: " + "; ".join(parts) + "."]
-    flipped = [r for r in res["equal_rate"] if r["sign_differs"]]
-    if flipped:
-        lines.append("**At one shared rate the sign differs**: at N = " + str(s["ref_depth"]) + ", seed 0, LNS − "
-                     "Pre-LN is " + ", ".join(f"{r['delta']:+.3f} at {r['lr']:g}" for r in flipped)
-                     + " (the paper's protocol shares one rate, 1e-3); LNS is ahead only at "
-                     + ", ".join(f"{r['lr']:g}" for r in res["equal_rate"] if not r["sign_differs"]) + ".")
-    idx = "; ".join(f"N={d['layers']} pre {spread(d['pre']['index']['inert_fraction'], '.2f')} / lns "
-                    f"{spread(d['lns']['index']['inert_fraction'], '.2f')} ({d['pre']['index']['reading']})"
-                    for d in done)
-    lines.append(f"**The curse index** (interior inert fraction of the final models, mean ± std over seeds, from the "
-                 f"earlier 64-window probe, no interval): {idx}." + _reprobed(along))
-    facts = [(what, *_count(res, name, -1)) for what, name in
-             (("update ratio", "update_deep"), ("angular distance", "angular_deep"), ("removal cost", "removal_deep"))]
-    mid = _count(res, "removal_middle", 1)
-    lines.append("**Un-gated mechanism comparisons**: LNS's deep-interior blocks have a *lower* "
-                 + ", ".join(f"{what} in {k} of {n}" for what, k, n in facts)
-                 + " (depth, seed) pairs than Pre-LN's, the opposite of the paper's mechanism, while LNS's "
-                 f"middle-interior blocks cost more to remove in {mid[0]} of {mid[1]}; per seed in section 1.")
-    return lines + [""]
 
 
 def along_section(out: Path) -> list[str]:
@@ -308,6 +262,8 @@ def write_vit(out: Path) -> dict | None:
 
 
 def vit_section(out: Path, img: str) -> list[str]:
+    from benchmarks.results_page import said
+
     if not (out / "results.json").exists():
         return ["Not run yet (`make study-vit`).", ""]
     res = json.loads((out / "results.json").read_text())
@@ -323,33 +279,16 @@ def vit_section(out: Path, img: str) -> list[str]:
         edge = " ⚠ grid edge" if res["edge"][v] else ""
         lines.append(f"| {v} | {best[v]:g}{edge} | {res['best_lr_by_accuracy'][v]:g} | {spread(d['loss'])} | "
                      f"{spread(d['acc'])} | {d['loss']['n']} |")
-    lines += ["", "| paper's claim | metric | per seed (variant − pre) | mean ± std | comparison | claim |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| paper's claim | metric | per seed (variant − pre) | variant − pre | claim |",
+              "|---|---|---|---|---|"]
     claims = {"lns-branch": "LNS on the branch outputs beats Pre-LN", "lns-norm": "LNS after the norm loses to Pre-LN"}
     for v, c in res["comparisons"].items():
         for metric in ("loss", "acc"):
             m = c[metric]
             se = f" (binomial SE {m['binomial_se']:.4f})" if "binomial_se" in m else ""
-            lines.append(f"| {claims.get(v, v)} | {metric} | {_per_seed(m['per_seed'])} | "
-                         f"{spread(m, signed=True)}{se} | {m['verdict']} | {m['claim']} |")
+            lines.append(f"| {claims.get(v, v)} | {metric} | {_per_seed(m['per_seed'])} | {said(m)}{se} | "
+                         f"{m['claim']} |")
     return lines + ["", f"![ViT study]({img})", ""]
-
-
-def vit_headline(out: Path) -> list[str]:
-    if not (out / "results.json").exists():
-        return []
-    res = json.loads((out / "results.json").read_text())
-    rows = []
-    for v, c in res["comparisons"].items():
-        loss, acc = c["loss"], c["acc"]
-        se = f", 2 binomial SE = {2 * acc['binomial_se']:.3f}" if "binomial_se" in acc else ""
-        rows.append(f"{v} − pre: loss {spread(loss, signed=True)} ({loss['verdict']}), top-1 accuracy "
-                    f"{spread(acc, '.3f', signed=True)}{se} ({acc['verdict']}); the paper's claim: {acc['claim']}")
-    edge = [f"{v} ({res['best_lr'][v]:g})" for v, e in res["edge"].items() if e]
-    by_acc = ", ".join(f"{v} {lr:g}" for v, lr in res["best_lr_by_accuracy"].items())
-    return ["**ViT** (digits, 359 validation images, 3 seeds at each variant's loss-selected rate): "
-            + "; ".join(rows) + "." + (f" Best rate at a grid edge for {', '.join(edge)}." if edge else "")
-            + f" Selected by accuracy instead, the rates would be {by_acc}.", ""]
 
 
 def cell_tables(out: Path) -> list[str]:
@@ -386,103 +325,11 @@ def _number(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-# ---------------------------------------------------------------------------------------------------- lns_study
-def _rate(lr: float | None) -> str:
-    return "-" if lr is None else f"{lr:g}"
-
-
-def _grid(g: dict) -> str:
-    """A seed-0 grid as 'rate loss' pairs, the best in bold, diverged rates marked."""
-    bad, best = {f"{lr:g}" for lr in g["diverged"]}, _rate(g["best_lr"])
-    cells = [f"{lr} diverged" if lr in bad else (f"**{lr} {loss:.3f}**" if lr == best else f"{lr} {loss:.3f}")
-             for lr, loss in g["grid"].items()]
-    return ", ".join(cells) + (" (best at an edge)" if g["edge"] else "")
-
-
-def _index(r: dict, key: str) -> str:
-    ms = r.get("index", {}).get(key)
-    return spread(ms, ".2f") if ms and ms.get("mean") is not None else "-"
-
-
-def _delta(c: dict) -> str:
-    if not c.get("seeds"):
-        return "-"
-    return f"{spread(c, '.3f', signed=True)} ({c['verdict']}; per seed {_per_seed(c['per_seed'])})"
-
-
-def lns_tables(records: dict, parts: list[str], unstable: list[str], ref_depth: int) -> list[str]:
-    """Parts 1, 2 and 4 of the LNS study as tables, from depthlab.study.summary.lns_study."""
-    from depthlab.study.summary import lns_study
-
-    res = lns_study(records, parts, unstable, ref_depth)
-    lines = ["**Each depth at its own rate.** Each scheme's seed-0 grid at that depth (the best rate in bold), then "
-             "both at their own best rate over every seed that ran; Δ = lns − pre, paired by seed.", "",
-             "| N | pre grid | lns grid | pre loss | lns loss | Δ | inert pre / lns | removal deep/shallow pre / lns |",
-             "|---|---|---|---|---|---|---|---|"]
-    for d in res["depths"]:
-        p, q = d["pre"], d["lns"]
-        lines.append(f"| {d['layers']} | {_grid(d['grids']['pre'])} | {_grid(d['grids']['lns'])} | "
-                     f"{spread(p['val_loss'])} | {spread(q['val_loss'])} | {_delta(d['delta_val_loss'])} | "
-                     f"{_index(p, 'inert_fraction')} / {_index(q, 'inert_fraction')} | "
-                     f"{_index(p, 'removal_deep_over_shallow')} / {_index(q, 'removal_deep_over_shallow')} |")
-    names = ("removal_deep", "removal_middle", "last_var", "update_deep")
-    for g in res["parts"]:
-        lines += ["", parts_reading(g)]
-        lines += ["", f"**LNS taken apart at N = {g['layers']}, lr {g['lr']:g}.** Δ = variant − pre, paired by seed; "
-                  "the index and quantities are the final models' (mean ± std over seeds).", "",
-                  "| variant | seeds | val loss | Δ vs pre | inert fraction | removal deep/shallow | "
-                  + " | ".join(MECHANISMS[n][0] for n in names) + " |", "|---" * (6 + len(names)) + "|"]
-        for v, r in g["variants"].items():
-            qs = r.get("quantities", {})
-            lines.append(f"| {v} | {len(r['seeds'])} | {spread(r['val_loss'])} | {_delta(r.get('delta_val_loss', {}))}"
-                         f" | {_index(r, 'inert_fraction')} | {_index(r, 'removal_deep_over_shallow')} | "
-                         + " | ".join(spread(qs[n], '.3f') if n in qs else "-" for n in names) + " |")
-    if res["stability"]:
-        lines += ["", f"**Stability at N = {ref_depth}.** Each scheme's seed-0 grid (diverged: a non-finite loss or "
-                  "one above ln V), then its best rate over every seed that ran.", "",
-                  "| scheme | grid | best rate | seeds | loss at best | diverged at best | Δ vs pre | Δ vs lns |",
-                  "|---" * 8 + "|"]
-        for v, s in res["stability"].items():
-            b, vs = s["at_best"], s["against"]
-            lines.append(f"| {v} | {_grid(s)} | {_rate(s['best_lr'])} | {len(b['seeds'])} | {spread(b['val_loss'])} | "
-                         f"{b['diverged']} | {_delta(vs.get('pre', {}))} | {_delta(vs.get('lns', {}))} |")
-        lines += ["", "Δ: the scheme at its own best rate against pre (and lns) at theirs at this depth, paired by "
-                  "seed. Claim 5 says post, deepnorm and mixln are less stable at depth than pre-norm schemes (read "
-                  "the diverged rates of each grid against pre's, in the depth table above); claim 6 says lns with "
-                  "scaled init is worse than lns."]
-    return lines + [""]
-
-
-def parts_reading(g: dict) -> str:
-    """The decomposition's reading in words, from its numbers: is the curse there to lift (pre's index), and how
-    much of LNS's difference each part alone gives (the issue's rule: gain-init alone giving LNS's gain while the
-    deep blocks stay as inert means an optimisation effect)."""
-    v = g["variants"]
-    pre, lns, gi = v.get("pre", {}), v.get("lns", {}), v.get("pre+gain_init", {})
-    reading = pre.get("index", {}).get("reading", "unknown")
-    n = len(pre.get("seeds", []))
-    out = [f"*Reading (N = {g['layers']}, lr {g['lr']:g}, {n} seed{'' if n == 1 else 's'}):* Pre-LN's curse index "
-           f"reads **{reading}** (interior inert fraction {_index(pre, 'inert_fraction')}, deep/shallow removal "
-           f"{_index(pre, 'removal_deep_over_shallow')})"]
-    out[-1] += (": no identity-like interior for LNS to lift here, so what LNS gains at this depth and rate is not "
-                "curse-lifting." if reading == "absent" else ".")
-    d = {name: r["delta_val_loss"] for name, r in v.items() if r.get("delta_val_loss", {}).get("seeds")}
-    if d:
-        out.append("Against pre: " + "; ".join(f"{name} {spread(c, '.3f', signed=True)} ({c['verdict']})"
-                                               for name, c in d.items()) + ".")
-    if "lns" in d and "pre+gain_init" in d and d["lns"]["mean"] < 0:
-        share = d["pre+gain_init"]["mean"] / d["lns"]["mean"]
-        out.append(f"Gain initialisation at l^-p alone gives {share:.0%} of LNS's mean difference, with an interior "
-                   f"inert fraction of {_index(gi, 'inert_fraction')} (LNS {_index(lns, 'inert_fraction')}, pre "
-                   f"{_index(pre, 'inert_fraction')}).")
-    return " ".join(out)
-
-
 def along_table(records: dict) -> list[str]:
     """Part 3: at every probe along training, both schemes' probe loss, Δ and both curse indices."""
-    from depthlab.study.summary import ALONG_RULE, along_pairs, along_verdict
+    from depthlab.study.summary import along_pairs
 
-    lines = [f"**Decision rule** (declared before the runs finished): {ALONG_RULE}", ""]
+    lines = []
     for a in along_pairs(records):
         lines += [f"**N = {a['layers']}, lr {a['lr']:g}** (seed 0; final validation loss pre {a['val_loss']['pre']:.4f}"
                   f", lns {a['val_loss']['lns']:.4f}).", "",
@@ -492,12 +339,7 @@ def along_table(records: dict) -> list[str]:
                   f"{_number(p['pre_inert_fraction'])} | {_number(p['lns_inert_fraction'])} | "
                   f"{_number(p['pre_removal_deep_over_shallow'])} | {_number(p['lns_removal_deep_over_shallow'])} |"
                   for p in a["probes"]]
-        v = along_verdict(a)
-        how = (f" (Δ {v['from_delta']:+.4f} at {v['from_tokens']:,} tokens, {v['to_delta']:+.4f} at "
-               f"{v['to_tokens']:,}; Pre-LN's index {'stays' if v['pre_index'] == 'flat' else 'moves'} "
-               f"{v['pre_index']})." if "gap_change" in v else ".")
-        lines += ["", f"*Verdict at N = {a['layers']}, lr {a['lr']:g}:* claim 1 **{v['verdict']}**: {v['why']}"
-                  + how, ""]
+        lines.append("")
     return lines
 
 
@@ -531,8 +373,9 @@ def plot_along(records: dict, path: Path) -> bool:
 
 def plot_rates(res: dict, path: Path, vocab: int) -> bool:
     """Final validation loss against learning rate (seed 0): pre and lns at each depth, one panel per depth, and
-    every stability scheme at the reference depth beside pre and lns, with ln V (the divergence line) dashed. The
-    best rate of each curve is the filled marker. res: depthlab.study.summary.lns_study()."""
+    every stability scheme at the reference depth beside pre and lns, with the unigram loss (res["unigram_loss"],
+    the paper's divergence) dotted and ln V dashed. The best rate of each curve is the filled marker.
+    res: depthlab.study.summary.lns_study()."""
     if not res["depths"]:
         return False
     plt = _plt()
@@ -550,8 +393,10 @@ def plot_rates(res: dict, path: Path, vocab: int) -> bool:
                 ax.plot([g["best_lr"]], [g["grid"][f"{g['best_lr']:g}"]], "o", color=line.get_color(), ms=9)
         if any(x > math.log(vocab) - 1 for g in grids.values() for x in g["grid"].values()):
             ax.axhline(math.log(vocab), color="grey", ls="--", lw=0.8)  # only where a run came near it
+        if res.get("unigram_loss"):
+            ax.axhline(res["unigram_loss"], color="tab:red", ls=":", lw=1, label="unigram loss")
         ax.set(xscale="log", title=title, xlabel="learning rate")
-        ax.set_xticks(rates, [f"{lr:g}" for lr in rates], minor=False, fontsize=7)
+        ax.set_xticks(rates, [f"{lr:g}" for lr in rates], minor=False, fontsize=7, rotation=45)
         ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("final validation loss (seed 0)")

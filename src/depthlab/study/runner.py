@@ -274,3 +274,21 @@ def metrics_summary(rows: list[dict]) -> dict:
     if any("val_acc" in r for r in rows):
         out["acc_curve"] = [(r["step"], r["val_acc"]) for r in rows if "val_acc" in r]
     return out
+
+
+def tokens_per_parameter(settings: Path, depths: list[int]) -> dict[int, float]:
+    """Training tokens per parameter (embeddings included) of a study's cells at each depth, from its settings.json."""
+    import torch
+
+    from depthlab.config import apply_overrides
+    from depthlab.model.families import preset
+    from depthlab.model.transformer import build_model
+
+    s = json.loads(Path(settings).read_text())
+    tokens = s["meta"]["steps"] * s["meta"]["batch"] * s["meta"]["seq"]
+    out = {}
+    for L in depths:
+        cfg = apply_overrides(preset(s["preset"]), [*s["base"], f"model.n_layers={L}"])
+        with torch.device("meta"):
+            out[L] = tokens / build_model(cfg.model, init=False).num_params()
+    return out
