@@ -9,8 +9,8 @@ from depthlab.analysis.analyze import Options, analyze
 from depthlab.analysis.calibration import Batch, last_real_index, pack_windows
 from depthlab.analysis.jacobian import block_jacobian, token_jacobian
 from depthlab.analysis.layers import from_depthlab
-from depthlab.analysis.metrics import Accumulator, angular_distance, cosine, pairwise_angular, unit
 from depthlab.analysis.removal import naive_single_layer_sweep
+from depthlab.metrics import Accumulator, angular_distance, cosine, pairwise_angular, unit
 from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
 from tests.test_analysis_support import random_batches, zero_block

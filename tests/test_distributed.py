@@ -174,10 +174,10 @@ def test_sharded_checkpoints_resume_on_2_1_and_2_ranks_like_the_uninterrupted_ru
 
 
 def _layerwise_reads_it_like_whole_model_mode(ckpt):
+    from depthlab.analysis.analyze import Options, analyze, analyze_layerwise
     from depthlab.analysis.calibration import calibration_batches
     from depthlab.analysis.layerwise import load_skeleton
     from depthlab.analysis.run import load_layered
-    from depthlab.analysis.study import Options, analyze, analyze_layerwise
     from tests.test_analysis_layerwise import _close
     from tests.test_analysis_support import TEXT
 

@@ -6,8 +6,8 @@ import statistics
 import pytest
 import torch
 
-from depthlab.analysis.metrics import init_update_ratios
 from depthlab.config import ModelConfig
+from depthlab.metrics import init_update_ratios
 from depthlab.model import Transformer, lm_loss
 
 PAPER_EMBED_STD = (2 / 5) ** 0.5

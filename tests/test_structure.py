@@ -172,12 +172,11 @@ def test_no_module_keeps_its_own_list_of_scheme_names():
 
 
 def test_renamed_modules_keep_their_old_import_path():
-    """analysis/study.py became analysis/analyze.py, train/checkpoint.py became depthlab/checkpoint.py."""
+    """train/checkpoint.py became depthlab/checkpoint.py (the analysis facades are gone: this 0.1 package has no
+    outside users to keep old paths for)."""
     from depthlab import checkpoint, rundir
-    from depthlab.analysis import analyze as new, study as old
     from depthlab.train import checkpoint as old_checkpoint
 
-    assert old.analyze is new.analyze and old.Options is new.Options and old.summary_lines is new.summary_lines
     assert old_checkpoint.save_checkpoint is checkpoint.save_checkpoint
     assert old_checkpoint.load_checkpoint is rundir.load_checkpoint
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from depthlab.analysis.metrics import angular_distance
 from depthlab.cli import main
 from depthlab.config import apply_overrides
 from depthlab.data.images import build_image_data, hold_out
+from depthlab.metrics import angular_distance
 from depthlab.model.families import preset
 from depthlab.rundir import load_model
 from depthlab.train.trainer import train
