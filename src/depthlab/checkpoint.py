@@ -2,7 +2,8 @@
 
     step_0001000/
       config.json         the resolved config: loading rebuilds the model with its scheme
-      meta.json           step, loader position, metrics, and a sha256 of every other file (the manifest)
+      meta.json           step, loader position, metrics, a sha256 of every other file (the manifest), and its
+                          own (meta_sha256, of the rest of it), so an edited step is refused like a damaged file
       tokenizer.json
       trainer.pt          scheduler + RNG states, and in the full format the optimizer (tensors and plain
                           containers only: read back with torch.load(weights_only=True), never a full unpickle)
@@ -22,9 +23,11 @@ hashes a checkpoint at most once: verdicts are cached by the files' identity (in
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -87,15 +90,41 @@ def _check(path: Path, files: dict) -> str | None:
     return None
 
 
+META_DIGEST = "meta_sha256"  # meta.json's own checksum, inside it: of its other fields (meta_digest)
+_UNSEALED_NOTED: list[bool] = []  # a checkpoint without META_DIGEST has been mentioned (once per process)
+
+
+def meta_digest(meta: dict) -> str:
+    """sha256 of a checkpoint's metadata without its META_DIGEST field, in canonical JSON (sorted keys), so it
+    does not depend on how the file is laid out, only on what it says."""
+    fields = {k: v for k, v in meta.items() if k != META_DIGEST}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    """meta.json against its own checksum: an edited step or loader position would resume the wrong way."""
+    if META_DIGEST not in meta:
+        if not _UNSEALED_NOTED:
+            _UNSEALED_NOTED.append(True)
+            warn(f"{path} was written before checkpoints checksummed their {META}: its step and other metadata are "
+                 "read unverified (said once)")
+    elif meta[META_DIGEST] != meta_digest(meta):
+        raise CorruptCheckpoint(f"corrupted checkpoint {path}: {META} does not match its checksum (edited?)")
+
+
 def verify_checkpoint(path: Path) -> dict:
-    """The checkpoint's meta.json, after checking every file against its recorded sha256 (once per process for
-    the same files). On rank 0 inside verifying_together, the files are hashed by all ranks, each its share."""
+    """The checkpoint's meta.json, after checking it and every other file against their recorded sha256 (once
+    per process for the same files). On rank 0 inside verifying_together, the files are hashed by all ranks,
+    each its share."""
     path = Path(path)
     try:
         meta = json.loads((path / META).read_text())
         files = meta["files"]
+        if not isinstance(files, dict):
+            raise TypeError(f"its files are a {type(files).__name__}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(f"corrupted checkpoint {path}: unreadable {META} ({e})") from None
+    _check_meta(path, meta)
     key = _key(path, meta)
     if key in _VERIFIED:
         return _VERIFIED[key]
@@ -283,9 +312,44 @@ def load_sharded_state(ckpt: Path, model, opt=None) -> None:
 
 
 # ---------------------------------------------------------------- writing
-def _write_failed(path: Path, e: BaseException) -> UserError:
-    why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
-    return UserError(f"cannot write checkpoint {path}: {why}; earlier checkpoints are intact")
+LOW_SPACE = 64 << 20  # bytes free below which a writer's bare "short write" is taken for a full disk
+# how writers that lose the errno report a short write: torch's serializer, numpy's tofile
+_SHORT_WRITE = re.compile(r"unexpected pos|file write failed|\d+ requested and \d+ written")
+
+
+def _free_bytes(where: Path) -> int | None:
+    for p in (Path(where), *Path(where).parents):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(p).free
+    return None
+
+
+def out_of_space(where: Path, e: BaseException) -> str | None:
+    """'the disk is full ...' (or the file-size limit is reached) when a write under `where` failed for lack of
+    space: ENOSPC or a quota, EFBIG, or a writer's bare short write (no errno) with the disk all but full or a
+    file-size limit set; None for any other failure."""
+    import resource
+
+    code = getattr(e, "errno", None)
+    short = code is None and bool(_SHORT_WRITE.search(str(e)))
+    free = _free_bytes(where)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (short and free is not None and free < LOW_SPACE):
+        return f"the disk is full (no space left on the file system of {where}" + \
+            (f", {free / 1e6:.1f} MB free now)" if free is not None else ")")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if code == errno.EFBIG or (short and limit != resource.RLIM_INFINITY):
+        return "out of space: a file reached this process's file-size limit (ulimit -f" + \
+            (f", {limit:,} bytes)" if limit != resource.RLIM_INFINITY else ")")
+    return None
+
+
+def write_failure(where: Path, e: BaseException) -> str:
+    """Why a write under `where` failed, in one line: out_of_space's words, else the error's own (last line)."""
+    return out_of_space(where, e) or getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+
+
+def _write_failed(path: Path, e: BaseException, intact: str) -> UserError:
+    return UserError(f"cannot write checkpoint {path}: {write_failure(path.parent, e)}; nothing was lost: {intact}")
 
 
 def _write_common(tmp: Path, cfg, meta: dict, tokenizer, trainer_state: dict | None, digests: dict) -> None:
@@ -301,8 +365,8 @@ def _write_common(tmp: Path, cfg, meta: dict, tokenizer, trainer_state: dict | N
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     files.update({f"{SHARDS}/{p.name}": _sha256(p) for p in sorted((tmp / SHARDS).glob("*"))
                   if p.is_file() and f"{SHARDS}/{p.name}" not in digests})
-    (tmp / META).write_text(json.dumps({**meta, "files": dict(sorted({**files, **digests}.items()))}, indent=2)
-                            + "\n")
+    meta = json.loads(json.dumps({**meta, "files": dict(sorted({**files, **digests}.items()))}))  # as read back
+    (tmp / META).write_text(json.dumps({**meta, META_DIGEST: meta_digest(meta)}, indent=2) + "\n")
     with open(tmp / META) as f:
         os.fsync(f.fileno())
 
@@ -331,14 +395,18 @@ def save_weights(state: dict, path: Path, metadata: dict | None = None) -> None:
 
     try:
         save_file(state, str(path), metadata=metadata)
-    except SafetensorError as e:
+    except SafetensorError as e:  # keep the OS error's number (a full disk), which safetensors puts in words
+        code = re.search(r"code: (\d+)", str(e))
+        if code:
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
         raise OSError(str(e).strip().splitlines()[-1]) from None
     usual_mode(path)
 
 
 def save_checkpoint(path: str | Path, state: dict, cfg, meta: dict, tokenizer=None,
-                    trainer_state: dict | None = None) -> Path:
-    """Write a full-format checkpoint atomically. `state` is a full model state dict (tensors on any device)."""
+                    trainer_state: dict | None = None, intact: str = "earlier checkpoints are intact") -> Path:
+    """Write a full-format checkpoint atomically. `state` is a full model state dict (tensors on any device).
+    `intact`: what a failed write leaves as it was, for its one-line error."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -352,7 +420,7 @@ def save_checkpoint(path: str | Path, state: dict, cfg, meta: dict, tokenizer=No
         _put_in_place(tmp, path)
     except (OSError, RuntimeError) as e:  # a full disk: torch.save raises RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_failed(path, e) from None
+        raise _write_failed(path, e, intact) from None
     return path
 
 
@@ -371,7 +439,7 @@ def save_sharded(path: str | Path, model, opt, cfg, meta: dict, tokenizer, train
             step()
             error = None
         except (OSError, RuntimeError, dcp.api.CheckpointException) as e:
-            error = str(_write_failed(path, e))
+            error = str(_write_failed(path, e, "earlier checkpoints are intact"))
         errors = [e for e in env.gather(error) if e]
         if errors:
             if env.is_main:

@@ -2,8 +2,8 @@
 
 A prepared directory holds
 
-    index.json           tokenizer hash, vocabulary size, EOT id, dtype, documents and tokens per split, source,
-                         skipped files, and the request (inputs + settings) it was made from
+    index.json           tokenizer hash, vocabulary size, EOT id, dtype, documents, tokens and sha256 per split,
+                         source, skipped files, and the request (inputs + settings) it was made from
     tokenizer.json
     train.bin, val.bin   packed token ids (uint16 when the vocabulary fits, else uint32), EOT after every document
 
@@ -19,6 +19,7 @@ half-written is left behind; an interruption keeps it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -36,7 +37,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from depthlab import UserError
-from depthlab.checkpoint import TOKENIZER as TOKENIZER_FILE
+from depthlab.checkpoint import TOKENIZER as TOKENIZER_FILE, out_of_space, write_failure
 from depthlab.data.prepared import VERSION
 from depthlab.data.sources import (
     HF_PREFIX,
@@ -332,14 +333,16 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
                         f"`depthlab train --data {source}` (which cuts fewer than 20 documents into pieces at lines)")
     dtype = token_dtype(tok.get_vocab_size())
     docs, tokens, first = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0
+    digests = {s: hashlib.sha256() for s in SPLITS}  # recorded in the index, checked whenever the data is opened
     with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:
         for r in records:
             ids = np.fromfile(_unit_path(work, r["index"], "bin"), dtype=dtype)
             lengths = np.fromfile(_unit_path(work, r["index"], "lengths"), dtype=np.int64)
             held_out = is_val(np.arange(first, first + len(lengths)), period)
             in_val = np.repeat(held_out, lengths)
-            ids[~in_val].tofile(train)
-            ids[in_val].tofile(val)
+            for split, f, part in (("train", train, ids[~in_val]), ("val", val, ids[in_val])):
+                part.tofile(f)
+                digests[split].update(part.tobytes())
             docs["val"] += int(held_out.sum())
             docs["train"] += len(lengths) - int(held_out.sum())
             tokens["val"] += int(in_val.sum())
@@ -354,7 +357,8 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
     index = {"format": FORMAT, "version": VERSION, "source": f"{source} ({summary})",
              "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size(), "eot_id": eot_id(tok),
              "dtype": np.dtype(dtype).name, "files_read": files_read, "skipped": skipped,
-             "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s]} for s in SPLITS},
+             "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s],
+                            "sha256": digests[s].hexdigest()} for s in SPLITS},
              "request": plan["request"]}
     write_json_atomic(out / INDEX, index)
     shutil.rmtree(work)
@@ -460,4 +464,8 @@ def _run_job(out: Path, job: dict, settings: dict, log) -> dict:
                 out.rmdir()  # only if empty: the directory this job (or its interrupted first try) made
         raise
     except OSError as e:  # a full disk, an unwritable --out
-        raise UserError(f"cannot write {out}: {e.strerror or e}; rerun the same command to resume") from None
+        for split in SPLITS:  # a half-written split file only takes the space a rerun needs
+            (out / f"{split}.bin.tmp").unlink(missing_ok=True)
+        hint = "free some space, then " if out_of_space(out, e) else ""
+        raise UserError(f"cannot write {out}: {write_failure(out, e)}; nothing was lost: the work done so far is "
+                        f"kept, {hint}rerun the same command to resume") from None

@@ -143,10 +143,17 @@ def _record_text(rec, text_field: str, where: str) -> str:
         keys = ", ".join(map(str, rec)) if isinstance(rec, dict) else type(rec).__name__
         raise UserError(f"{where}: no {text_field!r} field (found: {keys}); choose the field with --text-field "
                         f"or data.text_field")
-    text = rec[text_field]
-    if text is not None and not isinstance(text, str):
-        raise UserError(f"{where}: field {text_field!r} is a {type(text).__name__}, not text")
-    return text or ""
+    return _text_value(rec[text_field], text_field, where)
+
+
+def _text_value(text, text_field: str, where: str) -> str:
+    """The one rule for a record's text, in every format: a string ("" is an empty document, skipped); anything
+    else (null, a number, a list) is refused, never skipped unseen."""
+    if not isinstance(text, str):
+        kind = "null" if text is None else f"of type {type(text).__name__}"
+        raise UserError(f"{where}: field {text_field!r} is {kind}, not text (every record needs a string there; "
+                        "\"\" for none)")
+    return text
 
 
 def _json_documents(path: Path, text_field: str) -> Iterator[Document]:
@@ -198,9 +205,11 @@ def _parquet_documents(path: Path, text_field: str) -> Iterator[Document]:
     try:
         for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
             for text in batch.column(0).to_pylist():
-                if text:
+                if _text_value(text, text_field, f"{path} row {row}"):
                     yield Document(f"{path}#{row}", text)
                 row += 1
+    except UserError:
+        raise
     except Exception as e:  # a corrupt row group (ArrowInvalid, OSError)
         raise BadFile(f"corrupt parquet data after row {row} ({str(e).splitlines()[0]})") from None
 

@@ -8,9 +8,12 @@ continued pretraining with LayerNorm Scaling, as in the paper's Qwen2.5-0.5B and
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from depthlab import UserError
+from depthlab.checkpoint import warn
 from depthlab.config import Config, DataConfig, ModelConfig
 from depthlab.hf.convert import from_hf_state_dict
 from depthlab.model import Transformer
@@ -74,6 +77,17 @@ def _without_attention_bias(hf_cfg):
     return hf_cfg
 
 
+def _stored_head_differs(state: dict) -> bool:
+    """The loaded model has an LM head of its own, not the embedding (what transformers does when a directory
+    ties them in its config but stores a different lm_head.weight)."""
+    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+    return head is not None and embed is not None and not (head is embed or torch.equal(head, embed))
+
+
+def _name(src) -> str:
+    return type(src).__name__ if isinstance(src, torch.nn.Module) else str(src)
+
+
 def _o_biases_zero(state: dict) -> bool:
     biases = [v for k, v in state.items() if k.endswith(".self_attn.o_proj.bias")]
     return bool(biases) and all(not b.any() for b in biases)
@@ -92,6 +106,11 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     state = hf.state_dict()
     zero_o_bias = _o_biases_zero(state)
     mc = model_config_from_hf(hf.config, max_seq_len, zero_o_bias, norm_scheme=scheme, **model_overrides)
+    if mc.tie_embeddings and _stored_head_differs(state):
+        # transformers loads such a directory untied (the stored head, not the embedding): so does the import
+        warn(f"{_name(src)} sets tie_word_embeddings but stores its own lm_head.weight: imported untied, as "
+             "transformers loads it")
+        mc = dataclasses.replace(mc, tie_embeddings=False)
     if zero_o_bias and mc.arch == "qwen2":
         state = {k: v for k, v in state.items() if not k.endswith(".self_attn.o_proj.bias")}
     window = _export_info(src).get("seq_len") if not isinstance(src, torch.nn.Module) else None
@@ -113,10 +132,16 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
 
 
 def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: dict, tokenizer=None):
-    """save_checkpoint for a model built outside the trainer."""
-    from depthlab.train.checkpoint import save_checkpoint
+    """save_checkpoint for a model built outside the trainer (an existing checkpoint at `path` stays as it was
+    until the new one is complete)."""
+    from pathlib import Path
 
-    return save_checkpoint(path, model.state_dict(), cfg, meta, tokenizer=tokenizer)
+    from depthlab.checkpoint import save_checkpoint
+    from depthlab.paths import Kind, what_is
+
+    intact = f"the checkpoint already in {path} is as it was" if what_is(Path(path)) is Kind.CHECKPOINT else \
+        "nothing was written"
+    return save_checkpoint(path, model.state_dict(), cfg, meta, tokenizer=tokenizer, intact=intact)
 
 
 def is_import(path) -> bool:

@@ -81,7 +81,7 @@ def _read_parquet(files: list[Path]) -> list[Question]:
 
 def _read_csv(f: Path) -> list[Question]:
     try:
-        with open(f, newline="", encoding="utf-8") as fh:
+        with open(f, newline="", encoding="utf-8-sig") as fh:  # -sig: a byte-order mark (Excel) is not text
             rows = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise UserError(f"cannot read {f}: {e}") from None
@@ -98,21 +98,28 @@ def read_mmlu(root: str | Path) -> dict[str, dict[str, list[Question]]]:
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"--mmlu {root}: not a directory (expected SUBJECT/test-*.parquet or test/SUBJECT_test.csv)")
+    csvs = sorted((root / "test").glob("*_test.csv"))
+    parquets = {d: sorted(d.glob("test-*.parquet")) for d in sorted(root.iterdir()) if d.is_dir() and d.name != "all"}
+    parquets = {d: files for d, files in parquets.items() if files}
+    if csvs and parquets:  # which one is meant? reading either would silently drop the other's subjects
+        raise UserError(f"--mmlu {root} holds both layouts, {len(csvs)} test/SUBJECT_test.csv and {len(parquets)} "
+                        "SUBJECT/test-*.parquet subjects: keep one of them there")
     subjects: dict[str, dict[str, list[Question]]] = {}
-    if (root / "test").is_dir():  # the CSV release
-        for f in sorted((root / "test").glob("*_test.csv")):
-            name = f.name[:-len("_test.csv")]
-            dev = root / "dev" / f"{name}_dev.csv"
-            subjects[name] = {"test": _read_csv(f), "dev": _read_csv(dev) if dev.is_file() else []}
-    else:
-        for d in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "all"):
-            tests = sorted(d.glob("test-*.parquet"))
-            if tests:
-                subjects[d.name] = {"test": _read_parquet(tests), "dev": _read_parquet(sorted(d.glob("dev-*.parquet")))}
-    subjects = {s: v for s, v in subjects.items() if v["test"]}
+    for f in csvs:  # the CSV release
+        name = f.name[:-len("_test.csv")]
+        dev = root / "dev" / f"{name}_dev.csv"
+        subjects[name] = {"test": _read_csv(f), "dev": _read_csv(dev) if dev.is_file() else [], "file": f}
+    for d, tests in parquets.items():
+        subjects[d.name] = {"test": _read_parquet(tests), "dev": _read_parquet(sorted(d.glob("dev-*.parquet"))),
+                            "file": tests[0] if len(tests) == 1 else d}
     if not subjects:
         raise UserError(f"--mmlu {root}: no subject with test questions (SUBJECT/test-*.parquet as in cais/mmlu, "
                         "or test/SUBJECT_test.csv as in the original release)")
+    for name, splits in subjects.items():  # a subject left out would change the macro average unseen
+        where = splits.pop("file")
+        if not splits["test"]:
+            raise UserError(f"MMLU subject {name}: {where} holds no test questions; fix or remove it (the averages "
+                            "are over the subjects present)")
     return subjects
 
 
