@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -473,7 +476,35 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     warnings.formatwarning = lambda msg, cat, *a, **k: f"depthlab: warning: {msg}\n"
-    return one_line_errors(args.func, args)
+    with sigterm_as_interrupt() as terminated:
+        code = one_line_errors(args.func, args)
+    return 128 + signal.SIGTERM if terminated and code == 130 else code  # the status a plain kill would give
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (kill, systemd, SLURM preemption, torchrun) unwinds the command as Ctrl-C does, so that outputs
+    written whole stay whole and temporary files and locks are removed; a second SIGTERM ends the process at once.
+    Yields a list that holds the signal once one came. In a thread other than the main one: nothing to install."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    pid = os.getpid()
+
+    def interrupt(signum, frame):
+        signal.signal(signum, signal.SIG_DFL)
+        if os.getpid() != pid:  # a forked child inherited this handler: it ends as it would without one
+            os.kill(os.getpid(), signum)
+            return
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def one_line_errors(func, *args) -> int:

@@ -7,13 +7,21 @@ naming the holder's PID. Whether a command may write a directory is decided by `
 run directory, `data prepare --out`, export, prune, import, every `--out`): never one of its inputs, never a file;
 a missing or empty directory, the command's own kind of output, or, with --overwrite, any directory. Outputs are
 written whole (`writing`): into a temporary sibling that replaces the target only when complete.
+
+Paths are compared as the filesystem sees them (`Path.resolve`: symlinks followed), so a lock, an ownership check
+or an own-input check cannot be walked around through a link. A writer killed before it could tidy up (SIGKILL,
+power loss) leaves a hidden `.NAME.tmp-PID` or `.NAME.old-PID` and its lock file; the next writer into the same
+folder clears them, for every name whose lock nobody holds (`_tidy_leftovers`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import glob
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -23,23 +31,36 @@ from depthlab.checkpoint import usual_mode
 from depthlab.paths import ANALYSIS_RESULTS, EXPORT_INFO, LOCK_SUFFIX, Kind, what_is
 
 _HELD: dict[Path, list] = {}  # lock file -> [fd, count]: a process may take its own lock again
+_LEFTOVER = re.compile(r"\.(?P<name>.+?)(?:\.(?:tmp|old)-\d+|" + re.escape(LOCK_SUFFIX) + ")")
+
+
+class InUse(UserError):
+    """Another process holds the directory's lock."""
 
 
 def _lock_file(directory: Path) -> Path:
-    d = Path(os.path.abspath(directory))
+    d = Path(directory).resolve()  # one lock per directory, whatever link or relative path names it
     return d.parent / f".{d.name}{LOCK_SUFFIX}"
 
 
 def _make_parents(path: Path, label: str) -> list[Path]:
-    """Create the missing parents of path; return those created, deepest first (to remove them again)."""
+    """Create the missing parents of path; return those this call created, deepest first (to remove them again).
+    A parent another process creates at the same moment (runs started together under a new folder) is theirs."""
     made = []
-    for parent in [p for p in reversed(Path(os.path.abspath(path)).parents) if not p.exists()]:
+    for parent in reversed(Path(path).resolve().parents):
         try:
             parent.mkdir()
-        except OSError as e:
-            _remove_empty(made)
-            raise UserError(f"cannot write to {label}{path}: {e.strerror or e} ({parent})") from None
-        made.insert(0, parent)
+        except FileExistsError:
+            if parent.is_dir():
+                continue
+            e = FileExistsError(f"{parent} is a file")
+        except OSError as err:
+            e = err
+        else:
+            made.insert(0, parent)
+            continue
+        _remove_empty(made)
+        raise UserError(f"cannot write to {label}{path}: {e.strerror or e} ({parent})") from None
     return made
 
 
@@ -49,32 +70,96 @@ def _remove_empty(dirs: list[Path]) -> None:
             d.rmdir()
 
 
-def _acquire(lock: Path, directory: Path, what: str, label: str) -> int:
+def _take(lock: Path) -> int | None:
+    """A descriptor holding `lock`'s flock, or None when another process holds it. The file may vanish under us
+    (its holder unlinks it before releasing, a concurrent writer removes an emptied parent): FileNotFoundError."""
     while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise UserError(f"cannot write to {label}{directory}: {e.strerror or e} (creating {lock})") from None
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "pid unknown"
             os.close(fd)
-            raise UserError(f"{directory} is in use by another depthlab process ({holder}); wait for it to finish, "
-                            "or stop it") from None
-        except OSError as e:  # ENOLCK / EOPNOTSUPP: a filesystem without flock (some NFS mounts)
+            return None
+        except OSError:
             os.close(fd)
+            raise
+        try:  # its previous holder may have unlinked the file between our open and our lock: then take the new one
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _acquire(lock: Path, directory: Path, what: str, label: str) -> int:
+    try:
+        fd = _take(lock)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a filesystem without flock (some NFS)
             raise UserError(f"cannot lock {label}{directory}: its filesystem does not support file locks "
                             f"({e.strerror or e}); use a directory on a filesystem with flock") from None
-        try:  # its previous holder may have unlinked the file between our open and our lock: then take the new one
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"pid {os.getpid()}, depthlab {what}".encode())
-            return fd
-        os.close(fd)
+        raise UserError(f"cannot write to {label}{directory}: {e.strerror or e} (creating {lock})") from None
+    if fd is None:
+        holder = (lock_text(directory) or "").strip() or "pid unknown"
+        raise InUse(f"{directory} is in use by another depthlab process ({holder}); wait for it to finish, or stop "
+                    "it")
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}, depthlab {what}".encode())
+    return fd
+
+
+def _tidy_leftovers(lock: Path) -> None:
+    """Clear what killed writers left beside the directory whose `lock` this process has just taken: its own
+    leftovers, and those of every sibling name whose lock nobody holds (a held one is being written)."""
+    folder = lock.parent
+    try:
+        names = {m["name"] for e in os.listdir(folder) if (m := _LEFTOVER.fullmatch(e))}
+    except OSError:
+        return
+    for name in names:
+        other = folder / f".{name}{LOCK_SUFFIX}"
+        if other == lock:
+            with contextlib.suppress(OSError):
+                _clear(folder, name)
+            continue
+        if other in _HELD:
+            continue
+        try:
+            fd = _take(other)
+        except OSError:
+            continue
+        if fd is None:
+            continue
+        try:
+            _clear(folder, name)
+            other.unlink()  # before the unlock, as a holder does
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _clear(folder: Path, name: str) -> None:
+    """Remove NAME's temporary siblings; an old copy goes back in place when NAME itself is missing (a writer
+    killed between the two renames of `_swap_in`), else it is removed too. Call with NAME's lock held."""
+    target = folder / name
+    for part in sorted(folder.glob(f".{glob.escape(name)}.old-*")):
+        if not target.exists() and not target.is_symlink():
+            os.replace(part, target)
+        else:
+            _remove(part)
+    for part in folder.glob(f".{glob.escape(name)}.tmp-*"):
+        _remove(part)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def lock_text(directory: str | Path) -> str | None:
@@ -89,20 +174,28 @@ def lock_text(directory: str | Path) -> str | None:
 @contextlib.contextmanager
 def locked(directory: str | Path, what: str, label: str = "") -> Iterator[Path]:
     """Hold the advisory lock of `directory` (which need not exist yet) for the block; `what` names the command
-    for the error a second writer gets, `label` what the directory is in a "cannot write to" error. Missing
-    parents are created, and removed again if left empty."""
+    for the error a second writer gets (InUse), `label` what the directory is in a "cannot write to" error.
+    Missing parents are created, and removed again if left empty; what killed writers left beside it is cleared
+    (_tidy_leftovers)."""
     directory = Path(directory)
     lock = _lock_file(directory)
-    made = _make_parents(directory, label)
     held = _HELD.get(lock)
+    made: list[Path] = []
     if held:
         held[1] += 1
     else:
-        try:
-            _HELD[lock] = [_acquire(lock, directory, what, label), 1]
-        except UserError:
-            _remove_empty(made)
-            raise
+        for attempt in range(100):
+            made = _make_parents(directory, label)
+            try:
+                _HELD[lock] = [_acquire(lock, directory, what, label), 1]
+                break
+            except FileNotFoundError:  # a parent we found was removed by the writer that made it: make it again
+                if attempt == 99:
+                    raise UserError(f"cannot write to {label}{directory}: its folder keeps disappearing") from None
+            except UserError:
+                _remove_empty(made)
+                raise
+        _tidy_leftovers(lock)
     try:
         yield directory
     finally:
@@ -134,14 +227,33 @@ def claim(out: Path, own: Callable[[Path], bool], what: str, overwrite: bool = F
                     f"{choose or 'directory'}, or pass --overwrite {anyway}")
 
 
-def refuse_own_input(out: Path, inputs: Iterable[str | Path], what: str, inside: bool = False) -> None:
-    """A command never replaces what it reads (the path itself or a directory above it; with `inside`, a file
-    within it too), --overwrite or not."""
-    o = Path(os.path.realpath(out))
+def refuse_own_input(out: str | Path, inputs: Iterable[str | Path], what: str) -> None:
+    """A command never writes where it reads, --overwrite or not: `out` may not be one of its inputs, hold one
+    (a directory above it) or sit inside one (a run written into its corpus is read as data by the next run on
+    it). Paths are compared resolved, so a symlink or a relative path does not hide an input."""
+    o = Path(out).resolve()
     for inp in inputs:
-        i = Path(os.path.realpath(inp))
-        if o == i or o in i.parents or (inside and i in o.parents):
-            raise UserError(f"{out} is {what}'s own input ({inp}); write the output to another path")
+        i = Path(inp).resolve()
+        how = "is" if o == i else "holds" if o in i.parents else "is inside" if i in o.parents else None
+        if how:
+            named = f"({inp})" if how == "is" else inp
+            raise UserError(f"{out} {how} {what}'s own input {named}; write the output to another path")
+
+
+def input_paths(specs: Iterable[str | Path]) -> list[str]:
+    """The local paths behind data inputs as users give them: a glob stands for its fixed folder (what it can
+    match), an `hf:` dataset for its folder when that is a local one, a hub name for nothing."""
+    out = []
+    for spec in map(str, specs):
+        if spec.startswith("hf:"):
+            local = spec[3:].split(":")[0]
+            if local and os.path.exists(local):
+                out.append(local)
+            continue
+        parts = Path(spec).expanduser().parts
+        fixed = next((k for k, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+        out.append(str(Path(*parts[:fixed])) if fixed else ".")
+    return out
 
 
 def is_depthlab_hf(path: Path) -> bool:
@@ -164,9 +276,12 @@ def writing(out: str | Path, own: Callable[[Path], bool], what: str, overwrite: 
     """Write the directory `out` whole: under its lock, after `claim`, the block writes into a fresh temporary
     sibling, which replaces `out` only when the block succeeds; on any failure nothing is left behind."""
     out = Path(out)
+    inputs = list(inputs)
+    refuse_own_input(out, inputs, what)  # before the lock makes any folder
     with locked(out, what):
-        claim(out, own, what, overwrite, inputs)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        claim(out, own, what, overwrite)
+        real = out.resolve()  # through a link: the directory it names is replaced, the link stays
+        tmp = real.parent / f".{real.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir()
@@ -174,7 +289,7 @@ def writing(out: str | Path, own: Callable[[Path], bool], what: str, overwrite: 
             for f in tmp.rglob("*"):
                 if f.is_file():
                     usual_mode(f)
-            _swap_in(tmp, out)
+            _swap_in(tmp, real)
         except OSError as e:
             raise UserError(f"cannot write {out}: {e.strerror or e}") from None
         finally:
@@ -187,21 +302,24 @@ def writing_files(outs: list[Path], own: Callable[[Path], bool], what: str, over
     """`writing` for single files: each of `outs` must be missing, or its own kind of output (`own`), or any file
     with --overwrite; never a directory, never an input. The block writes the temporary siblings it is given,
     which replace the targets only when it succeeds; on any failure the old files are intact."""
-    outs = [Path(o) for o in outs]
+    outs, inputs = [Path(o) for o in outs], list(inputs)
     for out in outs:
-        refuse_own_input(out, inputs, what, inside=True)
+        refuse_own_input(out, inputs, what)
         if out.is_dir():
             raise UserError(f"{out} is a directory; {what} writes a file there: choose another path")
         if out.exists() and not (overwrite or own(out)):
             raise UserError(f"{out} exists and is not {what} output; choose another path, or pass --overwrite "
                             "to replace it")
-    with locked(outs[0], what):  # the first file's lock; its directory is created if missing
-        tmps = [o.parent / f".{o.name}.tmp-{os.getpid()}" for o in outs]
+    with contextlib.ExitStack() as held:
+        for out in outs:  # each file's lock: a writer beside them must not take their temporary files for leftovers
+            held.enter_context(locked(out, what))
+        targets = [o.resolve() for o in outs]  # through a link: the file it names is replaced
+        tmps = [o.parent / f".{o.name}.tmp-{os.getpid()}" for o in targets]
         try:
             yield tmps
-            for tmp, out in zip(tmps, outs):
+            for tmp, target in zip(tmps, targets):
                 usual_mode(tmp)
-                os.replace(tmp, out)
+                os.replace(tmp, target)
         except OSError as e:
             raise UserError(f"cannot write {outs[0]}: {e.strerror or e}; the old files are intact") from None
         finally:

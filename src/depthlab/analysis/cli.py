@@ -88,6 +88,13 @@ def _results(args, model: str, log=lambda: None) -> dict:
     return run_request(_request(args, model))
 
 
+def _inputs(args, models: list[str]) -> list[str]:
+    """What analyze / compare read, which their --out may not be, hold or sit inside: the models and --data."""
+    from depthlab.owned import input_paths
+
+    return [*models, *input_paths(args.data or [])]
+
+
 def _moved(files: dict[str, Path], tmp: Path, out: Path) -> dict[str, Path]:
     """The written files' paths once the temporary directory is in place as `out`."""
     return {k: out / p.relative_to(tmp) for k, p in files.items()}
@@ -100,7 +107,7 @@ def cmd_analyze(args) -> None:
     from depthlab.owned import is_analysis, writing
 
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
-    with writing(out, is_analysis, "analyze", args.overwrite, [args.model]) as tmp:  # refused before the work
+    with writing(out, is_analysis, "analyze", args.overwrite, _inputs(args, [args.model])) as tmp:  # before the work
         res = _results(args, args.model)
         files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
     m = res["model"]
@@ -132,7 +139,7 @@ def cmd_compare(args) -> None:
     if len(set(tasks.values())) > 1:
         raise UserError("compare needs models of one kind: " + ", ".join(f"{m} is {t}" for m, t in tasks.items()))
     out = Path(args.out or "analysis/compare")
-    with writing(out, is_comparison, "compare", args.overwrite, args.models) as tmp:
+    with writing(out, is_comparison, "compare", args.overwrite, _inputs(args, args.models)) as tmp:
         runs = []
         for m, lab in zip(args.models, labels):
             runs.append((lab, _results(args, m, log=lambda m=m: print(f"analysing {m} ...", file=sys.stderr))))

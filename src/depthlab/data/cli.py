@@ -12,7 +12,11 @@ only; rerunning a finished job does nothing. Pass the output directory to `depth
 
 def cmd_prepare(args) -> None:
     from depthlab.data.prepare import prepare
+    from depthlab.owned import input_paths, refuse_own_input
 
+    # what it reads, before --out is locked, claimed or (with --overwrite) emptied
+    refuse_own_input(args.out, [*input_paths(args.inputs), *([args.tokenizer] if args.tokenizer else [])],
+                     "data prepare")
     index = prepare(args.inputs, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                     text_field=args.text_field, val_fraction=args.val_fraction, workers=args.workers,
                     fatal_bad_files=args.fatal_bad_files, streaming=args.streaming, builtin_mb=args.builtin_mb,

@@ -16,7 +16,9 @@ OVERWRITE = "replace OUT_DIR even if it is not this command's own kind of output
 def cmd_export(args) -> None:
     from depthlab.hf.exporter import export
     from depthlab.hf.load import quiet_transformers
+    from depthlab.owned import refuse_own_input
 
+    refuse_own_input(args.out_dir, [args.source], "export")  # either kind, --overwrite or not
     quiet_transformers()
     if args.adapter_only:
         from depthlab.hf.adapter import export_adapter

@@ -96,13 +96,15 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
     prune, unless `overwrite`."""
     from depthlab.checkpoint import warn
     from depthlab.hf.load import load_model
-    from depthlab.owned import is_depthlab_hf, writing
+    from depthlab.owned import is_depthlab_hf, refuse_own_input, writing
     from depthlab.paths import Kind, what_is
 
+    refuse_own_input(out_dir, [src], "export")  # --overwrite or not, before anything is read or claimed
     if what_is(src) is Kind.HF:
         raise UserError(f"{src} is a Hugging Face model directory, not a depthlab checkpoint; it is exported already "
                         "(a model patched with apply_scheme exports with save_pretrained)")
     loaded = load_model(src, hf=False)
+    refuse_own_input(out_dir, [loaded.path], "export")  # the checkpoint a run or its parent stands for
     if loaded.cfg.model.is_vit:  # images: a stock ViTForImageClassification (depthlab.hf.vit)
         from depthlab.hf.vit import export_vit
 
@@ -114,7 +116,7 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
         warn("this qwen2 run is exported as a LlamaForCausalLM with attention biases (o_proj's zero), the same "
              "function: transformers loads every qwen2 directory's tokenizer with Qwen2's own normalizer and split "
              "regex, which would encode text differently from this run's tokenizer")
-    with writing(out_dir, is_depthlab_hf, "export", overwrite) as tmp:
+    with writing(out_dir, is_depthlab_hf, "export", overwrite, [src, loaded.path]) as tmp:
         _write_hf_dir(tmp, state, fields, loaded, tok)
         if tok is not None and (differs := _stock_tokenizer_differs(tok, directory=tmp)):
             raise UserError(f"cannot export {src}: AutoTokenizer would load the export's tokenizer as "

@@ -47,7 +47,7 @@ from depthlab.config import Config, per_rank_batch
 from depthlab.data.dataset import TokenData
 from depthlab.data.sources import resolved
 from depthlab.model.validate import check_fits_host, validate
-from depthlab.owned import claim, lock_text, locked
+from depthlab.owned import InUse, claim, input_paths, lock_text, locked, refuse_own_input
 from depthlab.paths import ENV, METRICS, Kind, find_checkpoint, model_path, run_of, what_is
 from depthlab.train import distributed as D, lora
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
@@ -295,13 +295,19 @@ class Trainer:
         """Rank 0's half of _open_run: (run dir, checkpoint, in place, branch of, its verified meta, what every
         rank must see: the lock's text and the checkpoint's meta.json digest)."""
         if resume == "auto" and run_dir:  # lock before looking for its newest checkpoint,
+            refuse_own_input(run_dir, self._inputs(), "train")
             self._held.enter_context(locked(run_dir, "train", "run directory "))
             tidy_after_kill(Path(run_dir))  # which a writer killed mid-save may have left renamed away
         run_dir, ckpt = resume_point(run_dir, resume, self._warn)
-        self.run_dir = Path(run_dir) if run_dir else new_run_dir(self.cfg)
         home = run_of(ckpt) if ckpt else None
+        new = new_run_dir(self.cfg) if not run_dir else None
+        self.run_dir = Path(run_dir) if run_dir else new
         self.in_place = home is not None and home.resolve() == self.run_dir.resolve()
         self.branch_of = home if home and not self.in_place else None  # the run a branch starts from
+        branch = [] if self.in_place or not ckpt else [ckpt, self.branch_of or ckpt]
+        refuse_own_input(self.run_dir, self._inputs(*branch), "train")  # before anything is locked or removed
+        if new:
+            self.run_dir = self._take_new(new)
         self._held.enter_context(locked(self.run_dir, "train", "run directory "))
         self._claim(ckpt, resume, overwrite)
         self._check_writable()
@@ -309,6 +315,29 @@ class Trainer:
         meta = load_verified(ckpt) if ckpt else None  # hashed once: verify_checkpoint remembers its verdicts
         seen = (lock_text(self.run_dir), _sha256(ckpt / META) if ckpt else None)
         return self.run_dir, ckpt, self.in_place, self.branch_of, meta, seen
+
+    def _inputs(self, *sources: Path) -> list:
+        """What this run reads, which its run directory may not be, hold or sit inside (depthlab.owned): the
+        data, the tokenizer, the weights it starts from and a branch's source (`sources`)."""
+        c = self.cfg
+        return [*input_paths(c.data.paths), *(p for p in (c.data.tokenizer, c.train.init_from, *sources) if p)]
+
+    def _take_new(self, name: Path) -> Path:
+        """Lock a new run directory `name`, or the next free name after it: runs started in the same second
+        under one train.out_dir (a sweep, an array job) each get their own."""
+        for i in range(1000):
+            d = name.with_name(f"{name.name}-{i}") if i else name
+            lock = contextlib.ExitStack()
+            try:
+                lock.enter_context(locked(d, "train", "run directory "))
+            except InUse:
+                continue
+            if d.exists():  # another run took it and has finished since
+                lock.close()
+                continue
+            self._held.enter_context(lock)
+            return d
+        raise UserError(f"no free run directory name in {name.parent}: {name.name} and the 999 after it are in use")
 
     def _unseen(self, ckpt: Path | None, seen: tuple) -> str | None:
         """None when this rank sees the run directory (and checkpoint) rank 0 chose, else why not, in one line."""
