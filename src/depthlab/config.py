@@ -54,7 +54,14 @@ class ModelConfig:
     lns_placement: str = "norm"  # lns: the norm outputs (norm, the LLM placement), the branch outputs (branch), or
     # one norm only (attn_only, mlp_only; docs/method.md)
     # (branch: h + l^(-p) F(Norm(h)), the paper's best placement for ViT)
-    norm_gain_init: str = "1"  # 1 | depth: block l's norm gains start at l^(-lns_power) (LNS's scale, as a gain)
+    norm_gain_init: str = "1"  # 1 | depth: block l's norm gains start at l^(-lns_power) (LNS's scale, as a gain) |
+    # uniform: every block's gains start at norm_gain_const (docs/method.md section 8)
+    norm_gain_const: float = 0.0  # norm_gain_init=uniform: the constant; 0: the mean over l of l^(-lns_power)
+    # depth parameterizations (depthlab.model.depth; docs/method.md section 8)
+    depth_alpha: float = 0.0  # each branch times (n_layers / depth_base)^(-alpha): 1 CompleteP, 0.5 depth-muP, 0 off
+    depth_base: int = 0  # L_base, the depth whose tuned rate is to carry over (needed with depth_alpha)
+    prores_steps: int = 0  # ProRes: block l's branches ramp linearly from 0 to 1 over its first l * prores_steps steps
+    branch_scale: str = "none"  # none | 1/L | 1/sqrtL | 1/sqrtl: a fixed multiplier on every branch output
     # model.arch=vit only: images in, classes out (depthlab.model.vit)
     image_size: int = 224
     patch_size: int = 16
@@ -92,6 +99,11 @@ class DataConfig:
     fatal_bad_files: bool = False  # non-UTF-8 / binary files: skip and report (default) or fail
     text_field: str = "text"  # JSON / parquet / hf: sources: the field holding each document's text
     hf_streaming: bool = False  # hf: sources: stream instead of downloading the whole dataset first
+
+
+# train.lora.targets / --lora-targets name -> the projection in a depthlab block (HF Llama calls them q_proj ...)
+LORA_TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o": "attn.o_proj",
+                "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 
 
 @dataclass

@@ -147,7 +147,6 @@ def run_request(req: Request) -> dict:
     else:
         loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
-    check_interior(skel.n_layers if req.layerwise else lm.n_layers, req.options.curse)
     if lm.classifier:
         batches, data = _image_batches(req, loaded)
     elif req.images is not None:
@@ -155,6 +154,7 @@ def run_request(req: Request) -> dict:
     else:
         batches, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
         data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
+    check_interior(skel.n_layers if req.layerwise else lm.n_layers, req.options.curse)  # the data's errors first
     res = analyze_layerwise(skel, batches, req.options) if req.layerwise else analyze(lm, batches, req.options)
     if req.at_init and not req.layerwise and loaded.cfg is not None:
         res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device)

@@ -18,6 +18,7 @@ Needs `pip install depthlab[eval]` (lm-eval); imported only when --harness is us
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -148,6 +149,10 @@ def run_harness(scorer: Scorer, items: list[str], batch_size: int = 16, limit: i
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local dataset files: never wait for a hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not sys.stderr.isatty():  # as depthlab's own bars: a log file gets no carriage-return updates
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
     names, include, defined = task_names_and_paths(items)
     local = len(names) - sum(1 for i in items if not _is_task_path(Path(i)))  # lm-eval's own tasks only if named
     manager = TaskManager(include_path=include or None, include_defaults=local < len(names))

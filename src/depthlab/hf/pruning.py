@@ -8,7 +8,10 @@ made consistent: `num_hidden_layers`, every per-layer list (`layer_types`, ...) 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -59,6 +62,23 @@ def _prune_config(cfg, n: int, kept: list[int]) -> None:
     cfg.num_hidden_layers = len(kept)
 
 
+@contextlib.contextmanager
+def safetensors_os_errors(path):
+    """safetensors reports a write the machine refused (a full disk) as its own error, "... (os error 28)": raised
+    as that OSError, the CLI's one line for what the machine refuses."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # an older safetensors raises plain errors
+        SafetensorError = ()
+    try:
+        yield
+    except SafetensorError as e:
+        code = re.search(r"os error (\d+)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+
+
 def refuse_non_causal(path: Path, src) -> None:
     """prune removes the decoder blocks of a causal language model; another kind (a ViT) is named as such."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -94,7 +114,8 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite:
         except UserError as e:  # name the user's model, not the temporary export it was loaded from
             raise UserError(str(e).replace(str(path), str(src))) from None
         prune_layers(model, start, end)
-        model.save_pretrained(out)
+        with safetensors_os_errors(out_dir):
+            model.save_pretrained(out)
         try:
             AutoTokenizer.from_pretrained(path).save_pretrained(out)
         except (OSError, ValueError, TypeError, KeyError):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig
+from depthlab.config import LORA_TARGETS, Config, DataConfig, ModelConfig, TrainConfig
+from depthlab.model import depth
 from depthlab.model.families import FAMILIES, family_of, require
 from depthlab.model.init import INITS
 from depthlab.model.llama import GPAS_GATES
@@ -20,7 +21,36 @@ def validate(cfg: Config) -> Config:
     _check_model(cfg.model)
     _check_data(cfg.data, cfg.model)
     _check_train(cfg.train)
+    _check_lora(cfg)
     return cfg
+
+
+def _check_lora(cfg: Config) -> None:
+    """The LoRA rank against the widths of the layers it adapts, on the model built without memory (the meta
+    device), before any data or weights are read. depthlab.train.lora checks the rest of train.lora."""
+    import torch
+
+    from depthlab.model.transformer import build_model
+
+    lora = cfg.train.lora
+    modules = [LORA_TARGETS[t.removesuffix("_proj")] for t in lora.targets if t.removesuffix("_proj") in LORA_TARGETS]
+    if lora.rank > 0 and modules:
+        with torch.device("meta"):
+            check_lora_rank(build_model(cfg.model, init=False), lora.rank, modules)
+
+
+def check_lora_rank(model, rank: int, modules: list[str]) -> None:
+    """A rank above a target's smaller side adds values (rank x (in + out)) but no freedom: B A changes an out x in
+    weight by a matrix of rank min(in, out) at most, whatever the rank. `modules`: suffixes of module names."""
+    from torch import nn
+
+    shapes = {name: (m.out_features, m.in_features) for name, m in model.named_modules()
+              if name.endswith(tuple("." + t for t in modules)) and isinstance(m, nn.Linear)}
+    if shapes:
+        name, shape = min(shapes.items(), key=lambda kv: min(kv[1]))
+        require(rank <= min(shape), f"LoRA rank {rank} is above the width of {name} ({shape[0]} x {shape[1]}), "
+                f"where no adapter reaches a rank above {min(shape)}: use a rank of at most {min(shape)} "
+                "(--lora-rank, train.lora.rank)")
 
 
 def train_warnings(cfg: Config) -> list[str]:
@@ -104,8 +134,9 @@ def _check_model(m: ModelConfig) -> None:
         _number(m, "model", name, lambda v: True, "a finite number")
     require(m.lns_placement in LNS_PLACEMENTS,
             f"model.lns_placement must be {' or '.join(LNS_PLACEMENTS)}, got {m.lns_placement!r}")
-    require(str(m.norm_gain_init) in GAIN_RULES,
-            f"model.norm_gain_init must be {' or '.join(GAIN_RULES)}, got {m.norm_gain_init!r}")
+    require(str(m.norm_gain_init) in (*GAIN_RULES, "uniform"),
+            f"model.norm_gain_init must be {' or '.join(GAIN_RULES)} or uniform, got {m.norm_gain_init!r}")
+    depth.check(m, scheme.depth_alpha_refusal, require)
     arch.check(m)
 
 

@@ -25,12 +25,11 @@ import math
 import torch
 
 from depthlab import UserError
-from depthlab.config import LoraConfig
+from depthlab.config import LORA_TARGETS, LoraConfig
 from depthlab.loading import LORA_A as _A, plain_weights  # noqa: F401 (plain_weights: the trainer's name for it)
+from depthlab.model.validate import check_lora_rank
 
-# --lora-targets name -> the projection in a depthlab block (HF Llama calls them q_proj ... down_proj too)
-TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o": "attn.o_proj",
-           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+TARGETS = LORA_TARGETS  # --lora-targets name -> the projection in a depthlab block
 ADAPTER = "default"  # peft's name for the one adapter
 
 
@@ -57,20 +56,6 @@ def check_lora(lora: LoraConfig) -> None:
         raise UserError(f"LoRA target given twice: {', '.join(lora.targets)}")
 
 
-def check_rank(model: torch.nn.Module, rank: int, targets: list[str]) -> None:
-    """A rank above a target's smaller side adds values (rank x (in + out)) but no freedom: B A can change an
-    out x in weight by a matrix of rank min(in, out) at most, whatever the rank."""
-    shapes = {name: (m.out_features, m.in_features) for name, m in model.named_modules()
-              if name.endswith(tuple("." + t for t in targets)) and isinstance(m, torch.nn.Linear)}
-    if not shapes:
-        return
-    name, shape = min(shapes.items(), key=lambda kv: min(kv[1]))
-    if rank > min(shape):
-        raise UserError(f"LoRA rank {rank} is above the width of {name} ({shape[0]} x {shape[1]}), where no adapter "
-                        f"reaches a rank above {min(shape)}: use a rank of at most {min(shape)} (--lora-rank, "
-                        "train.lora.rank)")
-
-
 def require_peft() -> None:
     if importlib.util.find_spec("peft") is None:
         raise UserError("LoRA needs peft: pip install 'depthlab[lora]'")
@@ -93,7 +78,7 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> int:
     missing = [t for t in targets if not any(name.endswith("." + t) for name, _ in model.named_modules())]
     if missing:  # a ViT's MLP, say, has no gate_proj
         raise UserError(f"this model has no {missing[0].split('.')[-1]} to put a LoRA adapter on")
-    check_rank(model, lora.rank, targets)
+    check_lora_rank(model, lora.rank, targets)
     peft.inject_adapter_in_model(peft_config(lora, targets), model, adapter_name=ADAPTER)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
