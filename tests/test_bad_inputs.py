@@ -32,7 +32,7 @@ VIT = ("train --preset vit-digits --run-dir {tmp}/v --no-progress --max-steps 2 
        "--set model.dim=32 "
        "--set model.n_layers=2 --set model.n_heads=2 --set model.ffn_dim=64")
 UNWRITABLE = "/sys/depthlab-test-out"  # EPERM even for root (the tests may run as root, where chmod does not bite)
-AN = "--tokens 64 --no-removal --no-jacobian --probes 1"
+AN = "--tokens 64 --no-removal --no-jacobian"
 
 # (id, command, fragment of the error line)
 CASES = [
@@ -301,6 +301,65 @@ CASES = [
     # --- the command line itself
     ("unknown-command", "bogus", "invalid choice"),
     ("schemes-extra-argument", "schemes extra", "unrecognized arguments"),
+    # --- issue 34: a flag that changes nothing is refused (every numeric flag finite and in its range; a flag
+    # without the flag it acts with); what traced back ends in one line; messages name the real problem
+    ("train-world-size-without-dry-run", TRAIN + " --world-size 2", "--world-size has no effect without --dry-run"),
+    ("train-gpu-memory-without-dry-run", TRAIN + " --gpu-memory 80", "--gpu-memory has no effect without --dry-run"),
+    ("train-world-size-0", TRAIN + " --dry-run --world-size 0", "--world-size must be at least 1"),
+    ("train-gpu-memory-nan", TRAIN + " --dry-run --gpu-memory nan", "--gpu-memory must be a finite number"),
+    ("train-gpu-memory-0", TRAIN + " --dry-run --gpu-memory 0", "--gpu-memory must be a positive number"),
+    ("train-gpu-memory-negative", TRAIN + " --dry-run --gpu-memory -5", "--gpu-memory must be a positive number"),
+    ("train-dp-replicate-under-ddp", TRAIN + " --set train.dp_replicate=2", "no effect with train.parallel=ddp"),
+    ("train-dp-shard-under-ddp", TRAIN + " --set train.dp_shard=2", "no effect with train.parallel=ddp"),
+    ("analyze-interior-leaves-none", "analyze {run} --interior 1 1 --tokens 64 --no-jacobian --out {tmp}/o",
+     "leaves no interior block"),
+    ("compare-labels-twice", "compare {run} {run} --labels a a " + AN + " --out {tmp}/o", "--labels names two models"),
+    ("finetune-lora-rank-above-width", "finetune {long} --data {records} --lora --lora-rank 1000 --run-dir {tmp}/f "
+     "--no-progress", "above the width"),
+    ("finetune-lora-alpha-inf", "finetune {run} --data {records} --lora --lora-alpha inf",
+     "--lora-alpha must be a finite number"),
+    ("finetune-lora-alpha-inf-set", "finetune {run} --data {records} --lora --set train.lora.alpha=inf",
+     "LoRA alpha must be a positive finite number"),
+    ("finetune-lora-alpha-0", "finetune {run} --data {records} --lora --lora-alpha 0",
+     "--lora-alpha must be a positive number"),
+    ("finetune-lora-dropout-nan", "finetune {run} --data {records} --lora --lora-dropout nan",
+     "--lora-dropout must be a finite number"),
+    ("analyze-window-seed-without-windows", "analyze {run} --window-seed 3",
+     "--window-seed has no effect without --windows"),
+    ("analyze-probes-without-jacobian", "analyze {run} --no-jacobian --probes 2",
+     "--probes has no effect with --no-jacobian"),
+    ("analyze-inert-delta-without-removal", "analyze {run} --no-removal --inert-delta 0.01",
+     "--inert-delta has no effect with --no-removal"),
+    ("analyze-tokens-with-windows", "analyze {run} --windows 4 --tokens 100", "--tokens has no effect with --windows"),
+    ("analyze-inert-delta-inf", "analyze {run} --inert-delta inf", "--inert-delta must be a finite number"),
+    ("theory-power-inf", "theory --power inf --out {tmp}/o", "--power must be a finite number"),
+    ("theory-power-negative", "theory --power -1 --out {tmp}/o", "--power must be a number >= 0"),
+    ("eval-max-new-tokens-0", "eval {run} --commonsense {commonsense} --max-new-tokens 0",
+     "--max-new-tokens must be at least 1"),
+    ("eval-mmlu-shots-negative", "eval {run} --mmlu {commonsense} --mmlu-shots -1", "--mmlu-shots must be at least 0"),
+    ("prepare-val-fraction-nan", "data prepare {docs} --out {tmp}/o --val-fraction nan --no-progress",
+     "--val-fraction must be a finite number"),
+    ("prepare-builtin-mb-inf", "data prepare --out {tmp}/o --builtin-mb inf --no-progress",
+     "--builtin-mb must be a finite number"),
+    ("train-dry-run-dim-overflow", TRAIN + " --dry-run --set model.dim=1000000000000 --set model.n_heads=1",
+     "more fp32 bytes than any machine"),
+    ("analyze-window-seed-negative", "analyze {run} --windows 2 --window-seed -1", "--window-seed must be between 0"),
+    ("analyze-window-seed-huge", "analyze {run} --windows 2 --window-seed 99999999999",
+     "--window-seed must be between 0"),
+    ("harness-answer-beyond-choices-first", "eval {run} --harness {task_answer_first}", "beyond its choices"),
+    ("harness-answer-beyond-choices-later", "eval {run} --harness {task_answer_later}",
+     "document 1: the answer 7 is not one of its 2 choices"),
+    ("harness-yaml-error", "eval {run} --harness {task_bad_yaml}", "is not valid YAML"),
+    ("import-pickled-weights", "import {hf_pickle} {tmp}/o", "is a pickle that depthlab will not load"),
+    ("eval-pickled-weights", "eval {hf_pickle} --data {txt}", "is a pickle that depthlab will not load"),
+    ("import-pickled-vit", "import {vit_pickle} {tmp}/o", "is a pickle that depthlab will not load"),
+    ("analyze-data-prepared", "analyze {run} --data {prep} " + AN + " --out {tmp}/o",
+     "is a prepared-data directory (token files); analyze calibrates on text"),
+    ("prune-vit-checkpoint", "prune {vit} --remove 0:1 {tmp}/o", "is a ViT (an image classifier)"),
+    ("prune-vit-hf", "prune {vit_hf} --remove 0:1 {tmp}/o", "is a ViT (an image classifier)"),
+    ("train-data-dev-null", TRAIN + " --data /dev/null", "not a file or a folder"),
+    ("eval-data-dev-null", "eval {run} --data /dev/null", "not a file or a folder"),
+    ("train-data-two-lines", TRAIN + " --data {small}", "need at least 11"),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",
@@ -440,7 +499,59 @@ def build_world(root: Path) -> dict[str, str]:
     lines[10] = "word " * 400_000 + "\n"
     (root / "bigline.txt").write_text("".join(lines))
     w["bigline"] = str(root / "bigline.txt")
+    _issue34_world(root, w, cfg, tok)
     return w
+
+
+MC_TASK = """task: depthlab_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {path}
+test_split: test
+output_type: multiple_choice
+doc_to_text: question
+doc_to_choice: {choices}
+doc_to_target: answer
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def _issue34_world(root: Path, w: dict, cfg, tok) -> None:
+    """Weights pickled with more than tensors, a checkpoint with a longer context (its records fit), lm-eval tasks
+    whose answers are beyond their choices or whose YAML is broken."""
+    import copy
+    import pathlib
+
+    import torch
+    from safetensors.torch import load_file
+
+    from depthlab.model import Transformer
+    from depthlab.train.checkpoint import save_checkpoint
+
+    for name, source in (("hf_pickle", "hf"), ("vit_pickle", "vit_hf")):
+        d = root / name
+        shutil.copytree(root / source, d)
+        (d / "depthlab_export.json").unlink()
+        state = load_file(str(d / "model.safetensors"))
+        (d / "model.safetensors").unlink()
+        torch.save({**state, "note": pathlib.PurePosixPath("not/a/tensor")}, d / "pytorch_model.bin")
+        w[name] = str(d)
+    long = copy.deepcopy(cfg)
+    long.model.max_seq_len = 256
+    save_checkpoint(root / "long", Transformer(long.model).state_dict(), long, {"step": 0}, tok)
+    w["long"] = str(root / "long")
+    for name, answers, choices in (("task_answer_first", [5, 0], "choices"), ("task_answer_later", [0, 7], "choices"),
+                                   ("task_bad_yaml", [0, 0], "[choices")):
+        d = root / name
+        d.mkdir()
+        rows = [{"question": "the", "choices": ["fox", "dog"], "answer": a} for a in answers]
+        (d / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "mc.yaml").write_text(MC_TASK.format(path=d / "mc.jsonl", choices=choices))
+        w[name] = str(d / "mc.yaml")
 
 
 def _bad_hf_dirs(root: Path, w: dict) -> None:
