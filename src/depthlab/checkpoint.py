@@ -396,9 +396,10 @@ def save_weights(state: dict, path: Path, metadata: dict | None = None) -> None:
     try:
         save_file(state, str(path), metadata=metadata)
     except SafetensorError as e:  # keep the OS error's number (a full disk), which safetensors puts in words
-        code = re.search(r"code: (\d+)", str(e))
+        code = re.search(r"os error (\d+)|code: (\d+)", str(e))  # "I/O error: ... (os error 28)"
         if code:
-            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+            number = int(code[1] or code[2])
+            raise OSError(number, os.strerror(number), str(path)) from None
         raise OSError(str(e).strip().splitlines()[-1]) from None
     usual_mode(path)
 

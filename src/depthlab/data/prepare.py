@@ -37,7 +37,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from depthlab import UserError
-from depthlab.checkpoint import TOKENIZER as TOKENIZER_FILE, out_of_space, write_failure
+from depthlab.checkpoint import TOKENIZER as TOKENIZER_FILE, write_failure
 from depthlab.data.prepared import VERSION
 from depthlab.data.sources import (
     HF_PREFIX,
@@ -466,6 +466,5 @@ def _run_job(out: Path, job: dict, settings: dict, log) -> dict:
     except OSError as e:  # a full disk, an unwritable --out
         for split in SPLITS:  # a half-written split file only takes the space a rerun needs
             (out / f"{split}.bin.tmp").unlink(missing_ok=True)
-        hint = "free some space, then " if out_of_space(out, e) else ""
         raise UserError(f"cannot write {out}: {write_failure(out, e)}; nothing was lost: the work done so far is "
-                        f"kept, {hint}rerun the same command to resume") from None
+                        "kept, and rerunning the same command resumes it") from None
