@@ -360,6 +360,26 @@ CASES = [
     ("train-data-dev-null", TRAIN + " --data /dev/null", "not a file or a folder"),
     ("eval-data-dev-null", "eval {run} --data /dev/null", "not a file or a folder"),
     ("train-data-two-lines", TRAIN + " --data {small}", "need at least 11"),
+    # issue 34 items 5-7, 9, 11: metadata and token files that were changed after they were written, MMLU and
+    # JSON text inputs that would drop subjects or records unseen
+    ("eval-checkpoint-meta-edited", "eval {meta_edited_ckpt}", "meta.json does not match its checksum"),
+    ("export-checkpoint-meta-edited", "export {meta_edited_ckpt} {tmp}/o", "meta.json does not match its checksum"),
+    ("train-resume-checkpoint-meta-edited", "train --data {txt} --resume {meta_edited_ckpt} --run-dir {tmp}/r {T}",
+     "meta.json does not match its checksum"),
+    ("train-data-prepared-tokens-changed", TRAIN.replace("{txt}", "{prep_changed}"),
+     "train.bin does not match the sha256 in index.json"),
+    ("data-info-prepared-tokens-changed", "data info {prep_changed}", "does not match the sha256"),
+    ("train-data-prepared-id-out-of-range", TRAIN.replace("{txt}", "{prep_bad_ids}"),
+     "train.bin holds token id 60000 (at token 5)"),
+    ("eval-data-prepared-id-out-of-range", "eval {run} --data {prep_bad_ids}", "outside the tokenizer's 280 ids"),
+    ("eval-mmlu-empty-subject", "eval {run} --mmlu {mmlu_empty_subject}", "law_test.csv holds no test questions"),
+    ("eval-mmlu-both-layouts", "eval {run} --mmlu {mmlu_both_layouts}", "holds both layouts"),
+    ("train-data-jsonl-text-null", TRAIN.replace("{txt}", "{jsonl_text_null}"), "jsonl:5: field 'text' is null"),
+    ("train-data-jsonl-text-number", TRAIN.replace("{txt}", "{jsonl_text_number}"),
+     "jsonl:5: field 'text' is of type int"),
+    ("prepare-jsonl-text-null",
+     "data prepare {jsonl_text_null} --out {tmp}/o --vocab-size 300 --workers 1 --no-progress",
+     "jsonl:5: field 'text' is null"),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",
@@ -500,6 +520,7 @@ def build_world(root: Path) -> dict[str, str]:
     (root / "bigline.txt").write_text("".join(lines))
     w["bigline"] = str(root / "bigline.txt")
     _issue34_world(root, w, cfg, tok)
+    _integrity_world(root, w)
     return w
 
 
@@ -552,6 +573,52 @@ def _issue34_world(root: Path, w: dict, cfg, tok) -> None:
         (d / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (d / "mc.yaml").write_text(MC_TASK.format(path=d / "mc.jsonl", choices=choices))
         w[name] = str(d / "mc.yaml")
+
+
+def _integrity_world(root: Path, w: dict) -> None:
+    """A checkpoint whose meta.json step was edited, prepared data with a changed token or (from before the
+    checksums) an id outside its vocabulary, MMLU folders with an empty subject or both layouts, JSON lines whose
+    text is null or a number."""
+    import csv
+
+    import numpy as np
+
+    run = root / "meta_edited"
+    shutil.copytree(w["run"], run)
+    ckpt = sorted((run / "checkpoints").glob("step_*"))[-1]
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "step": 7}, indent=2) + "\n")
+    w["meta_edited_ckpt"] = str(ckpt)
+    for name in ("prep_changed", "prep_bad_ids"):
+        shutil.copytree(w["prep"], root / name)
+        w[name] = str(root / name)
+        index = json.loads((root / name / "index.json").read_text())
+        for split in ("train", "val"):
+            tokens = np.fromfile(root / name / f"{split}.bin", dtype=index["dtype"])
+            tokens[5] = 60000 if name == "prep_bad_ids" else (int(tokens[5]) + 1) % index["vocab_size"]
+            tokens.tofile(root / name / f"{split}.bin")
+            if name == "prep_bad_ids":  # data prepared before the checksums: only the ids can be checked
+                index["splits"][split].pop("sha256", None)
+        (root / name / "index.json").write_text(json.dumps(index))
+    row = ["What is 2 + 2?", "3", "4", "5", "6", "B"]
+    for name, subjects in (("mmlu_empty_subject", {"math": [row] * 2, "law": []}),
+                           ("mmlu_both_layouts", {"math": [row] * 2})):
+        (root / name / "test").mkdir(parents=True)
+        for subject, rows in subjects.items():
+            with open(root / name / "test" / f"{subject}_test.csv", "w", newline="") as f:
+                csv.writer(f).writerows(rows)
+        w[name] = str(root / name)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "mmlu_both_layouts" / "law").mkdir()
+    pq.write_table(pa.Table.from_pylist([{"question": "q?", "choices": ["a", "b", "c", "d"], "answer": 1}]),
+                   root / "mmlu_both_layouts" / "law" / "test-00000-of-00001.parquet")
+    for name, value in (("jsonl_text_null", None), ("jsonl_text_number", 12345)):
+        records = [{"text": line} for line in _text(400).splitlines()]
+        records[4] = {"text": value}
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        w[name] = str(root / f"{name}.jsonl")
 
 
 def _bad_hf_dirs(root: Path, w: dict) -> None:
