@@ -73,8 +73,9 @@ def hf_gemma2_config_dict(cfg: ModelConfig) -> dict:
 
 
 def _our_state(model: Transformer) -> dict[str, torch.Tensor]:
-    """A detached copy of the model's weights (a tied LM head once, as the embedding)."""
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """A detached copy of the model's weights (a tied LM head once, as the embedding; ProRes's ramps are folded
+    into the projections with the branch scale, _fold_branch_scale, not kept)."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.endswith("_add.ramp")}
     if model.cfg.tie_embeddings:
         del state["lm_head.weight"]
     return state
@@ -123,9 +124,9 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def _fold_branch_scale(state: dict, i: int, layer, cfg) -> None:
-    """LNS on the branch outputs (lns_placement=branch), s F(.): into the output projections, s (W y + b) =
-    (s W) y + s b; where the norms sit on the branch outputs (olmo2), into their weights: s Norm_g(y) =
-    Norm_{s g}(y)."""
+    """A multiplier on the branch outputs, s F(.) (LNS's branch placement, the depth parameterizations' m^(-alpha)
+    and static scales, ProRes's ramp where it stands): into the output projections, s (W y + b) = (s W) y + s b;
+    where the norms sit on the branch outputs (olmo2), into their weights: s Norm_g(y) = Norm_{s g}(y)."""
     s = getattr(layer, "out_scale", 1.0)
     if s == 1.0:
         return
@@ -146,6 +147,9 @@ def to_hf_gemma2_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         raise UserError(f"only {', '.join(gemma)} of model.arch=llama, without gpas and with untied embeddings, maps "
                         "onto stock Gemma-2")
     state = _our_state(model)
+    for i, layer in enumerate(model.layers):  # a branch multiplier s: s Norm_g(y) = Norm_{s g}(y)
+        for norm in ("attn_out_norm", "mlp_out_norm"):
+            state[f"layers.{i}.{norm}.weight"] = state[f"layers.{i}.{norm}.weight"] * layer.out_scale
     for key in state:
         if key.rsplit(".", 1)[0].endswith("norm"):  # the four block norms and the final one
             state[key] = state[key] - 1.0

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from depthlab.config import ModelConfig
+from depthlab.model.depth import uniform_gain
 from depthlab.model.schemes import deepnorm_beta, scheme_class
 
 OUTPUT_PROJECTIONS = ("o_proj", "down_proj")  # the projections that write into the residual stream
@@ -154,9 +155,10 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     for _, lin in _named_linears(model):
         if lin.bias is not None:
             fill_(lin.bias, nn.init.zeros_)
-    if str(cfg.norm_gain_init) == "depth":
+    rule = str(cfg.norm_gain_init)
+    if rule in ("depth", "uniform"):  # uniform: LNS's mean damping without its depth profile (the control)
         for gain, scale in block_norm_gains(model, cfg.lns_power):
-            gain.fill_(scale)
+            gain.fill_(scale if rule == "depth" else uniform_gain(cfg))
 
 
 def block_norm_gains(model: nn.Module, power: float) -> list[tuple[nn.Parameter, float]]:

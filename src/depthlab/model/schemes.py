@@ -17,6 +17,9 @@ Everything the rest of depthlab asks about a scheme is declared once, on its cla
                             olmo2 family sets it for every scheme it runs)
     branch_gains            attn_gain / mlp_gain multiply the branch outputs;    hf.exporter
                             export folds them into o_proj / down_proj
+    branch_scale(cfg, l)    constant multiplier on block l's branch outputs      the block's residual adds; export
+                            (depth parameterizations, LNS's branch placement)
+    depth_alpha_refusal     why model.depth_alpha makes no sense for it, or ""   validate
 
 To add a scheme, subclass PreLNBlock (or the scheme closest to yours), override what differs and decorate it
 with @register("name"); config validation, `depthlab schemes`, init, export, analysis and hf.apply_scheme read
@@ -59,6 +62,7 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.config import ModelConfig
+from depthlab.model.depth import branch_multiplier
 from depthlab.model.families import Family, family_of
 from depthlab.model.llama import DyT, GPASGate, GPASResidual, Residual, RMSNorm
 
@@ -140,6 +144,7 @@ class PreLNBlock(nn.Module):
     hf_patchable: ClassVar[bool] = True
     hf_export: ClassVar[str | None] = "family"
     norms_after_branch: ClassVar[bool] = False
+    depth_alpha_refusal: ClassVar[str] = ""
 
     @classmethod
     def norm_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
@@ -155,6 +160,12 @@ class PreLNBlock(nn.Module):
     @classmethod
     def residual_alpha(cls, cfg: ModelConfig) -> float:
         return 1.0
+
+    @classmethod
+    def branch_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
+        """The constant multiplier on block `layer_id`'s branch outputs: the depth parameterization's
+        (depthlab.model.depth), 1 without one."""
+        return branch_multiplier(cfg, layer_id)
 
     @classmethod
     def make_norm(cls, cfg: ModelConfig, scale: float = 1.0) -> nn.Module:
@@ -174,13 +185,21 @@ class PreLNBlock(nn.Module):
         self.mlp_norm = self.make_norm(cfg, mlp_scale)
         self.mlp = family.feed_forward(cfg)
         alpha = self.residual_alpha(cfg)
+        self.prores_steps = cfg.prores_steps  # ProRes: block l's branches ramp up over l * prores_steps steps
+        branch = {"scale": self.branch_scale(cfg, layer_id), "ramp": cfg.prores_steps > 0}
         if not cfg.gpas:
-            self.attn_add, self.mlp_add = Residual(alpha), Residual(alpha)
+            self.attn_add, self.mlp_add = Residual(alpha, **branch), Residual(alpha, **branch)
         elif cfg.gpas_gate == "per_add":
-            self.attn_add, self.mlp_add = GPASResidual(alpha), GPASResidual(alpha)
+            self.attn_add, self.mlp_add = GPASResidual(alpha, **branch), GPASResidual(alpha, **branch)
         else:  # per_block, as in the GPAS reference: one gate, registered here, applied after both adds
             self.gpas = GPASGate()
-            self.attn_add, self.mlp_add = GPASResidual(alpha, self.gpas), GPASResidual(alpha, self.gpas)
+            self.attn_add = GPASResidual(alpha, self.gpas, **branch)
+            self.mlp_add = GPASResidual(alpha, self.gpas, **branch)
+
+    @property
+    def out_scale(self) -> float:
+        """The multiplier on both branch outputs now (constant times ProRes's ramp): what export folds."""
+        return self.attn_add.factor
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if self.output_norms:  # reordered, and the olmo2 family: h + Norm(F(h))
@@ -223,25 +242,10 @@ class LNSBlock(PreLNBlock):
 
     @classmethod
     def branch_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
-        """The constant multiplier on block `layer_id`'s branch outputs (1 unless lns_placement=branch)."""
-        return layer_id ** -cfg.lns_power if cfg.lns_placement == "branch" else 1.0
-
-    def __init__(self, cfg: ModelConfig, layer_id: int):
-        super().__init__(cfg, layer_id)
-        self.out_scale = self.branch_scale(cfg, layer_id)
-
-    def forward(self, h, rope):
-        s = self.out_scale
-        if s == 1.0:
-            return super().forward(h, rope)
-        if self.output_norms:  # olmo2: h + Norm(F(h)) * s
-            h = self.attn_add(h, self.attn_norm(self.attn(h, rope)) * s)
-            return self.mlp_add(h, self.mlp_norm(self.mlp(h)) * s)
-        h = self.attn_add(h, self.attn(self.attn_norm(h), rope) * s)
-        return self.mlp_add(h, self.mlp(self.mlp_norm(h)) * s)
-
-    def extra_repr(self) -> str:
-        return f"branch scale={self.out_scale:.4g}" if self.out_scale != 1.0 else ""
+        """lns_placement=branch: l^(-p) on the branch outputs (the residual add applies it; olmo2: h + s Norm(F(h)))
+        times the depth parameterization's multiplier."""
+        s = layer_id ** -cfg.lns_power if cfg.lns_placement == "branch" else 1.0
+        return s * super().branch_scale(cfg, layer_id)
 
 
 @register("post")
@@ -251,6 +255,8 @@ class PostLNBlock(PreLNBlock):
     supports_gpas = hf_patchable = False
     hf_export = None
     hf_export_refusal = f"the norm sits on the residual stream after the add; {_REWIRED}"
+    depth_alpha_refusal = ("a norm after every add already resets the stream's scale, so there is no sum of L "
+                           "branches for m^(-alpha) to keep depth-free; use pre, lns or another pre-norm scheme")
 
     def forward(self, h, rope):
         h = self.attn_norm(self.attn_add(h, self.attn(h, rope)))
@@ -275,6 +281,8 @@ class DeepNormBlock(PostLNBlock):
     supports_gpas = hf_patchable = False
     hf_export = None
     hf_export_refusal = f"the norm sits after the add and the residual is weighted by alpha; {_REWIRED}"
+    depth_alpha_refusal = ("DeepNorm is a depth parameterization already: its skip weight (2N)^(1/4) and init gain "
+                           "(8N)^(-1/4) set the branch's share with depth, and a norm follows every add")
     default_init = "deepnorm"
 
     @classmethod
@@ -289,6 +297,8 @@ class MixLNBlock(PreLNBlock):
     supports_gpas = hf_patchable = False
     hf_export = None
     hf_export_refusal = f"its first blocks are Post-LN (norm after the add); {_REWIRED}"
+    depth_alpha_refusal = ("its first blocks are Post-LN, whose norm after the add resets the stream's scale; one "
+                           "m^(-alpha) cannot serve both kinds of block")
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id)

@@ -1,4 +1,6 @@
-"""AdamW with decay only on matrices (p.dim() >= 2), linear warmup then cosine decay to a floor."""
+"""AdamW with decay only on matrices (p.dim() >= 2), linear warmup then cosine decay to a floor; the depth
+parameterizations' per-group rates and epsilons, and ProRes's ramp advanced after every step
+(depthlab.model.depth)."""
 
 from __future__ import annotations
 
@@ -7,41 +9,77 @@ import math
 import torch
 from torch.distributed.tensor import DTensor
 
-from depthlab.config import TrainConfig
+from depthlab.config import ModelConfig, TrainConfig
+from depthlab.model.depth import block_eps_scale, block_lr_scale, blocks, set_prores_step
 from depthlab.model.init import block_norm_gains
 
 NO_DECAY = ("cls_token", "pos_embed")  # a ViT's class token and positions, excluded as in timm / DeiT
+ADAM_EPS = 1e-8  # torch's default; the depth parameterizations scale it per group
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, lns_power: float = 0.5) -> torch.optim.AdamW:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     decay = [p.dim() >= 2 and n.rsplit(".", 1)[-1] not in NO_DECAY for n, p in named]
-    scales = lr_scales(model, cfg, lns_power)
+    scales, eps = lr_scales(model, cfg, lns_power), eps_scales(model)
     groups = []
     for decayed, wd in ((True, cfg.weight_decay), (False, 0.0)):  # matrices; norms, gains, scalars
-        by_scale: dict[float, list] = {}
+        by_scale: dict[tuple[float, float], list] = {}
         for p, d in zip(params, decay):
             if d == decayed:
-                by_scale.setdefault(scales.get(id(p), 1.0), []).append(p)
-        # one group per learning-rate multiplier (the scheduler scales each group's own peak)
-        groups += [{"params": ps, "weight_decay": wd, **({"lr": cfg.lr * s} if s != 1.0 else {})}
-                   for s, ps in (by_scale or {1.0: []}).items()]
+                by_scale.setdefault((scales.get(id(p), 1.0), eps.get(id(p), 1.0)), []).append(p)
+        # one group per (learning-rate, epsilon) multiplier (the scheduler scales each group's own peak)
+        groups += [{"params": ps, "weight_decay": wd, **({"lr": cfg.lr * s} if s != 1.0 else {}),
+                    **({"eps": ADAM_EPS * e} if e != 1.0 else {})}
+                   for (s, e), ps in (by_scale or {(1.0, 1.0): []}).items()]
     # The fused kernel: on CPU the default is a per-tensor loop that took up to a third of a step
     # (docs/results.md); FSDP2's DTensor parameters keep the default implementation.
     fused = not any(isinstance(p, DTensor) for p in params)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=ADAM_EPS, fused=fused)
+    if any(getattr(b.attn_add, "ramp", None) is not None for b in blocks(model)):
+        advance_prores(opt, model)
+    return opt
+
+
+def model_config(model: torch.nn.Module) -> ModelConfig | None:
+    """The ModelConfig of a depthlab model, through DDP's and torch.compile's wrappers; None for another module."""
+    inner = getattr(model, "module", model)
+    return getattr(getattr(inner, "_orig_mod", inner), "cfg", None)
+
+
+def advance_prores(opt: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """After every optimizer step, set ProRes's ramps to a(l, t), t the optimizer's own step count (restored with
+    its state on resume; a skipped step takes none); until the first step they stay as built or loaded."""
+    def after_step(optimizer, args, kwargs):
+        state = next((s for s in optimizer.state.values() if "step" in s), None)
+        if state is not None:
+            set_prores_step(model, int(state["step"]))
+
+    opt.register_step_post_hook(after_step)
+
+
+def eps_scales(model: torch.nn.Module) -> dict[int, float]:
+    """Adam-epsilon multipliers by parameter id (1 where absent): model.depth_alpha puts every block parameter's
+    at m^(-alpha)."""
+    cfg = model_config(model)
+    if cfg is None or not cfg.depth_alpha:
+        return {}
+    return {id(p): block_eps_scale(cfg) for block in blocks(model) for p in block.parameters()}
 
 
 def lr_scales(model: torch.nn.Module, cfg: TrainConfig, lns_power: float) -> dict[int, float]:
     """Learning-rate multipliers by parameter id (1 where absent): train.block_lr=depth puts every parameter of
     block l at l^(-p), a plain depth-wise rate decay; train.norm_gain_lr=depth block l's norm gains (both: the
-    product)."""
+    product); model.depth_alpha every block parameter at m^(alpha - 1) (times the others); the embeddings, the
+    final norm and the head keep lr."""
     out: dict[int, float] = {}
+    m = model_config(model)
+    if m is not None and m.depth_alpha:
+        out.update({id(p): block_lr_scale(m) for block in blocks(model) for p in block.parameters()})
     if str(cfg.block_lr) == "depth":
-        for block in model.modules():
-            if hasattr(block, "layer_id"):
-                out.update({id(p): block.layer_id ** -lns_power for p in block.parameters()})
+        for block in blocks(model):
+            for p in block.parameters():
+                out[id(p)] = out.get(id(p), 1.0) * block.layer_id ** -lns_power
     if str(cfg.norm_gain_lr) == "depth":
         for g, s in block_norm_gains(model, lns_power):
             out[id(g)] = out.get(id(g), 1.0) * s
