@@ -236,8 +236,8 @@ def refuse_own_input(out: str | Path, inputs: Iterable[str | Path], what: str) -
         i = Path(inp).resolve()
         how = "is" if o == i else "holds" if o in i.parents else "is inside" if i in o.parents else None
         if how:
-            named = f"({inp})" if how == "is" else inp
-            raise UserError(f"{out} {how} {what}'s own input {named}; write the output to another path")
+            named = "" if how == "is" and str(inp) == str(out) else f" ({inp})" if how == "is" else f" {inp}"
+            raise UserError(f"{out} {how} {what}'s own input{named}; write the output to another path")
 
 
 def input_paths(specs: Iterable[str | Path]) -> list[str]:

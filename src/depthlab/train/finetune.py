@@ -291,7 +291,11 @@ def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress:
     """Fine-tune `ckpt`'s weights on cfg.data.paths[0]; the trainer's RunResult."""
     from depthlab.checkpoint import TOKENIZER
     from depthlab.data.tokenizer import load_tokenizer
+    from depthlab.owned import refuse_own_input
+    from depthlab.train.runtime import new_run_dir
 
+    # before the records are read: the Trainer checks again, but only once they are encoded
+    refuse_own_input(run_dir or new_run_dir(cfg), [cfg.train.init_from, ckpt, *cfg.data.paths], "finetune")
     if not (ckpt / TOKENIZER).is_file():
         raise UserError(f"{ckpt} has no {TOKENIZER}; fine-tuning encodes the instructions with the model's own")
     data = build_instruction_data(cfg.data.paths[0], load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len,
