@@ -1,0 +1,53 @@
+"""Golden losses (depthlab.golden): today's code trains as tests/golden/losses.json says, a one-line change to the
+forward is caught, and the compare tool names the first differing step and the largest difference.
+
+CI compares the first 30 of the 100 steps of every case with atol 1e-5 (CI's CPU may round differently from the
+machine that made the file, and 30 steps keep this under a minute on 2 cores); `python -m depthlab.golden check`
+compares all 100, bitwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from depthlab import UserError, golden
+from depthlab.model import llama
+
+CI_STEPS, CI_ATOL = 30, 1e-5
+
+
+def test_every_case_trains_like_the_golden_losses():
+    assert set(golden.load_golden()["cases"]) == set(golden.cases())  # every registered scheme and the FSDP run
+    assert golden.check(steps=CI_STEPS, atol=CI_ATOL) == []
+
+
+def test_a_one_line_change_to_the_forward_fails_the_check(monkeypatch):
+    plain = llama.Residual.forward  # the residual stream times 1.0001: the norms undo most of it, not all
+    monkeypatch.setattr(llama.Residual, "forward", lambda self, h, update: plain(self, h, update) * 1.0001)
+    problems = golden.check(["lns"], steps=CI_STEPS, atol=CI_ATOL)
+    assert len(problems) == 1 and problems[0].startswith("lns: first differing step "), problems
+    assert golden.check(["lns"], steps=1)[0].startswith("lns: first differing step 1 ")  # bitwise: at once
+
+
+def test_differences_name_the_first_differing_step_and_the_largest_difference():
+    want = [3.0, 2.5, 2.0, 1.5]
+    assert golden.differences("x", list(want), want) is None  # bitwise
+    got = [3.0, 2.5 + 1e-7, 2.0 + 3e-3, 1.5 - 1e-3]
+    assert golden.differences("x", got, want) == (f"x: first differing step 2 ({got[1]!r} vs 2.5), largest "
+                                                  "difference 0.003 at step 3; 3 of 4 steps differ")
+    assert golden.differences("x", got, want, atol=1e-5).startswith("x: first differing step 3 ")
+    assert golden.differences("x", got, want, atol=1e-5, rtol=2e-3) is None
+    assert golden.differences("x", want[:2], want) == "x: 2 steps logged, expected 4"
+    assert golden.compare_runs({"a": want}, {"a": want, "b": want}) == ["b: not run by the first"]
+
+
+def test_compare_two_configs_in_child_processes():
+    lines = golden.compare(".", ".", ["lns"], [], ["train.lr=0.004"], steps=3)
+    assert len(lines) == 1 and lines[0].startswith("lns: first differing step 2 "), lines  # step 1: no update yet
+
+
+def test_a_commit_is_read_from_git_and_a_bad_one_is_one_line():
+    with golden.source_of("HEAD") as src:
+        assert (src / "depthlab" / "model" / "schemes.py").is_file()
+    with pytest.raises(UserError, match="'no-such-commit' is not a commit of "):
+        with golden.source_of("no-such-commit"):
+            pass
