@@ -48,13 +48,12 @@ def test_no_float_flag_of_any_command_takes_nan_or_inf():
     for command, action in option_actions():
         try:
             value = action.type("0.5") if action.type else None
-        except (argparse.ArgumentTypeError, ValueError):
+        except (argparse.ArgumentTypeError, ValueError):  # an integer flag
             continue
         if isinstance(value, float):
             floats.append(f"{command} {action.option_strings[0]}")
             for bad in ("nan", "inf", "-inf"):
-                with pytest.raises(argparse.ArgumentTypeError, match="finite"):
-                    action.type(bad)
+                assert "finite" in action.type(bad).problem
     # the family this rule covers, whichever module adds the flag
     assert {"train --gpu-memory", "finetune --lora-alpha", "analyze --inert-delta", "theory --c",
             "data prepare --val-fraction", "data prepare --unit-mb"} <= set(floats)
@@ -63,7 +62,7 @@ def test_no_float_flag_of_any_command_takes_nan_or_inf():
 @pytest.mark.parametrize("argv, message", [
     (["train", "--dry-run", "--world-size", "0"], "--world-size must be at least 1, got 0"),
     (["train", "--dry-run", "--gpu-memory", "nan"], "--gpu-memory must be a finite number"),
-    (["train", "--dry-run", "--gpu-memory", "0"], "--gpu-memory must be a positive number"),
+    (["train", "--dry-run", "--gpu-memory", "0"], "--gpu-memory must be positive"),
     (["train", "--world-size", "2"], "--world-size has no effect without --dry-run"),
     (["train", "--gpu-memory", "80"], "--gpu-memory has no effect without --dry-run"),
     (["analyze", "x", "--window-seed", "-1", "--windows", "2"], "--window-seed must be between 0 and 4,294,967,295"),
@@ -73,12 +72,16 @@ def test_no_float_flag_of_any_command_takes_nan_or_inf():
     (["theory", "--c", "inf"], "--c must be a finite number"),
     (["finetune", "m", "--data", "d", "--lora", "--lora-dropout", "1"], "--lora-dropout must be in [0, 1)"),
     (["eval", "m", "--batch-size", "0"], "--batch-size must be at least 1"),
-    (["eval", "m", "--batch-size", "x"], "invalid int value: 'x'"),
 ])
-def test_a_value_a_flag_cannot_use_is_refused_while_parsing(argv, message, capsys):
+def test_a_value_a_flag_cannot_use_is_refused_before_the_command_reads_anything(argv, message, capsys):
+    assert main(argv) == 2  # the paths named do not exist: the flag is what is refused
+    assert message in one_error_line(capsys)
+
+
+def test_text_that_is_not_a_number_stays_argparse_s_error(capsys):
     with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2 and message in one_error_line(capsys)
+        main(["eval", "m", "--batch-size", "x"])
+    assert e.value.code == 2 and "invalid int value: 'x'" in one_error_line(capsys)
 
 
 def test_dry_run_takes_the_plan_flags(capsys):

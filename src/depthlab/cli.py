@@ -355,8 +355,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         command = self.prog.removeprefix("depthlab").strip()
-        if message.startswith("argument -") and ": must be " in message:  # a range refused by depthlab.flags
-            message = message.removeprefix("argument ").replace(": must be ", " must be ", 1)
         print(f"depthlab: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)",
               file=sys.stderr)
         sys.exit(2)
@@ -369,11 +367,11 @@ class Parser(argparse.ArgumentParser):
         return super().add_argument(*names, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
-        from depthlab.flags import orphan_flag
+        from depthlab.flags import refusal, refuse
 
         namespace, extras = super().parse_known_args(args, namespace)
-        if message := orphan_flag(self, namespace):
-            self.error(message)
+        if message := refusal(self, namespace):  # a value out of range, a flag without the one it acts with
+            namespace.func = refuse(message)  # the command is its refusal: one line, before anything is read
         return namespace, extras
 
 

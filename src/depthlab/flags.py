@@ -1,16 +1,30 @@
-"""Argparse types for every command's numeric flags, and flags that only act with another one.
+"""Types for every command's numeric flags, and flags that only act with another one.
 
-A value a flag cannot use (NaN, inf, 0 ranks, a negative seed) is refused while the command line is parsed, in
-argparse's one line that names the flag, before any model or data is read. The CLI's parser gives every
-`type=float` flag `finite` (cli.Parser), so no float flag, whichever module adds it, takes NaN or inf; flags with
-a range take `at_least`, `positive` or `fraction`. `only_with` declares flags that have no effect without another
-(cli.Parser refuses them after parsing): a flag that changes nothing is never accepted silently.
+A value a flag cannot use (NaN, inf, 0 ranks, a negative seed) is refused before the command reads any model or
+data, in one line that names the flag. The CLI's parser gives every `type=float` flag `finite` (cli.Parser), so no
+float flag, whichever module adds it, takes NaN or inf; flags with a range take `at_least`, `positive`,
+`non_negative` or `fraction`. `only_with` declares flags that have no effect without another: a flag that changes
+nothing is never accepted silently.
+
+Text that is not a number at all is argparse's own error. A number out of range parses as `Refused`, and
+`refusal` (called by cli.Parser once parsing is done) makes the first one the command itself: it raises the
+UserError, so `depthlab.cli.main` reports it as any other (one line, exit status 2, returned, not exited).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
+
+from depthlab import UserError
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A flag's value its type refused, and why ("must be at least 1, got 0")."""
+
+    problem: str
 
 
 def _number(text: str, kind: type) -> float | int:
@@ -19,45 +33,41 @@ def _number(text: str, kind: type) -> float | int:
     except ValueError:  # argparse's own wording for a value that is not a number
         raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
     if kind is float and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        return Refused(f"must be a finite number, got {text!r}")
     return value
 
 
-def finite(text: str) -> float:
+def _float(text: str, ok, what: str) -> float | Refused:
+    value = _number(text, float)
+    return value if isinstance(value, Refused) or ok(value) else Refused(f"must be {what}, got {text!r}")
+
+
+def finite(text: str) -> float | Refused:
     """Any finite float (the rule of every float flag)."""
     return _number(text, float)
 
 
-def positive(text: str) -> float:
-    value = _number(text, float)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+def positive(text: str) -> float | Refused:
+    return _float(text, lambda v: v > 0, "positive")
 
 
-def non_negative(text: str) -> float:
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
+def non_negative(text: str) -> float | Refused:
+    return _float(text, lambda v: v >= 0, "a number >= 0")
 
 
-def fraction(text: str) -> float:
+def fraction(text: str) -> float | Refused:
     """A probability that is not certain: [0, 1) (dropout)."""
-    value = _number(text, float)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
-    return value
+    return _float(text, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
 def at_least(low: int, high: int | None = None):
-    """An integer in low..high; the type function is named after its range for argparse's messages."""
+    """An integer in low..high; the type function is named int for argparse's messages."""
 
-    def integer(text: str) -> int:
+    def integer(text: str) -> int | Refused:
         value = _number(text, int)
         if value < low or (high is not None and value > high):
-            rng = f"at least {low:,}" if high is None else f"between {low:,} and {high:,}"
-            raise argparse.ArgumentTypeError(f"must be {rng}, got {value:,}")
+            return Refused(f"must be {f'at least {low:,}' if high is None else f'between {low:,} and {high:,}'}, "
+                           f"got {value:,}")
         return value
 
     integer.__name__ = "int"
@@ -72,8 +82,14 @@ def only_with(parser: argparse.ArgumentParser, needed: str, *flags: str) -> None
     parser.only_with = [*getattr(parser, "only_with", []), (needed, flags)]
 
 
-def orphan_flag(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """The message for the first flag given without the flag it needs (only_with), or None."""
+def refusal(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The message for the first refused value of `parser`'s flags, or the first flag given without the flag it
+    needs (only_with); None when there is none."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        bad = next((v for v in (value if isinstance(value, list) else [value]) if isinstance(v, Refused)), None)
+        if bad is not None:
+            return f"{action.option_strings[0] if action.option_strings else action.dest} {bad.problem}"
 
     def given(flag: str) -> bool:
         action = parser._option_string_actions[flag]
@@ -84,3 +100,12 @@ def orphan_flag(parser: argparse.ArgumentParser, args: argparse.Namespace) -> st
         if orphans:
             return f"{orphans[0]} has no effect without {needed}; drop it or add {needed}"
     return None
+
+
+def refuse(message: str):
+    """A command that is only the refusal of its command line."""
+
+    def command(args) -> None:
+        raise UserError(message)
+
+    return command
