@@ -394,8 +394,8 @@ CASES = [
      "is a prepared-data directory (token files); analyze calibrates on text"),
     ("prune-vit-checkpoint", "prune {vit} --remove 0:1 {tmp}/o", "is a ViT (an image classifier)"),
     ("prune-vit-hf", "prune {vit_hf} --remove 0:1 {tmp}/o", "is a ViT (an image classifier)"),
-    ("train-data-dev-null", TRAIN + " --data /dev/null", "not a file or a folder"),
-    ("eval-data-dev-null", "eval {run} --data /dev/null", "not a file or a folder"),
+    ("train-data-dev-null", TRAIN + " --data /dev/null", "is not a regular file or a folder"),
+    ("eval-data-dev-null", "eval {run} --data /dev/null", "is not a regular file or a folder"),
     ("train-data-two-lines", TRAIN + " --data {small}", "need at least 11"),
     # issue 34 items 5-7, 9, 11: metadata and token files that were changed after they were written, MMLU and
     # JSON text inputs that would drop subjects or records unseen
