@@ -62,7 +62,11 @@ def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict],
     done = [d for d in res["depths"] if d["delta_val_loss"].get("n")]
     per = "; ".join(f"N = {d['layers']} {d['delta_val_loss']['mean']:+.3f} (pre {d['grids']['pre']['best_lr']:g}, "
                     f"lns {d['grids']['lns']['best_lr']:g})" for d in done)
-    probe = pooled([d["delta_probe_loss"] for d in done if d.get("delta_probe_loss")])
+    tested = [d["delta_test_loss"] for d in done if d.get("delta_test_loss")]
+    probe = pooled(tested or [d["delta_probe_loss"] for d in done if d.get("delta_probe_loss")])
+    where = (f"On the test split no selection read ({len(tested)} of {len(done)} depths), the pooled Δ is" if tested
+             else "These records have no separate test split: on the whole validation split (the probe's seeded "
+                  "windows) the pooled Δ is")
     lines = [f"**Does LNS help?** Yes, at each scheme's own best rate: LNS − Pre-LN validation loss "
              f"**{c['mean']:+.3f} nats, 95% CI {interval(c)}, p {pvalue(c['p'])}, n = {c['n']}** (depth, seed) pairs "
              f"pooled over N = {_Ns(d['layers'] for d in done)} (every pair one observation, df = n − 1; Holm p "
@@ -94,8 +98,7 @@ def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict],
     lines.append(f"**What this scale cannot say.** Width 64, {ratio} training tokens per parameter at N = "
                  f"{_Ns(sorted(tpp))}, Python source (the paper: width ≥ 768, ~20 tokens per parameter, C4), so "
                  "nothing here speaks for 130M-1B models. Rates were selected, and the loss above is measured, on the "
-                 f"same first {val_tokens:,} validation tokens: these records have no separate test split. On the "
-                 f"whole validation split (the probe's 256 seeded windows) the pooled Δ is {said(probe)}. Cells "
+                 f"same first {val_tokens:,} validation tokens. {where} {said(probe)}. Cells "
                  f"trained twice with identical settings differ by up to {rerun['max']:.4f} nats ({rerun['n']} "
                  "reruns); each cell enters the page once, and that noise sits inside the seed-to-seed spread every "
                  "interval counts.")
@@ -143,10 +146,10 @@ def _grid(g: dict) -> str:
 def own_best_lines(res: dict) -> list[str]:
     out = ["## 1. Each depth at its own rate", "",
            "Each scheme's seed-0 grid at that depth (best rate in bold), then both at their own best rate over every "
-           "seed. Δ = lns − pre paired by seed: on the validation slice that selected the rates, and on the whole "
-           "validation split (the probe's loss; no test split exists in these records). The curse index is Pre-LN's "
+           "seed. Δ = lns − pre paired by seed: on the validation slice that selected the rates, and on the test "
+           "split (where a record has none: the whole validation split, the probe's loss). The curse index is Pre-LN's "
            "final models' (absolute threshold 0.005 nats beside the relative one, 5% of block 2's cost).", "",
-           "| N | pre grid | lns grid | Δ val loss | Δ whole-split loss | Pre-LN inert (abs / rel) | "
+           "| N | pre grid | lns grid | Δ val loss | Δ test loss | Pre-LN inert (abs / rel) | "
            "Pre-LN deep/shallow "
            "| interior blocks | Pre-LN curse |", "|---|---|---|---|---|---|---|---|---|"]
     for d in res["depths"]:
@@ -155,7 +158,8 @@ def own_best_lines(res: dict) -> list[str]:
         flag = f"{size}" + (" (too few to read)" if size is not None and size < MIN_INTERIOR else "")
         old = " (earlier 64-window probe)" if d["pre"].get("old_probe") else ""
         out.append(f"| {d['layers']} | {_grid(d['grids']['pre'])} | {_grid(d['grids']['lns'])} | "
-                   f"{said(d['delta_val_loss'])} | {said(d.get('delta_probe_loss', {}))} | "
+                   f"{said(d['delta_val_loss'])} | {said(d.get('delta_test_loss') or d.get('delta_probe_loss', {}))}"
+                   f"{'' if d.get('delta_test_loss') else ' (whole split)'} | "
                    f"{spread(idx.get('inert_fraction'), '.2f')} / {spread(idx.get('inert_fraction_rel'), '.2f')} | "
                    f"{spread(idx.get('removal_deep_over_shallow'), '.2f')} | {flag} | {idx.get('reading', '-')}{old} |")
     return out + ["", "![Δ at each scheme's own best rate, by depth, with 95% t-intervals](img/lns_own_best.png)", ""]

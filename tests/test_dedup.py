@@ -28,3 +28,16 @@ def test_distinct_documents_are_all_kept():
     docs = [Document(f"d{i}", _text(100 + i)) for i in range(30)]
     kept, report = dedup(docs)
     assert len(kept) == 30 and report.removed == 0
+
+
+def test_depthlab_data_dedup_writes_the_kept_documents_for_prepare(tmp_path, capsys):
+    import json
+
+    from depthlab.cli import main
+
+    for i in range(6):
+        (tmp_path / f"d{i}.txt").write_text(_text(i))
+    (tmp_path / "d9.txt").write_text(_text(2))
+    main(["data", "dedup", str(tmp_path), "--out", str(tmp_path / "kept.jsonl")])
+    kept = [json.loads(x) for x in (tmp_path / "kept.jsonl").read_text().splitlines()]
+    assert len(kept) == 6 and "removed 1 exact and 0 near copies" in capsys.readouterr().out

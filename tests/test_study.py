@@ -3,6 +3,7 @@ resumable, probes along training) on a tiny corpus."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,31 @@ def test_a_cell_that_cannot_run_does_not_cost_the_records_of_the_others(tmp_path
     assert one_line_errors(run_cells, study, [held, free]) == 0  # free now: only the held cell runs
     assert one_line_errors(lambda: (_ for _ in ()).throw(UserError("bad\n  flag"))) == 2
     assert capsys.readouterr().err.splitlines()[-1] == "depthlab: error: bad flag"
+
+
+def test_the_study_corpus_drops_planted_copies_and_holds_out_a_test_split_its_cells_report(tmp_path):
+    """build_corpus removes exact and near copies (recorded in corpus.json), deals held-out documents to validation
+    and test, and a cell trained on it records its loss on the test split."""
+    import random
+
+    from depthlab.study.corpus import build_corpus, test_tokens
+
+    rng, src = random.Random(0), tmp_path / "docs"
+    src.mkdir()
+    words = [f"w{i}" for i in range(300)]
+    texts = ["\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(40)) for _ in range(40)]
+    for i, t in enumerate(texts):
+        (src / f"doc{i:02d}.txt").write_text(t)
+    (src / "doc00_copy.txt").write_text(texts[0])
+    (src / "doc01_near.txt").write_text(texts[1].replace(texts[1].split()[5], "edited", 1))
+    study = Study("c", str(tmp_path / "out"), {"pre": ["model.norm_scheme=pre"]},
+                  base=[*TINY, f"data.paths=[{src}]"], corpus=str(tmp_path / "corpus"))
+    info = build_corpus(study.config(grid_cells(study, [1e-2], layers=2)[0]), tmp_path / "corpus")
+    assert info["dedup"]["removed"] == 2
+    assert {Path(n).name for n in info["dedup"]["removed_names"]} == {"doc00_copy.txt", "doc01_near.txt"}
+    assert info["test_tokens"] > 0 and len(test_tokens(tmp_path / "corpus")) == info["test_tokens"]
+    assert info["documents"]["train"] + info["documents"]["val"] + info["documents"]["test"] == 40
+    study.meta["corpus"] = info
+    run_cells(study, seed_cells(study, {"pre": 1e-2}, [0], layers=2), log=lambda m: None)
+    r = next(iter(load_records(study.runs_file).values()))
+    assert math.isfinite(r["test_loss"]) and r["test_loss"] != r["val_loss"]

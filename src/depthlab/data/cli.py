@@ -43,6 +43,15 @@ def cmd_info(args) -> None:
         print_info(args.path, index)
 
 
+def cmd_dedup(args) -> None:
+    from depthlab.data.dedup import dedup_files
+
+    r = dedup_files(args.inputs, args.out, args.threshold, args.text_field)
+    print(f"{args.out}: kept {r.kept} documents; removed {len(r.exact)} exact and {len(r.near)} near copies")
+    for name, original in r.exact + r.near:
+        print(f"  {name} (copies {original})")
+
+
 def add_commands(sub) -> None:
     d = sub.add_parser("data", help="prepare token data", description="Prepare and inspect token data.")
     dsub = d.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
@@ -69,6 +78,14 @@ def add_commands(sub) -> None:
                    "16 MB run in one process)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)
+
+    u = dsub.add_parser("dedup", help="drop exact and near-duplicate documents (MinHash), write the rest as JSONL")
+    u.add_argument("inputs", nargs="*", metavar="INPUT", help="what `prepare` reads (none: the built-in corpus)")
+    u.add_argument("--out", required=True, help="a .jsonl file of the kept documents, for `data prepare`")
+    u.add_argument("--threshold", type=float, default=0.8, help="estimated Jaccard similarity of word 5-grams "
+                   "at which two documents are copies (default 0.8)")
+    u.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text")
+    u.set_defaults(func=cmd_dedup)
 
     i = dsub.add_parser("info", help="describe a prepared-data directory")
     i.add_argument("path")

@@ -67,3 +67,19 @@ def dedup(docs: list, threshold: float = 0.8, name=lambda d: d.name, text=lambda
         kept.append(d)
     report.kept = len(kept)
     return kept, report
+
+
+def dedup_files(inputs: list[str], out: str, threshold: float = 0.8, text_field: str = "text") -> DedupReport:
+    """`depthlab data dedup`: read `inputs` (what `data prepare` reads; none: the built-in corpus), drop exact and
+    near copies, and write the kept documents to `out` as JSON lines ({"name", "text"}), for `data prepare OUT`."""
+    import json
+    from pathlib import Path
+
+    from depthlab.data.sources import builtin_documents, read_documents
+
+    docs = read_documents(inputs, text_field=text_field)[0] if inputs else builtin_documents(10.0)
+    kept, report = dedup(docs, threshold)
+    with open(Path(out), "w") as f:
+        for d in kept:
+            f.write(json.dumps({"name": d.name, "text": d.text}) + "\n")
+    return report

@@ -140,10 +140,23 @@ def seed_cells(study: Study, best: dict[str, float | None], seeds: list[int],
     return [Cell(v, lr, s, layers) for s in seeds for v, lr in best.items() if lr is not None]
 
 
+def _same_corpus(study: Study, settings: Path) -> None:
+    """Records trained on another corpus must not count as this study's cells (a corpus rebuilt with the
+    near-duplicate removal has a new hash)."""
+    if not settings.exists() or not study.runs_file.exists():
+        return
+    old = (json.loads(settings.read_text()).get("meta") or {}).get("corpus", {}).get("sha256")
+    new = (study.meta.get("corpus") or {}).get("sha256")
+    if old and new and old != new:
+        raise UserError(f"{study.out} holds runs trained on corpus {old[:12]}…, not this study's {new[:12]}…; "
+                        "give a new --out (or the old corpus's --runs-dir)")
+
+
 def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: print(msg, file=sys.stderr)) -> list:
     """Train every cell that has no record yet (each in a fresh process), appending each record when it finishes."""
     out = Path(study.out)
     out.mkdir(parents=True, exist_ok=True)
+    _same_corpus(study, out / "settings.json")
     (out / "settings.json").write_text(json.dumps(study.settings(), indent=2) + "\n")
     done = study.records()
     todo = list(dict.fromkeys(c for c in cells if c.key not in done))
@@ -214,6 +227,14 @@ def _data(study: Study):
     return load_corpus(Path(study.corpus), study.val_tokens)
 
 
+def _test(study: Study):
+    if not study.corpus:
+        return None
+    from depthlab.study.corpus import test_tokens
+
+    return test_tokens(Path(study.corpus))
+
+
 def train_cell(study: Study, cell: Cell) -> dict:
     """Train one cell, probe it, and return its record (depthlab.study.records)."""
     import shutil
@@ -252,6 +273,12 @@ def train_cell(study: Study, cell: Cell) -> dict:
                                                               if isinstance(v, (int, float))})
         if along:
             along.probe(trainer.module, result.steps)
+        test = _test(study)
+        if test is not None:  # the split no selection reads: what the page reports
+            from depthlab.train.runtime import evaluate
+
+            rec["test_loss"] = evaluate(trainer.module, test, cfg.data.seq_len, cfg.train.batch_size,
+                                        trainer.device, cfg.train.dtype)["val_loss"]
     except TrainingDiverged as e:
         rec.update(status="diverged", error=str(e), val_loss=math.inf, val={})
     finally:

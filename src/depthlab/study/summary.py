@@ -288,6 +288,8 @@ def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: i
         ra, rb = (_runs(records, v, L, best[v], seeds) for v in (a, b))
         probed = ra and rb and all(final_probe(r) for r in [*ra.values(), *rb.values()])
         row["delta_probe_loss"] = paired(ra, rb, lambda r: final_probe(r)["probe_loss"]) if probed else {}
+        tested = ra and rb and all("test_loss" in r for r in [*ra.values(), *rb.values()])
+        row["delta_test_loss"] = paired(ra, rb, lambda r: r["test_loss"]) if tested else {}  # the unselected split
         row["mechanisms"] = mechanisms(ra, rb, L) if probed else {}
         depths.append(row)
     groups = sorted({(r["layers"], r["lr"]) for r in records.values() if r["variant"] in parts[2:]})
