@@ -397,6 +397,9 @@ CASES = [
     ("train-data-dev-null", TRAIN + " --data /dev/null", "is not a regular file or a folder"),
     ("eval-data-dev-null", "eval {run} --data /dev/null", "is not a regular file or a folder"),
     ("train-data-two-lines", TRAIN + " --data {small}", "need at least 11"),
+    ("eval-seq-len-on-vit", "eval {vit} --seq-len 8", "--seq-len does not apply to a ViT"),
+    ("analyze-tokens-on-vit", "analyze {vit} --tokens 100 --out {tmp}/o", "--tokens is a language model's"),
+    ("analyze-windows-on-vit", "analyze {vit} --windows 3 --out {tmp}/o", "--windows is a language model's"),
     # issue 34 items 5-7, 9, 11: metadata and token files that were changed after they were written, MMLU and
     # JSON text inputs that would drop subjects or records unseen
     ("eval-checkpoint-meta-edited", "eval {meta_edited_ckpt}", "meta.json does not match its checksum"),

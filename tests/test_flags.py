@@ -217,3 +217,19 @@ def test_prune_of_a_vit_names_the_model_not_a_temporary_export(tmp_path, capsys)
     line = one_error_line(capsys)
     assert f"{tmp_path / 'vit'} is a ViT (an image classifier)" in line and "tmp" not in line.replace(
         str(tmp_path), "")
+
+
+@pytest.mark.parametrize("scheme", ["pre", "lns", "mixln", "layerscale", "deepnorm"])
+def test_the_plan_counts_every_parameter_from_two_blocks(scheme):
+    from depthlab.model import build_model
+    from depthlab.train.plan import memory_plan
+
+    cfg = apply_overrides(Config(), [f"model.norm_scheme={scheme}", "model.n_layers=7"])
+    with torch.device("meta"):
+        exact = sum(p.numel() for p in build_model(cfg.model, init=False).parameters())
+    assert memory_plan(cfg, 1)["layout"]["params"] == exact
+
+
+def test_a_dry_run_of_a_million_blocks_is_a_plan_not_a_hang(capsys):
+    assert main(["train", "--dry-run", "--set", "model.n_layers=1000000"]) == 0
+    assert "1 rank(s)" in capsys.readouterr().out

@@ -156,6 +156,8 @@ def cmd_eval(args) -> None:
             print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
         return
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
+        if args.seq_len is not None:  # else dropped without a word
+            raise UserError("--seq-len does not apply to a ViT: each image is one sequence of patch tokens")
         return eval_images(loaded, args.data, args.batch_size, device)
     eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device, progress=not args.no_progress)
 

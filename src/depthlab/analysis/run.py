@@ -119,6 +119,9 @@ def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Ba
 def _image_batches(req: Request, loaded: LayeredModel) -> tuple[list[ImageBatch], dict]:
     if req.seq_len is not None:
         raise UserError("--seq-len does not apply to a ViT: each image is one sequence of patch tokens")
+    if req.tokens != Request.tokens or req.windows is not None:  # else dropped without a word
+        raise UserError(f"{'--windows' if req.windows is not None else '--tokens'} is a language model's calibration "
+                        "size; a ViT's is --images")
     batches, source = image_batches(loaded.cfg, loaded.meta, req.data, req.images, req.batch_size, req.device)
     return batches, {"source": source, "images": sum(len(b.labels) for b in batches), "batch_size": req.batch_size}
 

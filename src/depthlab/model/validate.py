@@ -6,6 +6,7 @@ only one family checks is that family's `check` (depthlab.model.families).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from depthlab.config import LORA_TARGETS, Config, DataConfig, ModelConfig, TrainConfig
@@ -34,9 +35,10 @@ def _check_lora(cfg: Config) -> None:
 
     lora = cfg.train.lora
     modules = [LORA_TARGETS[t.removesuffix("_proj")] for t in lora.targets if t.removesuffix("_proj") in LORA_TARGETS]
-    if lora.rank > 0 and modules:
+    if lora.rank > 0 and modules:  # every block's projections have the first two's shapes
         with torch.device("meta"):
-            check_lora_rank(build_model(cfg.model, init=False), lora.rank, modules)
+            model = build_model(dataclasses.replace(cfg.model, n_layers=min(cfg.model.n_layers, 2)), init=False)
+        check_lora_rank(model, lora.rank, modules)
 
 
 def check_lora_rank(model, rank: int, modules: list[str]) -> None:
