@@ -106,15 +106,13 @@ def main(argv=None) -> None:
             s.reuse, s.meta["reuses"] = [str(DEPTH / "runs.jsonl")], DEPTH.name  # its cells are not trained again
         for name in a.phases if a.cmd == "run" else []:
             run_phase(s, name, a)
-    from benchmarks.results_page import own_best_lines
-    from benchmarks.study_report import along_table, cell_tables
-    from depthlab.study.records import load_records
-    from depthlab.study.summary import lns_study
+    from benchmarks import results_page as page, study_report as report
+    from depthlab.study import records as rec, summary
 
-    records = load_records(Path(a.out) / "runs.jsonl")
-    tables = along_table(records) if "along" in a.phases else own_best_lines(
-        lns_study(records, list(PARTS), list(UNSTABLE), a.ref_depth))
-    print("\n".join(tables + cell_tables(Path(a.out))))
+    records = rec.load_records(Path(a.out) / "runs.jsonl")
+    tables = report.along_table(records) if "along" in a.phases else page.own_best_lines(
+        summary.lns_study(records, list(PARTS), list(UNSTABLE), a.ref_depth))
+    print("\n".join(tables + report.cell_tables(Path(a.out))))
 
 
 if __name__ == "__main__":

@@ -172,8 +172,8 @@ def _rate(lr: float | None) -> str:
 
 
 def stability_lines(res: dict) -> list[str]:
-    from benchmarks import study_report
     from benchmarks.results_page import _grid, said
+    from depthlab.study import figures
 
     if not res["stability"]:
         return []
@@ -187,7 +187,7 @@ def stability_lines(res: dict) -> list[str]:
         out.append(f"| {v} | {_grid(s)} | {_rate(s['best_lr'])} | "
                    f"{said(vs.get('pre', {}))} | {said(vs['lns']) if 'lns' in vs else '-'} |")
     vocab = (load(RESULTS / "lns_study" / "settings.json") or {}).get("meta", {}).get("vocab", 2048)
-    if study_report.plot_rates(res, IMG / "lns_study_rates.png", vocab):
+    if figures.plot_rates(res, IMG / "lns_study_rates.png", vocab):
         out += ["", "![Final loss against learning rate, by depth and scheme](img/lns_study_rates.png)", "",
                 "Final validation loss against learning rate, seed 0 (large marker: each curve's best rate; dotted: "
                 "the unigram loss, what a model of token frequencies alone reaches; a run ending there has diverged "
@@ -197,6 +197,7 @@ def stability_lines(res: dict) -> list[str]:
 
 def along_lines() -> list[str]:
     from benchmarks import study_report
+    from depthlab.study import figures
 
     records = load_records_of("lns_study_along")
     out = ["## 6. The curse along training (one seed per pair)", ""]
@@ -205,7 +206,7 @@ def along_lines() -> list[str]:
     command = (load(RESULTS / "lns_study_along" / "settings.json") or {}).get("command", "?")
     out += [f"Made by `{command}`. Each pair is one seed, so no pair gives a verdict: the table shows how the gap "
             "and both indices move, for the next study to test with seeds.", ""]
-    if study_report.plot_along(records, IMG / "lns_study_along_along.png"):
+    if figures.plot_along(records, IMG / "lns_study_along_along.png"):
         out += study_report.along_table(records) + ["![Δ and the curse index along training](img/lns_study_along_"
                                                     "along.png)", ""]
     return out + along_not_run(records)

@@ -4,9 +4,9 @@ library from the records (the rule: depthlab.study.verdicts)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
+from depthlab.study import figures
 from depthlab.study.claims import CLAIM_TEXT, claims_table, decomposition
 from depthlab.study.stats import interval, pvalue, spread
 from depthlab.study.summary import MECHANISMS
@@ -37,20 +37,12 @@ def _Ns(xs) -> str:
     return ", ".join(str(x) for x in xs) or "none"
 
 
-def _profile(res: dict, p: dict) -> str:
+def _profile(p: dict) -> str:
     """Deep/shallow removal ratio and last-block variance of pre, lns and gain-init at one decomposition cell."""
-    g = next(g for g in res["parts"] if (g["layers"], g["lr"]) == (p["layers"], p["lr"]))["variants"]
-    part = lambda v, k, q: g[v].get(q, {}).get(k, {}).get("mean", math.nan)  # noqa: E731
+    q = p["profile"]
     return (f"lr {p['lr']:g}: deep/shallow removal " + ", ".join(
-        f"{v} {part(v, 'removal_deep_over_shallow', 'index'):.2f}" for v in ("pre", "lns", "pre+gain_init"))
-        + "; last-block variance " + ", ".join(f"{v} {part(v, 'last_var', 'quantities'):.0f}"
-                                               for v in ("pre", "lns", "pre+gain_init")))
-
-
-def _nearer_lns(res: dict, p: dict) -> bool:
-    g = next(g for g in res["parts"] if (g["layers"], g["lr"]) == (p["layers"], p["lr"]))["variants"]
-    x = {v: g[v]["index"]["removal_deep_over_shallow"]["mean"] for v in ("pre", "lns", "pre+gain_init")}
-    return abs(x["pre+gain_init"] - x["lns"]) < abs(x["pre+gain_init"] - x["pre"])
+        f"{v} {x['removal_deep_over_shallow']:.2f}" for v, x in q.items()) + "; last-block variance "
+        + ", ".join(f"{v} {x['last_var']:.0f}" for v, x in q.items()))
 
 
 def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict], equal_rate: list[dict],
@@ -89,9 +81,9 @@ def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict],
             f"N = {p['layers']}, lr {p['lr']:g}: {said(p['gain_init_vs_lns']['comparison'])}, TOST ±"
             f"{EQUIVALENCE_MARGIN} nats p {pvalue(p['gain_init_vs_lns']['p'])}: "
             f"*{p['gain_init_vs_lns']['verdict']}*" for p in eq) + "."
-        near = all(_nearer_lns(res, p) for p in eq)
+        near = all(p["gain_init_nearer_lns"] for p in eq)
         why += (" Its final models sit nearer LNS's than Pre-LN's (" if near else " Its final models (") + "; ".join(
-            _profile(res, p) for p in eq) + (") - so matching LNS's loss cannot separate an optimisation effect from "
+            _profile(p) for p in eq) + (") - so matching LNS's loss cannot separate an optimisation effect from "
                                              "curse-lifting." if near else ").")
     lines.append(why)
     ratio = ", ".join(f"{tpp[L]:.1f}" for L in sorted(tpp))
@@ -223,64 +215,11 @@ def decomposition_lines(res: dict, parts: list[dict]) -> list[str]:
     return out + ["![Each part of LNS against Pre-LN, with 95% t-intervals](img/lns_decomposition.png)", ""]
 
 
-def plot_own_best(res: dict, path: Path) -> bool:
-    """Own-best Δ by depth: each seed grey, the mean with its 95% t-interval, the pooled mean as a band."""
-    from benchmarks.study_report import _plt
-
-    done = [d for d in res["depths"] if d["delta_val_loss"].get("n")]
-    if not done:
-        return False
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    Ls = [d["layers"] for d in done]
-    for d in done:
-        ax.scatter([d["layers"]] * d["delta_val_loss"]["n"], d["delta_val_loss"]["per_seed"], color="0.6", s=12)
-    ms = [d["delta_val_loss"]["mean"] for d in done]
-    err = [[m - (d["delta_val_loss"]["ci"][0] if math.isfinite(d["delta_val_loss"]["ci"][0]) else m) for m, d in
-            zip(ms, done, strict=True)], [(d["delta_val_loss"]["ci"][1] if math.isfinite(d["delta_val_loss"]["ci"][1])
-                                           else m) - m for m, d in zip(ms, done, strict=True)]]
-    ax.errorbar(Ls, ms, yerr=err, fmt="o", capsize=4, color="k", label="mean, 95% t-interval")
-    p = pooled([d["delta_val_loss"] for d in done])
-    ax.axhspan(*p["ci"], color="tab:orange", alpha=0.25, label=f"pooled {p['mean']:+.3f}, n = {p['n']}")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set(xscale="log", xlabel="blocks N", ylabel="val loss, lns − pre (nats)",
-           title="each scheme at its own best rate")
-    ax.set_xticks(Ls, [str(x) for x in Ls])
-    ax.xaxis.set_minor_locator(plt.NullLocator())
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_decomposition(res: dict, parts: list[dict], path: Path) -> bool:
-    from benchmarks.study_report import _plt
-
-    if not parts:
-        return False
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(parts), figsize=(4.5 * len(parts), 3.4), squeeze=False)
-    for ax, p in zip(axes[0], parts, strict=True):
-        names = list(p["against_pre"])
-        cs = [p["against_pre"][v] for v in names]
-        lo = [c["mean"] - c["ci"][0] if math.isfinite(c["ci"][0]) else 0 for c in cs]
-        hi = [c["ci"][1] - c["mean"] if math.isfinite(c["ci"][1]) else 0 for c in cs]
-        ax.bar(range(len(names)), [c["mean"] for c in cs], yerr=[lo, hi], capsize=4, color="tab:blue")
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
-        ax.set(title=f"N = {p['layers']}, lr {p['lr']:g}", ylabel="val loss, variant − pre (nats)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def science(res: dict, unigram: float | None, matched: list[dict], equal_rate: list[dict], rerun: dict,
             tpp: dict[int, float], val_tokens: int, img: Path) -> list[str]:
     """The first screen, the claims table and sections 1-4 (figures written into img)."""
     table, parts = claims_table(res, unigram), decomposition(res)
-    plot_own_best(res, img / "lns_own_best.png")
-    plot_decomposition(res, parts, img / "lns_decomposition.png")
+    figures.plot_own_best(res, img / "lns_own_best.png")
+    figures.plot_decomposition(res, parts, img / "lns_decomposition.png")
     return (first_screen(res, table, matched, parts, equal_rate, rerun, tpp, val_tokens) + claims_lines(table)
             + own_best_lines(res) + matched_lines(matched) + mechanism_lines(res) + decomposition_lines(res, parts))

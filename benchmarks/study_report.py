@@ -7,7 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from depthlab.study.records import final_probe, load_records, upgrade
+from depthlab.study import figures
+from depthlab.study.records import load_records, upgrade
 from depthlab.study.stats import mean_std, spread
 from depthlab.study.summary import MECHANISMS, lm_study, vit_study
 
@@ -34,15 +35,6 @@ def settings_of(out: Path) -> dict | None:
     return {**s["meta"], "command": s.get("command", "")} if "meta" in s else s
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 # ---------------------------------------------------------------------------------------------------- depth study
 def write_depth(out: Path) -> dict | None:
     s = settings_of(out)
@@ -51,76 +43,9 @@ def write_depth(out: Path) -> dict | None:
     raw = load_records(out / "runs.jsonl")
     res = lm_study(raw, s)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-    plot_depth(res, {k: upgrade(r) for k, r in raw.items()}, out)
+    figures.plot_depth(res, {k: upgrade(r) for k, r in raw.items()}, out)
     print(f"wrote {out / 'results.json'}")
     return res
-
-
-def plot_depth(res: dict, records: dict, out: Path) -> None:
-    depths = [d for d in res["depths"] if d["seeds"]]
-    if not depths:
-        return
-    plt = _plt()
-    Ls = [d["layers"] for d in depths]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    a, b, c = axes
-    for d in depths:
-        a.scatter([d["layers"]] * len(d["delta_val_loss"]["per_seed"]), d["delta_val_loss"]["per_seed"], color="0.6",
-                  s=12, zorder=2)
-    ci = [d["delta_val_loss"]["ci"] for d in depths]
-    means = [d["delta_val_loss"]["mean"] for d in depths]
-    a.errorbar(Ls, means, yerr=[[m - lo if math.isfinite(lo) else 0 for m, (lo, _) in zip(means, ci, strict=True)],
-                                [hi - m if math.isfinite(hi) else 0 for m, (_, hi) in zip(means, ci, strict=True)]],
-               marker="o", capsize=4, zorder=3)
-    a.axhline(0, color="k", lw=0.8)
-    a.set(title="val loss, lns − pre at one shared rate per scheme\n(seeds grey, 95% t-interval)", ylabel="nats")
-    for v, style in (("pre", "o-"), ("lns", "s--")):
-        b.errorbar(Ls, [d[v]["index"]["inert_fraction"]["mean"] for d in depths],
-                   yerr=[d[v]["index"]["inert_fraction"]["std"] for d in depths], fmt=style, capsize=3, label=v)
-        c.errorbar(Ls, [d[v]["index"]["removal_deep_over_shallow"]["mean"] for d in depths],
-                   yerr=[d[v]["index"]["removal_deep_over_shallow"]["std"] for d in depths], fmt=style, capsize=3,
-                   label=v)
-    b.set(title="curse index: interior inert fraction", ylim=(-0.05, 1.05))
-    c.set(title="removal cost, deep / shallow interior")
-    c.axhline(1, color="k", lw=0.8)
-    for ax in axes:
-        ax.set(xscale="log", xlabel="blocks N")
-        ax.set_xticks(Ls, [str(x) for x in Ls])
-        ax.xaxis.set_minor_locator(plt.NullLocator())  # minor log labels overlapped the depth ticks
-    b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "delta_and_index_by_depth.png", dpi=110)
-    plt.close(fig)
-    plot_profiles(res, records, out, plt)
-
-
-def plot_profiles(res: dict, records: dict, out: Path, plt) -> None:
-    """Per-block update ratio, removal cost and angular distance of seed 0's final models, by relative depth."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for d in res["depths"]:
-        L = d["layers"]
-        for v, style in (("pre", "-"), ("lns", "--")):
-            r = records.get(f"{v}-L{L}-lr{res['best_lr'][v]:g}-seed0") if res["best_lr"][v] else None
-            p = final_probe(r) if r else None
-            if not p:
-                continue
-            x = [(i + 1) / L for i in range(L)]
-            for ax, key in zip(axes, ("update_ratio", "removal", "angular_last" if "angular_last" in p
-                                      else "angular_all"), strict=True):
-                ax.plot(x, p[key], style, label=f"{v} N={L}")
-    for ax, title in zip(axes, ("update ratio ||dh|| / ||h||", "loss increase when the block is removed",
-                                "adjacent angular distance"), strict=True):
-        ax.set(xlabel="block l / N", title=title, yscale="log")
-    axes[1].set_yscale("symlog", linthresh=1e-3)  # a removal can lower the loss: log where positive, linear near 0
-    axes[0].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "profiles_by_depth.png", dpi=110)
-    plt.close(fig)
-
-
-def _ci(c: dict, key: str) -> str:
-    ci = c.get(f"{key}_ci")
-    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
 
 
 def _per_seed(xs) -> str:
@@ -248,15 +173,7 @@ def write_vit(out: Path) -> dict | None:
     res = vit_study(load_records(out / "runs.jsonl"), s, "pre", s.get("direction") or
                     {"lns-norm": "worse", "lns-branch": "better"})
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
-    plt = _plt()
-    fig, a = plt.subplots(1, 1, figsize=(6, 3.8))
-    for v, g in res["grid"].items():
-        a.plot([float(x) for x in g], [c["loss"] for c in g.values()], "o-", label=v)
-    a.set(xscale="log", xlabel="learning rate", ylabel="validation loss (seed 0)", title="ViT rate grid")
-    a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "vit_study.png", dpi=110)
-    plt.close(fig)
+    figures.plot_vit(res, out / "vit_study.png")
     print(f"wrote {out / 'results.json'}")
     return res
 
@@ -343,65 +260,3 @@ def along_table(records: dict) -> list[str]:
     return lines
 
 
-def plot_along(records: dict, path: Path) -> bool:
-    """Δ probe loss and both schemes' curse index against training tokens, one column per (depth, rate)."""
-    from depthlab.study.summary import along_pairs
-
-    pairs = along_pairs(records)
-    if not pairs:
-        return False
-    plt = _plt()
-    fig, axes = plt.subplots(2, len(pairs), figsize=(4.2 * len(pairs), 6), squeeze=False)
-    for col, a in enumerate(pairs):
-        t = [p["tokens"] / 1e6 for p in a["probes"]]
-        top, bottom = axes[0][col], axes[1][col]
-        top.plot(t, [p["delta"] for p in a["probes"]], "o-", color="k")
-        top.axhline(0, color="grey", lw=0.5)
-        top.set(title=f"N={a['layers']}, lr {a['lr']:g}", ylabel="Δ probe loss (lns − pre)")
-        for v, c in (("pre", "tab:blue"), ("lns", "tab:orange")):
-            bottom.plot(t, [p[f"{v}_inert_fraction"] for p in a["probes"]], "o-", color=c, label=f"{v} inert fraction")
-            bottom.plot(t, [p[f"{v}_removal_deep_over_shallow"] for p in a["probes"]], "s--", color=c,
-                        label=f"{v} removal deep/shallow")
-        bottom.set(xlabel="training tokens (M)", ylabel="curse index")
-        bottom.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_rates(res: dict, path: Path, vocab: int) -> bool:
-    """Final validation loss against learning rate (seed 0): pre and lns at each depth, one panel per depth, and
-    every stability scheme at the reference depth beside pre and lns, with the unigram loss (res["unigram_loss"],
-    the paper's divergence) dotted and ln V dashed. The best rate of each curve is the filled marker.
-    res: depthlab.study.summary.lns_study()."""
-    if not res["depths"]:
-        return False
-    plt = _plt()
-    panels = [(f"N = {d['layers']}", d["grids"]) for d in res["depths"]]
-    ref = {d["layers"]: d["grids"] for d in res["depths"]}.get(res["ref_depth"], {})
-    if res["stability"]:
-        panels.append((f"N = {res['ref_depth']}, every scheme", {**ref, **res["stability"]}))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), squeeze=False)
-    for ax, (title, grids) in zip(axes[0], panels):
-        rates = sorted({float(lr) for g in grids.values() for lr in g["grid"]})
-        for v, g in grids.items():
-            lrs = [float(lr) for lr in g["grid"]]
-            line, = ax.plot(lrs, [min(x, 1.1 * math.log(vocab)) for x in g["grid"].values()], "o-", label=v, ms=4)
-            if g.get("best_lr") is not None:
-                ax.plot([g["best_lr"]], [g["grid"][f"{g['best_lr']:g}"]], "o", color=line.get_color(), ms=9)
-        if any(x > math.log(vocab) - 1 for g in grids.values() for x in g["grid"].values()):
-            ax.axhline(math.log(vocab), color="grey", ls="--", lw=0.8)  # only where a run came near it
-        if res.get("unigram_loss"):
-            ax.axhline(res["unigram_loss"], color="tab:red", ls=":", lw=1, label="unigram loss")
-        ax.set(xscale="log", title=title, xlabel="learning rate")
-        ax.set_xticks(rates, [f"{lr:g}" for lr in rates], minor=False, fontsize=7, rotation=45)
-        ax.xaxis.set_minor_locator(plt.NullLocator())
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("final validation loss (seed 0)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True

@@ -231,7 +231,7 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     assert printed.count("\n| 96 | ") == 1  # the along table: one row per probe, both schemes side by side
     assert "Verdict" not in printed  # one seed per along pair: no verdict
     assert json.loads((gpu / "settings.json").read_text())["ckpt_every"] == 2  # along cells resume after a kill
-    from benchmarks.study_report import plot_along
+    from depthlab.study.figures import plot_along
     from depthlab.study.records import load_records
 
     assert plot_along(load_records(gpu / "runs.jsonl"), tmp_path / "along.png")
@@ -243,8 +243,8 @@ def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
 def test_claim_5_reads_divergence_at_the_unigram_loss_on_the_rates_pre_trained_at(tmp_path):
     """Claim 5 is judged on rates where Pre-LN trained: a run ending at the unigram loss there is the paper's
     divergence; the rates figure draws the unigram line."""
-    from benchmarks.study_report import plot_rates
     from depthlab.study.claims import stability_rows
+    from depthlab.study.figures import plot_rates
 
     pre = {"grid": {"0.002": 2.5, "0.008": 2.4, "0.016": 9.0}, "diverged": [0.016], "best_lr": 8e-3, "edge": False}
     res = {"ref_depth": 24, "unigram_loss": 6.2, "depths": [{"layers": 24, "grids": {"pre": pre}}], "stability": {

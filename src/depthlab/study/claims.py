@@ -98,7 +98,14 @@ def decomposition(res: dict) -> list[dict]:
         lns, gi = (v.get(k, {}).get("delta_val_loss", {}) for k in ("lns", "pre+gain_init"))
         seeds = sorted(set(lns.get("b", {})) & set(gi.get("b", {})))
         eq = equivalent([gi["b"][s] - lns["b"][s] for s in seeds]) if seeds else None
-        out.append({"layers": g["layers"], "lr": g["lr"], "pre_reading": v.get("pre", {}).get("index", {})
+        profile = {k: {"removal_deep_over_shallow": v[k].get("index", {}).get("removal_deep_over_shallow", {})
+                       .get("mean"), "last_var": v[k].get("quantities", {}).get("last_var", {}).get("mean")}
+                   for k in ("pre", "lns", "pre+gain_init") if k in v}
+        x = {k: q["removal_deep_over_shallow"] for k, q in profile.items()}
+        nearer = len(x) == 3 and None not in x.values() and \
+            abs(x["pre+gain_init"] - x["lns"]) < abs(x["pre+gain_init"] - x["pre"])  # its index sits by LNS's
+        out.append({"profile": profile, "gain_init_nearer_lns": nearer,
+                    "layers": g["layers"], "lr": g["lr"], "pre_reading": v.get("pre", {}).get("index", {})
                     .get("reading", "unknown"), "against_pre": {k: r["delta_val_loss"] for k, r in v.items()
                                                                 if r.get("delta_val_loss", {}).get("n")},
                     "gain_init_vs_lns": eq})
