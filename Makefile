@@ -68,7 +68,7 @@ speed: install  # run alone: timings share the machine's cores
 	$(BENCH).train_speed --reps 1 --steps 1 --profile --dtype fp32 bf16 --out benchmarks/results/train_speed_profile.json
 	$(BENCH).train_speed --case deep-thin llama-71m --dtype fp32 --compile --no-optimizer-swap --reps 5 --steps 2 --out benchmarks/results/train_speed_compile.json
 
-results:  # docs/results.md from whatever result files exist
+results:  # docs/results.md (the studies) and docs/benchmarks.md (systems) from whatever result files exist
 	$(BENCH).report
 
 clean:
