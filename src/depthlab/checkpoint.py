@@ -333,9 +333,10 @@ def out_of_space(where: Path, e: BaseException) -> str | None:
     code = getattr(e, "errno", None)
     short = code is None and bool(_SHORT_WRITE.search(str(e)))
     free = _free_bytes(where)
-    if code in (errno.ENOSPC, errno.EDQUOT) or (short and free is not None and free < LOW_SPACE):
+    said = code is None and any(os.strerror(c) in str(e) for c in (errno.ENOSPC, errno.EDQUOT))  # in a wrapper's words
+    if code in (errno.ENOSPC, errno.EDQUOT) or said or (short and free is not None and free < LOW_SPACE):
         return f"the disk is full (no space left on the file system of {where}" + \
-            (f", {free / 1e6:.1f} MB free now)" if free is not None else ")")
+            (f", {free / 1e6:.1f} MB free now)" if free is not None and free < LOW_SPACE else ")")
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if code == errno.EFBIG or (short and limit != resource.RLIM_INFINITY):
         return "out of space: a file reached this process's file-size limit (ulimit -f" + \
