@@ -200,8 +200,9 @@ def load_golden(path: Path = FILE) -> dict:
 
 
 def check(names: list[str] | None = None, atol: float = 0.0, rtol: float = 0.0, steps: int = STEPS,
-          path: Path = FILE) -> list[str]:
-    """Today's code against the golden file's first `steps` steps: the problem lines (none: it trains the same)."""
+          extra: list[str] = (), path: Path = FILE) -> list[str]:
+    """Today's code against the golden file's first `steps` steps, with `extra` overrides (train.dtype=bf16 and a
+    tolerance, say): the problem lines (none: it trains the same)."""
     golden = load_golden(path)
     known = cases()
     names = names or list(known)
@@ -213,7 +214,7 @@ def check(names: list[str] | None = None, atol: float = 0.0, rtol: float = 0.0, 
         return problems
     if golden.get("base") != [f"{k}={v}" for k, v in BASE.items()] or golden.get("steps") != STEPS:
         return ["the base config changed since the file was made: regenerate it"]
-    got = run_cases(names, steps=steps)
+    got = run_cases(names, extra, steps)
     return compare_runs(got, {n: golden["cases"][n]["losses"][:steps] for n in names}, atol, rtol)
 
 
@@ -312,7 +313,9 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--rtol", type=float, default=0.0, help="relative tolerance on each loss (default 0)")
         return s
 
-    with_cases(sub.add_parser("check", help="today's code against tests/golden/losses.json (bitwise by default)"))
+    k = with_cases(sub.add_parser("check", help="today's code against tests/golden/losses.json (bitwise by default)"))
+    k.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override for every case (train.dtype=bf16 train.device=cuda, with a tolerance)")
     c = with_cases(sub.add_parser("compare", help="two commits (. is the working tree) or two configs"))
     c.add_argument("a", help="a commit, or . for the working tree")
     c.add_argument("b", help="a commit, or . for the working tree")
@@ -341,7 +344,7 @@ def _report(problems: list[str], what: str) -> int:
 def _command(args) -> int:
     if args.command == "check":
         tol = "bitwise" if not (args.atol or args.rtol) else f"atol {args.atol:g}, rtol {args.rtol:g}"
-        return _report(check(args.cases, args.atol, args.rtol, args.steps),
+        return _report(check(args.cases, args.atol, args.rtol, args.steps, args.set),
                        f"today's code against {FILE.name}, {args.steps} steps ({tol})")
     if args.command == "compare":
         names = args.cases or list(cases())
