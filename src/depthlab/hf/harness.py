@@ -176,7 +176,8 @@ def _built(manager, name: str, source: Path | None) -> list:
     where = f"task {name}" + (f" ({source})" if source else "")
     try:
         loaded = manager.load([name])
-    except (IndexError, KeyError, ValueError, TypeError) as e:  # building the task reads its first document
+    except (IndexError, KeyError, ValueError, TypeError, FileNotFoundError) as e:  # it reads its data files, and
+        # its first document
         hint = " (its first document's answer is beyond its choices)" if isinstance(e, IndexError) else ""
         raise UserError(f"lm-eval cannot build {where}: {type(e).__name__}: {e}{hint}") from None
     for task_name, task in loaded["tasks"].items():

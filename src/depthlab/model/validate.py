@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from depthlab.config import LORA_TARGETS, Config, DataConfig, ModelConfig, TrainConfig
+from depthlab.config import LORA_TARGETS, Config, DataConfig, LoraConfig, ModelConfig, TrainConfig
 from depthlab.model import depth
 from depthlab.model.families import FAMILIES, family_of, require
 from depthlab.model.init import INITS
@@ -26,19 +26,36 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def check_lora(lora: LoraConfig) -> None:
+    """One line for LoRA settings that cannot work (rank 0: LoRA is off and the rest is unused)."""
+    require(lora.rank >= 0, f"the LoRA rank must be a positive integer, got {lora.rank}")
+    if not lora.rank:
+        return
+    # inf scales every adapter's output to inf or NaN
+    require(math.isfinite(lora.alpha) and lora.alpha > 0, f"the LoRA alpha must be a positive finite number, got "
+            f"{lora.alpha}")
+    require(0 <= lora.dropout < 1, f"the LoRA dropout must be in [0, 1), got {lora.dropout}")
+    unknown = [t for t in lora.targets if t.removesuffix("_proj") not in LORA_TARGETS]
+    what = f"unknown LoRA target {unknown[0]!r}" if unknown else "no LoRA targets given"
+    require(not unknown and lora.targets, f"{what}; valid: {', '.join(LORA_TARGETS)} (the block's projections "
+            "q_proj ... down_proj)")
+    require(len({t.removesuffix("_proj") for t in lora.targets}) == len(lora.targets),
+            f"LoRA target given twice: {', '.join(lora.targets)}")
+
+
 def _check_lora(cfg: Config) -> None:
-    """The LoRA rank against the widths of the layers it adapts, on the model built without memory (the meta
-    device), before any data or weights are read. depthlab.train.lora checks the rest of train.lora."""
+    """train.lora, and its rank against the widths of the layers it adapts, on the model built without memory
+    (the meta device), before any data or weights are read."""
     import torch
 
     from depthlab.model.transformer import build_model
 
     lora = cfg.train.lora
-    modules = [LORA_TARGETS[t.removesuffix("_proj")] for t in lora.targets if t.removesuffix("_proj") in LORA_TARGETS]
-    if lora.rank > 0 and modules:  # every block's projections have the first two's shapes
+    check_lora(lora)
+    if lora.rank > 0:  # every block's projections have the first two's shapes
         with torch.device("meta"):
             model = build_model(dataclasses.replace(cfg.model, n_layers=min(cfg.model.n_layers, 2)), init=False)
-        check_lora_rank(model, lora.rank, modules)
+        check_lora_rank(model, lora.rank, [LORA_TARGETS[t.removesuffix("_proj")] for t in lora.targets])
 
 
 def check_lora_rank(model, rank: int, modules: list[str]) -> None:

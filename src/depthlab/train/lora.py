@@ -20,14 +20,13 @@ save and resume).
 from __future__ import annotations
 
 import importlib.util
-import math
 
 import torch
 
 from depthlab import UserError
 from depthlab.config import LORA_TARGETS, LoraConfig
 from depthlab.loading import LORA_A as _A, plain_weights  # noqa: F401 (plain_weights: the trainer's name for it)
-from depthlab.model.validate import check_lora_rank
+from depthlab.model.validate import check_lora, check_lora_rank  # noqa: F401 (check_lora: the trainer's name)
 
 TARGETS = LORA_TARGETS  # --lora-targets name -> the projection in a depthlab block
 ADAPTER = "default"  # peft's name for the one adapter
@@ -36,24 +35,6 @@ ADAPTER = "default"  # peft's name for the one adapter
 def target_modules(lora: LoraConfig) -> list[str]:
     """The depthlab module suffixes the targets name (q or q_proj: attn.q_proj)."""
     return [TARGETS[t.removesuffix("_proj")] for t in lora.targets]
-
-
-def check_lora(lora: LoraConfig) -> None:
-    """One line for LoRA settings that cannot work (rank 0: LoRA is off and the rest is unused)."""
-    if lora.rank < 0:
-        raise UserError(f"the LoRA rank must be a positive integer, got {lora.rank}")
-    if not lora.rank:
-        return
-    if not (math.isfinite(lora.alpha) and lora.alpha > 0):  # inf scales every adapter's output to inf or NaN
-        raise UserError(f"the LoRA alpha must be a positive finite number, got {lora.alpha}")
-    if not 0 <= lora.dropout < 1:
-        raise UserError(f"the LoRA dropout must be in [0, 1), got {lora.dropout}")
-    unknown = [t for t in lora.targets if t.removesuffix("_proj") not in TARGETS]
-    if unknown or not lora.targets:
-        what = f"unknown LoRA target {unknown[0]!r}" if unknown else "no LoRA targets given"
-        raise UserError(f"{what}; valid: {', '.join(TARGETS)} (the block's projections q_proj ... down_proj)")
-    if len(set(target_modules(lora))) < len(lora.targets):
-        raise UserError(f"LoRA target given twice: {', '.join(lora.targets)}")
 
 
 def require_peft() -> None:
