@@ -76,12 +76,13 @@ def load_text(cfg: Config) -> tuple[list[Document], str, ReadReport | None]:
     return docs, f"built-in corpus: {len(docs)} Python source files ({d.builtin_mb:g} MB)", None
 
 
-def _prepared_data(paths: list[str], wanted: Tokenizer | None) -> TokenData:
-    """A prepared directory's memory-mapped splits; `wanted`, if given, must be the tokenizer it was made with."""
+def _prepared_data(paths: list[str], wanted: Tokenizer | None, check: tuple[str, ...] | None = None) -> TokenData:
+    """A prepared directory's memory-mapped splits; `wanted`, if given, must be the tokenizer it was made with;
+    `check`: the splits the caller reads, checked against their checksums (None: all)."""
     if len(paths) != 1:
         raise UserError(f"give one prepared-data directory, or raw files only; got {describe_inputs(paths)}")
     path = paths[0]
-    index, tok, arrays = load_prepared(path)
+    index, tok, arrays = load_prepared(path, check)
     if wanted is not None and tokenizer_hash(wanted) != index["tokenizer_hash"]:
         raise UserError(f"{path} was prepared with tokenizer {index['tokenizer_hash']}, not the requested "
                         f"{tokenizer_hash(wanted)}; prepare the data again with that tokenizer")
@@ -124,7 +125,7 @@ def eval_tokens(paths: list[str], tokenizer: Tokenizer, text_field: str = "text"
     """Tokens to evaluate a model on: a prepared directory's validation split (made with `tokenizer`), or raw
     files packed now with `tokenizer`; and a one-line description."""
     if any(is_prepared(p) for p in paths):
-        data = _prepared_data(paths, tokenizer)
+        data = _prepared_data(paths, tokenizer, check=("val",))
         return data.val, f"the validation split of {data.source}"
     check_line_lengths(expand(paths))
     docs, report = read_documents(paths, text_field=text_field)

@@ -32,8 +32,11 @@ def is_prepared(path: str | Path) -> bool:
 
 
 
-def load_prepared(path: str | Path) -> tuple[dict, Tokenizer, dict[str, np.ndarray]]:
-    """(index, tokenizer, {split: memory-mapped tokens}) of a prepared directory; UserError if it is not one."""
+def load_prepared(path: str | Path, check: tuple[str, ...] | None = None) -> tuple[dict, Tokenizer,
+                                                                                  dict[str, np.ndarray]]:
+    """(index, tokenizer, {split: memory-mapped tokens}) of a prepared directory; UserError if it is not one, or
+    if a split in `check` (None: every split) is not what was prepared (_check_tokens): a caller that reads only
+    some splits (eval: the validation split) checks only those."""
     path = Path(path)
     if not (path / INDEX).is_file():
         if (path / WORK / PLAN).is_file():
@@ -54,7 +57,8 @@ def load_prepared(path: str | Path) -> tuple[dict, Tokenizer, dict[str, np.ndarr
         file = path / info["file"]
         if not file.is_file() or file.stat().st_size != info["tokens"] * np.dtype(index["dtype"]).itemsize:
             raise UserError(f"{file} is missing or does not hold the {info['tokens']} tokens the index lists")
-        _check_tokens(file, np.dtype(index["dtype"]), info.get("sha256"), tok.get_vocab_size())
+        if check is None or split in check:
+            _check_tokens(file, np.dtype(index["dtype"]), info.get("sha256"), tok.get_vocab_size())
         arrays[split] = np.memmap(file, dtype=index["dtype"], mode="r")
     if not any(info.get("sha256") for info in index["splits"].values()):
         _note_unsealed(path)

@@ -124,7 +124,7 @@ def _decode(raw: bytes, where: str) -> str:
     if b"\x00" in raw[:8192]:
         raise BadFile("binary file (NUL bytes)")
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # -sig: a byte-order mark (Excel, Notepad) is not text, nor a JSON error
     except UnicodeDecodeError as e:
         raise BadFile(f"not valid UTF-8 ({where}byte {e.start})") from None
 
