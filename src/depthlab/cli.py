@@ -14,7 +14,8 @@ from pathlib import Path
 from depthlab import UserError, __version__
 
 # Packages that add their own subcommands: each module has `add_commands(subparsers)`.
-COMMAND_MODULES: tuple[str, ...] = ("depthlab.data.cli", "depthlab.hf.cli", "depthlab.analysis.cli")
+COMMAND_MODULES: tuple[str, ...] = ("depthlab.data.cli", "depthlab.hf.cli", "depthlab.analysis.cli",
+                                     "depthlab.analysis.coordcheck")
 
 EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set model.n_layers=24 --set train.lr=2e-3"
 

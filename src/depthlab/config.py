@@ -55,9 +55,9 @@ class ModelConfig:
     # one norm only (attn_only, mlp_only; docs/method.md)
     # (branch: h + l^(-p) F(Norm(h)), the paper's best placement for ViT)
     norm_gain_init: str = "1"  # 1 | depth: block l's norm gains start at l^(-lns_power) (LNS's scale, as a gain) |
-    # uniform: every block's gains start at norm_gain_const (docs/method.md section 8)
+    # uniform: every block's gains start at norm_gain_const (docs/method.md section 5)
     norm_gain_const: float = 0.0  # norm_gain_init=uniform: the constant; 0: the mean over l of l^(-lns_power)
-    # depth parameterizations (depthlab.model.depth; docs/method.md section 8)
+    # depth parameterizations (depthlab.model.depth; docs/method.md section 5)
     depth_alpha: float = 0.0  # each branch times (n_layers / depth_base)^(-alpha): 1 CompleteP, 0.5 depth-muP, 0 off
     depth_base: int = 0  # L_base, the depth whose tuned rate is to carry over (needed with depth_alpha)
     prores_steps: int = 0  # ProRes: block l's branches ramp linearly from 0 to 1 over its first l * prores_steps steps

@@ -9,7 +9,7 @@
 The multipliers are constants of the residual add (depthlab.model.llama.Residual) and fold into the branch's output
 projection at export; the ProRes ramp is a buffer the optimizer advances after each step (train.optim), kept in
 checkpoints so that a run resumes, evaluates and exports at the point of the warm-up where it stopped.
-Formulas, sources and when to use which: docs/method.md section 8.
+Formulas, sources and when to use which: docs/method.md section 5.
 """
 
 from __future__ import annotations

@@ -1,0 +1,186 @@
+"""The depth coordinate check (`depthlab coord-check`): does a parameterization keep training's effect on the
+activations the same at every depth?
+
+For each depth L in --depths and each seed, a model of the user's config with n_layers = L trains --steps Adam steps
+at the config's peak rate, held constant (no warm-up or decay: the check is about the first steps at that rate).
+After every step a fixed probe batch from the validation split is run and each block's output h_l is compared with
+its value at initialisation:
+
+    update   RMS(h_l(t) - h_l(0))               how far training has moved block l's output (its coordinates)
+    ratio    ||h_l - h_(l-1)|| / ||h_(l-1)||    the block's own relative update of the stream (depthlab.metrics)
+    rms      RMS(h_l(t))                         the activation scale
+
+A depth-stable parameterization (CompleteP, arXiv 2505.01618) gives flat lines against L: what training does to
+the last block's output neither grows nor shrinks with depth. `depth_slope` is the number the test and the figure
+read: the least-squares slope of log(update of the last block) against log(L) at the last step, over all seeds;
+near 0 is flat. (The ratio falls with depth under every parameterization: it is each block's share of a stream
+that L blocks write.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+RECORDS = "coord_check.jsonl"
+QUANTITIES = {"update": "last block: change since init  RMS(h(t) - h(0))",
+              "ratio": "last block: relative update  ||h_L - h_(L-1)|| / ||h_(L-1)||",
+              "rms": "last block: activation RMS"}
+
+
+def coord_check(cfg, depths: list[int], seeds: int, steps: int, name: str, probe_batch: int = 8) -> list[dict]:
+    """One record per (depth, seed, step 0..steps) for config `cfg` (depthlab.config.Config), each with the
+    per-block lists of QUANTITIES. The data is loaded once, for every depth."""
+    from depthlab.data.dataset import PackedSampler, build_token_data, gather_windows
+    from depthlab.model import build_model
+    from depthlab.model.validate import validate
+    from depthlab.train.optim import clip_gradients, make_optimizer
+    from depthlab.train.runtime import seed_everything
+
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    data = build_token_data(cfg)
+    seq = cfg.data.seq_len
+    n_probe = max(1, min(probe_batch, (len(data.val) - 1) // seq))
+    probe, _ = gather_windows(data.val, torch.arange(n_probe).numpy(), seq)
+    records = []
+    for depth in depths:
+        run = replace(cfg, model=replace(cfg.model, n_layers=depth))
+        validate(run)
+        for seed in range(seeds):
+            seed_everything(seed)
+            model = build_model(run.model)
+            opt = make_optimizer(model, run.train, run.model.lns_power)
+            sampler = PackedSampler(data.train, seq, run.train.batch_size, seed)
+            start = _hidden(model, probe)
+            for step in range(steps + 1):
+                if step:
+                    x, y = sampler.next_batch()
+                    model(x, targets=y).backward()
+                    clip_gradients(model, run.train, run.model.lns_power)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                records.append({"name": name, "depth": depth, "seed": seed, "step": step,
+                                **_measure(start, _hidden(model, probe))})
+    return records
+
+
+@torch.no_grad()
+def _hidden(model, probe: torch.Tensor) -> list[torch.Tensor]:
+    """The residual stream before the first block and after each block (none final-normed)."""
+    return model(probe, return_hidden=True)[1]
+
+
+def _measure(start: list[torch.Tensor], now: list[torch.Tensor]) -> dict[str, list[float]]:
+    from depthlab.metrics import token_update_ratio
+
+    blocks = range(1, len(now))
+    rms = lambda t: t.float().pow(2).mean().sqrt().item()  # noqa: E731
+    return {"update": [rms(now[l] - start[l]) for l in blocks],
+            "ratio": [token_update_ratio(now[l - 1], now[l]).mean().item() for l in blocks],
+            "rms": [rms(now[l]) for l in blocks]}
+
+
+def depth_slope(records: list[dict], quantity: str = "update") -> float:
+    """Least-squares slope of log(quantity of the last block) against log(depth) at each run's last step."""
+    last = max(r["step"] for r in records)
+    pts = [(math.log(r["depth"]), math.log(max(r[quantity][-1], 1e-30))) for r in records if r["step"] == last]
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else float("nan")
+
+
+def plot(records: list[dict], out: Path, title: str = "") -> Path:
+    """One row per parameterization (record name), one column per quantity: the last block's value (seed mean)
+    against depth, one line per step, darker for later steps; the row's label carries its depth_slope."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r["name"] for r in records))
+    fig, axes = plt.subplots(len(names), len(QUANTITIES), figsize=(4.2 * len(QUANTITIES), 3.0 * len(names)),
+                             squeeze=False)
+    for row, name in zip(axes, names):
+        mine = [r for r in records if r["name"] == name]
+        depths, n_steps = sorted({r["depth"] for r in mine}), max(r["step"] for r in mine)
+        for ax, (q, label) in zip(row, QUANTITIES.items()):
+            for step in range(1 if q == "update" else 0, n_steps + 1):
+                ys = [_mean([r[q][-1] for r in mine if r["depth"] == d and r["step"] == step]) for d in depths]
+                ax.plot(depths, ys, marker="o", ms=3, color=plt.cm.viridis(1 - step / max(1, n_steps)),
+                        label=f"step {step}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("depth L (blocks)")
+            ax.set_title(f"{name}: {label}" if q != "update" else
+                         f"{name}: {label}\nslope of log change vs log L = {depth_slope(mine):+.2f}", fontsize=8)
+        row[-1].legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def read_records(directory: Path) -> list[dict]:
+    path = Path(directory) / RECORDS
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+
+
+def add_commands(sub) -> None:
+    from depthlab.flags import at_least
+
+    p = sub.add_parser("coord-check", help="depth coordinate check: a few steps at several depths, each block's "
+                       "update and activation scale against depth (flat = the rate carries over)",
+                       description="Train --steps steps of the config at each of --depths (seeds 0..--seeds-1), "
+                       "record each block's update since init, its relative update and its activation RMS, and "
+                       "draw them against depth. Records accumulate in OUT/coord_check.jsonl under --name, so "
+                       "several parameterizations share one figure (OUT/coord_check.png).")
+    p.add_argument("--preset", help="starting config (default: cpu-tiny)")
+    p.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
+    p.add_argument("--scheme", help="model.norm_scheme")
+    p.add_argument("--data", nargs="+", metavar="PATH", help="text / prepared data (default: the built-in corpus)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable), e.g. "
+                   "--set model.depth_alpha=1 --set model.depth_base=2")
+    p.add_argument("--depths", nargs="+", type=at_least(1), default=[2, 4, 8, 16, 32, 64])
+    p.add_argument("--seeds", type=at_least(1), default=3, help="seeds per depth (default 3)")
+    p.add_argument("--steps", type=at_least(1), default=5, help="Adam steps at a constant rate (default 5)")
+    p.add_argument("--name", help="the parameterization's label (default: the scheme and --set overrides)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the records and figures")
+    p.set_defaults(func=cmd_coord_check, resume=None, run_dir=None, max_steps=None, init_from=None)
+
+
+def cmd_coord_check(args) -> None:
+    from depthlab.cli import build_config
+
+    out = Path(args.out)
+    cfg = build_config(argparse_without_out(args))
+    name = args.name or " ".join([cfg.model.norm_scheme, *(args.set or [])])
+    out.mkdir(parents=True, exist_ok=True)
+    records = coord_check(cfg, sorted(set(args.depths)), args.seeds, args.steps, name)
+    kept = [r for r in read_records(out) if r["name"] != name] + records
+    (out / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    mine = plot(records, out / f"coord_check_{_slug(name)}.png")
+    both = plot(kept, out / "coord_check.png")
+    print(f"{name}: slope of log update against log depth {depth_slope(records):+.3f} (0 = flat); "
+          f"figures {mine}, {both}")
+
+
+def argparse_without_out(args):
+    """cli.build_config reads --out as train.out_dir; this command's --out is its own folder."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), "out": None})
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
