@@ -261,6 +261,9 @@ def test_main_in_a_thread_runs_without_a_signal_handler(capsys):
 
 def test_input_paths_stand_for_what_a_data_spec_can_read(tmp_path):
     (tmp_path / "local").mkdir()
-    assert owned.input_paths([f"{tmp_path}/c/*.txt", f"{tmp_path}/c/**/x?.json", "a.txt", "*.txt",
+    (tmp_path / "c" / "d").mkdir(parents=True)
+    for name in ("a.txt", "b.md", "d/x1.json"):
+        (tmp_path / "c" / name).write_text("text")
+    assert owned.input_paths([f"{tmp_path}/c/*.txt", f"{tmp_path}/c/**/x?.json", f"{tmp_path}/none*", "a.txt",
                               f"hf:{tmp_path}/local:cfg", "hf:allenai/c4"]) == \
-        [f"{tmp_path}/c", f"{tmp_path}/c", "a.txt", ".", f"{tmp_path}/local"]
+        [f"{tmp_path}/c/a.txt", f"{tmp_path}/c/d/x1.json", "a.txt", f"{tmp_path}/local"]

@@ -234,25 +234,26 @@ def refuse_own_input(out: str | Path, inputs: Iterable[str | Path], what: str) -
     o = Path(out).resolve()
     for inp in inputs:
         i = Path(inp).resolve()
-        how = "is" if o == i else "holds" if o in i.parents else "is inside" if i in o.parents else None
+        how = "is" if o == i else "holds" if o in i.parents else \
+            "is inside" if i in o.parents and not i.is_file() else None  # under a file: nothing can be written
         if how:
             named = "" if how == "is" and str(inp) == str(out) else f" ({inp})" if how == "is" else f" {inp}"
             raise UserError(f"{out} {how} {what}'s own input{named}; write the output to another path")
 
 
 def input_paths(specs: Iterable[str | Path]) -> list[str]:
-    """The local paths behind data inputs as users give them: a glob stands for its fixed folder (what it can
-    match), an `hf:` dataset for its folder when that is a local one, a hub name for nothing."""
+    """The local paths behind data inputs as users give them: a glob stands for what it matches now, an `hf:`
+    dataset for its folder when that is a local one, a hub name for nothing."""
     out = []
     for spec in map(str, specs):
         if spec.startswith("hf:"):
             local = spec[3:].split(":")[0]
             if local and os.path.exists(local):
                 out.append(local)
-            continue
-        parts = Path(spec).expanduser().parts
-        fixed = next((k for k, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
-        out.append(str(Path(*parts[:fixed])) if fixed else ".")
+        elif any(c in spec for c in "*?["):
+            out += sorted(glob.glob(os.path.expanduser(spec), recursive=True))
+        else:
+            out.append(os.path.expanduser(spec))
     return out
 
 

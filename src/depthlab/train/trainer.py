@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -49,6 +50,7 @@ from depthlab.data.sources import resolved
 from depthlab.model.validate import check_fits_host, validate
 from depthlab.owned import InUse, claim, input_paths, lock_text, locked, refuse_own_input
 from depthlab.paths import ENV, METRICS, Kind, find_checkpoint, model_path, run_of, what_is
+from depthlab.progress import on_terminal
 from depthlab.train import distributed as D, lora
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
 from depthlab.train.flops import peak_flops, train_flops_per_token
@@ -221,8 +223,14 @@ class Trainer:
             self.callbacks = [c for c in self.callbacks if isinstance(c, DepthMonitor)]
 
     def close(self) -> None:
-        """Release the run directory (also done by the OS if the process dies)."""
+        """Release the run directory (also done by the OS if the process dies); under torchrun the model too: a
+        DDP wrapper's reducer holds the process group, and must go while the group is still registered, or the
+        group is destroyed from the reducer's destructor, where it can deadlock (D.shutdown says how)."""
         self._held.close()
+        if self.env.enabled:
+            for name in ("model", "module", "layers", "opt", "sched"):
+                vars(self).pop(name, None)
+            gc.collect()  # the wrappers hold reference cycles
 
     # ------------------------------------------------------------------ setup
     def _build(self, data: TokenData | None, ckpt: Path | None) -> None:
@@ -295,7 +303,7 @@ class Trainer:
         """Rank 0's half of _open_run: (run dir, checkpoint, in place, branch of, its verified meta, what every
         rank must see: the lock's text and the checkpoint's meta.json digest)."""
         if resume == "auto" and run_dir:  # lock before looking for its newest checkpoint,
-            refuse_own_input(run_dir, self._inputs(), "train")
+            self._refuse_own_inputs(Path(run_dir))
             self._held.enter_context(locked(run_dir, "train", "run directory "))
             tidy_after_kill(Path(run_dir))  # which a writer killed mid-save may have left renamed away
         run_dir, ckpt = resume_point(run_dir, resume, self._warn)
@@ -305,7 +313,7 @@ class Trainer:
         self.in_place = home is not None and home.resolve() == self.run_dir.resolve()
         self.branch_of = home if home and not self.in_place else None  # the run a branch starts from
         branch = [] if self.in_place or not ckpt else [ckpt, self.branch_of or ckpt]
-        refuse_own_input(self.run_dir, self._inputs(*branch), "train")  # before anything is locked or removed
+        self._refuse_own_inputs(self.run_dir, *branch)  # before anything is locked or removed
         if new:
             self.run_dir = self._take_new(new)
         self._held.enter_context(locked(self.run_dir, "train", "run directory "))
@@ -316,11 +324,13 @@ class Trainer:
         seen = (lock_text(self.run_dir), _sha256(ckpt / META) if ckpt else None)
         return self.run_dir, ckpt, self.in_place, self.branch_of, meta, seen
 
-    def _inputs(self, *sources: Path) -> list:
-        """What this run reads, which its run directory may not be, hold or sit inside (depthlab.owned): the
-        data, the tokenizer, the weights it starts from and a branch's source (`sources`)."""
+    def _refuse_own_inputs(self, run_dir: Path, *sources: Path) -> None:
+        """Refuse a run directory that is, holds or sits inside what this run reads (depthlab.owned): the data, the
+        tokenizer, the weights it starts from and a branch's source (`sources`). A file is claim's to refuse."""
         c = self.cfg
-        return [*input_paths(c.data.paths), *(p for p in (c.data.tokenizer, c.train.init_from, *sources) if p)]
+        reads = [*input_paths(c.data.paths), *(p for p in (c.data.tokenizer, c.train.init_from, *sources) if p)]
+        if not run_dir.is_file():
+            refuse_own_input(run_dir, reads, "train")
 
     def _take_new(self, name: Path) -> Path:
         """Lock a new run directory `name`, or the next free name after it: runs started in the same second
@@ -531,8 +541,9 @@ class Trainer:
         meter = _Meter(self)
         for cb in self.callbacks:
             cb.on_train_start(self)
+        # a bar on a terminal; into a log, a pipe or with --no-progress, a line a record instead (_after_step)
         bar = tqdm(total=tc.max_steps, initial=self.step, desc=f"train {self.cfg.model.norm_scheme}",
-                   disable=not self.progress, dynamic_ncols=True)
+                   disable=not on_terminal(self.progress), dynamic_ncols=True)
         self.model.train()
         val: dict = {}
         while self.step < tc.max_steps:
@@ -589,8 +600,7 @@ class Trainer:
                 record.update(meter.per_rank())
             if self.skipped:
                 record["skipped"] = self.skipped
-            bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.2e} {record['tokens_per_s']:,.0f} tok/s "
-                                f"mfu {record['mfu']:.1%}", refresh=False)
+            bar.set_postfix_str(_Meter.summary(record), refresh=False)
         if step % tc.eval_every == 0 or step == tc.max_steps:
             val = self.validation()
             record = {**(record or {"step": step, "loss": loss, "lr": lr}), **val}
@@ -599,6 +609,9 @@ class Trainer:
                 cb.on_log(self, step, record)
             if log:
                 log.write(record)
+            if bar.disable and self.env.is_main:
+                print(f"depthlab train: step {step}/{tc.max_steps}: {_Meter.summary(record)}", file=sys.stderr,
+                      flush=True)
         if step == tc.max_steps or (tc.ckpt_every and step % tc.ckpt_every == 0):
             self.save(val if step == tc.max_steps else None)
         return val
@@ -631,6 +644,15 @@ class _Meter:
         self.step_s, self.last_steps = elapsed, self.steps
         self.t, self.steps = now, 0
         return record
+
+    @staticmethod
+    def summary(record: dict) -> str:
+        """A metrics record's headline figures, as the bar and the log lines show them."""
+        parts = [f"loss {record['loss']:.4f}"]
+        if "tokens_per_s" in record:  # a log step's (an evaluation-only step has no throughput)
+            parts += [f"lr {record['lr']:.2e}", f"{record['tokens_per_s']:,.0f} tok/s", f"mfu {record['mfu']:.1%}"]
+        return " ".join(parts + [f"{k} {v:.4f}" for k, v in record.items()
+                                 if k.startswith("val_") and isinstance(v, float)])
 
 
 def peak_memory_mib(device: torch.device) -> float:
