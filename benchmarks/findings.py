@@ -1,4 +1,4 @@
-"""The prose of docs/results.md: what the measured numbers mean. Numbers quoted in the prose are read from the
+"""The prose of docs/benchmarks.md: what the measured numbers mean. Numbers quoted in the prose are read from the
 result files here, never typed (report.py renders the tables)."""
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
 
 
 def section(result: dict | None) -> list[str]:
-    """Markdown lines for docs/results.md from gpu_table.json."""
+    """Markdown lines for docs/benchmarks.md from gpu_table.json."""
     if not result or not str(result.get("device", "")).startswith("cuda"):
         return ["**Not run: no GPU machine was available.** `python -m benchmarks.gpu_71m` runs this table on one "
                 "GPU after the 71M pre-vs-lns comparison (`python -m benchmarks.gpu_table` alone)."]

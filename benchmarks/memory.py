@@ -219,7 +219,7 @@ def step_time(case: str, dtype: str, batch: int, seq: int, reps: int, device: st
     steps = {name: make_train_step(model, x, y, dtype, hf=False, fused_adamw=True,
                                    loss_chunk=TrainConfig.loss_chunk if name == "depthlab" else 0)
              for name in ("depthlab", "depthlab-unchunked")}
-    # depthlab's step before this change: its model code ran HF's operators (docs/results.md), with fused AdamW
+    # depthlab's step before this change: its model code ran HF's operators (docs/benchmarks.md), with fused AdamW
     steps["hf+fused_adamw"] = make_train_step(hf, x, y, dtype, hf=True, fused_adamw=True)
     clock = time.perf_counter if device.startswith("cuda") else time.process_time
     times = interleaved(steps, reps, steps=1, clock=clock)
@@ -374,7 +374,7 @@ def _mib(b: float) -> str:
 
 
 def section(result: dict | None) -> list[str]:
-    """Markdown lines for docs/results.md from benchmarks/results/memory.json."""
+    """Markdown lines for docs/benchmarks.md from benchmarks/results/memory.json."""
     if not result:
         return ["Not run yet (`python -m benchmarks.memory`)."]
     lines = [f"Peak memory of one training step, micro-batch {result['batch']} x {result['seq_len']} tokens on "

@@ -224,20 +224,36 @@ def along_not_run(records: dict) -> list[str]:
 
 
 def noise_lines(rerun: dict, settings: dict) -> list[str]:
-    corpus = settings.get("corpus", {})
-    removed = corpus.get("dedup")
+    """Run-to-run noise (the studies' twice-trained cells, and the rerun_a / rerun_b check), and what the
+    selection metric and the test split are."""
+    pairs = lambda r: ", ".join(f"{p['key']} {p['diff']:.4f}" for p in r["pairs"])  # noqa: E731
     out = ["## 9. Selection, test split and run-to-run noise", "",
            f"Cells trained twice with identical settings and corpus (the depth study's and the LNS study's copies): "
-           f"{rerun['n']} pairs, |Δ val loss| up to {rerun['max']:.4f} nats ("
-           + ", ".join(f"{p['key']} {p['diff']:.4f}" for p in rerun["pairs"]) + "). The page uses one value per cell "
-           "(the LNS study's), so a rerun's drift enters each interval as seed-to-seed spread, never twice.", "",
-           f"Selection and the validation loss use the first {settings.get('val_tokens', 0):,} tokens of the "
-           "validation split. " + (f"The corpus's near-duplicate removal dropped {removed['removed']} documents and "
-                                   f"its test split holds {corpus.get('test_tokens', 0):,} tokens." if removed else
-                                   "These records were trained before the study corpus dropped near-duplicate "
-                                   "documents and held out a test split (depthlab.study.corpus now does both): "
-                                   "the whole-split probe loss in section 1 is the closest they have to a metric "
-                                   "nobody tuned on, and it includes the selection slice."), ""]
+           f"{rerun['n']} pairs, |Δ val loss| up to {rerun['max']:.4f} nats ({pairs(rerun)}). The page uses one value "
+           "per cell (the LNS study's), so a rerun's drift enters each interval as seed-to-seed spread, never twice.",
+           ""]
+    again = rerun["again"]
+    fresh = (load(RESULTS / "rerun_a" / "settings.json") or {}).get("meta", {})
+    if again["n"]:
+        cmd = (load(RESULTS / "rerun_a" / "settings.json") or {}).get("command", "?")
+        out += [f"The same cells trained twice in a row on this machine (`{cmd}`, into rerun_a and rerun_b): "
+                f"{again['n']} pairs, |Δ val loss| {pairs(again)}"
+                + (": bitwise equal, so the drift above is no run-to-run randomness of one machine and software "
+                   "state; it came with cells trained at other times." if again["max"] == 0 else "."), ""]
+    corpus = fresh.get("corpus", {})
+    if corpus.get("dedup"):
+        d = corpus["dedup"]
+        enc = sum(n.startswith("encodings/") for n in d["removed_names"])
+        out += [f"The study corpus as built now (depthlab.study.corpus, MinHash threshold {d['threshold']}) drops "
+                f"{d['removed']} documents ({d['exact']} exact, {d['near']} near copies; {enc} of them generated "
+                f"`encodings/` tables) and holds out a test split of {corpus['test_tokens']:,} tokens beside "
+                f"{corpus['val_tokens']:,} validation tokens.", ""]
+    old = not settings.get("corpus", {}).get("dedup")
+    out += [f"Selection and the validation loss use the first {settings.get('val_tokens', 0):,} tokens of the "
+            "validation split." + (" The LNS study's records were trained before the corpus dropped copies and "
+                                   "held out a test split: the whole-split probe loss in section 1 is the closest "
+                                   "they have to a metric nobody tuned on, and it includes the selection slice."
+                                   if old else " Section 1 reports the test split."), ""]
     return out
 
 
@@ -291,16 +307,17 @@ def results_page() -> Path:
         lines += ["The LNS study has not been run yet (`make study-lns`): this page cannot yet say whether LNS "
                   "helps.", ""]
     else:
-        rerun = rerun_spread(load_records_of("depth_study"), load_records_of("lns_study"))
+        rerun = {**rerun_spread(load_records_of("depth_study"), load_records_of("lns_study")),
+                 "again": rerun_spread(load_records_of("rerun_a"), load_records_of("rerun_b"))}
         done = [d["layers"] for d in res["depths"]]
         tpp = tokens_per_parameter(RESULTS / "lns_study" / "settings.json", done)
         equal = (load(study / "results.json") or {}).get("equal_rate", [])
         lines += results_page.science(res, res["unigram_loss"], matched_rates(lns_records()), equal, rerun, tpp,
                                       res["val_tokens"] or 0, IMG)
         lines += stability_lines(res) + along_lines()
-    lines += ["## 7. One rate per scheme at every depth (the depth study)", ""]
+    lines += ["## 7. Vision Transformers: where LNS goes", ""] + study_report.vit_section(vit, "img/vit_study.png")
+    lines += ["## 8. One rate per scheme at every depth (the depth study)", ""]
     lines += study_report.depth_section(study, "depth_study_") + study_report.along_section(n6)
-    lines += ["## 8. Vision Transformers: where LNS goes", ""] + study_report.vit_section(vit, "img/vit_study.png")
     if res is not None:
         lines += noise_lines(rerun, settings)
         lines += ["## Every cell of the LNS study", ""] + study_report.cell_tables(RESULTS / "lns_study") + [""]

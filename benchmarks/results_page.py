@@ -93,7 +93,9 @@ def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict],
                  f"same first {val_tokens:,} validation tokens. {where} {said(probe)}. Cells "
                  f"trained twice with identical settings differ by up to {rerun['max']:.4f} nats ({rerun['n']} "
                  "reruns); each cell enters the page once, and that noise sits inside the seed-to-seed spread every "
-                 "interval counts.")
+                 "interval counts" + (f"; back to back on one machine {rerun['again']['n']} cells came out bitwise "
+                                      "equal (section 9)." if rerun.get("again", {}).get("n") and
+                                      rerun["again"]["max"] == 0 else "."))
     return lines + [""]
 
 

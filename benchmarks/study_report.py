@@ -202,7 +202,9 @@ def vit_section(out: Path, img: str) -> list[str]:
     for v, c in res["comparisons"].items():
         for metric in ("loss", "acc"):
             m = c[metric]
-            se = f" (binomial SE {m['binomial_se']:.4f})" if "binomial_se" in m else ""
+            se = (f" (within two binomial SE of the difference, {2 * m['binomial_se']:.3f}, over the same "
+                  "images every seed scores: read inconclusive)" if "binomial_se" in m
+                  and abs(m["mean"]) <= 2 * m["binomial_se"] else "")
             lines.append(f"| {claims.get(v, v)} | {metric} | {_per_seed(m['per_seed'])} | {said(m)}{se} | "
                          f"{m['claim']} |")
     return lines + ["", f"![ViT study]({img})", ""]
