@@ -510,21 +510,37 @@ def sigterm_as_interrupt():
 
 def one_line_errors(func, *args) -> int:
     """Run func(*args); a user's mistake (UserError), what the machine refuses (OSError) and Ctrl-C end in one line
-    on stderr and an exit status (2, 2, 130), not a traceback. The CLI's and the study scripts' way out."""
+    on stderr and an exit status (2, 2, 130), not a traceback. The CLI's and the study scripts' way out.
+
+    Under torchrun every rank meets the error and rank 0 alone prints it; each failing rank also hands its line to
+    torchrun (TORCHELASTIC_ERROR_FILE), whose failure summary then shows it as the root cause instead of "To enable
+    traceback see ...", so an error that only rank 3 met is not lost. A worker leaves its process group on every
+    way out: a group left to interpreter shutdown can deadlock it (depthlab.train.distributed.shutdown)."""
+    status, line = 0, None
     try:
         func(*args)
     except UserError as e:  # one line, whatever the message (a YAML parser's, say) holds
-        print("depthlab: error: " + " ".join(line.strip() for line in str(e).splitlines() if line.strip()),
-              file=sys.stderr)
-        return 2
+        status, line = 2, "depthlab: error: " + " ".join(x.strip() for x in str(e).splitlines() if x.strip())
     except OSError as e:  # what the machine refuses (a full disk, a vanished file) is not a bug to trace back
         where = f" ({e.filename})" if e.filename else ""
-        print(f"depthlab: error: {e.strerror or e}{where}", file=sys.stderr)
-        return 2
+        status, line = 2, f"depthlab: error: {e.strerror or e}{where}"
     except KeyboardInterrupt:
-        print("depthlab: interrupted", file=sys.stderr)
-        return 130
-    return 0
+        status, line = 130, "depthlab: interrupted"
+    finally:  # a bug's traceback leaves the group too
+        if line and not int(os.environ.get("RANK", 0)):
+            print(line, file=sys.stderr)  # first: torchrun stops the other ranks as soon as one has failed
+        if line and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            import contextlib
+            import json
+            import time
+
+            with contextlib.suppress(OSError), open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
+                json.dump({"message": line, "timestamp": int(time.time())}, f)  # the form torchrun reads
+        if "torch.distributed" in sys.modules:  # only a command that imported torch can have joined a group
+            from depthlab.train.distributed import shutdown
+
+            shutdown()
+    return status
 
 
 if __name__ == "__main__":

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import faulthandler
 import functools
+import gc
 import itertools
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -71,9 +74,12 @@ def init_distributed(device: torch.device, timeout_s: float = 1800.0) -> DistEnv
 
     One group with a backend per device type: gloo for host tensors and pickled objects, NCCL for GPU tensors
     ("nccl" alone maps only cuda, and a CPU tensor's all-reduce then fails). `timeout_s` bounds every collective
-    (a rank stuck in a save, or a dead peer, ends the job instead of hanging it)."""
+    (a rank stuck in a save, or a dead peer, ends the job instead of hanging it), and leaving the group too
+    (shutdown)."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", 1)) == 1:
         return DistEnv()
+    global _leave_within_s
+    _leave_within_s = timeout_s
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)
@@ -254,6 +260,31 @@ def barrier(env: DistEnv) -> None:
         dist.barrier(group=env.host_group)
 
 
-def shutdown(env: DistEnv) -> None:
-    if env.enabled and dist.is_initialized():
+# How long leaving the group may take: the group's own collective timeout (train.dist_timeout_s).
+_leave_within_s = 1800.0
+# How long the host gives gloo's worker threads the GIL before the group goes (see shutdown): a finished
+# collective's clean-up takes microseconds; this is many scheduler slices on a loaded host.
+_DRAIN_S = 0.2
+
+
+def shutdown(env: DistEnv | None = None) -> None:
+    """Leave the process group deliberately, on every way out of a torchrun worker (a finished run, a run with
+    no steps left, an error), and within train.dist_timeout_s.
+
+    Why deliberately: a gloo worker thread frees each finished collective holding the group's mutex, and freeing
+    a tensor that Python has seen takes the GIL. A group destroyed from Python -- by destroy_process_group, or
+    later by the last DDP reducer that holds it, at exit -- waits for that mutex holding the GIL: a deadlock when
+    the thread has not finished yet (the last collective is the final validation's all-reduce, moments earlier).
+    So: the caller has dropped its DDP / FSDP model (Trainer.close); collect it while the group is still
+    registered, so no reducer holds the last reference; release the GIL long enough for gloo's threads to finish;
+    destroy the group. faulthandler's watchdog is a C thread that needs no GIL: if leaving still takes longer
+    than the timeout, it prints where the process is stuck and ends it (exit status 1)."""
+    if (env is not None and not env.enabled) or not (dist.is_available() and dist.is_initialized()):
+        return
+    faulthandler.dump_traceback_later(_leave_within_s, exit=True)
+    try:
+        gc.collect()
+        time.sleep(_DRAIN_S)
         dist.destroy_process_group()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
