@@ -73,3 +73,16 @@ results:  # docs/results.md (the studies) and docs/benchmarks.md (systems) from 
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# Golden losses (docs/golden.md): today's code against tests/golden/losses.json, bitwise (CI: the first 30 steps at
+# atol 1e-5, tests/test_golden.py); golden-regen is the one command that rewrites the file.
+.PHONY: golden golden-regen gpu-day-one
+golden: install
+	$(PY) -m depthlab.golden check
+
+golden-regen: install
+	$(PY) -m depthlab.golden regen
+
+# GPU day one (docs/scaling.md, last section): one H100/H200, about 8 minutes, into benchmarks/results/gpu_day_one/.
+gpu-day-one:
+	$(BENCH).gpu_day_one
