@@ -46,21 +46,19 @@ def _lock_file(directory: Path) -> Path:
 def _make_parents(path: Path, label: str) -> list[Path]:
     """Create the missing parents of path; return those this call created, deepest first (to remove them again).
     A parent another process creates at the same moment (runs started together under a new folder) is theirs."""
-    made = []
+    made: list[Path] = []
     for parent in reversed(Path(path).resolve().parents):
         try:
-            parent.mkdir()
-        except FileExistsError:
-            if parent.is_dir():
-                continue
-            e = FileExistsError(f"{parent} is a file")
-        except OSError as err:
-            e = err
-        else:
-            made.insert(0, parent)
-            continue
-        _remove_empty(made)
-        raise UserError(f"cannot write to {label}{path}: {e.strerror or e} ({parent})") from None
+            if not parent.is_dir():
+                parent.mkdir()
+                made.insert(0, parent)
+        except FileExistsError:  # made by another writer since we looked, or a file
+            if not parent.is_dir():
+                _remove_empty(made)
+                raise UserError(f"cannot write to {label}{path}: {parent} is a file") from None
+        except OSError as e:
+            _remove_empty(made)
+            raise UserError(f"cannot write to {label}{path}: {e.strerror or e} ({parent})") from None
     return made
 
 
