@@ -349,7 +349,8 @@ def _command(args) -> int:
     if args.command == "compare":
         names = args.cases or list(cases())
         return _report(compare(args.a, args.b, names, args.set_a, args.set_b, args.atol, args.rtol, args.steps),
-                       f"{args.a} {' '.join(args.set_a)} against {args.b} {' '.join(args.set_b)}".replace("  ", " "))
+                       " against ".join(" ".join([rev, *sets]) for rev, sets in ((args.a, args.set_a),
+                                                                                 (args.b, args.set_b))))
     if args.command == "regen":
         golden = regen(args.cases, args.rev)
         print(f"wrote {FILE} ({len(golden['cases'])} cases x {STEPS} steps, commit {golden['made_with']['commit']})")
