@@ -81,6 +81,7 @@ def test_resuming_a_finished_run_under_torchrun_exits_every_time(tmp_path, corpu
     log.seek(0)
     err = log.read()
     assert err.count("depthlab: resuming") == TRIES - 1, err[-3000:]  # rank 0 says it, once a resume
+    assert err.count("depthlab train: step 2/2:") == 1  # and logs the first try's steps, alone
 
 
 def test_leaving_the_group_is_bounded_by_the_timeout(tmp_path):
@@ -124,11 +125,12 @@ if __name__ == "__main__":  # the worker of the first test, on each rank
     from depthlab.cli import main
 
     one, fresh = sys.argv[1], json.loads(sys.argv[2])
+    two = fresh[fresh.index("--run-dir") + 1]
     attempts = [["train", "--no-progress", *fresh]]  # a run trained on these 2 ranks: its exit, then its resumes
-    for i in range(1, TRIES):
-        run = one if i % 2 else fresh[fresh.index("--run-dir") + 1]
-        attempts.append(["train", "--no-progress", "--run-dir", run, "--resume", "auto", "--set", "train.batch_size=2",
-                         "--set", "train.dist_timeout_s=60"])
+    for i in range(1, TRIES):  # in turn: each finished run, under DDP and under FSDP
+        attempts.append(["train", "--no-progress", "--run-dir", (one, two)[i % 2], "--resume", "auto",
+                         "--set", "train.batch_size=2", "--set", "train.dist_timeout_s=60",
+                         "--set", f"train.parallel={('ddp', 'fsdp')[i // 2 % 2]}"])
     store, rank, world = None, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     for i, argv in enumerate(attempts):
         if i:  # the first try's group is the trainer's own; later ones join under keys of their own, as a new job

@@ -536,7 +536,8 @@ def one_line_errors(func, *args) -> int:
 
             with contextlib.suppress(OSError), open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as f:
                 json.dump({"message": line, "timestamp": int(time.time())}, f)  # the form torchrun reads
-        if "torch.distributed" in sys.modules:  # only a command that imported torch can have joined a group
+        dist = sys.modules.get("torch.distributed")  # only a command that imported torch can have joined a group
+        if dist is not None and dist.is_available() and dist.is_initialized():
             from depthlab.train.distributed import shutdown
 
             shutdown()
