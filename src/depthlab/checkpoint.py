@@ -291,9 +291,9 @@ def read_weights(ckpt: Path, names=None, device: str = "cpu") -> dict:
 
 
 def load_trainer_state(ckpt: Path) -> dict:
-    import torch
+    from depthlab.pickled import load_tensors
 
-    return torch.load(Path(ckpt) / TRAINER, weights_only=True, map_location="cpu")
+    return load_tensors(Path(ckpt) / TRAINER, map_location="cpu")
 
 
 def load_sharded_state(ckpt: Path, model, opt=None) -> None:

@@ -61,7 +61,9 @@ def split_documents(docs: list[Document], val_fraction: float) -> tuple[list[Doc
     train = [d for i, d in enumerate(docs) if not is_val(i, period)]
     val = [d for i, d in enumerate(docs) if is_val(i, period)]
     if not train or not val:
-        raise UserError("the data is too small to hold out a validation set (need at least 2 lines of text)")
+        need = period // 2 + 1  # documents (or lines) up to the first held-out one
+        raise UserError(f"the data is too small to hold out a validation set: one document (or line) in {period} is "
+                        f"held out, the first being number {need}; need at least {need} lines of text")
     return train, val
 
 

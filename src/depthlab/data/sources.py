@@ -111,6 +111,8 @@ def expand(paths: list[str]) -> list[str]:
                 out += map(str, found)
             elif m.is_file():
                 out.append(str(m))
+            elif m.exists():
+                raise UserError(f"data path {str(m)!r} is not a regular file or a folder (a device, a pipe, a socket)")
             else:
                 raise UserError(f"data path {str(m)!r} does not exist")
     return out

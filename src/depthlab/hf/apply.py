@@ -15,6 +15,7 @@ onto an arbitrary HF block; import the weights into a depthlab Transformer with 
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.hf.blocks import block_norms, find_blocks
+from depthlab.pickled import refusal
 
 _HANDLES = "_depthlab_handles"
 
@@ -161,6 +163,8 @@ def load_pretrained(path, **kwargs):
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
                                                            ignore_mismatched_sizes=True, **kwargs)
+    except pickle.UnpicklingError as e:  # a pytorch_model.bin that weights_only refuses: one line, not 40
+        raise refusal(path, e) from None
     except (OSError, ValueError, RuntimeError, KeyError, EOFError) + _safetensors_errors() as e:
         why = one_line(e) if Path(path).exists() else "no such directory (and not in the local Hugging Face cache)"
         raise UserError(f"cannot load Hugging Face model {path}: {why}") from None
