@@ -254,7 +254,8 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_leaves_nothing(tmp_path, 
                          "--set", "train.ckpt_every=2")
     lines = err.splitlines()
     assert code == 2 and lines[-1].startswith("depthlab: error: cannot write checkpoint") and "Traceback" not in err
-    assert "earlier checkpoints are intact" in lines[-1] and len(lines) == 2  # the banner, then the error
+    # progress lines (stderr is not a terminal here) may come before it, but the error is one line, said once
+    assert "earlier checkpoints are intact" in lines[-1] and sum("error" in line for line in lines) == 1
     assert [c.name for c in list_checkpoints(run)] == ["step_0000002"] and not list(run.rglob("*.tmp"))
 
 
