@@ -274,7 +274,7 @@ def train_cell(study: Study, cell: Cell) -> dict:
         if along:
             along.probe(trainer.module, result.steps)
         test = _test(study)
-        if test is not None:  # the split no selection reads: what the page reports
+        if test is not None and len(test) > cfg.data.seq_len:  # the split no selection reads: what the page reports
             from depthlab.train.runtime import evaluate
 
             rec["test_loss"] = evaluate(trainer.module, test, cfg.data.seq_len, cfg.train.batch_size,
