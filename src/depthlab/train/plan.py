@@ -4,8 +4,11 @@ The model is built on the meta device (no memory), two of its blocks at most (bl
 counted), so the plan of a 7B run takes a second on a laptop. Parameters,
 gradients and AdamW's two moments are exact byte counts (fp32, divided by the ranks that shard them); what FSDP
 gathers for the block it computes, and the activations, are estimates: per block and micro-batch about
-34 x tokens x width + 5 x heads x sequence x tokens bytes in bf16 (Korthikanti et al. 2022, without recomputation;
-twice that in fp32), with activation checkpointing the block's input only plus one block recomputed.
+34 x tokens x width bytes in bf16 (Korthikanti et al. 2022, without recomputation; twice that in fp32; their
+5 x heads x sequence x tokens for the attention scores is left out: scaled_dot_product_attention's fused kernels
+keep no score matrix), with activation checkpointing the block's input only plus one block recomputed; the loss
+head's logits for min(loss_chunk, tokens) tokens. benchmarks/memory_plan.py measures them against PyTorch's
+MemTracker.
 """
 
 from __future__ import annotations
@@ -42,13 +45,12 @@ def memory_plan(cfg: Config, world_size: int) -> dict:
     replicate, shard = mesh_shape(tc, world_size) if fsdp else (world_size, 1)
     act_bytes = 2 if tc.dtype == "bf16" else 4
     tokens = batch * (cfg.data.seq_len if not m.is_vit else m.n_patches + 1)
-    seq = cfg.data.seq_len if not m.is_vit else m.n_patches + 1
-    per_block = (17 * tokens * m.dim + 2.5 * m.n_heads * seq * tokens) * act_bytes
+    per_block = 17 * tokens * m.dim * act_bytes
     if tc.activation_checkpointing:
         activations = m.n_layers * tokens * m.dim * act_bytes + per_block
     else:
         activations = m.n_layers * per_block
-    head = (tc.loss_chunk or tokens) * (m.num_classes if m.is_vit else m.vocab_size) * 4 * 2
+    head = min(tc.loss_chunk or tokens, tokens) * (m.num_classes if m.is_vit else m.vocab_size) * 4 * 2
     plan = {
         "parameters": 4 * n / shard,
         "gradients": 4 * n / shard * (1 if fsdp or world_size == 1 else 2),  # DDP: plus its reducer buckets
