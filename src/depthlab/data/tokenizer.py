@@ -15,7 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from depthlab import UserError
-from depthlab.progress import on_terminal
+from depthlab.progress import on_terminal, phase
 
 EOT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -28,7 +28,8 @@ def train_bpe(texts, vocab_size: int, progress: bool = False) -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=on_terminal(progress),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
+    with phase("train tokenizer", progress):  # off a terminal: a plain line every ~10 s, not silence
+        tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
 

@@ -27,6 +27,10 @@ CLAIM_TEXT = {
     "5": "{v} diverges at depth where Pre-LN trains",
     "6": "LNS with scaled init is worse than LNS",
 }
+# the decomposition's variants (study variant names, not a list of schemes: the registry owns that)
+PRE = "pre"
+LNS = "lns"
+GAIN_INIT = "pre+gain_init"
 MECHANISM_OF = {"2": "last_var", "3": "angular_deep", "4": "removal_deep_over_shallow"}
 
 
@@ -95,12 +99,12 @@ def decomposition(res: dict) -> list[dict]:
     out = []
     for g in res.get("parts", []):
         v = g["variants"]
-        lns, gi = (v.get(k, {}).get("delta_val_loss", {}) for k in ("lns", "pre+gain_init"))
+        lns, gi = (v.get(k, {}).get("delta_val_loss", {}) for k in (LNS, GAIN_INIT))
         seeds = sorted(set(lns.get("b", {})) & set(gi.get("b", {})))
         eq = equivalent([gi["b"][s] - lns["b"][s] for s in seeds]) if seeds else None
         profile = {k: {"removal_deep_over_shallow": v[k].get("index", {}).get("removal_deep_over_shallow", {})
                        .get("mean"), "last_var": v[k].get("quantities", {}).get("last_var", {}).get("mean")}
-                   for k in ("pre", "lns", "pre+gain_init") if k in v}
+                   for k in (PRE, LNS, GAIN_INIT) if k in v}
         x = {k: q["removal_deep_over_shallow"] for k, q in profile.items()}
         nearer = len(x) == 3 and None not in x.values() and \
             abs(x["pre+gain_init"] - x["lns"]) < abs(x["pre+gain_init"] - x["pre"])  # its index sits by LNS's
