@@ -279,6 +279,12 @@ CASES = [
     ("prepare-vocab-below-bytes", "data prepare {docs} --out {tmp}/o --vocab-size 100 --workers 1 --no-progress",
      "--vocab-size"),
     ("prepare-workers-negative", "data prepare {docs} --out {tmp}/o --workers -1 --no-progress", "--workers"),
+    # issue 34 item 8 (data prepare's flags that change nothing or cannot be used)
+    ("prepare-unit-mb-negative", "data prepare {docs} --out {tmp}/o --unit-mb -1 --no-progress", "--unit-mb"),
+    ("prepare-sample-mb-zero", "data prepare {docs} --out {tmp}/o --tokenizer-sample-mb 0 --no-progress",
+     "--tokenizer-sample-mb"),
+    ("prepare-builtin-mb-with-inputs", "data prepare {docs} --out {tmp}/o --builtin-mb 2 --no-progress",
+     "--builtin-mb"),
     ("prepare-val-fraction-0", "data prepare {docs} --out {tmp}/o --val-fraction 0 --no-progress",
      "validation fraction"),
     ("prepare-input-missing", "data prepare {tmp}/missing.txt --out {tmp}/o --no-progress", "does not exist"),

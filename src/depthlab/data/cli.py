@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import json
 
+from depthlab.flags import at_least, positive
+
 PREPARE_HELP = """Tokenize text once into memory-mappable token files (train.bin, val.bin), tokenizer.json and
 index.json. Inputs: text files, folders, globs, .jsonl/.json(.gz) (C4's format), .parquet, hf:PATH[:CONFIG[:SPLIT]]
 (Hugging Face datasets); none: the built-in corpus. Rerunning after an interruption finishes the missing units
 only; rerunning a finished job does nothing. Pass the output directory to `depthlab train --data DIR`."""
+BUILTIN_MB, VOCAB_SIZE = 4.0, 32000
 
 
 def cmd_prepare(args) -> None:
+    from depthlab import UserError
     from depthlab.data.prepare import prepare
     from depthlab.owned import input_paths, refuse_own_input
 
     # what it reads, before --out is locked, claimed or (with --overwrite) emptied
     refuse_own_input(args.out, [*input_paths(args.inputs), *([args.tokenizer] if args.tokenizer else [])],
                      "data prepare")
+    if args.inputs and args.builtin_mb != BUILTIN_MB:
+        raise UserError("--builtin-mb sizes the built-in corpus, which is read only when no INPUT is given; drop it")
+    if args.tokenizer and args.vocab_size != VOCAB_SIZE:
+        raise UserError("--vocab-size is the size of a BPE trained here; with --tokenizer the vocabulary is the "
+                        "tokenizer's: drop one of them")
     index = prepare(args.inputs, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                     text_field=args.text_field, val_fraction=args.val_fraction, workers=args.workers,
                     fatal_bad_files=args.fatal_bad_files, streaming=args.streaming, builtin_mb=args.builtin_mb,
@@ -64,17 +73,18 @@ def add_commands(sub) -> None:
                    "prepared from other inputs")
     p.add_argument("--tokenizer", help="a tokenizer.json or a transformers tokenizer directory (default: train "
                    "byte-level BPE on the data)")
-    p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary of the trained BPE (default 32000, at "
-                   "least 257)")
+    p.add_argument("--vocab-size", type=at_least(257), default=VOCAB_SIZE,
+                   help="vocabulary of the trained BPE (default 32000, at least 257)")
     p.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text (default text)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for validation")
-    p.add_argument("--workers", type=int, default=0, help="worker processes (default: one per CPU core)")
+    p.add_argument("--workers", type=at_least(0), default=0, help="worker processes (default: one per CPU core)")
     p.add_argument("--fatal-bad-files", action="store_true", help="fail on an empty, binary or non-UTF-8 file "
                    "instead of skipping it")
     p.add_argument("--streaming", action="store_true", help="stream hf: datasets instead of downloading them")
-    p.add_argument("--builtin-mb", type=float, default=4.0, help="built-in corpus size when no INPUT is given")
-    p.add_argument("--tokenizer-sample-mb", type=float, default=200.0, help="text used to train the BPE")
-    p.add_argument("--unit-mb", type=float, help="input MB per unit of work (default: automatic; inputs under "
+    p.add_argument("--builtin-mb", type=positive, default=BUILTIN_MB,
+                   help="built-in corpus size when no INPUT is given")
+    p.add_argument("--tokenizer-sample-mb", type=positive, default=200.0, help="text used to train the BPE")
+    p.add_argument("--unit-mb", type=positive, help="input MB per unit of work (default: automatic; inputs under "
                    "16 MB run in one process)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)
