@@ -248,3 +248,16 @@ def test_train_with_completep_then_export(corpus, tmp_path, capsys):
     assert json.loads((run / "config.json").read_text())["model"]["depth_alpha"] == 1.0
     assert main(["export", str(run), str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_init_from_crosses_prores_both_ways(corpus, tmp_path, capsys):
+    """--init-from takes weights only: a ProRes ramp (schedule state) neither blocks it nor carries over."""
+    tiny = ["--data", str(corpus), "--max-steps", "2", "--no-progress", "--set", "model.n_layers=2",
+            "--set", "model.dim=32", "--set", "model.n_heads=2", "--set", "model.ffn_dim=64",
+            "--set", "model.vocab_size=300", "--set", "data.seq_len=32", "--set", "train.batch_size=2",
+            "--set", "train.eval_every=2", "--set", "train.device=cpu", "--set", "train.monitor_every=0"]
+    prores = ["--set", "model.prores_steps=2"]
+    assert main(["train", "--run-dir", str(tmp_path / "plain"), *tiny]) == 0
+    assert main(["train", "--run-dir", str(tmp_path / "ramped"), "--init-from", str(tmp_path / "plain"),
+                 *tiny, *prores]) == 0
+    assert main(["train", "--run-dir", str(tmp_path / "back"), "--init-from", str(tmp_path / "ramped"), *tiny]) == 0

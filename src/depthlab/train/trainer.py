@@ -403,8 +403,10 @@ class Trainer:
         checkpoint's (pre and lns share every weight), the shapes may not."""
         src = find_checkpoint(path)
         rank0_decides(self.env, lambda: load_verified(src))  # every rank hashes its share of the files
-        state = lora.plain_weights(src)
-        mine = {k: tuple(v.shape) for k, v in self.module.state_dict().items()}  # global shapes, also sharded
+        # ProRes's ramps (`*.ramp`) are schedule state, not weights: a fresh run starts its own warm-up at 0
+        state = {k: v for k, v in lora.plain_weights(src).items() if not k.endswith(".ramp")}
+        mine = {k: tuple(v.shape) for k, v in self.module.state_dict().items()  # global shapes, also sharded
+                if not k.endswith(".ramp")}
         wrong = next((f"{k}: {tuple(v.shape)} in the checkpoint, {mine[k]} here" for k, v in state.items()
                       if k in mine and tuple(v.shape) != mine[k]), None)
         if wrong:
