@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from depthlab.rundir import METRICS
+from depthlab.paths import METRICS
 from depthlab.train.trainer import read_metrics
 
 

@@ -32,7 +32,7 @@ def random_batches(vocab: int, n: int = 2, B: int = 2, T: int = 24, seed: int = 
 
 
 def write_checkpoint(path: Path, model, cfg: Config, meta: dict, tokenizer) -> Path:
-    from depthlab.train.checkpoint import save_checkpoint
+    from depthlab.checkpoint import save_checkpoint
 
     return save_checkpoint(path, model.state_dict(), cfg, meta, tokenizer)
 

@@ -462,10 +462,10 @@ def _flip_byte(path: Path) -> None:
 
 def build_world(root: Path) -> dict[str, str]:
     """The tiny world every case runs against; returns the placeholders."""
+    from depthlab.checkpoint import save_checkpoint
     from depthlab.config import Config
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.model import Transformer
-    from depthlab.train.checkpoint import save_checkpoint
 
     w = {"T": TINY}
     (root / "a.txt").write_text(_text(400))
@@ -596,8 +596,8 @@ def _issue34_world(root: Path, w: dict, cfg, tok) -> None:
     import torch
     from safetensors.torch import load_file
 
+    from depthlab.checkpoint import save_checkpoint
     from depthlab.model import Transformer
-    from depthlab.train.checkpoint import save_checkpoint
 
     for name, source in (("hf_pickle", "hf"), ("vit_pickle", "vit_hf")):
         d = root / name

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from depthlab.train.checkpoint import load_checkpoint
+from depthlab.loading import load_checkpoint
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "shakespeare"
 TINY = ["--set", "model.dim=32", "--set", "model.n_layers=3", "--set", "model.n_heads=2", "--set", "model.ffn_dim=64",

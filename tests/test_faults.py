@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from depthlab.checkpoint import list_checkpoints, verify_checkpoint
 from depthlab.cli import main
-from depthlab.rundir import LOCK_SUFFIX, list_checkpoints, verify_checkpoint
+from depthlab.paths import LOCK_SUFFIX
 from depthlab.train.callbacks import Callback
 from depthlab.train.trainer import Trainer
 from tests.test_trainer import TINY, losses, make_cfg
@@ -104,7 +105,7 @@ def test_every_writer_takes_the_lock(tmp_path, corpus, capsys):
     out = tmp_path / "out"
     holder = spawn("""
         import sys, time
-        from depthlab.rundir import locked
+        from depthlab.owned import locked
         with locked(sys.argv[1], "test"):
             print("held", flush=True)
             time.sleep(120)
@@ -158,7 +159,7 @@ def _valid(ckpt: Path) -> bool:
 
 
 def test_retention_keeps_the_newest_valid_checkpoint_when_fewer_than_keep_last(tmp_path):
-    from depthlab.train.checkpoint import prune_checkpoints
+    from depthlab.checkpoint import prune_checkpoints
     from tests.test_hf_fixtures import make_checkpoint
 
     run = tmp_path / "run"
@@ -350,7 +351,7 @@ def test_a_failed_file_write_leaves_the_old_files_whole(tmp_path):
     import errno
 
     from depthlab import UserError
-    from depthlab.rundir import writing_files
+    from depthlab.owned import writing_files
 
     old = [tmp_path / "t.md", tmp_path / "t.json"]
     for f in old:

@@ -60,7 +60,7 @@ def test_what_our_model_computes_differently_is_refused(family, kw, match):
 def test_import_cli_writes_a_loadable_checkpoint_with_the_tokenizer(tmp_path, capsys):
     from depthlab.cli import main
     from depthlab.hf.exporter import hf_tokenizer
-    from depthlab.train.checkpoint import load_checkpoint
+    from depthlab.loading import load_checkpoint
     from tests.test_hf_fixtures import word_tokenizer
 
     hf = tiny_hf("llama")

@@ -12,8 +12,8 @@ from depthlab.config import Config
 from depthlab.data.tokenizer import train_bpe
 from depthlab.hf.exporter import TOKENIZER_PROBE, export
 from depthlab.hf.importer import import_to_checkpoint, save_as_checkpoint
+from depthlab.loading import load_checkpoint
 from depthlab.model import Transformer
-from depthlab.train.checkpoint import load_checkpoint
 from tests.conftest import tiny_model_config
 from tests.test_hf_fixtures import tiny_hf, word_tokenizer
 

@@ -120,7 +120,8 @@ def test_lora_trains_only_the_adapters_and_resumes_bitwise_after_a_kill(bpe, tmp
 
 def adapted_model(ckpt):
     """The LoRA run's model as it trained: peft's adapters live (not merged), in eval mode."""
-    from depthlab.rundir import find_checkpoint, load_weights
+    from depthlab.checkpoint import load_weights
+    from depthlab.paths import find_checkpoint
 
     ckpt = find_checkpoint(ckpt)
     cfg = Config.load(ckpt / "config.json")

@@ -102,7 +102,7 @@ def test_loss_of_takes_the_chunked_path_only_for_depthlab_models():
     assert loss_of(model, idx, idx, "sum", loss_chunk=5).item() == pytest.approx(ref.item(), rel=1e-5)
     assert calls == [5]
 
-    class Logits(torch.nn.Module):  # an HF model behind rundir's logits wrapper takes no targets
+    class Logits(torch.nn.Module):  # an HF model behind hf.load's logits wrapper takes no targets
         def __init__(self, inner):
             super().__init__()
             self.inner = inner

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from depthlab.cli import main
-from depthlab.rundir import Kind, load_model, model_path, what_is
+from depthlab.hf.load import load_model
+from depthlab.paths import Kind, model_path, what_is
 from tests.test_hf_fixtures import WORDS, make_checkpoint
 
 TEXT = " ".join(WORDS * 30) + "\n"

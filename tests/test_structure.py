@@ -89,7 +89,7 @@ def test_no_import_cycle_among_depthlab_modules():
 
 def package_of(module: str) -> str:
     """The node a module counts as in the package graph: its subpackage of depthlab (depthlab.hf.cli: depthlab.hf),
-    or itself for a top-level module (depthlab.rundir, depthlab.cli, depthlab for __init__.py)."""
+    or itself for a top-level module (depthlab.paths, depthlab.cli, depthlab for __init__.py)."""
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 2 or (SRC / Path(*parts)).is_dir() else module
 
@@ -106,7 +106,7 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_package_graph_collapses_modules_onto_subpackages():
     assert package_of("depthlab.hf.cli") == "depthlab.hf" == package_of("depthlab.hf")
     assert package_of("depthlab.model.families.llama") == "depthlab.model"
-    assert package_of("depthlab.rundir") == "depthlab.rundir" and package_of("depthlab") == "depthlab"
+    assert package_of("depthlab.paths") == "depthlab.paths" and package_of("depthlab") == "depthlab"
     # two acyclic modules whose packages import each other: a cycle only the package graph shows
     modules_only = {"depthlab.data.a": {"depthlab.paths"}, "depthlab.paths": {"depthlab.data.b"},
                     "depthlab.data.b": set()}
@@ -131,7 +131,7 @@ def test_config_is_data_only():
 @pytest.mark.parametrize("module", ["depthlab.config", "depthlab.model", "depthlab.model.validate", "depthlab.hf.apply",
                                     "depthlab.hf.exporter", "depthlab.analysis.layerwise", "depthlab.cli",
                                     "depthlab.paths", "depthlab.owned", "depthlab.loading", "depthlab.hf.load",
-                                    "depthlab.metrics", "depthlab.rundir"])
+                                    "depthlab.metrics"])
 def test_modules_import_in_isolation(module):
     """Each in a fresh interpreter, so that no earlier import hides an order-dependent cycle."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
@@ -169,16 +169,6 @@ def test_no_module_keeps_its_own_list_of_scheme_names():
             if len(found) >= 2:
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {sorted(found)}")
     assert offenders == []
-
-
-def test_renamed_modules_keep_their_old_import_path():
-    """train/checkpoint.py became depthlab/checkpoint.py (the analysis facades are gone: this 0.1 package has no
-    outside users to keep old paths for)."""
-    from depthlab import checkpoint, rundir
-    from depthlab.train import checkpoint as old_checkpoint
-
-    assert old_checkpoint.save_checkpoint is checkpoint.save_checkpoint
-    assert old_checkpoint.load_checkpoint is rundir.load_checkpoint
 
 
 # ---------------------------------------------------------------------------------------------------- benchmarks/

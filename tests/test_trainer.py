@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from depthlab import UserError
+from depthlab.checkpoint import WEIGHTS, CorruptCheckpoint, list_checkpoints, verify_checkpoint
 from depthlab.config import Config, apply_overrides
+from depthlab.loading import load_checkpoint
 from depthlab.model import Transformer, lm_loss
-from depthlab.train import checkpoint as C
+from depthlab.paths import find_checkpoint
 from depthlab.train.callbacks import Callback, DepthMonitor
 from depthlab.train.trainer import Trainer, TrainingDiverged, read_metrics
 
@@ -67,7 +69,7 @@ def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
     proc.wait()
     killed_at = max(losses(run))
     assert killed_at < 40, "the run finished before it could be killed"
-    assert len(C.list_checkpoints(run)) <= 2  # keep_last
+    assert len(list_checkpoints(run)) <= 2  # keep_last
 
     res = cli("--run-dir", run, "--resume", "auto", *args)
     assert res.returncode == 0, res.stderr
@@ -75,7 +77,7 @@ def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
     expect, got = losses(tmp_path / "ref"), losses(run)
     assert list(got) == list(range(1, 41))  # no step logged twice, none missing
     assert got == expect  # bitwise: same floats, step for step
-    final = lambda d: json.loads((C.list_checkpoints(d)[-1] / "meta.json").read_text())["val_loss"]  # noqa: E731
+    final = lambda d: json.loads((list_checkpoints(d)[-1] / "meta.json").read_text())["val_loss"]  # noqa: E731
     assert final(run) == final(tmp_path / "ref")
 
 
@@ -133,13 +135,13 @@ def test_resume_auto_knows_one_file_by_another_path_and_refuses_another_file(tmp
 def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path, corpus):
     run = tmp_path / "run"
     assert cli("--run-dir", run, "--data", corpus, "--max-steps", 6, *sets(train__ckpt_every=3)).returncode == 0
-    first, last = C.list_checkpoints(run)
-    blob = bytearray((last / C.WEIGHTS).read_bytes())
+    first, last = list_checkpoints(run)
+    blob = bytearray((last / WEIGHTS).read_bytes())
     blob[-10] ^= 0xFF
-    (last / C.WEIGHTS).write_bytes(bytes(blob))
-    with pytest.raises(C.CorruptCheckpoint, match=f"does not match its checksum.*previous valid checkpoint is {first}"):
-        C.load_checkpoint(last)
-    assert C.find_checkpoint(run) == first  # run-level lookups fall back to the newest valid one
+    (last / WEIGHTS).write_bytes(bytes(blob))
+    with pytest.raises(CorruptCheckpoint, match=f"does not match its checksum.*previous valid checkpoint is {first}"):
+        load_checkpoint(last)
+    assert find_checkpoint(run) == first  # run-level lookups fall back to the newest valid one
     res = cli("--run-dir", run, "--resume", "auto", "--data", corpus, "--max-steps", 6, *sets(train__ckpt_every=3))
     assert res.returncode == 0, res.stderr
     assert "skipping corrupted checkpoint" in res.stderr and "resuming" in res.stderr and "step 3" in res.stderr
@@ -180,7 +182,7 @@ def test_nonfinite_weights_are_never_saved(tmp_path, corpus):
         trainer.module.lm_head.weight[0, 0] = float("inf")
     with pytest.raises(TrainingDiverged, match="refusing to save non-finite weights"):
         trainer.save()
-    assert not C.list_checkpoints(tmp_path / "run")
+    assert not list_checkpoints(tmp_path / "run")
 
 
 def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeypatch):
@@ -200,8 +202,8 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeyp
     monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
     with pytest.raises(UserError, match="cannot write checkpoint .*the disk is full.*earlier checkpoints are intact"):
         trainer.train()
-    (only,) = C.list_checkpoints(tmp_path / "run")
-    assert only.name == "step_0000002" and C.verify_checkpoint(only)["step"] == 2
+    (only,) = list_checkpoints(tmp_path / "run")
+    assert only.name == "step_0000002" and verify_checkpoint(only)["step"] == 2
     assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
 
 
@@ -317,12 +319,12 @@ def test_missing_optional_logger_is_a_clear_error(tmp_path, corpus):
 def test_init_from_continues_pretraining_with_another_scheme(tmp_path, corpus):
     base = cli("--run-dir", tmp_path / "base", "--scheme", "pre", "--data", corpus, "--max-steps", 6, *sets())
     assert base.returncode == 0, base.stderr
-    ckpt = C.list_checkpoints(tmp_path / "base")[-1]
+    ckpt = list_checkpoints(tmp_path / "base")[-1]
     res = cli("--run-dir", tmp_path / "cont", "--init-from", ckpt, "--scheme", "lns", "--data", corpus,
               "--max-steps", 2, "--set", "train.log_every=1", "--set", "train.warmup_steps=1")
     assert res.returncode == 0, res.stderr
     assert "starting from the weights" in res.stderr
-    model, cfg, _ = C.load_checkpoint(tmp_path / "cont")
+    model, cfg, _ = load_checkpoint(tmp_path / "cont")
     assert cfg.model.norm_scheme == "lns" and cfg.model.dim == 32 and cfg.train.init_from == str(ckpt)
     # the same tokenizer as the checkpoint it started from, and its loss starts where that one ended, not at log(V)
     assert (tmp_path / "cont" / "tokenizer.json").read_text() == (ckpt / "tokenizer.json").read_text()

@@ -127,7 +127,7 @@ def test_unexportable_vits_are_refused_in_one_line_with_exit_2(tmp_path, scheme,
 
 def test_depthlab_export_of_a_trained_digits_run_loads_in_stock_transformers(tmp_path, capsys):
     from depthlab.data.images import build_image_data
-    from depthlab.rundir import load_checkpoint
+    from depthlab.loading import load_checkpoint
     from depthlab.train.trainer import train
 
     cfg = apply_overrides(preset("vit-digits"), [

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from depthlab import UserError
+from depthlab.checkpoint import list_checkpoints
 from depthlab.config import apply_overrides
 from depthlab.model.families import preset
-from depthlab.train import checkpoint as C
 from depthlab.train.trainer import Trainer, train
 
 SMALL = ["model.dim=64", "model.n_layers=4", "model.n_heads=4", "model.ffn_dim=128", "train.batch_size=32",
@@ -70,7 +70,7 @@ def test_vit_sigkill_then_resume_reproduces_losses_bitwise(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
     assert list(losses(run)) == list(range(1, 31)) and losses(run) == losses(tmp_path / "ref")
-    final = lambda d: json.loads((C.list_checkpoints(d)[-1] / "meta.json").read_text())  # noqa: E731
+    final = lambda d: json.loads((list_checkpoints(d)[-1] / "meta.json").read_text())  # noqa: E731
     assert (final(run)["val_loss"], final(run)["val_acc"]) == (final(tmp_path / "ref")["val_loss"],
                                                                final(tmp_path / "ref")["val_acc"])
     ev = cli("eval", tmp_path / "ref")  # the run's own validation split, the same number as training's last

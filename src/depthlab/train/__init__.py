@@ -10,7 +10,6 @@ runtime.py      the toolbox the loop shares with eval / analysis / hf: device, s
 finetune.py     supervised fine-tuning on instruction data (loss on the response tokens only)
 lora.py         LoRA through peft: adapters on the loaded weights, their checkpoint names, merging on load
 optim.py        AdamW with decay on matrices only, linear warmup then cosine decay to a floor
-checkpoint.py   the old import path of depthlab.checkpoint (the checkpoint format: safetensors, atomic writes, sha256)
 callbacks.py    depth monitors, TensorBoard and Weights & Biases loggers, as trainer callbacks
 distributed.py  torchrun: DDP or FSDP2 applied after the model is built, full-state checkpoints
 flops.py        training FLOPs per token and the device's peak, for MFU
