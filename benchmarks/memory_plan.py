@@ -18,6 +18,7 @@ FSDP (gloo) and FakeTensorMode for the paper presets.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +66,41 @@ def measure(dim: int, layers: int, batch: int, seq: int, ac: bool, work: Path) -
                 "ratio": plan[c] / measured[c] if measured[c] else None} for c in measured}
     return {"config": {"dim": dim, "n_layers": layers, "batch": batch, "seq": seq, "activation_checkpointing": ac},
             "categories": rows}
+
+
+def _label(c: dict) -> str:
+    """A ladder row's name: a preset's, else width x depth, batch x sequence; its ranks, checkpointing, tensors."""
+    shape = c.get("preset") or f"{c['dim']} x {c['n_layers']}, {c['batch']} x {c['seq']}"
+    return (f"{shape} | {c.get('world_size', 1)} | {'on' if c['activation_checkpointing'] else 'off'} | "
+            f"{c.get('tensors', 'real')}")
+
+
+def page_lines(path: Path = RESULTS / "memory_plan.json") -> list[str]:
+    """The results page's section: estimate / measured per category per config, the largest errors and the
+    command that reproduces them; [] before the benchmark has run."""
+    if not path.exists():
+        return []
+    r = json.loads(path.read_text())
+    cats = list(r["rows"][0]["categories"])
+    out = ["## Memory: the dry-run plan against a tracker", "",
+           "`depthlab train --dry-run`'s bytes per rank (src/depthlab/train/plan.py) beside the peak that PyTorch's "
+           "MemTracker (FSDPMemTracker under FSDP) measures over two training steps, per category, in MiB: "
+           "estimate / measured (ratio). Real tensors on the CPU (fp32; FSDP over gloo ranks), or FakeTensorMode "
+           "(no memory allocated) for the paper presets. A category the tracker saw none of at the peak reads "
+           "\"none at the peak\".", "",
+           "| model, batch x seq | ranks | AC | tensors | " + " | ".join(cats) + " |",
+           "|---|---|---|---|" + "---:|" * len(cats)]
+    for row in r["rows"]:
+        out.append(f"| {_label(row['config'])} | " + " | ".join(
+            f"{v['estimate'] / 2**20:,.1f} / {v['measured'] / 2**20:,.1f} "
+            + (f"({v['ratio']:.2f})" if v["ratio"] else "(none at the peak)")
+            for v in row["categories"].values()) + " |")
+    worst = r["largest_error"]
+    out += ["", "Largest |estimate / measured - 1|: " + ", ".join(f"{k} {v:.0%}" for k, v in worst.items())
+            + f". Reproduce: `python -m benchmarks.memory_plan{' ' + ' '.join(r['argv']) if r['argv'] else ''}` "
+            f"(commit {r['env'].get('git_commit')}, torch {r['env'].get('torch')})."]
+    out += [f"- {_label(row['config'])}: {row['note']}" for row in r["rows"] if row.get("note")]
+    return out + [""]
 
 
 def main(argv=None) -> dict:
