@@ -150,7 +150,7 @@ def test_presets_have_the_published_sizes(name, arch, published):
 def test_import_continue_with_lns_and_export_for_every_family(arch, tmp_path):
     from depthlab.cli import main
     from depthlab.hf.exporter import hf_tokenizer
-    from depthlab.hf.load import load_model
+    from depthlab.loading import load_model
 
     hf = tiny_hf(arch, tie_word_embeddings=arch == "qwen2", vocab_size=17)
     with torch.no_grad():

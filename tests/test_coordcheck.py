@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from depthlab.analysis.coordcheck import RECORDS, coord_check, depth_slope
 from depthlab.cli import main
 from depthlab.config import Config, apply_overrides
+from depthlab.train.coordcheck import RECORDS, coord_check, depth_slope
 
 TINY = ["model.dim=32", "model.n_heads=2", "model.ffn_dim=64", "model.vocab_size=300", "model.init_std=auto",
         "data.seq_len=32", "train.batch_size=4", "train.lr=1e-2", "train.threads=1"]

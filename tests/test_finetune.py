@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from depthlab.config import Config
+from depthlab.data.instructions import prompt_of, read_records
 from depthlab.hf.importer import save_as_checkpoint
 from depthlab.model import Transformer
 from depthlab.train.callbacks import Callback
@@ -19,8 +20,6 @@ from depthlab.train.finetune import (
     build_instruction_data,
     encode_example,
     finetune_config,
-    prompt_of,
-    read_records,
     response_loss,
 )
 from depthlab.train.trainer import Trainer

@@ -118,7 +118,7 @@ def test_a_lora_rank_above_the_narrowest_adapted_layer_is_refused():
 
 
 def test_a_lora_alpha_must_be_finite():
-    from depthlab.train.lora import check_lora
+    from depthlab.model.lora import check_lora
 
     with pytest.raises(UserError, match="positive finite"):
         check_lora(LoraConfig(rank=4, alpha=float("inf")))

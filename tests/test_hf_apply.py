@@ -5,8 +5,8 @@ import torch
 
 from depthlab import UserError
 from depthlab.hf import apply_scheme, import_hf, load_pretrained
-from depthlab.hf.apply import current_scheme
-from depthlab.hf.blocks import block_norms, find_blocks
+from depthlab.model.apply import current_scheme
+from depthlab.model.blocks import block_norms, find_blocks
 from tests.scheme_oracles import names as oracle_names
 from tests.test_hf_fixtures import FAMILIES, tiny_hf
 

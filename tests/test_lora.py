@@ -12,8 +12,7 @@ import torch
 
 from depthlab.config import Config, LoraConfig
 from depthlab.hf.importer import save_as_checkpoint
-from depthlab.model import SCHEMES, Transformer
-from depthlab.train import lora as L
+from depthlab.model import SCHEMES, Transformer, lora as L
 from depthlab.train.callbacks import Callback
 from depthlab.train.finetune import Finetuning, build_instruction_data, finetune_config, response_loss
 from depthlab.train.trainer import Trainer

@@ -73,7 +73,7 @@ def test_import_of_stock_mistral_keeps_the_window(impl, tmp_path):
 
 def test_train_export_import_from_the_cli(tmp_path, corpus):
     from depthlab.cli import main
-    from depthlab.hf.load import load_model
+    from depthlab.loading import load_model
 
     sets = [f"model.{k}={v}" for k, v in dict(arch="mistral", sliding_window=6, dim=32, n_layers=2, n_heads=4,
                                                 n_kv_heads=2, ffn_dim=64, vocab_size=300, max_seq_len=64).items()]

@@ -162,7 +162,7 @@ def test_mmlu_input_errors_are_one_line(world, tmp_path, capsys):
 def test_the_recipe_from_pretraining_to_the_paper_table(world, tmp_path, capsys):
     """docs/downstream.md's recipe on tiny models: pretrain pre and lns, fine-tune both (full and LoRA), one
     table."""
-    from depthlab.train.finetune import prompt_of, read_records
+    from depthlab.data.instructions import prompt_of, read_records
     from tests.test_commonsense import EVAL
     from tests.test_finetune import TRAIN
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from depthlab.cli import main
-from depthlab.hf.load import load_model
+from depthlab.loading import load_model
 from depthlab.paths import Kind, model_path, what_is
 from tests.test_hf_fixtures import WORDS, make_checkpoint
 

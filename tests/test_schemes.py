@@ -250,8 +250,8 @@ def test_every_scheme_declares_what_the_rest_of_the_code_asks(scheme):
 def test_a_new_scheme_is_one_class_and_one_registration():
     """A scheme registered in a test reaches the model, validation, init, export and hf.apply_scheme."""
     from depthlab.config import Config, DataConfig
-    from depthlab.hf.apply import apply_scheme
     from depthlab.hf.exporter import hf_weights_and_config
+    from depthlab.model.apply import apply_scheme
     from depthlab.model.schemes import register
     from depthlab.model.validate import validate
 

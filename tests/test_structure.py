@@ -114,12 +114,26 @@ def test_package_graph_collapses_modules_onto_subpackages():
     assert find_cycle(package_graph(modules_only)) == ["depthlab.data", "depthlab.paths", "depthlab.data"]
     graph = package_graph(import_graph())
     assert {"depthlab.data", "depthlab.model", "depthlab.paths"} <= graph["depthlab.train"]
-    assert "depthlab.hf" in graph["depthlab.analysis"] and "depthlab.train" in graph["depthlab.hf"]
+    assert "depthlab.model" in graph["depthlab.hf"] and "depthlab.loading" in graph["depthlab.analysis"]
+
+
+SIBLINGS = ("depthlab.hf", "depthlab.analysis", "depthlab.train")
+
+
+def test_hf_analysis_and_train_are_siblings():
+    """None of the three command packages imports another's modules: what two of them share (device resolution,
+    instruction records, LoRA, loading any model, finding an HF model's blocks) lives in a layer below them."""
+    graph = package_graph(import_graph())
+    crossing = sorted(f"{a} -> {b}" for a in SIBLINGS for b in graph[a] if b in SIBLINGS)
+    assert crossing == []
+    offenders = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps
+                       if package_of(m) in SIBLINGS and package_of(d) in SIBLINGS and package_of(d) != package_of(m))
+    assert offenders == []
 
 
 def test_no_import_cycle_among_depthlab_packages():
     """depthlab.data, .hf, .train, .model, .analysis, .study and the top-level modules (each its own node) form a
-    DAG: paths, owned, loading and metrics sit below the packages that use them, hf.load above loading."""
+    DAG: paths, owned, loading and metrics sit below the packages that use them."""
     cycle = find_cycle(package_graph(import_graph()))
     assert cycle is None, " -> ".join(cycle)
 
@@ -128,9 +142,9 @@ def test_config_is_data_only():
     assert not {m for m in import_graph()["depthlab.config"] if m.startswith("depthlab.model")}
 
 
-@pytest.mark.parametrize("module", ["depthlab.config", "depthlab.model", "depthlab.model.validate", "depthlab.hf.apply",
-                                    "depthlab.hf.exporter", "depthlab.analysis.layerwise", "depthlab.cli",
-                                    "depthlab.paths", "depthlab.owned", "depthlab.loading", "depthlab.hf.load",
+@pytest.mark.parametrize("module", ["depthlab.config", "depthlab.model", "depthlab.model.validate",
+                                    "depthlab.model.apply", "depthlab.hf.exporter", "depthlab.analysis.layerwise",
+                                    "depthlab.cli", "depthlab.paths", "depthlab.owned", "depthlab.loading",
                                     "depthlab.metrics"])
 def test_modules_import_in_isolation(module):
     """Each in a fresh interpreter, so that no earlier import hides an order-dependent cycle."""

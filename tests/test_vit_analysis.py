@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from depthlab.cli import main
 from depthlab.config import apply_overrides
 from depthlab.data.images import build_image_data, hold_out
-from depthlab.hf.load import load_model
+from depthlab.loading import load_model
 from depthlab.metrics import angular_distance
 from depthlab.model.families import preset
 from depthlab.train.trainer import train

@@ -14,8 +14,7 @@ from pathlib import Path
 from depthlab import UserError, __version__
 
 # Packages that add their own subcommands: each module has `add_commands(subparsers)`.
-COMMAND_MODULES: tuple[str, ...] = ("depthlab.data.cli", "depthlab.hf.cli", "depthlab.analysis.cli",
-                                     "depthlab.analysis.coordcheck")
+COMMAND_MODULES: tuple[str, ...] = ("depthlab.data.cli", "depthlab.hf.cli", "depthlab.analysis.cli")
 
 EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set model.n_layers=24 --set train.lr=2e-3"
 
@@ -137,8 +136,8 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from depthlab.hf.load import load_model
-    from depthlab.train.runtime import resolve_device
+    from depthlab.device import resolve_device
+    from depthlab.loading import load_model
 
     refuse_meaningless(args)
     device = resolve_device(args.device, "--device")
@@ -444,7 +443,50 @@ def make_parser() -> argparse.ArgumentParser:
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
+    add_coord_check(sub)
     return p
+
+
+def add_coord_check(sub) -> None:
+    from depthlab.flags import at_least
+
+    p = sub.add_parser("coord-check", help="depth coordinate check: a few steps at several depths, each block's "
+                       "update and activation scale against depth (flat = the rate carries over)",
+                       description="Train --steps steps of the config at each of --depths (seeds 0..--seeds-1), "
+                       "record each block's update since init, its relative update and its activation RMS, and "
+                       "draw them against depth. Records accumulate in OUT/coord_check.jsonl under --name, so "
+                       "several parameterizations share one figure (OUT/coord_check.png).")
+    p.add_argument("--preset", help="starting config (default: cpu-tiny)")
+    p.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
+    p.add_argument("--scheme", help="model.norm_scheme")
+    p.add_argument("--data", nargs="+", metavar="PATH", help="text / prepared data (default: the built-in corpus)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable), e.g. "
+                   "--set model.depth_alpha=1 --set model.depth_base=2")
+    p.add_argument("--depths", nargs="+", type=at_least(1), default=[2, 4, 8, 16, 32, 64])
+    p.add_argument("--seeds", type=at_least(1), default=3, help="seeds per depth (default 3)")
+    p.add_argument("--steps", type=at_least(1), default=5, help="Adam steps at a constant rate (default 5)")
+    p.add_argument("--name", help="the parameterization's label (default: the scheme and --set overrides)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the records and figures")
+    p.set_defaults(func=cmd_coord_check, resume=None, run_dir=None, max_steps=None, init_from=None)
+
+
+def cmd_coord_check(args) -> None:
+    from depthlab.train.coordcheck import coord_check, depth_slope, keep_records, plot, slug
+
+    out = Path(args.out)
+    cfg = build_config(argparse_without_out(args))
+    name = args.name or " ".join([cfg.model.norm_scheme, *(args.set or [])])
+    records = coord_check(cfg, sorted(set(args.depths)), args.seeds, args.steps, name)
+    kept = keep_records(out, name, records)
+    mine = plot(records, out / f"coord_check_{slug(name)}.png")
+    both = plot(kept, out / "coord_check.png")
+    print(f"{name}: slope of log update against log depth {depth_slope(records):+.3f} (0 = flat); "
+          f"figures {mine}, {both}")
+
+
+def argparse_without_out(args):
+    """build_config reads --out as train.out_dir; coord-check's --out is its own folder."""
+    return argparse.Namespace(**{**vars(args), "out": None})
 
 
 def add_eval(sub) -> None:

@@ -108,7 +108,7 @@ LORA_TARGETS = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "o":
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters (depthlab finetune --lora; depthlab.train.lora): rank 0 trains every weight."""
+    """LoRA adapters (depthlab finetune --lora; depthlab.model.lora): rank 0 trains every weight."""
 
     rank: int = 0
     alpha: float = 64.0  # the adapters' output is scaled by alpha / rank

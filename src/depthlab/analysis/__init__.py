@@ -2,10 +2,9 @@
 
     layers.py       discover blocks / final norm / head of a depthlab or HF model; capture and replay blocks
     calibration.py  calibration text -> batches with a mask of real tokens; a ViT's validation images
-    metrics.py      the metric definitions (their old path; they live in depthlab.metrics)
     removal.py      layer removal from cached prefix activations
     jacobian.py     block and output Jacobians by random projections, one token's block Jacobian
-    analyze.py      the analysis runs: `analyze` (whole-model mode) and `analyze_layerwise` (study.py: its old path)
+    analyze.py      the analysis runs: `analyze` (whole-model mode) and `analyze_layerwise`
     results.py      what a result is: its kind (a language model's or an image classifier's), read by the report
     layerwise.py    the one-block skeleton for layer-by-layer mode
     report.py       metrics.json, CSV, PNG plots, self-contained HTML

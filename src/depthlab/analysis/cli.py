@@ -61,7 +61,7 @@ def _request(args, model: str):
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=removal, jacobian=not args.no_jacobian,
                    probes=args.probes, curse=curse, progress=not args.no_progress)
-    from depthlab.train.runtime import resolve_device
+    from depthlab.device import resolve_device
 
     device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,

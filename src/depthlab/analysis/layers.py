@@ -21,7 +21,7 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.analysis.calibration import last_real_index
-from depthlab.hf.blocks import find_blocks  # generic block discovery lives in one place, shared with hf/
+from depthlab.model.blocks import find_blocks  # generic block discovery lives in one place, shared with hf/
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
 
@@ -261,7 +261,7 @@ def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
     return [(getattr(b, probe), "input") for b in lm.blocks]
 
 
-# --- wrapping loaded models (loading itself is depthlab.hf.load's) -----------------------------------------
+# --- wrapping loaded models (loading itself is depthlab.loading's) -----------------------------------------
 
 def from_depthlab(model, name: str) -> LayeredLM:
     from depthlab.model.vit import ViT

@@ -17,8 +17,7 @@ from safetensors import safe_open
 from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
 from depthlab.checkpoint import CONFIG, TOKENIZER, WEIGHTS, is_sharded, read_weights, weight_names
-from depthlab.hf.load import hf_context, load_hf_tokenizer
-from depthlab.loading import torch_dtype
+from depthlab.loading import hf_context, load_hf_tokenizer, torch_dtype
 from depthlab.paths import Kind, model_path
 
 

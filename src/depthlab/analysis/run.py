@@ -46,10 +46,10 @@ class LayeredModel:
 
 def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float32",
                  device: str = "cpu") -> LayeredModel:
-    """Any model path (depthlab.hf.load.load_model: a run, a checkpoint, an HF directory) as a LayeredLM, on
+    """Any model path (depthlab.loading.load_model: a run, a checkpoint, an HF directory) as a LayeredLM, on
     `device` in `dtype` (the metrics are accumulated in fp32/fp64 whatever the model's dtype)."""
     from depthlab.analysis.layers import from_depthlab, from_hf
-    from depthlab.hf.load import load_model
+    from depthlab.loading import load_model
     from depthlab.paths import Kind
 
     loaded = load_model(path, device, dtype, trust_remote_code=trust_remote_code)

@@ -6,8 +6,6 @@ multiple-choice evaluation.
     adapter.py    a LoRA fine-tune's adapters -> a peft adapter directory (`depthlab export --adapter-only`)
     importer.py   an HF Llama-family checkpoint -> a depthlab Transformer / checkpoint (`depthlab import`)
     vit.py        a depthlab ViT <-> stock ViTForImageClassification (export's ViT branch; import_hf_vit)
-    blocks.py     find an HF model's decoder blocks and their norms without knowing its family
-    apply.py      apply_scheme / load_pretrained: LNS on an HF model, saved with the scale folded
     pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`)
     mc_eval.py    zero-shot multiple choice by log-likelihood, lm-evaluation-harness's semantics (`eval --tasks`)
     harness.py    lm-evaluation-harness itself on any depthlab model, an lm_eval LM adapter (`eval --harness`)
@@ -15,11 +13,14 @@ multiple-choice evaluation.
                   Table-2-style table (`eval --commonsense`)
     cli.py        `depthlab export | prune | import`, `eval --harness`
 
-The public names load on first use, so that `depthlab --help` (which imports depthlab.hf.cli) stays fast.
+apply_scheme / load_pretrained (LNS on an HF model) live in depthlab.model.apply, below every command, and
+are re-exported here as the public API. The public names load on first use, so that `depthlab --help` (which
+imports depthlab.hf.cli) stays fast.
 """
 
 _API = {
-    "apply_scheme": "apply", "load_pretrained": "apply", "export": "exporter", "import_hf": "importer",
+    "apply_scheme": "depthlab.model.apply", "load_pretrained": "depthlab.model.apply",
+    "export": "exporter", "import_hf": "importer",
     "import_hf_vit": "vit", "evaluate_tasks": "mc_eval", "prune": "pruning", "prune_layers": "pruning",
 }
 __all__ = list(_API)
@@ -30,4 +31,4 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'depthlab.hf' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(f"depthlab.hf.{_API[name]}"), name)
+    return getattr(importlib.import_module(_API[name] if "." in _API[name] else f"depthlab.hf.{_API[name]}"), name)

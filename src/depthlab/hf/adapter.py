@@ -24,11 +24,10 @@ from depthlab.checkpoint import CONFIG, load_verified, load_weights, save_weight
 from depthlab.config import Config
 from depthlab.hf.convert import from_hf_state_dict
 from depthlab.hf.exporter import hf_weights_and_config
-from depthlab.loading import adapters, base_weights
 from depthlab.model import build_model
+from depthlab.model.lora import adapters, base_weights, peft_config, require_peft
 from depthlab.owned import writing
 from depthlab.paths import EXPORT_INFO, find_checkpoint
-from depthlab.train.lora import peft_config, require_peft
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 

@@ -15,7 +15,7 @@ OVERWRITE = "replace OUT_DIR even if it is not this command's own kind of output
 
 def cmd_export(args) -> None:
     from depthlab.hf.exporter import export
-    from depthlab.hf.load import quiet_transformers
+    from depthlab.loading import quiet_transformers
     from depthlab.owned import refuse_own_input
 
     refuse_own_input(args.out_dir, [args.source], "export")  # either kind, --overwrite or not
@@ -34,8 +34,8 @@ def cmd_export(args) -> None:
 
 
 def cmd_prune(args) -> None:
-    from depthlab.hf.load import quiet_transformers
     from depthlab.hf.pruning import parse_span, prune
+    from depthlab.loading import quiet_transformers
 
     quiet_transformers()
     start, end = parse_span(args.remove)
@@ -45,7 +45,7 @@ def cmd_prune(args) -> None:
 
 def cmd_import(args) -> None:
     from depthlab.hf.importer import import_to_checkpoint
-    from depthlab.hf.load import quiet_transformers
+    from depthlab.loading import quiet_transformers
 
     quiet_transformers()
     out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len,
@@ -56,8 +56,8 @@ def cmd_import(args) -> None:
 def cmd_harness(args) -> None:
     import importlib.util
 
-    from depthlab.hf.load import load_model
-    from depthlab.train.runtime import resolve_device
+    from depthlab.device import resolve_device
+    from depthlab.loading import load_model
 
     given = [name for name, value in (("--tasks", args.tasks), ("--data", args.data),
                                       ("--commonsense", args.commonsense), ("--seq-len", args.seq_len)) if value]

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
+from depthlab.data.instructions import prompt_of, read_records
 from depthlab.hf.mc_eval import Scorer, argmax, score_pairs
-from depthlab.train.finetune import prompt_of, read_records
 
 # LLM-Adapters' directory name -> (the paper's column, the answer vocabulary of extract_answer)
 TASKS = {

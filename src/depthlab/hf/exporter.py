@@ -95,7 +95,7 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
     The directory is written whole (depthlab.owned.writing): an existing `out_dir` must be an earlier export or
     prune, unless `overwrite`."""
     from depthlab.checkpoint import warn
-    from depthlab.hf.load import load_model
+    from depthlab.loading import load_model
     from depthlab.owned import is_depthlab_hf, refuse_own_input, writing
     from depthlab.paths import Kind, what_is
 

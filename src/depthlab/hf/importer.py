@@ -28,7 +28,7 @@ MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k posit
 def _load(src):
     if isinstance(src, torch.nn.Module):
         return src
-    from depthlab.hf.apply import load_pretrained
+    from depthlab.model.apply import load_pretrained
 
     return load_pretrained(src, dtype=torch.float32)
 

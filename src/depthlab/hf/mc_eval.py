@@ -96,7 +96,7 @@ def start_token(tok) -> int | None:
 
 
 def scorer_for(loaded) -> Scorer:
-    """A scorer for a model loaded by depthlab.hf.load.load_model (a depthlab checkpoint or an HF model)."""
+    """A scorer for a model loaded by depthlab.loading.load_model (a depthlab checkpoint or an HF model)."""
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         raise UserError(f"scoring text needs a language model, and {loaded.path} is a ViT (an image classifier)")
     device = next(loaded.model.parameters()).device
@@ -117,8 +117,8 @@ def scorer_for(loaded) -> Scorer:
 
 def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
     """A scorer for any model path: a depthlab checkpoint or run, or a Hugging Face model directory."""
-    from depthlab.hf.load import load_model
-    from depthlab.train.runtime import resolve_device
+    from depthlab.device import resolve_device
+    from depthlab.loading import load_model
 
     return scorer_for(load_model(path, device=str(resolve_device(device))))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from depthlab import UserError
-from depthlab.hf.blocks import find_blocks
+from depthlab.model.blocks import find_blocks
 
 
 def parse_span(text: str) -> tuple[int, int]:
@@ -98,8 +98,8 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite:
     prune, unless `overwrite`."""
     from transformers import AutoTokenizer
 
-    from depthlab.hf.apply import load_pretrained
     from depthlab.hf.exporter import export
+    from depthlab.model.apply import load_pretrained
     from depthlab.owned import is_depthlab_hf, writing
     from depthlab.paths import EXPORT_INFO, Kind, model_path
 

@@ -145,7 +145,7 @@ def image_processor_dict(cfg: ModelConfig, meta: dict) -> dict | None:
 
 
 def export_vit(loaded, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """depthlab.hf.exporter.export for a ViT checkpoint (`loaded`: depthlab.hf.load.load_model's): config.json,
+    """depthlab.hf.exporter.export for a ViT checkpoint (`loaded`: depthlab.loading.load_model's): config.json,
     model.safetensors, preprocessor_config.json (when the run recorded its pixel statistics) and the provenance
     file, written whole."""
     from depthlab.owned import is_depthlab_hf, writing

@@ -9,6 +9,9 @@
     vit.py          ViT: patches -> the same scheme blocks (vit family: LayerNorm, GELU, no RoPE) -> class head
     families/       the model families (llama, qwen2, olmo, olmo2, vit, ...), one module each: parts, HF
                     mapping, import rules, FLOPs, validation, presets (families/base.py: the spec)
+    apply.py        apply_scheme / load_pretrained: a scheme (LNS) patched onto any HF decoder, saved folded
+    blocks.py       find any model's decoder blocks and their norms without knowing its family
+    lora.py         LoRA through peft: adapters on a model's linear layers, their checkpoint names
     loss.py         lm_loss, and linear_cross_entropy: LM head + cross-entropy by chunks, never the full logits
     validate.py     validate(config): every setting checked, against the registries too (exit 2 in the CLI)
 """

@@ -128,7 +128,7 @@ class _Project(torch.autograd.Function):
 def project(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """(linear(x) for each linear), as nn.Linear under autocast computes them, saving for backward at most one
     copy of x and no copy of a weight (see _Project). A projection that is not a plain nn.Linear (a LoRA adapter's
-    wrapper, depthlab.train.lora) is called as the module it is: reading its weight would skip the adapter."""
+    wrapper, depthlab.model.lora) is called as the module it is: reading its weight would skip the adapter."""
     if not all(type(lin) is nn.Linear for lin in linears):
         return tuple(lin(x) for lin in linears)
     params = [t for lin in linears for t in (lin.weight, lin.bias)]

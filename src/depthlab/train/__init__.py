@@ -5,11 +5,11 @@ trainer.py      the loop: packed batches, gradient accumulation, bf16 autocast, 
 tasks.py        what a run trains on: the Task interface (data, sampler, validation, checkpoint meta) and
                 LanguageModelling; vision.py ImageClassification and finetune.py Finetuning are the others
 vision.py       image classification for model.arch=vit
-runtime.py      the toolbox the loop shares with eval / analysis / hf: device, seeding and RNG state, autocast,
+runtime.py      the toolbox the loop shares with eval and the studies: seeding and RNG state, autocast,
                 per-token evaluation, run-directory naming, environment record, config diffs
 finetune.py     supervised fine-tuning on instruction data (loss on the response tokens only)
-lora.py         LoRA through peft: adapters on the loaded weights, their checkpoint names, merging on load
 optim.py        AdamW with decay on matrices only, linear warmup then cosine decay to a floor
+coordcheck.py   `depthlab coord-check`: a few steps at several depths, each block's update and scale
 callbacks.py    depth monitors, TensorBoard and Weights & Biases loggers, as trainer callbacks
 distributed.py  torchrun: DDP or FSDP2 applied after the model is built, full-state checkpoints
 flops.py        training FLOPs per token and the device's peak, for MFU

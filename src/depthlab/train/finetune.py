@@ -18,7 +18,6 @@ metrics.jsonl, progress bar.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ import torch
 
 from depthlab import UserError
 from depthlab.data.dataset import SeededOrder, TokenData
+from depthlab.data.instructions import prompt_of, read_records
 from depthlab.data.tokenizer import eot_id
 from depthlab.model import loss_of
 from depthlab.train import distributed as D
@@ -37,92 +37,6 @@ from depthlab.train.tasks import LanguageModelling
 from depthlab.train.trainer import Trainer
 
 IGNORE = -100
-FIELDS = ("instruction", "input", "output")
-PROMPT_WITH_INPUT = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. "
-    "Write a response that appropriately completes the request. \n\n"
-    "                ### Instruction:\n                {instruction}\n                \n"
-    "                ### Input:\n                {input}\n                \n"
-    "                ### Response:\n                ")
-PROMPT_NO_INPUT = (
-    "Below is an instruction that describes a task. Write a response that appropriately completes the request.  \n\n"
-    "                ### Instruction:\n                {instruction}\n                \n"
-    "                ### Response:\n                ")
-
-
-def prompt_of(instruction: str, input: str = "") -> str:
-    """LLM-Adapters' generate_prompt without the output: what the response follows."""
-    if input:
-        return PROMPT_WITH_INPUT.format(instruction=instruction, input=input)
-    return PROMPT_NO_INPUT.format(instruction=instruction)
-
-
-def _objects(text: str, path: Path):
-    """(line number, object) for each record of a JSON array or of JSON lines."""
-    dec = json.JSONDecoder()
-    body = text.strip()
-    if body.startswith("{") and "\n" in body:  # JSON lines never span lines: one object holds the whole file
-        try:
-            whole = json.loads(body)
-        except (ValueError, RecursionError):
-            whole = None
-        if isinstance(whole, dict):
-            raise UserError(f"{path}: one JSON object (keys {', '.join(map(str, list(whole)[:5]))}), not an array "
-                            "of records or JSON lines")
-    if not body.startswith("["):
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    yield n, json.loads(line)
-                except ValueError as e:
-                    raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
-                except RecursionError:
-                    raise UserError(f"{path}:{n}: JSON nested too deeply for a record") from None
-        return
-    pos = text.index("[") + 1
-    line, counted = 1, 0  # the line of `pos`, counted incrementally (a count from 0 each time is quadratic)
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text):
-            raise UserError(f"{path}:{text.rstrip().count(chr(10)) + 1}: the JSON array is not closed (a truncated "
-                            "file?)")
-        if text[pos] == "]":
-            return
-        line, counted = line + text.count("\n", counted, pos), pos
-        try:
-            obj, pos = dec.raw_decode(text, pos)
-        except ValueError as e:
-            raise UserError(f"{path}:{text.count(chr(10), 0, e.pos) + 1}: not JSON ({e.msg})") from None
-        except RecursionError:
-            raise UserError(f"{path}:{line}: JSON nested too deeply for a record") from None
-        yield line, obj
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """The records of an instruction file; a malformed one is one error line naming its line."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read instruction file {path}: {e}") from None
-    out = []
-    for n, rec in _objects(text, path):
-        if not isinstance(rec, dict):
-            raise UserError(f"{path}:{n}: expected an object with 'instruction', 'input' and 'output'")
-        if not any(k in rec for k in FIELDS):
-            raise UserError(f"{path}:{n}: expected an object with 'instruction', 'input' and 'output', found keys "
-                            f"{', '.join(map(str, list(rec)[:5])) or '(none)'}")
-        bad = [k for k in FIELDS if not isinstance(rec.get(k, "" if k == "input" else None), str)]
-        if bad or not rec["instruction"].strip() or not rec["output"].strip():
-            raise UserError(f"{path}:{n}: a record needs string 'instruction' and 'output' (non-empty) and "
-                            f"'input'; bad: {', '.join(bad) or 'empty instruction or output'}")
-        out.append({**rec, "input": rec.get("input", ""), "line": n})
-    if not out:
-        raise UserError(f"instruction file {path} holds no records")
-    return out
-
-
 def encode_examples(tok, records: list[dict], start: int | None, eot: int) -> list[tuple[list[int], int]]:
     """(token ids, number of prompt tokens) of each record: start, prompt, response, end of text."""
     prompts = tok.encode_batch([prompt_of(r["instruction"], r["input"]) for r in records], add_special_tokens=False)
@@ -252,12 +166,12 @@ def finetune_config(model: str, data: str, seq_len: int | None = None, overrides
     """The fine-tuning config: the model's own architecture and data settings, its weights as init_from, the
     instruction file as data, and fine-tuning defaults (lr 3e-4 -- LLM-Adapters' full fine-tuning used 1e-4 to
     3e-4 on 7B models, and 3e-4 for LoRA --, 100 warmup steps scaled down to the run, weight decay 0) before --set
-    overrides. `lora` (a LoraConfig): LoRA adapters instead of full fine-tuning (depthlab.train.lora)."""
+    overrides. `lora` (a LoraConfig): LoRA adapters instead of full fine-tuning (depthlab.model.lora)."""
     from depthlab.checkpoint import CONFIG
     from depthlab.config import Config, LoraConfig, apply_overrides
+    from depthlab.model.lora import check_lora, require_peft
     from depthlab.model.validate import validate
     from depthlab.paths import find_checkpoint
-    from depthlab.train.lora import check_lora, require_peft
 
     ckpt = find_checkpoint(model)
     cfg = Config.load(ckpt / CONFIG)

@@ -1,5 +1,5 @@
-"""The trainer's toolbox, shared with evaluation, analysis and interop: device resolution, seeding and RNG state,
-autocast, per-token evaluation, run-directory naming, the environment record and config diffs."""
+"""The trainer's toolbox, shared with evaluation and the studies: seeding and RNG state, autocast, per-token
+evaluation, run-directory naming, the environment record and config diffs."""
 
 from __future__ import annotations
 
@@ -15,28 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from depthlab import UserError, __version__
+from depthlab import __version__
 from depthlab.config import Config, TrainConfig
 from depthlab.data.dataset import eval_batches
 from depthlab.model import loss_of
 from depthlab.progress import progress_bar
 from depthlab.train import distributed as D
-
-
-def resolve_device(name: str, what: str = "--device") -> torch.device:
-    """The device a flag or config field (`what`) names; one error line when this machine has no such device."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"{what}: unknown device {name!r} (use auto, cpu, cuda, cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"{what} {name}: this machine has no CUDA device (PyTorch {torch.__version__} sees none); "
-                        "use cpu or auto")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UserError(f"{what} {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
-    return device
 
 
 def seed_everything(seed: int) -> None:

@@ -47,11 +47,14 @@ from depthlab.checkpoint import (
 from depthlab.config import Config, per_rank_batch
 from depthlab.data.dataset import TokenData
 from depthlab.data.sources import resolved
+from depthlab.device import resolve_device
+from depthlab.loading import plain_weights
+from depthlab.model import lora
 from depthlab.model.validate import check_fits_host, validate
 from depthlab.owned import InUse, claim, input_paths, lock_text, locked, refuse_own_input
 from depthlab.paths import ENV, METRICS, Kind, find_checkpoint, model_path, run_of, what_is
 from depthlab.progress import on_terminal
-from depthlab.train import distributed as D, lora
+from depthlab.train import distributed as D
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
 from depthlab.train.flops import peak_flops, train_flops_per_token
 from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler
@@ -60,7 +63,6 @@ from depthlab.train.runtime import (
     config_diff,
     environment,
     new_run_dir,
-    resolve_device,
     rng_state,
     seed_everything,
     set_rng_state,
@@ -404,7 +406,7 @@ class Trainer:
         src = find_checkpoint(path)
         rank0_decides(self.env, lambda: load_verified(src))  # every rank hashes its share of the files
         # ProRes's ramps (`*.ramp`) are schedule state, not weights: a fresh run starts its own warm-up at 0
-        state = {k: v for k, v in lora.plain_weights(src).items() if not k.endswith(".ramp")}
+        state = {k: v for k, v in plain_weights(src).items() if not k.endswith(".ramp")}
         mine = {k: tuple(v.shape) for k, v in self.module.state_dict().items()  # global shapes, also sharded
                 if not k.endswith(".ramp")}
         wrong = next((f"{k}: {tuple(v.shape)} in the checkpoint, {mine[k]} here" for k, v in state.items()

@@ -12,7 +12,7 @@ the adapters never touch them, and an adapter on q_proj reads the scaled norm ou
 A LoRA run's checkpoint is self-contained, in depthlab's names: model.safetensors holds the frozen base weights
 under their own names (`layers.0.attn.q_proj.weight`) and each adapter as `<module>.lora_A.weight` and
 `<module>.lora_B.weight` (peft's adapter names without its `base_model.model.` prefix), beside the config's
-`train.lora`. Reading them back, merged into a plain model, is depthlab.loading's (`plain_weights`, `merged`);
+`train.lora`. `merged` folds them into a plain model's weights (depthlab.loading reads a checkpoint so);
 `checkpoint_names` / `peft_names` translate between these names and those of the live, adapted model (trainer
 save and resume).
 """
@@ -25,11 +25,12 @@ import torch
 
 from depthlab import UserError
 from depthlab.config import LORA_TARGETS, LoraConfig
-from depthlab.loading import LORA_A as _A, plain_weights  # noqa: F401 (plain_weights: the trainer's name for it)
 from depthlab.model.validate import check_lora, check_lora_rank  # noqa: F401 (check_lora: the trainer's name)
 
 TARGETS = LORA_TARGETS  # --lora-targets name -> the projection in a depthlab block
 ADAPTER = "default"  # peft's name for the one adapter
+LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"  # an adapter's two matrices in checkpoint names
+_A = LORA_A
 
 
 def target_modules(lora: LoraConfig) -> list[str]:
@@ -82,3 +83,29 @@ def peft_names(state: dict) -> dict:
             k = f"{module}.{ADAPTER}.{param}"
         out[k] = v
     return out
+
+
+def scaling(lora: LoraConfig) -> float:
+    return lora.alpha / lora.rank  # peft's (not rsLoRA's alpha / sqrt(r))
+
+
+@torch.no_grad()
+def merged(state: dict, lora: LoraConfig) -> dict:
+    """Checkpoint weights with every adapter merged into its weight, W + (alpha / r) B A, as peft's merge computes
+    it; the adapters' own entries dropped. A state without adapters comes back as it is."""
+    out = base_weights(state)
+    for key in (k for k in state if k.endswith(LORA_A)):
+        module = key[:-len(LORA_A)]
+        delta = (state[module + LORA_B] @ state[key]) * scaling(lora)
+        out[module + ".weight"] = out[module + ".weight"] + delta.to(out[module + ".weight"].dtype)
+    return out
+
+
+def base_weights(state: dict) -> dict:
+    """Checkpoint weights without the adapters: the base model's, unmerged."""
+    return {k: v for k, v in state.items() if not k.endswith((LORA_A, LORA_B))}
+
+
+def adapters(state: dict) -> dict:
+    """Only the adapters of checkpoint weights: {module: (A, B)}."""
+    return {k[:-len(LORA_A)]: (state[k], state[k[:-len(LORA_A)] + LORA_B]) for k in state if k.endswith(LORA_A)}

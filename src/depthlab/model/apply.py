@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from depthlab import UserError
-from depthlab.hf.blocks import block_norms, find_blocks
+from depthlab.model.blocks import block_norms, find_blocks
 from depthlab.pickled import refusal
 
 _HANDLES = "_depthlab_handles"

@@ -136,51 +136,13 @@ def read_records(directory: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
 
 
-def add_commands(sub) -> None:
-    from depthlab.flags import at_least
-
-    p = sub.add_parser("coord-check", help="depth coordinate check: a few steps at several depths, each block's "
-                       "update and activation scale against depth (flat = the rate carries over)",
-                       description="Train --steps steps of the config at each of --depths (seeds 0..--seeds-1), "
-                       "record each block's update since init, its relative update and its activation RMS, and "
-                       "draw them against depth. Records accumulate in OUT/coord_check.jsonl under --name, so "
-                       "several parameterizations share one figure (OUT/coord_check.png).")
-    p.add_argument("--preset", help="starting config (default: cpu-tiny)")
-    p.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
-    p.add_argument("--scheme", help="model.norm_scheme")
-    p.add_argument("--data", nargs="+", metavar="PATH", help="text / prepared data (default: the built-in corpus)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable), e.g. "
-                   "--set model.depth_alpha=1 --set model.depth_base=2")
-    p.add_argument("--depths", nargs="+", type=at_least(1), default=[2, 4, 8, 16, 32, 64])
-    p.add_argument("--seeds", type=at_least(1), default=3, help="seeds per depth (default 3)")
-    p.add_argument("--steps", type=at_least(1), default=5, help="Adam steps at a constant rate (default 5)")
-    p.add_argument("--name", help="the parameterization's label (default: the scheme and --set overrides)")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for the records and figures")
-    p.set_defaults(func=cmd_coord_check, resume=None, run_dir=None, max_steps=None, init_from=None)
-
-
-def cmd_coord_check(args) -> None:
-    from depthlab.cli import build_config
-
-    out = Path(args.out)
-    cfg = build_config(argparse_without_out(args))
-    name = args.name or " ".join([cfg.model.norm_scheme, *(args.set or [])])
+def keep_records(out: Path, name: str, records: list[dict]) -> list[dict]:
+    """Write `records` to OUT/coord_check.jsonl in place of any earlier ones under `name`; all records kept."""
     out.mkdir(parents=True, exist_ok=True)
-    records = coord_check(cfg, sorted(set(args.depths)), args.seeds, args.steps, name)
     kept = [r for r in read_records(out) if r["name"] != name] + records
     (out / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in kept))
-    mine = plot(records, out / f"coord_check_{_slug(name)}.png")
-    both = plot(kept, out / "coord_check.png")
-    print(f"{name}: slope of log update against log depth {depth_slope(records):+.3f} (0 = flat); "
-          f"figures {mine}, {both}")
+    return kept
 
 
-def argparse_without_out(args):
-    """cli.build_config reads --out as train.out_dir; this command's --out is its own folder."""
-    import argparse
-
-    return argparse.Namespace(**{**vars(args), "out": None})
-
-
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
