@@ -1,0 +1,23 @@
+"""The device a flag names, for every command that runs a model (train, eval, analyze, the HF tools)."""
+
+from __future__ import annotations
+
+import torch
+
+from depthlab import UserError
+
+
+def resolve_device(name: str, what: str = "--device") -> torch.device:
+    """The device a flag or config field (`what`) names; one error line when this machine has no such device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"{what}: unknown device {name!r} (use auto, cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{what} {name}: this machine has no CUDA device (PyTorch {torch.__version__} sees none); "
+                        "use cpu or auto")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"{what} {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
+    return device
