@@ -22,7 +22,7 @@ from pathlib import Path
 
 from depthlab.study.corpus import build_corpus, unigram_loss
 from depthlab.study.probe import ProbeSpec
-from depthlab.study.records import load_records
+from depthlab.study.records import load_records, recorded_command
 from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells
 
 OUT = Path(__file__).parent / "results" / "depth_study"
@@ -94,10 +94,10 @@ def main(argv=None) -> None:
     p.add_argument("--fixed-lr", type=float, help="sweep: this rate for every scheme instead of the grid's best")
     add_arguments(p)
     a = p.parse_args(argv)
-    from benchmarks.study_report import recorded_command, write_depth
+    from depthlab.study.page.depth import write_depth
 
     if a.cmd == "run":
-        s = study(a, recorded_command("depth_study", argv if argv is not None else sys.argv[1:]))
+        s = study(a, recorded_command("benchmarks.depth_study", argv))
         for name in a.phases:
             for _ in range(2):  # mixln's seeds are known only once its grid has finished
                 run_cells(s, phase(s, name, a), a.jobs)

@@ -32,11 +32,11 @@ import torch
 
 from benchmarks import gpu_table
 from benchmarks.common import environment, write_result
-from benchmarks.plots import curve, last_depth_stat, plot_by_depth, plot_curves
 from depthlab.config import apply_overrides
 from depthlab.data.dataset import build_token_data
 from depthlab.model.families import preset
 from depthlab.model.validate import validate
+from depthlab.study.figures import curve, plot_runs
 from depthlab.train.trainer import read_metrics, train
 
 SCHEMES = ("pre", "lns")
@@ -67,11 +67,11 @@ def main(argv=None) -> None:
     data = build_token_data(config("pre", out, args.max_steps, args.set))  # one tokenizer and token stream for both
     print(f"data: {data.source}; {len(data.train):,} train / {len(data.val):,} val tokens "
           f"({time.time() - t0:.0f} s)", flush=True)
-    runs = {}
+    runs, metrics = {}, {}
     for scheme in SCHEMES:
         cfg = config(scheme, out, args.max_steps, args.set)
         result = train(cfg, run_dir=out / scheme, data=data, progress=False)
-        records = read_metrics(result.run_dir)
+        records = metrics[scheme] = read_metrics(result.run_dir)
         logged = [r for r in records if "tokens_per_s" in r]
         logged = logged[1:] or logged  # the first window includes warm-up
         runs[scheme] = {
@@ -79,17 +79,11 @@ def main(argv=None) -> None:
             "tokens_per_s": sum(r["tokens_per_s"] for r in logged) / max(1, len(logged)),
             "mfu": sum(r["mfu"] for r in logged) / max(1, len(logged)),
             "loss_curve": curve(records, "loss"), "val_curve": curve(records, "val_loss"),
-            "last_depth_var": last_depth_stat(records), "records": records,
-        }
+            "last_depth_var": next((r["depth/var"] for r in records[::-1] if "depth/var" in r), None)}
         print(f"{scheme}: val loss {result.val_loss:.4f} (ppl {result.val_ppl:.2f}), "
               f"{runs[scheme]['tokens_per_s']:,.0f} tok/s, MFU {runs[scheme]['mfu']:.1%}, {result.wall_s:.0f} s",
               flush=True)
-    plot_curves({s: [r["records"]] for s, r in runs.items()}, "loss", out / "loss.png",
-                "LLaMA-71M training loss (GPU)", "train loss")
-    plot_by_depth({s: [r["last_depth_var"]] for s, r in runs.items()}, out / "var_by_depth.png",
-                  "residual-stream variance after each block (last monitor step)", "variance")
-    for r in runs.values():
-        del r["records"]
+    plot_runs(metrics, out)
     wall = time.time() - t0
     write_result("gpu_71m", {"benchmark": "gpu_71m", "argv": sys.argv[1:] if argv is None else argv,
                              "env": environment(), "wall_s": wall, "runs": runs,

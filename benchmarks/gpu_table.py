@@ -98,17 +98,3 @@ def main(argv=None) -> dict:
     print(f"wrote {path} ({result['wall_s']:.0f} s wall)")
     return result
 
-
-def section(result: dict | None) -> list[str]:
-    """Markdown lines for docs/benchmarks.md from gpu_table.json."""
-    if not result or not str(result.get("device", "")).startswith("cuda"):
-        return ["**Not run: no GPU machine was available.** `python -m benchmarks.gpu_71m` runs this table on one "
-                "GPU after the 71M pre-vs-lns comparison (`python -m benchmarks.gpu_table` alone)."]
-    lines = [f"On `{result['env'].get('device')}`, micro-batch {result['rows'][0]['batch']} x "
-             f"{result['rows'][0]['seq_len']}, {result['rows'][0]['dtype']}:", "",
-             "| case | contender | tokens/s | MFU | peak memory (GiB) | step's own (GiB) |",
-             "|---|---|---:|---:|---:|---:|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['case']} | {r['contender']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
-                     f"{r['peak_bytes'] / 2**30:.2f} | {r['step_bytes'] / 2**30:.2f} |")
-    return lines

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.depth_study import add_arguments, study
-from depthlab.study.records import trained_alike
+from depthlab.study.records import recorded_command, trained_alike
 from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, widened_grids
 
 OUT = Path(__file__).parent / "results" / "lns_study"
@@ -99,20 +99,19 @@ def main(argv=None) -> None:
         p.set_defaults(**(GPU if a.gpu else ALONG))
         a = p.parse_args(argv)  # those settings, under anything given on the command line
     if a.cmd in ("run", "prepare"):
-        from benchmarks.study_report import recorded_command
-
-        s = study(a, recorded_command("lns_study", argv if argv is not None else sys.argv[1:]), "lns", VARIANTS)
+        s = study(a, recorded_command("benchmarks.lns_study", argv), "lns", VARIANTS)
         if a.reuse_depth_study and trained_alike(s.meta, DEPTH / "settings.json"):
             s.reuse, s.meta["reuses"] = [str(DEPTH / "runs.jsonl")], DEPTH.name  # its cells are not trained again
         for name in a.phases if a.cmd == "run" else []:
             run_phase(s, name, a)
-    from benchmarks import results_page as page, study_report as report
-    from depthlab.study import records as rec, summary
+    from depthlab.study.page import depth, lns
+    from depthlab.study.records import load_records
+    from depthlab.study.summary import lns_study
 
-    records = rec.load_records(Path(a.out) / "runs.jsonl")
-    tables = report.along_table(records) if "along" in a.phases else page.own_best_lines(
-        summary.lns_study(records, list(PARTS), list(UNSTABLE), a.ref_depth))
-    print("\n".join(tables + report.cell_tables(Path(a.out))))
+    records = load_records(Path(a.out) / "runs.jsonl")
+    tables = depth.along_table(records) if "along" in a.phases else lns.own_best_lines(
+        lns_study(records, list(PARTS), list(UNSTABLE), a.ref_depth))
+    print("\n".join(tables + depth.cell_tables(Path(a.out))))
 
 
 if __name__ == "__main__":

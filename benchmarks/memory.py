@@ -52,6 +52,7 @@ from benchmarks.common import environment, hf_twin, interleaved, make_train_step
 from depthlab.config import TrainConfig
 from depthlab.model import Transformer, lm_loss
 from depthlab.model.families import preset
+from depthlab.study.page.systems import memory_table as section
 from depthlab.train.optim import make_optimizer
 from depthlab.train.runtime import autocast
 
@@ -317,17 +318,8 @@ def _timings(args) -> tuple[list[dict], list[dict]]:
     """The step-time comparisons main() asks for: within this tree (step_time), against a commit (--time-against)."""
     cases = [(c, d) for c in args.time_case for d in args.dtype if c in args.case]
     timing = [step_time(c, d, args.batch, args.seq, args.reps, args.device) for c, d in cases]
-    for t in timing:
-        s = t["ratio_chunked_over_unchunked"]
-        h = t["ratio_over_hf_fused"]
-        print(f"{t['case']} {t['dtype']} step time chunked / unchunked {s['median']:.3f} [{s['min']:.3f}, "
-              f"{s['max']:.3f}], / hf+fused_adamw {h['median']:.3f} [{h['min']:.3f}, {h['max']:.3f}]", flush=True)
     against = [step_time_against(args.time_against, c, d, args.batch, args.seq, args.reps, args.device)
                for c, d in (cases if args.time_against else [])]
-    for t in against:
-        s = t["ratio_here_over_ref"]
-        print(f"{t['case']} {t['dtype']} step time this tree / {t['ref']} {s['median']:.3f} [{s['min']:.3f}, "
-              f"{s['max']:.3f}], largest loss difference {t['max_loss_difference']:.2e}", flush=True)
     return timing, against
 
 
@@ -362,76 +354,10 @@ def main(argv=None) -> dict:
               "loss_chunk": TrainConfig.loss_chunk, "batch": args.batch, "seq_len": args.seq, "device": args.device,
               "rows": rows, "ratios": summarize(rows), "step_time": timing, "step_time_against": against,
               "wall_s": time.time() - t0}
-    for key, r in result["ratios"].items():
-        print(f"{key}: depthlab / hf activation+logits memory {r['depthlab_over_hf']:.3f}")
+    print("\n".join(section(result)))  # what docs/benchmarks.md will say
     path = write_result("memory", result, args.out)
     print(f"wrote {path} ({result['wall_s']:.0f} s wall)")
     return result
-
-
-def _mib(b: float) -> str:
-    return f"{b / MiB:,.0f}"
-
-
-def section(result: dict | None) -> list[str]:
-    """Markdown lines for docs/benchmarks.md from benchmarks/results/memory.json."""
-    if not result:
-        return ["Not run yet (`python -m benchmarks.memory`)."]
-    lines = [f"Peak memory of one training step, micro-batch {result['batch']} x {result['seq_len']} tokens on "
-             f"{result['device']} (`{result['env'].get('device')}`), one thread, each contender in a fresh process; "
-             f"depthlab's loss by chunks of {result['loss_chunk']} tokens. *activations + logits*: peak during "
-             "forward + backward minus the memory held before it (weights, gradients, AdamW moments; on CPU resident "
-             "memory, on GPU allocated memory). *saved for backward*: the distinct tensors autograd keeps.", "",
-             "| case | dtype | contender | activations + logits (MiB) | saved for backward (MiB) | "
-             "weights + grads + AdamW (MiB) | optimizer step (MiB) |", "|---|---|---|---:|---:|---:|---:|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['case']} | {r['dtype']} | {r['contender']} | {_mib(r['activation_and_logits_bytes'])} | "
-                     f"{_mib(r['saved_for_backward_bytes'])} | {_mib(r['static_bytes'])} | "
-                     f"{_mib(r['optimizer_step_bytes'])} |")
-    lines += [""] + [f"- {k}: depthlab / HF activation-and-logits memory **{r['depthlab_over_hf']:.2f}x** (target "
-                     f"<= 0.5x), chunked / unchunked loss {r['depthlab_over_unchunked']:.2f}x"
-                     for k, r in result["ratios"].items()]
-    for t in result["step_time"]:
-        s = t["ratio_chunked_over_unchunked"]
-        h = t["ratio_over_hf_fused"]
-        lines.append(f"- {t['case']} {t['dtype']}: step time chunked / full-logits loss {s['median']:.3f} (min "
-                     f"{s['min']:.3f}, max {s['max']:.3f}); over HF with fused AdamW (depthlab's operators before "
-                     f"the chunked loss) {h['median']:.3f} (min {h['min']:.3f}, max {h['max']:.3f}); "
-                     f"{len(t['step_s']['depthlab'])} interleaved repetitions, CPU time")
-    for t in result.get("step_time_against", []):
-        s = t["ratio_here_over_ref"]
-        lines.append(f"- {t['case']} {t['dtype']}: step time over depthlab at {t['ref']} (before this change) "
-                     f"{s['median']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}); {len(t['step_s']['here'])} "
-                     f"interleaved repetitions in two worker processes, CPU time; largest loss difference "
-                     f"{t['max_loss_difference']:.1e}")
-    lines += breakdown(result["rows"])
-    argv = " ".join(result["argv"])
-    return lines + ["", f"Command: `python -m benchmarks.memory{' ' + argv if argv else ''}` "
-                        f"({result['wall_s'] / 60:.0f} min wall)."]
-
-
-def breakdown(rows: list[dict]) -> list[str]:
-    """Markdown table: what each contender saves for backward per block, by the module that saved it."""
-    rows = [r for r in rows if r.get("saved_by_module_bytes") and r["contender"] != "depthlab-unchunked"]
-    if not rows:
-        return []
-    lines = ["", "Saved for backward per block (MiB), by the module that saved each tensor first (attention: q, k, v "
-             "and its output; a norm: its input and 1/rms; depthlab's projections recompute a norm's output):", "",
-             "| case | dtype | contender | per block, by module | block total | outside the blocks |",
-             "|---|---|---|---|---:|---:|"]
-    for r in rows:
-        per_block, outside = {}, 0
-        for where, nbytes in r["saved_by_module_bytes"].items():
-            block = re.match(r".*?\.\*(?:\.(.*))?$", where)  # layers.*.attn -> attn; layers.* -> block
-            if block:
-                key = block.group(1) or "block"
-                per_block[key] = per_block.get(key, 0) + nbytes / r["n_layers"]
-            else:
-                outside += nbytes
-        parts = ", ".join(f"{k} {v / MiB:.1f}" for k, v in per_block.items())
-        lines.append(f"| {r['case']} | {r['dtype']} | {r['contender']} | {parts} | "
-                     f"{sum(per_block.values()) / MiB:.1f} | {outside / MiB:.0f} |")
-    return lines
 
 
 if __name__ == "__main__":

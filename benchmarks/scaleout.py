@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from depthlab.study.page.systems import criteria, scaleout_lines
+
 PHASES = ("build", "step", "step_accum2", "save", "resume")
 
 
@@ -217,72 +219,6 @@ def collect(out: Path) -> dict:
     return ranks
 
 
-def table(result: dict) -> str:
-    live = any("live" in r for ranks in result["rows"].values() for r in ranks.values())
-    head = ("| run | rank | base | build | step (accum 1) | step (accum 2) | save: peak (+ over its start) | resume | "
-            "save s | resume s |" + (" live, accum 1 | live, accum 2 |" if live else ""))
-    lines = [head, "|" + "---|" * (12 if live else 10)]
-    for name, ranks in result["rows"].items():
-        for rank, r in sorted(ranks.items(), key=lambda kv: int(kv[0])):
-            p, s = r["peaks"], r["seconds"]
-            cells = [name, rank, f"{r['base']:.0f}", f"{p['build']:.0f}", f"{p['step']:.0f}",
-                     f"{p['step_accum2']:.0f}"]
-            if "save" in p:
-                cells += [f"{p['save']:.0f} ({p['save'] - r['start']['save']:+.0f})", f"{p['resume']:.0f}",
-                          f"{s['save']:.1f}", f"{s['resume']:.1f}"]
-            else:  # the plain loop: no checkpoint
-                cells += ["-"] * 4
-            if live:
-                cells += [f"{r['live'][k]:.0f}" if "live" in r else "-" for k in ("accum1", "accum2")]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def criteria(result: dict) -> dict:
-    """The issue's targets, world-2 FSDP against one process on the same model (peaks per rank, MiB); for
-    gradient accumulation also the plain loop's own cost at the same micro-batch, and ours above it."""
-    rows, w = result["rows"], result["weights_mib"]
-    one, fsdp = rows["1-single"]["0"], rows["2-fsdp"]
-    worst = lambda phase: max(r["peaks"][phase] for r in fsdp.values())  # noqa: E731
-    added = max((r["peaks"]["save"] - r["start"]["save"]) / r["start"]["save"] for r in fsdp.values())
-    accum = lambda r: r["peaks"]["step_accum2"] - r["peaks"]["step"]  # noqa: E731
-    out = {"build_ratio": worst("build") / one["peaks"]["build"],
-           "save_added_fraction": added,
-           "resume_ratio": worst("resume") / one["peaks"]["resume"],
-           "accum2_minus_accum1_over_weights": max(accum(r) for r in fsdp.values()) / w}
-    if "1-plain-b1" in rows:
-        live = lambda r: r["live"]["accum2"] - r["live"]["accum1"]  # noqa: E731
-        plain1, plain2 = rows["1-plain-b1"]["0"], rows["1-plain"]["0"]
-        out |= {"plain_accum2_minus_accum1_over_weights": accum(plain1) / w,
-                "fsdp_accum_over_plain_over_weights": max(accum(r) - accum(plain1) for r in fsdp.values()) / w,
-                "single_accum_over_plain_over_weights": (accum(one) - accum(plain2)) / w,
-                "live_plain_accum2_minus_accum1_over_weights": live(plain1) / w,
-                "live_fsdp_accum_over_plain_over_weights": max(live(r) - live(plain1) for r in fsdp.values()) / w,
-                "live_single_accum_over_plain_over_weights": (live(one) - live(plain2)) / w}
-    return out
-
-
-def section(result: dict) -> list[str]:
-    """Markdown lines for a results page: the command, the table and the targets."""
-    c = result["criteria"]
-    out = [f"Command: `{result['command']}` ({result['params'] / 1e6:.1f}M parameters, "
-            f"{result['weights_mib']:.0f} MiB of fp32 weights; gloo on CPU; {result['wall_s'] / 60:.0f} min).", "",
-            table(result), "",
-            f"World-2 FSDP against one process: build peak per rank {c['build_ratio']:.2f}x (target <= 0.75), a save "
-            f"adds at most {c['save_added_fraction']:.1%} (<= 5 %), resume peak per rank {c['resume_ratio']:.2f}x "
-            f"(<= 0.6), grad_accum 2 adds {c['accum2_minus_accum1_over_weights']:.3f} x the weights (<= 0.1)."]
-    if "plain_accum2_minus_accum1_over_weights" in c:
-        f = lambda k: f"{c[k]:+.3f}"  # noqa: E731
-        out[-1] += (" A plain hand-written loop at an FSDP rank's micro-batch adds "
-                    f"{f('plain_accum2_minus_accum1_over_weights')} x the weights itself (live tensors: "
-                    f"{f('live_plain_accum2_minus_accum1_over_weights')}); an FSDP rank adds "
-                    f"{f('fsdp_accum_over_plain_over_weights')} x the weights more than that (live: "
-                    f"{f('live_fsdp_accum_over_plain_over_weights')}), one process "
-                    f"{f('single_accum_over_plain_over_weights')} more than the plain loop at its micro-batch (live: "
-                    f"{f('live_single_accum_over_plain_over_weights')}).")
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
@@ -308,7 +244,7 @@ def main() -> None:
         result = json.loads(Path(a.json).read_text())
         result["criteria"] = criteria(result)
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
-        print("\n".join(section(result)))
+        print("\n".join(scaleout_lines(result)))
         return
     t0 = time.time()
     rows = measure(a)
@@ -318,7 +254,7 @@ def main() -> None:
     result["criteria"] = criteria(result)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
-    print("\n".join(section(result)))
+    print("\n".join(scaleout_lines(result)))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from benchmarks.common import (
 )
 from depthlab.config import ModelConfig, TrainConfig
 from depthlab.model import Transformer, lm_loss
+from depthlab.study.page.systems import speed_section
 from depthlab.train.flops import train_flops_per_token
 from depthlab.train.optim import make_optimizer
 from depthlab.train.runtime import autocast
@@ -138,18 +139,12 @@ def main(argv=None) -> None:
         for dtype in args.dtype:
             r = bench_case(case, dtype, args.reps, args.steps, args.profile, args.compile, args.optimizer_swap)
             runs.append(r)
-            print(f"{case:10s} {dtype}: " + ", ".join(
-                f"{n} {r['tokens_per_s'][n]:.0f} tok/s (MFU {r['mfu'][n]:.1%})" for n in r["tokens_per_s"]), flush=True)
-            print(f"{'':10s} speed-up over HF (default AdamW, eager): " + ", ".join(
-                f"{n} {s['median']:.3f}x [{s['min']:.3f}, {s['max']:.3f}]" for n, s in r["speedup_over_hf"].items())
-                + f"; first loss {r['first_loss']['depthlab']:.5f} vs {r['first_loss']['hf']:.5f}", flush=True)
-            for name, prof in r.get("profile", {}).items():
-                print(f"  profile {name}: {prof['step_cpu_ms']:.0f} ms, optimizer {prof['optimizer_share']:.0%}; " +
-                      ", ".join(f"{x['op'][:40]} {x['self_cpu_share']:.0%} x{x['calls']}" for x in prof["top"][:5]))
-    wall = time.time() - t0
-    path = write_result("train_speed", {"benchmark": "train_speed", "argv": sys.argv[1:] if argv is None else argv,
-                                        "env": environment(), "wall_s": wall, "runs": runs}, args.out)
-    print(f"wrote {path} ({wall:.0f} s wall)")
+            print(f"{case} {dtype}: timed, first loss {r['first_loss']['depthlab']:.5f} vs HF "
+                  f"{r['first_loss']['hf']:.5f} ({time.time() - t0:.0f} s)", flush=True)
+    result = {"benchmark": "train_speed", "argv": sys.argv[1:] if argv is None else argv, "env": environment(),
+              "wall_s": time.time() - t0, "runs": runs}
+    path = write_result("train_speed", result, args.out)
+    print("\n".join(speed_section(result, None)) + f"\nwrote {path}")  # the page's table
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from depthlab.study.records import load_records
+from depthlab.study.records import load_records, recorded_command
 from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells
 
 OUT = Path(__file__).parent / "results" / "vit_study"
@@ -47,10 +47,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--runs-dir", help="where run directories go (default OUT/runs, git-ignored)")
     a = p.parse_args(argv)
-    from benchmarks.study_report import recorded_command, write_vit
+    from depthlab.study.page.depth import write_vit
 
     if a.cmd == "run":
-        s = study(a, recorded_command("vit_study", argv if argv is not None else sys.argv[1:]))
+        s = study(a, recorded_command("benchmarks.vit_study", argv))
         run_cells(s, grid_cells(s, a.lrs), a.jobs)
         run_cells(s, seed_cells(s, best_rates(s, load_records(s.runs_file), a.lrs), a.seeds), a.jobs)
     write_vit(Path(a.out))

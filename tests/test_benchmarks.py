@@ -96,7 +96,6 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     results = tmp_path / "results"
     monkeypatch.setattr(report, "RESULTS", results)
     monkeypatch.setattr(report, "DOCS", tmp_path / "docs")
-    monkeypatch.setattr(report, "IMG", tmp_path / "docs" / "img")
     text = report.main().read_text()
     assert "has not been run yet" in text and "Not run yet (`make study`)" in text
     assert "Not run yet (`python -m benchmarks.train_speed`)" in (tmp_path / "docs" / "benchmarks.md").read_text()
@@ -121,7 +120,8 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
 
 
 def test_vit_study_tiny_writes_verdicts_and_its_report_section(tmp_path):
-    from benchmarks import study_report, vit_study
+    from benchmarks import vit_study
+    from depthlab.study.page.depth import vit_section
 
     out = tmp_path / "vit"
     vit_study.main(["run", "--lrs", "1e-3", "2e-3", "--seeds", "0", "1", "--steps", "4", "--batch", "8", "--jobs",
@@ -134,7 +134,7 @@ def test_vit_study_tiny_writes_verdicts_and_its_report_section(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["variants"]["lns-branch"]["acc"]["n"] == 2 and len(res["comparisons"]["lns-norm"]["acc"]["seeds"]) == 2
     assert all(res["edge"].values())  # a two-rate grid: every rate is an edge, and says so
-    text = "\n".join(study_report.vit_section(out, "img/vit_study.png"))
+    text = "\n".join(vit_section(out, "img/vit_study.png"))
     assert "python -m benchmarks.vit_study run --lrs 1e-3 2e-3" in text and str(tmp_path) not in text
     assert re.search(r"\| LNS on the branch outputs beats Pre-LN \| acc \| [+-]0\.\d+, [+-]0\.\d+ \|.*binomial SE",
                      text)
@@ -147,6 +147,7 @@ def test_memory_benchmark_tiny(tmp_path, monkeypatch):
     docs section rendered from the result."""
     pytest.importorskip("transformers")
     from benchmarks import memory
+    from depthlab.study.page.systems import memory_table
 
     monkeypatch.setitem(memory.CASES, "tiny", dict(TINY_CASE[0], max_seq_len=16))
     out = tmp_path / "memory.json"
@@ -160,14 +161,15 @@ def test_memory_benchmark_tiny(tmp_path, monkeypatch):
         assert row["activation_and_logits_bytes"] >= 0 and row["saved_for_backward_bytes"] > 0
     assert r["ratios"]["tiny fp32"]["depthlab_over_hf"] > 0
     assert r["step_time"][0]["ratio_chunked_over_unchunked"]["median"] > 0
-    text = "\n".join(memory.section(r))
+    text = "\n".join(memory_table(r))
     assert "| tiny | fp32 | hf |" in text and "depthlab / HF activation-and-logits memory" in text
-    assert memory.section(None) == ["Not run yet (`python -m benchmarks.memory`)."]
+    assert memory_table(None) == ["Not run yet (`python -m benchmarks.memory`)."]
 
 
 def test_gpu_table_runs_on_cpu_tiny(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from benchmarks import gpu_table
+    from depthlab.study.page.systems import gpu_table_lines
 
     monkeypatch.setitem(gpu_table.CASES, "tiny", dict(TINY_CASE[0], max_seq_len=16))
     r = gpu_table.main(["--case", "tiny", "--batch", "2", "--seq", "16", "--steps", "1", "--warmup", "1",
@@ -176,7 +178,7 @@ def test_gpu_table_runs_on_cpu_tiny(tmp_path, monkeypatch):
     losses = [row["loss"] for row in r["rows"]]
     assert all(row["tokens_per_s"] > 0 and row["mfu"] > 0 for row in r["rows"])
     assert losses[0] == pytest.approx(losses[1], abs=1e-4)  # same weights, same batch, same step
-    assert "Not run: no GPU" in gpu_table.section(r)[0]  # a CPU run is not reported as a GPU result
+    assert "Not run: no GPU" in gpu_table_lines(r)[0]  # a CPU run is not reported as a GPU result
 
 
 LNS_TINY = ["--steps", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "300",
@@ -266,10 +268,12 @@ def test_the_results_page_names_the_along_pairs_not_run():
     8e-3 pair alone, then nothing)."""
     from benchmarks import report
     from benchmarks.lns_study import ALONG
+    from depthlab.study.page.science import along_not_run
     from depthlab.study.records import load_records
 
     records = load_records(report.RESULTS / "lns_study_along" / "runs.jsonl")
     eight = {k: r for k, r in records.items() if r["lr"] == 8e-3}
     assert ALONG["along_lrs"] == [2e-3, 8e-3] and len(eight) == 2
-    assert report.along_not_run(eight)[0].startswith("**Not run yet:** N = 12, lr 0.002 (")
-    assert "N = 12, lr 0.002, N = 12, lr 0.008" in report.along_not_run({})[0]
+    planned = [(12, 2e-3), (12, 8e-3)]
+    assert along_not_run(eight, planned)[0].startswith("**Not run yet:** N = 12, lr 0.002 (")
+    assert "N = 12, lr 0.002, N = 12, lr 0.008" in along_not_run({}, planned)[0]

@@ -1,9 +1,14 @@
-"""Studies as library code: one runner, one statistics module, one verdict vocabulary.
+"""Studies as library code: one runner, one statistics module, one decision rule, and the pages they write.
 
-    stats.py     mean ± std, paired differences, bootstrap intervals, binomial standard errors, spreads as text
-    verdicts.py  the one vocabulary every study reports in, and the rules that choose a word
+    stats.py     mean ± std, t-intervals and TOST (scipy.stats), Holm (statsmodels), binomial intervals, as text
+    verdicts.py  the one decision rule: every word from an interval, with n and the interval beside it
+    claims.py    the paper's claims read by that rule from the LNS study's results
+    summary.py   runs files -> per-depth, per-rate and per-variant results (differences paired by seed)
     records.py   the runs.jsonl schema: one record per finished cell, appended at once, read back by key
+    corpus.py    the study corpus: deduplicated, with a validation and a test split
     probe.py     a trained (or checkpointed) model probed on seeded windows over the whole validation split
     runner.py    rate grid -> each variant's best rate by a declared metric -> seeds, resumable; probes along
                  training at token budgets
+    figures.py   the studies' figures
+    page/        docs/results.md and docs/benchmarks.md, rendered from the records and result files
 """

@@ -204,3 +204,33 @@ def plot_vit(res: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def curve(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one key over a run's metrics records."""
+    pts = [(r["step"], r[key]) for r in records if key in r]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def plot_runs(runs: dict[str, list[dict]], out: Path) -> None:
+    """One run per label from its metrics records: out/loss.png (training loss by step) and out/var_by_depth.png (the
+    residual stream's variance after each block at the last monitor step, log scale)."""
+    plt = _plt()
+    for name, key in (("loss.png", "loss"), ("var_by_depth.png", "depth/var")):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for label, records in runs.items():
+            if key == "loss":
+                ax.plot(*curve(records, key), label=label)
+            elif last := [r[key] for r in records if key in r]:
+                ax.plot(range(1, len(last[-1]) + 1), last[-1], marker=".", label=label)
+        if key == "loss":
+            ax.set(xlabel="step", ylabel="train loss", title="training loss")
+        else:
+            ax.set(xlabel="block l (output of block l)", ylabel="variance", yscale="log",
+                   title="residual-stream variance after each block (last monitor step)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)

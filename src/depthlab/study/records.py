@@ -17,6 +17,7 @@ the cell finishes, so an interrupted study keeps everything it finished:
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 TRAINING = ("dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "eval_every", "corpus_mb", "val_tokens",
@@ -32,6 +33,17 @@ def trained_alike(meta: dict, other: Path) -> bool:
     o = {**o, **o.get("meta", {})}
     sha = o.get("corpus_sha256") or (o.get("corpus") or {}).get("sha256")
     return sha == meta["corpus"]["sha256"] and all(o.get(k) == meta[k] for k in TRAINING)
+
+
+def recorded_command(module: str, argv: list[str] | None) -> str:
+    """A study's command as its settings record it: `python -m MODULE ARGV` (ARGV None: this process's arguments)
+    without --out / --runs-dir, so that it names no machine path."""
+    kept, skip = [], False
+    for a in sys.argv[1:] if argv is None else argv:
+        if not skip and a not in ("--out", "--runs-dir") and not a.startswith(("--out=", "--runs-dir=")):
+            kept.append(a)
+        skip = a in ("--out", "--runs-dir")
+    return " ".join([f"python -m {module}", *kept])
 
 
 def cell_key(variant: str, lr: float, seed: int, layers: int | None = None) -> str:

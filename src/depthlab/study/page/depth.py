@@ -1,5 +1,5 @@
-"""The studies' part of docs/results.md: results.json (computed by depthlab.study.summary), plots and markdown.
-Formatting only: every number is computed in the library from the runs; nothing is typed by hand."""
+"""docs/results.md's sections 7-8 and its appendix: the depth study (one rate per scheme at every depth), the ViT
+study, every cell of a study and the curse along training, with results.json and figures recomputed from the runs."""
 
 from __future__ import annotations
 
@@ -8,31 +8,11 @@ import math
 from pathlib import Path
 
 from depthlab.study import figures
+from depthlab.study.claims import LNS, PRE
+from depthlab.study.page.text import number, said, settings_of
 from depthlab.study.records import load_records, upgrade
 from depthlab.study.stats import mean_std, spread
 from depthlab.study.summary import MECHANISMS, lm_study, vit_study
-
-
-def recorded_command(script: str, argv: list[str]) -> str:
-    """The command as recorded: without --out / --runs-dir, so it names no machine path."""
-    kept, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in ("--out", "--runs-dir"):
-            skip = True
-        elif not a.startswith(("--out=", "--runs-dir=")):
-            kept.append(a)
-    return " ".join([f"python -m benchmarks.{script}", *kept])
-
-
-def settings_of(out: Path) -> dict | None:
-    """A study's settings.json as one flat dict (the runner's `meta` and `command`, or an earlier flat file)."""
-    p = out / "settings.json"
-    if not p.exists():
-        return None
-    s = json.loads(p.read_text())
-    return {**s["meta"], "command": s.get("command", "")} if "meta" in s else s
 
 
 # ---------------------------------------------------------------------------------------------------- depth study
@@ -90,8 +70,6 @@ def _grid_lines(res: dict) -> list[str]:
 
 
 def _depth_lines(res: dict) -> list[str]:
-    from benchmarks.results_page import said
-
     lines = ["Each depth at the one rate per scheme chosen at the reference depth; Δ paired seed by seed with its 95% "
              "t-interval (the page's one rule). The curse index of the final models: interior inert fraction "
              "(blocks 2 .. N−2 whose removal changes the loss by < 0.005 nats) and removal cost deep / shallow "
@@ -105,15 +83,13 @@ def _depth_lines(res: dict) -> list[str]:
             continue
         p, q, delta = d["pre"]["index"], d["lns"]["index"], d["delta_val_loss"]
         index = [spread(x[k], ".2f") for k in ("inert_fraction", "removal_deep_over_shallow") for x in (p, q)]
-        own = {v: f"{spread(d[v]['val_loss'])} ({spread(d[v].get('probe_loss'), '.2f')})" for v in ("pre", "lns")}
+        own = {v: f"{spread(d[v]['val_loss'])} ({spread(d[v].get('probe_loss'), '.2f')})" for v in (PRE, LNS)}
         lines.append(f"| {d['layers']} | {own['pre']} | {own['lns']} | {said(delta)} | " + " | ".join(index)
                      + f" | {p['reading']} |")
     return lines + [""]
 
 
 def _mechanism_lines(res: dict) -> list[str]:
-    from benchmarks.results_page import said
-
     lines = ["Every mechanism quantity: lns − pre seed by seed and the paper's predicted direction (the claims are "
              "read at each scheme's own rate, in the claims table).", "",
              "| N | quantity | pre (per seed) | lns (per seed) | lns − pre | paper predicts |",
@@ -150,7 +126,7 @@ def along_section(out: Path) -> list[str]:
              "| N | scheme | tokens | probe loss | val loss (first 32k tokens) | inert fraction | removal deep / "
              "shallow | log update-ratio slope |", "|---|---|---|---|---|---|---|---|"]
     for d in res["depths"]:
-        for v in ("pre", "lns"):
+        for v in (PRE, LNS):
             val = d[v]["val_loss"]["mean"]
             for seed, probes in d[v]["along"].items():
                 for i, p in enumerate(probes):
@@ -179,8 +155,6 @@ def write_vit(out: Path) -> dict | None:
 
 
 def vit_section(out: Path, img: str) -> list[str]:
-    from benchmarks.results_page import said
-
     if not (out / "results.json").exists():
         return ["Not run yet (`make study-vit`).", ""]
     res = json.loads((out / "results.json").read_text())
@@ -228,8 +202,8 @@ def cell_tables(out: Path) -> list[str]:
     along = [r for r in load_records(out / "runs.jsonl").values() if len(r.get("probes", [])) > 2]
     if along:  # the curse along training: each probe's tokens, inert fraction, removal ratio, probe loss
         lines += ["", "| run | tokens | inert fraction | removal deep/shallow | probe loss |", "|---|---|---|---|---|"]
-        lines += [f"| {r['key']} | {q['tokens']:,} | {_number(q['curse'].get('inert_fraction'))} | "
-                  f"{_number(q['curse'].get('removal_deep_over_shallow'))} | {q['probe_loss']:.4f} |"
+        lines += [f"| {r['key']} | {q['tokens']:,} | {number(q['curse'].get('inert_fraction'))} | "
+                  f"{number(q['curse'].get('removal_deep_over_shallow'))} | {q['probe_loss']:.4f} |"
                   for r in along for q in r["probes"]]
     return lines
 
@@ -238,10 +212,6 @@ def _mean_of(curse: list[dict], key: str) -> dict | None:
     """mean_std of one index entry over seeds; None where no model has it (no interior at tiny depths)."""
     xs = [c[key] for c in curse if c.get(key) is not None]
     return mean_std(xs) if xs else None
-
-
-def _number(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
 
 
 def along_table(records: dict) -> list[str]:
@@ -255,8 +225,8 @@ def along_table(records: dict) -> list[str]:
                   "| tokens | probe loss pre | lns | Δ | inert pre | inert lns | removal deep/shallow pre | lns |",
                   "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {p['tokens']:,} | {p['pre_loss']:.4f} | {p['lns_loss']:.4f} | {p['delta']:+.4f} | "
-                  f"{_number(p['pre_inert_fraction'])} | {_number(p['lns_inert_fraction'])} | "
-                  f"{_number(p['pre_removal_deep_over_shallow'])} | {_number(p['lns_removal_deep_over_shallow'])} |"
+                  f"{number(p['pre_inert_fraction'])} | {number(p['lns_inert_fraction'])} | "
+                  f"{number(p['pre_removal_deep_over_shallow'])} | {number(p['lns_removal_deep_over_shallow'])} |"
                   for p in a["probes"]]
         lines.append("")
     return lines

@@ -1,6 +1,6 @@
-"""docs/results.md's science: the first screen, the claims table and the LNS study's sections, rendered from
-depthlab.study.summary / depthlab.study.claims. Formatting only: every number and every word is computed in the
-library from the records (the rule: depthlab.study.verdicts)."""
+"""docs/results.md's opening and the LNS study's sections 1-4: the first screen, the claims table, each depth at its
+own rate, the index at matched rates, the mechanisms and LNS taken apart. Every word comes from depthlab.study.claims
+and verdicts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from depthlab.study import figures
 from depthlab.study.claims import CLAIM_TEXT, claims_table, decomposition
+from depthlab.study.page.text import grid, said
 from depthlab.study.stats import interval, pvalue, spread
 from depthlab.study.summary import MECHANISMS
 from depthlab.study.verdicts import (
@@ -19,18 +20,6 @@ from depthlab.study.verdicts import (
     UNIGRAM_MARGIN,
     pooled,
 )
-
-
-def _n(c: dict) -> str:
-    return f"n = {c.get('n', 0)}"
-
-
-def said(c: dict, f: str = ".3f") -> str:
-    """A comparison as the page prints it everywhere: mean, its interval, p and n, then the word."""
-    if not c or not c.get("n"):
-        return "no runs"
-    return (f"{c['mean']:+{f}} {interval(c, f)}, p {pvalue(c['p'])}, {_n(c)}: *{c['verdict']}*"
-            if c["n"] > 1 else f"{c['mean']:+{f}} ({_n(c)}: *{c['verdict']}*)")
 
 
 def _Ns(xs) -> str:
@@ -130,13 +119,6 @@ def claims_lines(table: dict) -> list[str]:
     return out
 
 
-def _grid(g: dict) -> str:
-    bad, best = {f"{lr:g}" for lr in g["diverged"]}, "-" if g["best_lr"] is None else f"{g['best_lr']:g}"
-    cells = [f"{lr} diverged" if lr in bad else (f"**{lr} {loss:.3f}**" if lr == best else f"{lr} {loss:.3f}")
-             for lr, loss in g["grid"].items()]
-    return ", ".join(cells) + (" (best at an edge)" if g["edge"] else "")
-
-
 def own_best_lines(res: dict) -> list[str]:
     out = ["## 1. Each depth at its own rate", "",
            "Each scheme's seed-0 grid at that depth (best rate in bold), then both at their own best rate over every "
@@ -151,7 +133,7 @@ def own_best_lines(res: dict) -> list[str]:
         size = idx.get("interior_blocks")
         flag = f"{size}" + (" (too few to read)" if size is not None and size < MIN_INTERIOR else "")
         old = " (earlier 64-window probe)" if d["pre"].get("old_probe") else ""
-        out.append(f"| {d['layers']} | {_grid(d['grids']['pre'])} | {_grid(d['grids']['lns'])} | "
+        out.append(f"| {d['layers']} | {grid(d['grids']['pre'])} | {grid(d['grids']['lns'])} | "
                    f"{said(d['delta_val_loss'])} | {said(d.get('delta_test_loss') or d.get('delta_probe_loss', {}))}"
                    f"{'' if d.get('delta_test_loss') else ' (whole split)'} | "
                    f"{spread(idx.get('inert_fraction'), '.2f')} / {spread(idx.get('inert_fraction_rel'), '.2f')} | "

@@ -1,0 +1,10 @@
+"""The two generated pages, rendered from the records and result files (`python -m benchmarks.report`):
+
+    science.py   docs/results.md: does LNS help and why (lns.py: first screen, claims table, sections 1-4;
+                 depth.py: the depth study and the ViT study), every word from depthlab.study.claims / verdicts
+    systems.py   docs/benchmarks.md: speed, what LNS costs, the GPU run, memory, scale-out
+    text.py      what every section prints alike: a comparison with n and its interval, a rate grid, a result file
+
+Formatting only: every number is computed from the runs (depthlab.study.summary, claims, verdicts); nothing is
+typed by hand.
+"""

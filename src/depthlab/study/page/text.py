@@ -1,0 +1,46 @@
+"""What every section of the pages prints alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from depthlab.study.stats import interval, pvalue
+
+
+def load(path: Path) -> dict | None:
+    """A result file, or None where it was never written (its section says so)."""
+    return json.loads(Path(path).read_text()) if Path(path).exists() else None
+
+
+def settings_of(out: Path) -> dict | None:
+    """A study's settings.json as one flat dict (the runner's `meta` and `command`, or an earlier flat file)."""
+    s = load(Path(out) / "settings.json")
+    if s is None:
+        return None
+    return {**s["meta"], "command": s.get("command", "")} if "meta" in s else s
+
+
+def said(c: dict, f: str = ".3f") -> str:
+    """A comparison as the page prints it everywhere: mean, its interval, p and n, then the word."""
+    if not c or not c.get("n"):
+        return "no runs"
+    n = f"n = {c['n']}"
+    return (f"{c['mean']:+{f}} {interval(c, f)}, p {pvalue(c['p'])}, {n}: *{c['verdict']}*"
+            if c["n"] > 1 else f"{c['mean']:+{f}} ({n}: *{c['verdict']}*)")
+
+
+def grid(g: dict) -> str:
+    """A seed-0 rate grid: each rate's final loss, the best in bold, diverged rates named."""
+    bad, best = {f"{lr:g}" for lr in g["diverged"]}, "-" if g["best_lr"] is None else f"{g['best_lr']:g}"
+    cells = [f"{lr} diverged" if lr in bad else (f"**{lr} {loss:.3f}**" if lr == best else f"{lr} {loss:.3f}")
+             for lr, loss in g["grid"].items()]
+    return ", ".join(cells) + (" (best at an edge)" if g["edge"] else "")
+
+
+def rate(lr: float | None) -> str:
+    return "-" if lr is None else f"{lr:g}"
+
+
+def number(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
