@@ -1,0 +1,473 @@
+"""The depth-transfer study: which parameterization carries a learning rate across depth, and LNS taken apart
+where Pre-LN's curse reads present (issue 37; docs/method.md section 5.2).
+
+    (A) transfer   pre, lns, pre + CompleteP (alpha = 1), pre + depth-muP (alpha = 1/2), lns + CompleteP, with
+                   L_base = the base depth: a sqrt(2)-spaced rate grid at the base depth (seed 0), its best rate
+                   applied unchanged at every depth (every seed), and a 3-rate grid around it at each grid depth
+                   (seed 0) to measure how far the optimum moved
+    (B) parts      at the parts depth: pre, lns, pre with block-l gains starting at l^-p, pre with every gain
+                   starting at one constant (the mean of l^-p), each on a 3-rate grid around its best (pre and lns:
+                   their (A) grids; the others around pre's best), then every parts seed at the best
+
+Rates live on one lattice, rate(k) = 1e-3 * sqrt(2)^k, so a grid's neighbours are k - 1 and k + 1 whatever was
+rounded; a grid whose best sits at an edge is widened one lattice step past it (`widen` times at most). At the base
+depth a depth-alpha variant is its scheme's model (m = 1: every multiplier and rate factor is 1; the tests check
+the losses are equal), so its base grid is that scheme's, trained once.
+
+Selection reads the final validation loss of seed 0; every reported loss is on the corpus's test split, which no
+selection reads. Words come from depthlab.study.verdicts: paired t-intervals, and a TOST against its declared
+margin for "gain-init matches LNS". The rate-against-depth exponent is the least-squares slope of log(best rate)
+on log(N) (scipy.stats.linregress) with its 95% t-interval (df = depths - 2); each depth's best rate is the vertex
+of the parabola through the grid's best and its two neighbours in log(rate), the grid's best itself at an edge.
+The plan is a function of the records alone (`next_cells`), so a killed study run again trains what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from depthlab.study.records import cell_key, final_probe
+from depthlab.study.runner import Cell, run_cells, selection_value
+from depthlab.study.stats import interval, mean_std, pvalue, spread
+from depthlab.study.verdicts import EQUIVALENCE_MARGIN, compare, equivalent
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository this file is in (src/depthlab/study/transfer.py)
+OUT = ROOT / "benchmarks" / "results" / "depth_transfer"
+IMG = ROOT / "docs" / "img" / "depth_transfer.png"
+
+PRE, LNS, CP, MUP, LNS_CP = "pre", "lns", "pre+completep", "pre+depth_mup", "lns+completep"
+GAIN_INIT, UNIFORM = "pre+gain_init", "pre+uniform_gain"
+TRANSFER = (PRE, LNS, CP, MUP, LNS_CP)
+PARTS = (PRE, LNS, GAIN_INIT, UNIFORM)
+ALPHA = {CP: 1, MUP: 0.5, LNS_CP: 1}
+TWIN = {CP: PRE, MUP: PRE, LNS_CP: LNS}  # at the base depth, the same model
+ANCHOR = 1e-3  # rate(0)
+ENDPOINT = "test_loss"  # what the page reports; selection reads val_loss
+
+
+def variants(base_depth: int) -> dict[str, list[str]]:
+    """Every variant's config overrides."""
+    scheme = {v: f"model.norm_scheme={v.split('+')[0]}" for v in (*TRANSFER, *PARTS)}
+    out = {v: [scheme[v], *([f"model.depth_alpha={ALPHA[v]}", f"model.depth_base={base_depth}"] if v in ALPHA
+                            else [])] for v in TRANSFER}
+    out[GAIN_INIT] = [scheme[GAIN_INIT], "model.norm_gain_init=depth"]
+    out[UNIFORM] = [scheme[UNIFORM], "model.norm_gain_init=uniform"]
+    return out
+
+
+def rate(k: float) -> float:
+    """The lattice's rate k: 1e-3 * sqrt(2)^k, to 4 significant digits (what configs and record keys read)."""
+    return float(f"{ANCHOR * 2 ** (k / 2):.4g}")
+
+
+def lattice(lr: float) -> int | None:
+    """The lattice index of a rate, None when it is not on the lattice."""
+    k = round(2 * math.log2(lr / ANCHOR))
+    return k if abs(rate(k) - lr) <= 1e-3 * lr else None
+
+
+@dataclass(frozen=True)
+class Design:
+    base_depth: int = 6
+    depths: tuple[int, ...] = (6, 12, 24, 48)  # the transferred rate at each, every seed
+    grid_depths: tuple[int, ...] = (12, 24, 48)  # a 3-rate grid around the transferred rate at each
+    base_grid: tuple[int, ...] = (5, 6, 7, 8, 9, 10)  # lattice indices: 5.657e-3 ... 3.2e-2
+    seeds: tuple[int, ...] = (0, 1)
+    parts_depth: int | None = 48  # None: no part (B)
+    parts_seeds: tuple[int, ...] = (0, 1, 2)
+    widen: int = 4  # lattice steps a grid may grow past an edge
+    transfer: tuple[str, ...] = TRANSFER
+    parts: tuple[str, ...] = PARTS
+
+    @classmethod
+    def of(cls, d: dict) -> Design:
+        """The design a settings file recorded (describe()'s output)."""
+        names = cls.__dataclass_fields__
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names})
+
+    def describe(self) -> dict:
+        return {**asdict(self), "base_rates": [rate(k) for k in self.base_grid]}
+
+
+# ---------------------------------------------------------------------------------------------------- the plan
+def own(v: str, L: int, d: Design) -> str:
+    """The variant whose cells stand for v at depth L (at the base depth a depth-alpha variant is its scheme)."""
+    return TWIN[v] if L == d.base_depth and v in TWIN else v
+
+
+def find(records: dict, d: Design, v: str, L: int, k: int, seed: int) -> dict | None:
+    return records.get(cell_key(own(v, L, d), rate(k), seed, L))
+
+
+def grid(records: dict, d: Design, v: str, L: int, ks) -> dict:
+    """v's seed-0 grid at depth L from lattice indices ks, widened past an edge holding the best (d.widen steps at
+    most): {"missing": cells to train before anything is known, "ks": the grid so far, "best": its best index or
+    None, "edge": the best is at an edge of what ran}."""
+    ks = sorted(ks)
+    for grown in range(d.widen + 1):
+        recs = {k: find(records, d, v, L, k, 0) for k in ks}
+        missing = [Cell(own(v, L, d), rate(k), 0, L) for k, r in recs.items() if r is None]
+        if missing:
+            return {"missing": missing, "ks": ks, "best": None, "edge": False}
+        best = min(ks, key=lambda k: (selection_value(recs[k]), k))
+        edge = best in (ks[0], ks[-1])
+        if not edge or grown == d.widen:
+            return {"missing": [], "ks": ks, "best": best, "edge": edge, "records": recs}
+        ks = [*ks, ks[-1] + 1] if best == ks[-1] else [ks[0] - 1, *ks]
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class Stage:
+    label: str
+    layers: int
+    missing: list[Cell] = field(default_factory=list)
+    waits: str = ""  # what must finish before this stage's cells are known
+    done: int = 0
+
+
+def plan(records: dict, d: Design) -> list[Stage]:
+    """Every stage of the study with the cells it lacks now (or what it waits for), cheapest depth first."""
+    stages = []
+    for v in d.transfer:
+        if own(v, d.base_depth, d) == v:
+            g = grid(records, d, v, d.base_depth, d.base_grid)
+            stages.append(Stage(f"{v} rate grid at N = {d.base_depth}", d.base_depth, g["missing"],
+                                done=len(g["ks"]) - len(g["missing"])))
+    for L in sorted(set(d.depths) | set(d.grid_depths)):
+        for v in d.transfer:
+            k = transferred(records, d, v)
+            if k is None:
+                stages.append(Stage(f"{v} at N = {L}", L, waits=f"the N = {d.base_depth} rate grid"))
+                continue
+            if L in d.depths:
+                cells = [Cell(own(v, L, d), rate(k), s, L) for s in d.seeds]
+                stages.append(Stage(f"{v} at N = {L}, lr {rate(k):g} (transferred), seeds "
+                                    f"{', '.join(map(str, d.seeds))}", L, [c for c in cells if c.key not in records],
+                                    done=sum(c.key in records for c in cells)))
+            if L in d.grid_depths and L != d.base_depth:
+                g = grid(records, d, v, L, (k - 1, k, k + 1))
+                stages.append(Stage(f"{v} rate grid at N = {L}", L, g["missing"],
+                                    done=len(g["ks"]) - len(g["missing"])))
+    if d.parts_depth:
+        stages += parts_stages(records, d)
+    return stages
+
+
+def part_grids(records: dict, d: Design) -> dict[str, dict | None]:
+    """Part (B)'s grids at the parts depth: pre and lns around their transferred rates (part (A)'s grids where the
+    parts depth is a grid depth), the others around pre's best there; None while the centre is unknown."""
+    P = d.parts_depth
+
+    def around(v: str, k: int | None) -> dict | None:
+        return grid(records, d, v, P, (k - 1, k, k + 1)) if k is not None else None
+
+    pre = around(PRE, transferred(records, d, PRE))
+    return {v: pre if v == PRE else around(v, transferred(records, d, v) if v in d.transfer else
+                                           pre and pre["best"]) for v in d.parts}
+
+
+def parts_stages(records: dict, d: Design) -> list[Stage]:
+    """Part (B): each part's grid not already in part (A), then every parts seed at each part's best rate."""
+    P, out, seeds = d.parts_depth, [], ", ".join(map(str, d.parts_seeds))
+    grids = part_grids(records, d)
+    for v, g in grids.items():
+        if v in d.transfer and P in d.grid_depths:
+            continue  # part (A)'s stage
+        out.append(Stage(f"{v} rate grid at N = {P}", P, g["missing"], done=len(g["ks"]) - len(g["missing"])) if g
+                   else Stage(f"{v} rate grid at N = {P}", P, waits=f"pre's rate grid at N = {P}"))
+    for v, g in grids.items():
+        if not g or g["best"] is None:
+            out.append(Stage(f"{v} at N = {P}, its best rate, seeds {seeds}", P, waits=f"its rate grid at N = {P}"))
+            continue
+        cells = [Cell(v, rate(g["best"]), s, P) for s in d.parts_seeds]
+        out.append(Stage(f"{v} at N = {P}, lr {rate(g['best']):g} (its best), seeds {seeds}", P,
+                         [c for c in cells if c.key not in records], done=sum(c.key in records for c in cells)))
+    return out
+
+
+def transferred(records: dict, d: Design, v: str) -> int | None:
+    """v's transferred rate (lattice index): its scheme's best at the base depth; None until that grid finished."""
+    return grid(records, d, own(v, d.base_depth, d), d.base_depth, d.base_grid)["best"]
+
+
+def next_cells(records: dict, d: Design) -> list[Cell]:
+    """The cells that can be trained now, cheapest (shallowest) first, each once."""
+    cells = sorted((c for s in plan(records, d) for c in s.missing), key=lambda c: c.layers)
+    return list(dict.fromkeys(cells))
+
+
+def run(study, d: Design, jobs: int = 1, log=None) -> None:
+    """Train the study until its plan has nothing left (each round: every cell whose rate is known)."""
+    kw = {"log": log} if log else {}
+    while cells := next_cells(study.records(), d):
+        if not run_cells(study, cells, jobs, **kw):
+            raise AssertionError(f"the plan asks for cells the runner holds already: {cells[:3]}")
+
+
+# ---------------------------------------------------------------------------------------------------- results
+def vertex(recs: dict[int, dict], best: int) -> float:
+    """The lattice position of the parabola's vertex through the best rate and its neighbours (log-rate), or the
+    best itself where a neighbour is missing or diverged."""
+    y = [selection_value(recs[k]) if k in recs else math.inf for k in (best - 1, best, best + 1)]
+    curvature = y[0] - 2 * y[1] + y[2]
+    if not all(math.isfinite(x) for x in y) or curvature <= 0:
+        return float(best)
+    return best + (y[0] - y[2]) / (2 * curvature)
+
+
+def exponent(depths: list[int], rates: list[float], level: float = 0.95) -> dict:
+    """The slope of log(rate) on log(depth) (scipy.stats.linregress), its standard error and t-interval (df = n - 2)
+    and the word: "falls"/"rises" when the interval excludes 0, "inconclusive" otherwise, no interval at n = 2."""
+    from scipy import stats as st
+
+    n = len(depths)
+    out = {"n": n, "slope": math.nan, "se": math.nan, "ci": [math.nan, math.nan], "word": "no fit (under 2 depths)"}
+    if n < 2:
+        return out
+    fit = st.linregress([math.log(L) for L in depths], [math.log(r) for r in rates])
+    out.update(slope=float(fit.slope))
+    if n == 2:
+        return {**out, "word": "two depths: no interval"}
+    half = float(st.t.ppf(0.5 + level / 2, n - 2)) * float(fit.stderr)
+    ci = [out["slope"] - half, out["slope"] + half]
+    word = "falls with depth" if ci[1] < 0 else "rises with depth" if ci[0] > 0 else "inconclusive"
+    return {**out, "se": float(fit.stderr), "ci": ci, "word": word}
+
+
+def _endpoint(records: dict, d: Design, v: str, L: int, k: int | None, seeds) -> dict[int, float]:
+    """Each seed's test loss at lattice rate k (finished, not diverged)."""
+    if k is None:
+        return {}
+    found = {s: find(records, d, v, L, k, s) for s in seeds}
+    return {s: r[ENDPOINT] for s, r in found.items() if r and r.get("status") == "ok" and ENDPOINT in r}
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> dict:
+    seeds = sorted(set(a) & set(b))
+    return {**compare([b[s] - a[s] for s in seeds]), "seeds": seeds}
+
+
+def rates_by_depth(records: dict, d: Design, v: str) -> dict[int, dict]:
+    """Each grid depth's best rate for v (where its grid finished): the grid, the best, the vertex estimate."""
+    base = grid(records, d, own(v, d.base_depth, d), d.base_depth, d.base_grid)
+    k, out = base["best"], {}
+    for L in sorted({d.base_depth, *d.grid_depths}):
+        if k is None:
+            break
+        g = base if L == d.base_depth else grid(records, d, v, L, (k - 1, k, k + 1))
+        if g["best"] is None:
+            continue
+        est = vertex(g["records"], g["best"]) if not g["edge"] else float(g["best"])
+        out[L] = {"grid": {rate(k): g["records"][k]["val_loss"] for k in g["ks"]}, "best": rate(g["best"]),
+                  "best_k": g["best"], "estimate": ANCHOR * 2 ** (est / 2), "edge": g["edge"],
+                  "moved": g["best"] - k}
+    return out
+
+
+def summarize(records: dict, d: Design) -> dict:
+    """Everything the page says, computed from the records."""
+    res = {"design": d.describe(), "transfer": {}, "decomposition": None}
+    for v in d.transfer:
+        rates = rates_by_depth(records, d, v)
+        k = rates.get(d.base_depth, {}).get("best_k")
+        loss = {L: _endpoint(records, d, v, L, k, d.seeds) for L in d.depths}
+        row = {"transferred": rate(k) if k is not None else None, "rates": rates,
+               "loss": {L: {"per_seed": x, **mean_std(x.values())} for L, x in loss.items()},
+               "exponent": exponent(list(rates), [r["estimate"] for r in rates.values()])}
+        if v != PRE:
+            pre_k = rates_by_depth(records, d, PRE).get(d.base_depth, {}).get("best_k")
+            row["vs_pre"] = {L: _paired(_endpoint(records, d, PRE, L, pre_k, d.seeds), x) for L, x in loss.items()
+                             if not (L == d.base_depth and own(v, L, d) == PRE)}
+        res["transfer"][v] = row
+    if d.parts_depth:
+        res["decomposition"] = decomposition(records, d)
+    return res
+
+
+def decomposition(records: dict, d: Design) -> dict:
+    """Part (B) at the parts depth: each part at its own best rate over the parts seeds (test loss, the curse
+    index), each against pre seed by seed, and the TOST of gain-init against LNS."""
+    from depthlab.study.summary import index_reading
+
+    P, rows = d.parts_depth, {}
+    for v, g in part_grids(records, d).items():
+        k = g["best"] if g else None
+        loss = _endpoint(records, d, v, P, k, d.parts_seeds)
+        runs = {s: r for s in d.parts_seeds if k is not None and (r := find(records, d, v, P, k, s))
+                and r.get("status") == "ok" and final_probe(r)}
+        rows[v] = {"lr": rate(k) if k is not None else None, "edge": bool(g and g["edge"]), "per_seed": loss,
+                   **mean_std(loss.values()), "index": index_reading(runs) if runs else None}
+    for v in d.parts[1:]:
+        rows[v]["vs_pre"] = _paired(rows[PRE]["per_seed"], rows[v]["per_seed"])
+    gi, ln = rows.get(GAIN_INIT, {}).get("per_seed", {}), rows.get(LNS, {}).get("per_seed", {})
+    seeds = sorted(set(gi) & set(ln))
+    out = {"layers": P, "variants": rows, "tost": equivalent([gi[s] - ln[s] for s in seeds]),
+           "pre_reading": (rows[PRE]["index"] or {}).get("reading", "unknown")}
+    if UNIFORM in rows and GAIN_INIT in rows:
+        out["uniform_vs_gain_init"] = _paired(rows[GAIN_INIT]["per_seed"], rows[UNIFORM]["per_seed"])
+    return out
+
+
+
+# ---------------------------------------------------------------------------------------------------- the page
+def _said(c: dict, f: str = ".3f") -> str:
+    """A paired comparison: mean, 95% interval, p, n and the word."""
+    if not c or not c.get("n"):
+        return "-"
+    tail = f"{interval(c, f)}, p {pvalue(c['p'])}, " if c["n"] > 1 else ""
+    return f"{c['mean']:+{f}} {tail}n = {c['n']}: *{c['verdict']}*"
+
+
+def _setup(settings: dict, d: Design) -> str:
+    m = settings.get("meta", {})
+    corpus = m.get("corpus") or {}
+    return (f"Width {m.get('dim')}, {m.get('steps')} steps of {m.get('batch')} x {m.get('seq')} tokens, "
+            f"{corpus.get('source', 'its corpus')} with {m.get('dedup_removed', '?')} duplicate documents removed; "
+            f"rates selected on validation (seed 0's final loss), every loss below on the test split "
+            f"({m.get('test_tokens', '?'):,} tokens) that no selection reads. L_base = {d.base_depth}; rates on a "
+            f"sqrt(2) lattice; base grid {', '.join(f'{rate(k):g}' for k in d.base_grid)}, widened past an edge "
+            f"{d.widen} steps at most. `{settings.get('command', '')}`")
+
+
+def _transfer_lines(res: dict, d: Design) -> list[str]:
+    Ls = list(d.depths)
+    head = "| " + " | ".join(f"N = {L}" for L in Ls) + " |"
+    rule = "|---" * (len(Ls) + 2) + "|"
+    out = [f"**Loss against depth at the transferred rate.** Each parameterization at its N = {d.base_depth} best "
+           "rate, unchanged at every depth: test loss, mean ± std over seeds (n).", "",
+           "| parameterization | transferred lr " + head, rule]
+    for v, row in res["transfer"].items():
+        lr = f"{row['transferred']:g}" if row["transferred"] else "not yet"
+        out.append(f"| {v} | {lr} | " + " | ".join(
+            f"{spread(row['loss'][L])} ({row['loss'][L]['n']})" if row["loss"][L]["n"] else "-" for L in Ls) + " |")
+    out += ["", "Each against pre at pre's transferred rate, paired by seed (test loss, nats; 95% t-interval; at "
+            f"N = {d.base_depth} pre + CompleteP and pre + depth-μP are pre's model):", "",
+            "| parameterization − pre " + head, "|---" * (len(Ls) + 1) + "|"]
+    for v, row in res["transfer"].items():
+        if "vs_pre" in row:
+            out.append(f"| {v} | " + " | ".join(_said(row["vs_pre"][L]) if L in row["vs_pre"] else "same model"
+                                                 for L in Ls) + " |")
+    return out + [""]
+
+
+def _rate_lines(res: dict, d: Design) -> list[str]:
+    Ls = sorted({d.base_depth, *d.grid_depths})
+    out = ["**The best rate against depth.** Each depth's grid best (seed 0, validation; * at an edge of what ran) "
+           "and, in brackets, the vertex of the parabola through it and its neighbours in log(rate), which the "
+           "exponent fits: best rate ∝ N^slope (scipy.stats.linregress, 95% t-interval, df = depths − 2). A "
+           "parameterization that holds its rate has slope 0.", "",
+           "| parameterization | " + " | ".join(f"N = {L}" for L in Ls) + " | slope (95% interval) | reading |",
+           "|---" * (len(Ls) + 3) + "|"]
+    for v, row in res["transfer"].items():
+        r, e = row["rates"], row["exponent"]
+        cells = [f"{r[L]['best']:g}{'*' if r[L]['edge'] else ''} ({r[L]['estimate']:.3g})" if L in r else "-"
+                 for L in Ls]
+        slope = f"{e['slope']:+.2f}" if math.isfinite(e["slope"]) else "-"
+        if math.isfinite(e["ci"][0]):
+            slope += f" [{e['ci'][0]:+.2f}, {e['ci'][1]:+.2f}]"
+        out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {e['word']} (n = {e['n']} depths) |")
+    return out + [""]
+
+
+def _parts_lines(dec: dict) -> list[str]:
+    P, rows = dec["layers"], dec["variants"]
+    pre_index = rows[PRE]["index"] or {}
+    out = [f"**LNS taken apart at N = {P}.** Each part at its own best rate (its grid around pre's best; seed 0, "
+           "validation), test loss over the parts seeds, each against pre paired by seed; the curse index of the "
+           f"final models. Pre-LN's index here reads **{dec['pre_reading']}**"
+           + (f" (inert fraction {spread(pre_index['inert_fraction'], '.2f')}, deep/shallow removal "
+              f"{spread(pre_index['removal_deep_over_shallow'], '.2f')})" if pre_index else "") + ".", "",
+           "| variant | best lr | test loss (n) | − pre | deep/shallow removal | reading |", "|---" * 6 + "|"]
+    for v, r in rows.items():
+        idx = r["index"] or {}
+        lr = f"{r['lr']:g}{'*' if r['edge'] else ''}" if r["lr"] else "not yet"
+        out.append(f"| {v} | {lr} | {spread(r)} ({r['n']}) | {_said(r.get('vs_pre', {})) if v != PRE else ''} | "
+                   f"{spread(idx.get('removal_deep_over_shallow'), '.2f') if idx else '-'} | "
+                   f"{idx.get('reading', '-')} |")
+    t = dec["tost"]
+    out += ["", f"Gain-init − LNS, each at its best rate: {_said(t['comparison'])}; TOST against ± "
+            f"{EQUIVALENCE_MARGIN} nats (declared in depthlab.study.verdicts before the numbers): p {pvalue(t['p'])}, "
+            f"*{t['verdict']}*."]
+    if dec.get("uniform_vs_gain_init"):
+        out.append(f"Uniform gains − gain-init l^-p (does the depth profile matter, or any damping?): "
+                   f"{_said(dec['uniform_vs_gain_init'])}.")
+    return out + [""]
+
+
+def not_run_lines(records: dict, d: Design) -> list[str]:
+    """The plan's stages that have not finished: how many cells each lacks, or what it waits for."""
+    rows = []
+    for s in plan(records, d):
+        if s.waits:
+            rows.append(f"{s.label}: waits for {s.waits}")
+        elif s.missing:
+            rows.append(f"{s.label}: {len(s.missing)} of {len(s.missing) + s.done} cells not run")
+    return (["**Not run yet** (the plan as far as the records fix it; a widened grid adds cells):", "",
+             *[f"- {r}" for r in rows], ""] if rows else ["Every cell of the plan has run.", ""])
+
+
+def page_lines(out: Path | None = None, img: Path | None = IMG) -> list[str]:
+    """The results page's section on the depth-transfer study, from the records in `out` (the CPU study's by
+    default; its GPU study's below it where they exist); [] when there are none. Draws the figure to `img`."""
+    import json
+
+    from depthlab.study.records import load_records
+
+    out = Path(out or OUT)
+    records = load_records(out / "runs.jsonl")
+    if not records:
+        return []
+    settings = json.loads((out / "settings.json").read_text())
+    d = Design.of(settings["meta"]["design"])
+    res = summarize(records, d)
+    lines = ["## Depth transfer: which parameterization carries its rate across depth", "", _setup(settings, d), "",
+             *_transfer_lines(res, d), *_rate_lines(res, d)]
+    if res["decomposition"]:
+        lines += _parts_lines(res["decomposition"])
+    lines += not_run_lines(records, d)
+    if img and plot(res, d, Path(img)):
+        lines += [f"![Loss against depth at the transferred rate; best rate against depth]"
+                  f"(img/{Path(img).name})", ""]
+    gpu = out / "gpu"
+    if (gpu / "runs.jsonl").exists() and out != gpu:
+        sub = page_lines(gpu, Path(img).with_name("depth_transfer_gpu.png") if img else None)
+        lines += [f"#{sub[0]} (GPU)", *sub[1:]] if sub else []
+    return lines
+
+
+def plot(res: dict, d: Design, path: Path) -> bool:
+    """Two panels: test loss against depth at the transferred rate (seeds as dots), and the best rate's estimate
+    against depth with each fitted exponent. False when nothing has run past the base depth."""
+    if not any(row["loss"][L]["n"] for row in res["transfer"].values() for L in d.depths):
+        return False
+    from depthlab.study.figures import _plt
+
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (v, row) in enumerate(res["transfer"].items()):
+        c = f"C{i}"
+        Ls = [L for L in d.depths if row["loss"][L]["n"]]
+        a.plot(Ls, [row["loss"][L]["mean"] for L in Ls], "o-", color=c, label=f"{v} (lr {row['transferred']:g})")
+        for L in Ls:
+            a.scatter([L] * row["loss"][L]["n"], list(row["loss"][L]["per_seed"].values()), color=c, s=10, alpha=0.5)
+        r, e = row["rates"], row["exponent"]
+        if r:
+            slope = f"{e['slope']:+.2f}" if math.isfinite(e["slope"]) else "-"
+            b.plot(list(r), [x["estimate"] for x in r.values()], "o-", color=c, label=f"{v}: N^{slope}")
+            edges = [L for L in r if r[L]["edge"]]
+            b.scatter(edges, [r[L]["estimate"] for L in edges], marker="x", color="k", zorder=3)
+    a.set(title="test loss at the transferred rate", ylabel="nats")
+    b.set(title="best rate (vertex of the grid; x: at an edge)", ylabel="learning rate", yscale="log")
+    for ax in (a, b):
+        ax.set(xscale="log", xlabel="blocks N")
+        ax.set_xticks(list(d.depths), [str(L) for L in d.depths])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
