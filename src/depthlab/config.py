@@ -33,6 +33,7 @@ class ModelConfig:
     n_layers: int = 8
     n_heads: int = 4
     n_kv_heads: int | None = None  # None: as many as n_heads (no grouped-query attention)
+    head_size: int | None = None  # each attention head's width; None: dim / n_heads (Gemma-2's is its own)
     ffn_dim: int = 344
     max_seq_len: int = 256
     rope_theta: float = 10000.0
@@ -78,7 +79,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
 
     @property
     def is_vit(self) -> bool:

@@ -1,4 +1,4 @@
-"""LLaMA building blocks: RMSNorm, DyT, OLMo-1's LayerNorm, RoPE, attention, SwiGLU MLP, the residual add and GPAS.
+"""LLaMA building blocks: RMSNorm, DyT, OLMo-1's LayerNorm, RoPE, attention, the gated MLP, the residual add and GPAS.
 
 Architecture only: no training plumbing. The blocks of every normalization scheme are assembled from these
 parts in `schemes.py`, each family (depthlab.model.families) choosing its variant of each part. Numerics follow
@@ -7,6 +7,8 @@ identical logits.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -225,13 +227,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class Attention(nn.Module):
     """Causal self-attention with RoPE and grouped-query heads. The families' variants (depthlab.model.families)
-    are flags: biases on q, k, v (qwen2, vit) and o (vit); RMSNorm on q and on k over all heads, before RoPE (olmo2's
-    QK-norm); bidirectional without RoPE (vit: called with rope=None). q, k, v are clamped to
-    [-clip_qkv, clip_qkv] when model.clip_qkv is set (olmo). A family whose keys are masked otherwise overrides
-    `attend`."""
+    are arguments: biases on q, k, v (qwen2, vit) and o (vit); RMSNorm on q and on k over all heads, before RoPE
+    (olmo2's QK-norm); bidirectional without RoPE (vit: called with rope=None); a sliding window of `window` keys
+    (mistral, gemma2's every other layer); the scores soft-capped as softcap * tanh(s / softcap) and scaled by
+    query_scale^(-1/2) instead of head_dim^(-1/2) (gemma2). q, k, v are clamped to [-clip_qkv, clip_qkv] when
+    model.clip_qkv is set (olmo)."""
 
     def __init__(self, cfg: ModelConfig, qkv_bias: bool = False, out_bias: bool = False, qk_norm: bool = False,
-                 causal: bool = True):
+                 causal: bool = True, window: int | None = None, softcap: float | None = None,
+                 query_scale: float | None = None):
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
@@ -244,6 +248,8 @@ class Attention(nn.Module):
         self.causal = causal
         self.q_norm = RMSNorm(q_dim, cfg.norm_eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(kv_dim, cfg.norm_eps) if qk_norm else nn.Identity()
+        self.window, self.softcap = window, softcap
+        self.scale = None if query_scale is None else query_scale ** -0.5  # None: SDPA's own 1/sqrt(head_dim)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -260,30 +266,64 @@ class Attention(nn.Module):
         return project(y.transpose(1, 2).reshape(B, T, -1), self.o_proj)[0]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(head_dim)) v over the keys each query sees: itself and every earlier one (causal),
-        or all of them. q: (B, H, T, D); k, v: (B, H_kv, T, D)."""
+        """softmax(q k^T / sqrt(head_dim)) v over the keys each query sees: itself and every earlier one (causal)
+        or all of them, and of those only the last `window` (the query's own included). q: (B, H, T, D); k, v:
+        (B, H_kv, T, D). Soft-capped scores are computed as transformers' eager attention does (SDPA has no cap)."""
         gqa = self.n_kv_heads != self.n_heads
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
+        T = q.shape[-2]
+        window = self.window if self.window is not None and T > self.window else None  # else every key is inside
+        visible = None
+        if window is not None or (self.softcap is not None and self.causal):
+            i = torch.arange(T, device=q.device)
+            back = i[:, None] - i[None, :]  # query index - key index
+            visible = (back >= 0) & (back < (window or T)) if self.causal else back.abs() < (window or T)
+        if self.softcap is None:
+            if visible is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa, scale=self.scale)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa, scale=self.scale)
+        if gqa:
+            k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1) for t in (k, v))
+        scores = softcap(q @ k.transpose(-2, -1) * (self.scale or self.head_dim ** -0.5), self.softcap)
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
+        return F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+    def extra_repr(self) -> str:
+        return ", ".join([f"window={self.window}"] * (self.window is not None) + [f"softcap={self.softcap}"] *
+                         (self.softcap is not None) + [f"scale={self.scale:.4g}"] * (self.scale is not None))
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap): x kept within (-cap, cap), nearly unchanged where |x| << cap (Gemma-2's scores and
+    logits), in transformers' order of operations."""
+    return torch.tanh(x / cap) * cap
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); with gelu, the original ViT's down(gelu(up(x))). bias: on up and down
-    (the vit family's)."""
+    """Gated: down(act(gate(x)) * up(x)), SwiGLU with silu (LLaMA), GeGLU with gelu_tanh (Gemma-2); not gated:
+    down(act(up(x))), the original ViT's with gelu. bias: on up and down (the vit family's)."""
 
-    def __init__(self, cfg: ModelConfig, gelu: bool = False, bias: bool = False):
+    def __init__(self, cfg: ModelConfig, gated: bool = True, activation: str = "silu", bias: bool = False):
         super().__init__()
-        self.gelu = gelu
-        self.gate_proj = None if gelu else nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.activation = activation
+        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False) if gated else None
         self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=bias)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gelu:
-            return self.down_proj(F.gelu(self.up_proj(x)))
+        act = ACTIVATIONS[self.activation]
+        if self.gate_proj is None:
+            return self.down_proj(act(self.up_proj(x)))
         gate, up = project(x, self.gate_proj, self.up_proj)
-        if type(self.down_proj) is not nn.Linear:  # a LoRA adapter's wrapper: its own forward (see project)
-            return self.down_proj(F.silu(gate) * up)
+        if type(self.down_proj) is not nn.Linear or self.activation != "silu":  # a LoRA adapter's wrapper (see
+            return self.down_proj(act(gate) * up)  # project), or an activation _SwiGLUDown does not compute
         return _SwiGLUDown.apply(gate, up, self.down_proj.weight, self.down_proj.bias)
+
+    def extra_repr(self) -> str:
+        return f"{'gated, ' * (self.gate_proj is not None)}{self.activation}"
 
 
 class Residual(nn.Module):

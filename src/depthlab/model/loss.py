@@ -10,6 +10,7 @@ unchunked head (nothing is recomputed in backward); the memory for logits is one
 instead of several (batch x seq x vocab) tensors (logits, their fp32 copy, log-softmax, and their gradients).
 Numerics follow `lm_loss(F.linear(h, weight), targets)`: the head's matmuls run in the autocast dtype when
 autocast is on, the softmax and the loss in fp32; targets equal to -100 are ignored, as F.cross_entropy does.
+With `softcap` the logits are capped first, softcap * tanh(z / softcap) (Gemma-2's final soft-capping), in fp32.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+from depthlab.model.llama import softcap as capped
 
 IGNORE_INDEX = -100
 
@@ -26,21 +29,22 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = 1024,
-                         reduction: str = "mean") -> torch.Tensor:
+                         reduction: str = "mean", softcap: float | None = None) -> torch.Tensor:
     """Cross-entropy of `h @ weight.T` (h: (..., D), weight: (V, D), targets: h's shape without D), `chunk`
     tokens at a time; chunk 0 (or a chunk covering every token) computes the full logits as `lm_loss` does."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be mean or sum, got {reduction!r}")
     h, targets = h.flatten(0, -2), targets.flatten()
     if chunk <= 0 or chunk >= len(h):
-        return lm_loss(F.linear(h, weight), targets, reduction)
+        logits = F.linear(h, weight)
+        return lm_loss(logits if softcap is None else capped(logits.float(), softcap), targets, reduction)
     device = h.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(h, weight, targets, chunk, dtype, reduction)
+        return _LinearCrossEntropy.apply(h, weight, targets, chunk, dtype, reduction, softcap)
     with torch.autocast(device, enabled=False):
         w = weight.to(dtype)
-        total = sum(_chunk_softmax(h[i:i + chunk].to(dtype), w, targets[i:i + chunk])[0]
+        total = sum(_chunk_softmax(h[i:i + chunk].to(dtype), w, targets[i:i + chunk], softcap)[0]
                     for i in range(0, len(h), chunk))
     return total / _count(targets) if reduction == "mean" else total
 
@@ -49,24 +53,31 @@ def _count(targets: torch.Tensor) -> torch.Tensor:
     return (targets != IGNORE_INDEX).sum()
 
 
-def _chunk_softmax(hc: torch.Tensor, w: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed loss, softmax) of one chunk's logits hc @ w.T; ignored rows add nothing. The softmax is formed in
-    place in the fp32 logits (for fp32 logits, the matmul's own output; low-precision logits are freed as soon as
-    they are upcast): one (chunk x vocab) fp32 buffer in all."""
+def _chunk_softmax(hc: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
+                   softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(summed loss, softmax, and with softcap the capped logits' derivative 1 - tanh^2) of one chunk's logits
+    hc @ w.T; ignored rows add nothing. The softmax is formed in place in the fp32 logits (for fp32 logits, the
+    matmul's own output; low-precision logits are freed as soon as they are upcast): one (chunk x vocab) fp32
+    buffer in all, two with softcap."""
     z = (hc @ w.t()).float()
+    slope = None
+    if softcap is not None:
+        t = torch.tanh(z / softcap)
+        z = t * softcap
+        slope = t.square_().neg_().add_(1)  # d(capped)/dz = 1 - tanh^2
     picked = z.gather(1, targets.clamp_min(0)[:, None]).squeeze(1)
     top = z.amax(dim=-1)
     total = z.sub_(top[:, None]).exp_().sum(dim=-1)
     z.div_(total[:, None])
     loss = torch.where(targets != IGNORE_INDEX, total.log() + top - picked, 0.0)  # log-sum-exp - target logit
-    return loss.sum(), z
+    return loss.sum(), z, slope
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Forward computes the loss and both gradients chunk by chunk; backward only scales them."""
 
     @staticmethod
-    def forward(ctx, h, weight, targets, chunk: int, dtype: torch.dtype, reduction: str):
+    def forward(ctx, h, weight, targets, chunk: int, dtype: torch.dtype, reduction: str, softcap: float | None):
         scale = 1.0 / _count(targets).clamp_min(1) if reduction == "mean" else torch.ones((), device=h.device)
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -75,11 +86,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
             w = weight.to(dtype)
             for i in range(0, len(h), chunk):
                 hc, tc = h[i:i + chunk].to(dtype), targets[i:i + chunk]
-                loss, z = _chunk_softmax(hc, w, tc)
+                loss, z, slope = _chunk_softmax(hc, w, tc, softcap)
                 total += loss
                 # dL/dz = (softmax(z) - onehot(target)) * scale, in place in the softmax's buffer
                 valid = (tc != IGNORE_INDEX).to(z.dtype)
                 z.scatter_add_(1, tc.clamp_min(0)[:, None], -valid[:, None])
+                if slope is not None:  # through the cap: times 1 - tanh^2
+                    z.mul_(slope)
+                    del slope
                 g = z.mul_((valid * scale)[:, None]).to(dtype)
                 del z  # in low precision, the fp32 buffer goes before the matmuls
                 if grad_h is not None:
@@ -102,4 +116,4 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.used = True
         grad_h, grad_w = ctx.saved_tensors
         grads = [g.mul_(grad_out.to(g.dtype)) if g is not None else None for g in (grad_h, grad_w)]
-        return *grads, None, None, None, None
+        return *grads, None, None, None, None, None

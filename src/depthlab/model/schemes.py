@@ -181,7 +181,7 @@ class PreLNBlock(nn.Module):
         self.output_norms = self.norms_after_branch or family.norms_after_branch  # reordered, olmo2
         attn_scale, mlp_scale = self.norm_scales(cfg, layer_id)
         self.attn_norm = self.make_norm(cfg, attn_scale)
-        self.attn = family.attention(cfg)
+        self.attn = family.attention(cfg, layer_id)
         self.mlp_norm = self.make_norm(cfg, mlp_scale)
         self.mlp = family.feed_forward(cfg)
         alpha = self.residual_alpha(cfg)

@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from depthlab.config import ModelConfig, TrainConfig
+from depthlab.model.families import family_of
 from depthlab.model.init import init_weights
-from depthlab.model.llama import rope_cache
+from depthlab.model.llama import rope_cache, softcap
 from depthlab.model.loss import linear_cross_entropy, lm_loss
 from depthlab.model.schemes import build_block, scheme_class
 from depthlab.model.vit import ViT
@@ -15,13 +16,16 @@ from depthlab.model.vit import ViT
 
 class Transformer(nn.Module):
     """The LLaMA-style decoder of config `cfg`: token embedding, cfg.n_layers blocks of scheme cfg.norm_scheme
-    (depthlab.model.schemes) built with the family's parts (cfg.arch), the final norm (never scaled), the LM head.
-    init=False leaves the weights undrawn (a meta-device build, or weights about to be loaded)."""
+    (depthlab.model.schemes) built with the family's parts (cfg.arch), the final norm (never scaled), the LM head;
+    the family may scale the embedding's output and soft-cap the logits (Gemma's). init=False leaves the weights
+    undrawn (a meta-device build, or weights about to be loaded)."""
 
     def __init__(self, cfg: ModelConfig, init: bool = True):
         super().__init__()
         self.cfg = cfg
         block = scheme_class(cfg.norm_scheme)
+        family = family_of(cfg)
+        self.embed_scale, self.logit_softcap = family.embed_scale(cfg), family.logit_softcap(cfg)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.embed_norm = block.make_norm(cfg) if block.embed_norm else nn.Identity()
         self.layers = nn.ModuleList(build_block(cfg, l) for l in range(1, cfg.n_layers + 1))
@@ -47,22 +51,27 @@ class Transformer(nn.Module):
         full logits (depthlab.model.loss; 0: through the full logits, as lm_loss)."""
         T = idx.shape[1]
         rope = (self.rope_cos[:T], self.rope_sin[:T])
-        h = self.embed_norm(self.embed_tokens(idx))
+        h = self.embed_tokens(idx)
+        if self.embed_scale != 1.0:  # the scale in the embedding's dtype, as transformers' Gemma rounds it
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        h = self.embed_norm(h)
         hidden = [h]
         for layer in self.layers:
             h = layer(h, rope)
             if return_hidden:
                 hidden.append(h)
         if targets is not None:
-            out = linear_cross_entropy(self.norm(h), self.lm_head.weight, targets, loss_chunk, reduction)
+            out = linear_cross_entropy(self.norm(h), self.lm_head.weight, targets, loss_chunk, reduction,
+                                       self.logit_softcap)
         else:
             out = self.lm_head(self.norm(h))
+            if self.logit_softcap is not None:
+                out = softcap(out, self.logit_softcap)
         return (out, hidden) if return_hidden else out
 
     def num_params(self, embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n if embeddings else n - self.embed_tokens.weight.numel()
-
 
 
 def build_model(cfg: ModelConfig, init: bool = True) -> Transformer | ViT:

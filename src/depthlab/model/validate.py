@@ -89,8 +89,8 @@ def train_warnings(cfg: Config) -> list[str]:
 
 def approx_params(m: ModelConfig) -> int:
     """Parameters of the model a config builds, from its shapes (norms and biases left out)."""
-    kv = (m.n_kv_heads or m.n_heads) * m.head_dim
-    block = 2 * m.dim * m.dim + 2 * m.dim * kv + 3 * m.dim * m.ffn_dim
+    q, kv = m.n_heads * m.head_dim, (m.n_kv_heads or m.n_heads) * m.head_dim
+    block = 2 * m.dim * q + 2 * m.dim * kv + 3 * m.dim * m.ffn_dim
     embed = 0 if m.is_vit else m.vocab_size * m.dim * (1 if m.tie_embeddings else 2)
     return m.n_layers * block + embed
 
@@ -135,12 +135,15 @@ def _check_model(m: ModelConfig) -> None:
     require(m.gpas_gate in GPAS_GATES, f"model.gpas_gate must be {' or '.join(GPAS_GATES)}, got {m.gpas_gate!r}")
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
         require(getattr(m, name) > 0, f"model.{name} must be positive, got {getattr(m, name)}")
-    require(m.dim % m.n_heads == 0, f"model.n_heads={m.n_heads} does not divide model.dim={m.dim}")
+    require(m.head_size is None or m.head_size > 0, f"model.head_size must be positive or null, got {m.head_size}")
+    require(m.head_size is not None or m.dim % m.n_heads == 0,
+            f"model.n_heads={m.n_heads} does not divide model.dim={m.dim} (or set model.head_size)")
     params = approx_params(m)  # PyTorch counts a tensor's bytes in int64: beyond that no device builds it
     require(4 * params < 2**63, f"a model of {params:.3g} parameters (model.dim={m.dim}, model.n_layers="
             f"{m.n_layers}, model.vocab_size={m.vocab_size}) has more fp32 bytes than any machine addresses (2^63)")
     require(m.head_dim % 2 == 0 or not arch.causal,
-            f"head dimension {m.head_dim} (dim / n_heads) must be even for RoPE")
+            f"head dimension {m.head_dim} ({'model.head_size' if m.head_size else 'dim / n_heads'}) must be even "
+            "for RoPE")
     kv = m.n_kv_heads or m.n_heads
     require(kv > 0 and m.n_heads % kv == 0, f"model.n_kv_heads={kv} must divide model.n_heads={m.n_heads}")
     require(not (isinstance(m.init_std, str) and m.init_std != "auto") and math.isfinite(m.weight_std)

@@ -5,8 +5,10 @@ overrides what differs and registers it with @register("name") (the name is `mod
 and who asks:
 
     parts and flags       qkv_bias, out_bias, norm, fixed_norm_eps,     the block (depthlab.model.schemes)
-                          qk_norm, norms_after_branch, mlp, causal;
-                          attention(), feed_forward(), make_norm()
+                          qk_norm, norms_after_branch, mlp, activation,
+                          causal; attention(), feed_forward(),
+                          make_norm()
+    around the blocks     embed_scale(), logit_softcap()                the model (depthlab.model.transformer)
     its config fields     options: ModelConfig fields only it reads     validate
     validation            check(model config)                           validate
     presets               presets: name -> Config                       --preset (depthlab.model.families)
@@ -74,7 +76,8 @@ class Family:
     fixed_norm_eps: ClassVar[float | None] = None  # the stock class hard-codes the norm's epsilon
     qk_norm: ClassVar[bool] = False  # RMSNorm on the q and k projections' outputs
     norms_after_branch: ClassVar[bool] = False  # h + Norm(F(h)) instead of h + F(Norm(h))
-    mlp: ClassVar[str] = "swiglu"  # swiglu: down(silu(gate(x)) * up(x)); gelu: down(gelu(up(x)))
+    mlp: ClassVar[str] = "gated"  # gated: down(act(gate(x)) * up(x)); plain: down(act(up(x)))
+    activation: ClassVar[str] = "silu"  # act: silu (SwiGLU), gelu_tanh (GeGLU), gelu (exact); ACTIVATIONS
     causal: ClassVar[bool] = True  # causal attention with RoPE (language), or bidirectional without (vision)
     options: ClassVar[dict[str, str]] = {}  # ModelConfig fields only this family reads (null for any other): what
     # each is, for the refusal
@@ -86,11 +89,22 @@ class Family:
         return tuple(self.hf_names)
 
     # ------------------------------------------------------------ parts
-    def attention(self, cfg: ModelConfig) -> nn.Module:
-        return Attention(cfg, qkv_bias=self.qkv_bias, out_bias=self.out_bias, qk_norm=self.qk_norm, causal=self.causal)
+    def attention(self, cfg: ModelConfig, layer_id: int, **variant) -> nn.Module:
+        """Block `layer_id`'s (1-based) attention; `variant`: a subclass's further Attention arguments (a window,
+        a soft cap)."""
+        return Attention(cfg, qkv_bias=self.qkv_bias, out_bias=self.out_bias, qk_norm=self.qk_norm, causal=self.causal,
+                         **variant)
 
     def feed_forward(self, cfg: ModelConfig) -> nn.Module:
-        return MLP(cfg, gelu=self.mlp == "gelu", bias=self.out_bias)
+        return MLP(cfg, gated=self.mlp == "gated", activation=self.activation, bias=self.out_bias)
+
+    def embed_scale(self, cfg: ModelConfig) -> float:
+        """The token embedding's output times this (Gemma's sqrt(dim)), rounded to the embedding's dtype."""
+        return 1.0
+
+    def logit_softcap(self, cfg: ModelConfig) -> float | None:
+        """The LM head's logits capped as c * tanh(z / c) (Gemma-2's final soft-capping); None: not capped."""
+        return None
 
     def make_norm(self, cfg: ModelConfig, scale: float = 1.0) -> nn.Module:
         """The family's norm: RMSNorm, or a LayerNorm (OLMo-1's without weight, the ViT's affine one)."""
@@ -106,11 +120,11 @@ class Family:
     def train_flops_per_token(self, cfg: ModelConfig, seq_len: int) -> float:
         """6 x (matmul parameters, LM head included, embedding lookup excluded) + 12 x L x T x d for attention
         scores and values (PaLM, appendix B), T the keys each query attends to (attended_keys)."""
-        kv = (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-        mlp_mats = 2 if self.mlp == "gelu" else 3  # GELU vs SwiGLU
-        per_layer = 2 * cfg.dim * cfg.dim + 2 * cfg.dim * kv + mlp_mats * cfg.dim * cfg.ffn_dim
+        q, kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+        mlp_mats = 3 if self.mlp == "gated" else 2
+        per_layer = 2 * cfg.dim * q + 2 * cfg.dim * kv + mlp_mats * cfg.dim * cfg.ffn_dim
         return (6 * (cfg.n_layers * per_layer + self.outer_matmul_params(cfg, seq_len))
-                + 12 * cfg.n_layers * self.attended_keys(cfg, seq_len) * cfg.dim)
+                + 12 * cfg.n_layers * self.attended_keys(cfg, seq_len) * q)
 
     def outer_matmul_params(self, cfg: ModelConfig, seq_len: int) -> float:
         """Matmul parameters outside the blocks, per token: the LM head."""

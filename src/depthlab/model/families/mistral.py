@@ -7,32 +7,9 @@ the same for its eager and sdpa attention). With sliding_window null, or at leas
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from depthlab.config import ModelConfig
 from depthlab.model.families.base import Family, register, require
 from depthlab.model.llama import Attention
-
-
-class SlidingWindowAttention(Attention):
-    """Causal attention over the last `window` keys (the query's own included)."""
-
-    def __init__(self, cfg: ModelConfig, window: int | None):
-        super().__init__(cfg)
-        self.window = window
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        T = q.shape[-2]
-        if self.window is None or T <= self.window:  # every earlier key is inside the window
-            return super().attend(q, k, v)
-        i = torch.arange(T, device=q.device)
-        back = i[:, None] - i[None, :]  # query index - key index
-        visible = (back >= 0) & (back < self.window)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=self.n_kv_heads != self.n_heads)
-
-    def extra_repr(self) -> str:
-        return f"window={self.window}"
 
 
 @register("mistral")
@@ -43,8 +20,8 @@ class Mistral(Family):
     hf_names = {"mistral": "Mistral"}
     options = {"sliding_window": "Mistral's attention window"}
 
-    def attention(self, cfg: ModelConfig) -> Attention:
-        return SlidingWindowAttention(cfg, cfg.sliding_window)
+    def attention(self, cfg: ModelConfig, layer_id: int, **variant) -> Attention:
+        return super().attention(cfg, layer_id, window=cfg.sliding_window, **variant)
 
     def check(self, m: ModelConfig) -> None:
         require(m.sliding_window is None or m.sliding_window > 0,

@@ -44,7 +44,7 @@ class ViTFamily(Family):
     hf_names = {"vit": "ViT"}
     qkv_bias = out_bias = True
     norm = "layernorm_affine"
-    mlp = "gelu"
+    mlp, activation = "plain", "gelu"
     causal = False
     presets = {**{name: imagenet_preset for name in SHAPES}, "vit-digits": digits_preset}
 
@@ -58,6 +58,7 @@ class ViTFamily(Family):
         require(m.pos_embed != "sincos" or m.dim % 4 == 0,
                 f"model.pos_embed=sincos needs model.dim divisible by 4, got {m.dim}")
         require(not m.tie_embeddings, "model.tie_embeddings has no meaning for a ViT (no token embedding)")
+        require(m.head_size is None, "model.head_size is not a ViT's: its heads are dim / n_heads wide")
 
     def outer_matmul_params(self, cfg: ModelConfig, seq_len: int) -> float:
         """A token is a patch: its embedding is a matmul, and the class head runs once per image (seq_len
