@@ -57,6 +57,16 @@ study-gpu-prepare: install
 study-gpu:
 	$(LNS) run --gpu --runs-dir lns_study_gpu_runs
 
+# Depth transfer (issue 37; docs/method.md section 5.2): which parameterization carries a rate tuned at 6 blocks to
+# 12, 24 and 48, and LNS taken apart at 48 (about 105 cells, 14 h or more on 2 cores; resumable, keep the runs dir).
+# study-transfer-gpu: its part A at width 256 on one lent GPU (records in benchmarks/results/depth_transfer/gpu/).
+.PHONY: study-transfer study-transfer-gpu
+study-transfer: install
+	$(BENCH).depth_transfer run --jobs 2 --runs-dir /tmp/depthlab_transfer_runs
+
+study-transfer-gpu:
+	$(BENCH).depth_transfer run --gpu --runs-dir runs/depth_transfer_gpu
+
 # The paper's ViT row (docs/results.md, section 7): pre vs LNS after the norm vs LNS on the branch outputs, a
 # 12 x 64 ViT on scikit-learn's digits, 600 steps, a rate grid then 3 seeds at each best rate (about 45 min).
 study-vit: install
