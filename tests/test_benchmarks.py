@@ -277,3 +277,35 @@ def test_the_results_page_names_the_along_pairs_not_run():
     planned = [(12, 2e-3), (12, 8e-3)]
     assert along_not_run(eight, planned)[0].startswith("**Not run yet:** N = 12, lr 0.002 (")
     assert "N = 12, lr 0.002, N = 12, lr 0.008" in along_not_run({}, planned)[0]
+
+
+WORD = re.compile(r"\*(lower|higher|inconclusive|supported|not reproduced|contradicted|not testable|equivalent|"
+                  r"not shown equivalent)\*")
+
+
+def test_the_results_page_answers_on_its_first_screen_with_one_rule(tmp_path):
+    """Issue 35's checks on the page built from the committed records: a first screen of at most ten lines that names
+    the best-supported finding with its interval; every word printed beside n and an interval; no "refuted"; claim 1
+    at N = 12 not testable, claim 5 supported against the unigram loss, claim 6 not reproduced."""
+    from benchmarks import lns_study, report
+    from depthlab.study.page import depth, science
+
+    res = science.lns_summary(report.RESULTS, lns_study.PARTS, lns_study.UNSTABLE)
+    lines = science.lns_lines(report.RESULTS, res, science.reruns(report.RESULTS), [], tmp_path)
+    first = lines[:lines.index("")]
+    assert len(first) <= 10 and "best-supported finding" in first[0]
+    assert re.search(r"-0\.0\d\d nats, 95% CI \[-0\.0\d\d, -0\.0\d\d\], p <0\.001, n = 9\*\*", first[0])
+    lines += depth.vit_section(report.RESULTS / "vit_study", "v.png")
+    lines += depth.depth_section(report.RESULTS / "depth_study", "d_")
+    assert "refut" not in "\n".join(lines).lower()
+    for line in lines:
+        if WORD.search(line) and not line.startswith("*The rule*"):  # the rule defines the words; a table row
+            # holds n and the interval in their own columns
+            assert re.search(r"\[[-+]?\d", line) and re.search(r"n = \d|\| \d+ \|", line), line
+
+    def claim(number: str, where: str) -> str:
+        return next(x for x in lines if x.startswith(f"| {number} |") and where in x)
+
+    assert claim("1", "| N = 12 |").endswith("| **not testable** (Pre-LN's curse index absent) |")
+    assert "unigram loss" in claim("5", "post diverges") and claim("5", "post").endswith("| **supported** |")
+    assert claim("6", "scaled").endswith("| **not reproduced** |")

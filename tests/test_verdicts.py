@@ -47,6 +47,9 @@ def test_tost_matches_scipys_one_sided_tests():
     assert t["p_lower"] == pytest.approx(st.ttest_1samp(d, -0.01, alternative="greater").pvalue)
     assert t["p_upper"] == pytest.approx(st.ttest_1samp(d, 0.01, alternative="less").pvalue)
     assert t["p"] == max(t["p_lower"], t["p_upper"]) < 0.05
+    ci = st.ttest_1samp(d, 0).confidence_interval(0.90)  # TOST at 5% <=> the 90% interval inside the margin
+    assert t["ci"] == pytest.approx([ci.low, ci.high]) and -0.01 < t["ci"][0] < t["ci"][1] < 0.01
+    assert t["mean"] == pytest.approx(sum(d) / len(d))
     assert verdicts.equivalent(d, 0.01)["verdict"] == "equivalent"
     assert verdicts.equivalent([0.002, 0.03], 0.01)["verdict"] == "not shown equivalent"
     assert verdicts.equivalent([0.002], 0.01)["verdict"] == "one seed: no verdict"

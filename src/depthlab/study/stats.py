@@ -39,15 +39,19 @@ def t_test(diffs: Sequence[float], level: float = LEVEL) -> dict:
             "p": float(res.pvalue)}
 
 
-def tost(diffs: Sequence[float], margin: float) -> dict:
-    """Two one-sided t-tests that the mean difference lies inside (-margin, +margin): the p of each side and the
-    larger of the two (the equivalence p). nan below two values."""
+def tost(diffs: Sequence[float], margin: float, level: float = LEVEL) -> dict:
+    """Two one-sided t-tests that the mean difference lies inside (-margin, +margin): the p of each side, the larger
+    of the two (the equivalence p), and the (2 * level - 1) t-interval that lies inside the margin exactly when that
+    p is below 1 - level (90% for tests at 5%). nan below two values."""
     v = finite(diffs)
+    out = {"margin": margin, "n": len(v), "mean": mean_std(v)["mean"], "ci": [math.nan, math.nan],
+           "p_lower": math.nan, "p_upper": math.nan, "p": math.nan}
     if len(v) < 2 or statistics.pstdev(v) == 0:
-        return {"margin": margin, "p_lower": math.nan, "p_upper": math.nan, "p": math.nan, "n": len(v)}
+        return out
     lower = float(st.ttest_1samp(v, -margin, alternative="greater").pvalue)
     upper = float(st.ttest_1samp(v, margin, alternative="less").pvalue)
-    return {"margin": margin, "p_lower": lower, "p_upper": upper, "p": max(lower, upper), "n": len(v)}
+    ci = st.ttest_1samp(v, 0.0).confidence_interval(2 * level - 1)
+    return {**out, "ci": [float(ci.low), float(ci.high)], "p_lower": lower, "p_upper": upper, "p": max(lower, upper)}
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

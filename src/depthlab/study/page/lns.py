@@ -9,7 +9,7 @@ from pathlib import Path
 from depthlab.study import figures
 from depthlab.study.claims import CLAIM_TEXT, claims_table, decomposition
 from depthlab.study.page.text import grid, said
-from depthlab.study.stats import interval, pvalue, spread
+from depthlab.study.stats import interval, proportion_ci, pvalue, spread
 from depthlab.study.summary import MECHANISMS
 from depthlab.study.verdicts import (
     CURSE_RATIO,
@@ -26,65 +26,64 @@ def _Ns(xs) -> str:
     return ", ".join(str(x) for x in xs) or "none"
 
 
-def _profile(p: dict) -> str:
-    """Deep/shallow removal ratio and last-block variance of pre, lns and gain-init at one decomposition cell."""
-    q = p["profile"]
-    return (f"lr {p['lr']:g}: deep/shallow removal " + ", ".join(
-        f"{v} {x['removal_deep_over_shallow']:.2f}" for v, x in q.items()) + "; last-block variance "
-        + ", ".join(f"{v} {x['last_var']:.0f}" for v, x in q.items()))
+def tost_said(eq: dict) -> str:
+    """An equivalence test (its margin said beside it) as the page prints it: mean, its 90% interval (inside the
+    margin exactly when TOST's p < 0.05), p and n, then the word."""
+    return f"{eq['mean']:+.3f}, 90% CI {interval(eq)}, p {pvalue(eq['p'])}, n = {eq['n']}: *{eq['verdict']}*"
+
+
+def share_said(k: int, n: int, what: str) -> str:
+    """A count k of n `what` with the exact 95% interval of its share."""
+    lo, hi = proportion_ci(k, n)
+    return f"{k} of {n} {what} (exact 95% interval of the share [{lo:.2f}, {hi:.2f}])"
 
 
 def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict], equal_rate: list[dict],
                  rerun: dict, tpp: dict[int, float], val_tokens: int) -> list[str]:
-    """At most ten lines: does LNS help (at whose rate, by how much, over how many seeds), what the data say about
-    why, and what this scale cannot say."""
+    """At most ten short lines: does LNS help (at whose rate, by how much, over how many seeds), what the data say
+    about why, and what this scale cannot say."""
     loss = next(r for r in table["family"] if r["claim"] == "1")
     c = loss["comparison"]
     done = [d for d in res["depths"] if d["delta_val_loss"].get("n")]
-    per = "; ".join(f"N = {d['layers']} {d['delta_val_loss']['mean']:+.3f} (pre {d['grids']['pre']['best_lr']:g}, "
-                    f"lns {d['grids']['lns']['best_lr']:g})" for d in done)
-    tested = [d["delta_test_loss"] for d in done if d.get("delta_test_loss")]
-    probe = pooled(tested or [d["delta_probe_loss"] for d in done if d.get("delta_probe_loss")])
-    where = (f"On the test split no selection read ({len(tested)} of {len(done)} depths), the pooled Δ is" if tested
-             else "These records have no separate test split: on the whole validation split (the probe's seeded "
-                  "windows) the pooled Δ is")
-    lines = [f"**Does LNS help?** Yes, at each scheme's own best rate: LNS − Pre-LN validation loss "
-             f"**{c['mean']:+.3f} nats, 95% CI {interval(c)}, p {pvalue(c['p'])}, n = {c['n']}** (depth, seed) pairs "
-             f"pooled over N = {_Ns(d['layers'] for d in done)} (every pair one observation, df = n − 1; Holm p "
-             f"{pvalue(loss['p_holm'])}): claim 1's loss part *{loss['word']}*, the best-supported finding here. "
-             f"By depth (each at its own rates): {per}."]
+    seeds = "–".join(map(str, sorted({d["delta_val_loss"]["n"] for d in done})))
+    lines = [f"**Does LNS help? Yes, at each scheme's own best rate: LNS − Pre-LN validation loss {c['mean']:+.3f} "
+             f"nats, 95% CI {interval(c)}, p {pvalue(c['p'])}, n = {c['n']}** (depth, seed) pairs pooled over N = "
+             f"{_Ns(d['layers'] for d in done)} ({seeds} seeds each; Holm p {pvalue(loss['p_holm'])}): "
+             f"*{loss['word']}*, the best-supported finding here.",
+             "- By depth, each at its own rates: " + ", ".join(
+                 f"N = {d['layers']} {d['delta_val_loss']['mean']:+.3f}" for d in done) + " (intervals: section 1)."]
     ahead, behind = ([r for r in equal_rate if (r["delta"] < 0) == s] for s in (True, False))
     if behind:
         rows = lambda rs: ", ".join(f"{r['lr']:g} ({r['delta']:+.3f})" for r in rs)  # noqa: E731
-        lines.append(f"**At whose rate?** Each scheme's own. At one shared rate the sign turns with the rate: at "
-                     f"N = 24, LNS trails at {rows(behind)} (the paper shares 1e-3) and leads at {rows(ahead)} "
-                     "(seed 0, n = 1 each: one seed, no verdict, no interval).")
+        lines.append(f"- **At whose rate?** Each scheme's own. At one shared rate (N = {behind[0]['layers']}, seed 0, "
+                     f"n = 1 each: no verdict) LNS trails at {rows(behind)} and leads at {rows(ahead)}; the paper "
+                     "shares 1e-3.")
     present = [d["layers"] for d in done if d["pre"].get("index", {}).get("reading") == "present"]
-    lower = [m for m in matched if m["b_ratio_lower"]]
-    why = (f"**Why?** Not shown to be the curse. Pre-LN's curse index reads present at N = {_Ns(present)} only, "
-           f"and at matched rates LNS's deep/shallow removal ratio is *below* Pre-LN's in {len(lower)} of "
-           f"{len(matched)} (depth, rate) cells: LNS's deep blocks end the cheaper to remove, not the busier.")
+    lower = sum(bool(m["b_ratio_lower"]) for m in matched)
+    lines.append(f"- **Why? Not shown to be the curse.** Pre-LN's curse index reads present at N = {_Ns(present)} "
+                 "only, and at matched rates LNS's deep blocks are the *cheaper* to remove: its deep/shallow removal "
+                 f"ratio is below Pre-LN's in {share_said(lower, len(matched), 'cells')}, seed 0 each.")
     eq = [p for p in parts if p["gain_init_vs_lns"]]
     if eq:
-        why += " Pre-LN with gains initialised at l^-p alone against LNS: " + "; ".join(
-            f"N = {p['layers']}, lr {p['lr']:g}: {said(p['gain_init_vs_lns']['comparison'])}, TOST ±"
-            f"{EQUIVALENCE_MARGIN} nats p {pvalue(p['gain_init_vs_lns']['p'])}: "
-            f"*{p['gain_init_vs_lns']['verdict']}*" for p in eq) + "."
         near = all(p["gain_init_nearer_lns"] for p in eq)
-        why += (" Its final models sit nearer LNS's than Pre-LN's (" if near else " Its final models (") + "; ".join(
-            _profile(p) for p in eq) + (") - so matching LNS's loss cannot separate an optimisation effect from "
-                                             "curse-lifting." if near else ").")
-    lines.append(why)
-    ratio = ", ".join(f"{tpp[L]:.1f}" for L in sorted(tpp))
-    lines.append(f"**What this scale cannot say.** Width 64, {ratio} training tokens per parameter at N = "
-                 f"{_Ns(sorted(tpp))}, Python source (the paper: width ≥ 768, ~20 tokens per parameter, C4), so "
-                 "nothing here speaks for 130M-1B models. Rates were selected, and the loss above is measured, on the "
-                 f"same first {val_tokens:,} validation tokens. {where} {said(probe)}. Cells "
-                 f"trained twice with identical settings differ by up to {rerun['max']:.4f} nats ({rerun['n']} "
-                 "reruns); each cell enters the page once, and that noise sits inside the seed-to-seed spread every "
-                 "interval counts" + (f"; back to back on one machine {rerun['again']['n']} cells came out bitwise "
-                                      "equal (section 9)." if rerun.get("again", {}).get("n") and
-                                      rerun["again"]["max"] == 0 else "."))
+        lines.append(f"- Gain init alone (Pre-LN, norm gains started at l^-p) against LNS, TOST ±{EQUIVALENCE_MARGIN}"
+                     " nats: " + "; ".join(f"N = {p['layers']}, lr {p['lr']:g} {tost_said(p['gain_init_vs_lns'])}"
+                                           for p in eq)
+                     + (". Its removal ratio sits nearer LNS's than Pre-LN's, so loss cannot tell optimisation "
+                        "from curse-lifting."
+                        if near else "."))
+    tested = [d["delta_test_loss"] for d in done if d.get("delta_test_loss")]
+    probe = pooled(tested or [d["delta_probe_loss"] for d in done if d.get("delta_probe_loss")])
+    lines += [f"- **What this scale cannot say.** Width {res.get('dim', 64)}, {min(tpp.values()):.1f}–"
+              f"{max(tpp.values()):.1f} training tokens per parameter, Python source (the paper: width ≥ 768, ~20 "
+              "tokens per parameter, C4): nothing here speaks for 130M–1B models.",
+              f"- Rates were selected, and Δ measured, on one {val_tokens:,}-token validation slice; "
+              + (f"on the test split no selection read ({len(tested)} of {len(done)} depths)" if tested else
+                 "on the whole validation split (these records have no test split)") + f" Δ is {said(probe)}.",
+              f"- Cells trained twice alike differ by up to {rerun['max']:.4f} nats ({rerun['n']} reruns"
+              + (f"; {rerun['again']['n']} run back to back: bitwise equal" if rerun.get("again", {}).get("n")
+                 and rerun["again"]["max"] == 0 else "")
+              + "); each cell counts once, inside the seed-to-seed spread (section 9)."]
     return lines + [""]
 
 
@@ -145,9 +144,9 @@ def matched_lines(matched: list[dict]) -> list[str]:
     lower = sum(bool(m["b_ratio_lower"]) for m in matched)
     out = ["## 2. The curse index at matched rates", "",
            "Both schemes at the same rate (seed 0, n = 1 per cell: read as a count, not a verdict). LNS's "
-           f"deep/shallow removal ratio is below Pre-LN's in **{lower} of {len(matched)}** cells; Pre-LN's own "
-           "reading moves with the "
-           "rate, so an index read only at each scheme's best rate mixes the rate into the curse.", "",
+           f"deep/shallow removal ratio is below Pre-LN's in **{share_said(lower, len(matched), 'cells')}**; "
+           "Pre-LN's own reading moves with the rate, so an index read only at each scheme's best rate mixes the rate "
+           "into the curse.", "",
            "| N | lr | interior blocks | inert abs pre / lns | inert rel pre / lns | deep/shallow pre / lns | "
            "Pre-LN curse | val loss pre / lns |", "|---|---|---|---|---|---|---|---|"]
     f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
@@ -193,9 +192,9 @@ def decomposition_lines(res: dict, parts: list[dict]) -> list[str]:
     for p in parts:
         if p["gain_init_vs_lns"]:
             eq = p["gain_init_vs_lns"]
-            out += [f"N = {p['layers']}, lr {p['lr']:g}: gain-init − LNS {said(eq['comparison'])}; TOST against "
-                    f"± {EQUIVALENCE_MARGIN} nats (declared in code before the numbers): p {pvalue(eq['p'])}, "
-                    f"*{eq['verdict']}*. Pre-LN's curse index here: {p['pre_reading']}.", ""]
+            out += [f"N = {p['layers']}, lr {p['lr']:g}: gain-init − LNS {said(eq['comparison'])}; equivalence "
+                    f"within ± {EQUIVALENCE_MARGIN} nats (TOST; the margin declared in code before the numbers): "
+                    f"{tost_said(eq)}. Pre-LN's curse index here: {p['pre_reading']}.", ""]
     return out + ["![Each part of LNS against Pre-LN, with 95% t-intervals](img/lns_decomposition.png)", ""]
 
 

@@ -38,7 +38,7 @@ def lns_summary(results: Path, parts: list[str], unstable: list[str]) -> dict | 
         return None
     meta = meta_of(results, "lns_study")
     res = lns_study(lns_records(results), list(parts), list(unstable), meta.get("ref_depth", 24))
-    return {**res, "unigram_loss": meta.get("unigram_loss"), "val_tokens": meta.get("val_tokens")}
+    return {**res, **{k: meta.get(k) for k in ("dim", "val_tokens")}, "unigram_loss": meta.get("unigram_loss")}
 
 
 def stability_lines(res: dict, vocab: int, img: Path) -> list[str]:
@@ -122,14 +122,15 @@ def copy_plots(results: Path, img: Path) -> None:
             shutil.copy(png, img / f"{prefix}{png.name}")
 
 
-def transfer_lines() -> list[str]:
-    """The depth-transfer study's section (depthlab.study.transfer), where that study exists and has records."""
+def transfer_lines(results: Path, img: Path) -> list[str]:
+    """The depth-transfer study's section (depthlab.study.transfer) from its records under `results`, its figure in
+    `img`; nothing where that study or its records are absent."""
     try:
         from depthlab.study import transfer
     except ImportError:
         return []
     page_lines = getattr(transfer, "page_lines", None)
-    return list(page_lines()) if page_lines else []
+    return list(page_lines(out=results / "depth_transfer", img=img / "depth_transfer.png")) if page_lines else []
 
 
 def reruns(results: Path) -> dict:
@@ -143,7 +144,8 @@ def lns_lines(results: Path, res: dict, rerun: dict, planned: Pairs, img: Path) 
     from depthlab.study.runner import tokens_per_parameter
 
     tpp = tokens_per_parameter(results / "lns_study" / "settings.json", [d["layers"] for d in res["depths"]])
-    equal = (load(results / "depth_study" / "results.json") or {}).get("equal_rate", [])
+    shared = load(results / "depth_study" / "results.json") or {}  # one rate for both schemes, at its ref depth
+    equal = [{**r, "layers": shared["settings"]["ref_depth"]} for r in shared.get("equal_rate", [])]
     vocab = meta_of(results, "lns_study").get("vocab", 2048)
     return (lns.science(res, res["unigram_loss"], matched_rates(lns_records(results)), equal, rerun, tpp,
                         res["val_tokens"] or 0, img)
@@ -173,7 +175,7 @@ def write(results: Path, docs: Path, parts: list[str], unstable: list[str], plan
     lines += depth.depth_section(study, "depth_study_") + depth.along_section(results / "depth_study_n6")
     if res is not None:
         lines += noise_lines(results, rerun, meta_of(results, "lns_study"))
-    lines += transfer_lines()
+    lines += transfer_lines(results, img)
     if res is not None:
         lines += ["## Every cell of the LNS study", ""] + depth.cell_tables(results / "lns_study") + [""]
     path = docs / "results.md"
