@@ -61,6 +61,18 @@ def test_logits_match_the_familys_stock_class(arch, scheme, tie):
     assert max_diff(model, hf) < 1e-5
 
 
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_heads_wider_than_dim_over_heads_match_both_ways(arch, tmp_path):
+    model = randomized(Transformer(family_config(arch, head_size=16)))  # 4 heads of 16 at dim 32
+    hf = hf_twin(model)
+    assert hf.config.head_dim == 16 and hf.model.layers[0].self_attn.q_proj.out_features == 64
+    assert max_diff(model, hf) < 1e-5
+    hf.save_pretrained(tmp_path / "m")
+    back, cfg = import_hf(tmp_path / "m")
+    assert cfg.model.head_size == 16 and max_diff(back, hf) < 1e-5
+    assert import_hf(tiny_hf(arch))[1].model.head_size is None  # dim / heads: no explicit size
+
+
 def test_olmo_clip_qkv_matches_transformers():
     model = randomized(Transformer(family_config("olmo", clip_qkv=0.3, norm_scheme="lns")))
     hf = hf_twin(model)

@@ -48,7 +48,6 @@ def test_qwen2_with_nonzero_biases_imports_them():
 @pytest.mark.parametrize("family,kw,match", [
     ("olmo2", {"attention_bias": True}, "attention biases"),
     ("llama", {"hidden_act": "gelu"}, "activation"),
-    ("llama", {"head_dim": 16}, "head_dim"),
     ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "RoPE scaling"),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}, "sliding-window"),
 ])

@@ -22,51 +22,23 @@ from depthlab import UserError
 from depthlab.config import ModelConfig
 from depthlab.model import Transformer
 from depthlab.model.families import family_of
+from depthlab.model.families.base import HF_PROJECTIONS, hf_shape, rename_to_hf
 from depthlab.model.schemes import SCHEMES, scheme_class
 
-# depthlab name (inside layers.i) -> HF name (inside model.layers.i)
-_PROJECTIONS = {
-    "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
-    "attn.v_proj": "self_attn.v_proj", "attn.o_proj": "self_attn.o_proj",
-    "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
-    "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj",
-}
 _GEMMA2_NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
                  "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
 _READERS = {"attn_norm": ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "mlp_norm": ("mlp.gate_proj", "mlp.up_proj")}
 
 
-def _block_names(cfg: ModelConfig) -> dict[str, str]:
-    return {**family_of(cfg).hf_norm_names, **_PROJECTIONS}
-
-
-def _shared_config(cfg: ModelConfig) -> dict:
-    return {
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads or cfg.n_heads, "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
-    }
-
-
 def hf_config_dict(cfg: ModelConfig) -> dict:
     """Config fields of the family's stock class (the `pre` / `lns` export): the shared ones and the family's own."""
-    arch = family_of(cfg)
-    fields = {"architectures": [arch.hf_class], "model_type": arch.hf_model_types[0], **_shared_config(cfg),
-              "hidden_act": "silu", "mlp_bias": False, "torch_dtype": "float32", **arch.hf_config(cfg)}
-    if arch.fixed_norm_eps is not None:
-        if cfg.norm_eps != arch.fixed_norm_eps:
-            raise UserError(f"cannot export model.arch={arch.name} with model.norm_eps={cfg.norm_eps}: "
-                            f"{arch.hf_class} fixes its norm's epsilon at {arch.fixed_norm_eps}")
-        del fields["rms_norm_eps"]
-    return fields
+    return family_of(cfg).hf_config(cfg)
 
 
 def hf_gemma2_config_dict(cfg: ModelConfig) -> dict:
     """Gemma-2 with everything that is not Sandwich-LN switched off: SiLU, 1/sqrt(head_dim) attention, no logit
     soft-capping, full attention in every layer (the window is unused but Gemma-2 requires one)."""
-    return {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **_shared_config(cfg),
+    return {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **hf_shape(cfg),
             "hidden_activation": "silu", "query_pre_attn_scalar": cfg.head_dim, "sliding_window": cfg.max_seq_len,
             "layer_types": ["full_attention"] * cfg.n_layers, "final_logit_softcapping": None,
             "attn_logit_softcapping": None}
@@ -79,21 +51,6 @@ def _our_state(model: Transformer) -> dict[str, torch.Tensor]:
     if model.cfg.tie_embeddings:
         del state["lm_head.weight"]
     return state
-
-
-def _renamed(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """depthlab names -> HF names: layers.i.<ours>.<param> -> model.layers.i.<names[ours]>.<param>; the embedding
-    and the final norm under model.; lm_head as it is."""
-    out = {}
-    for key, v in state.items():
-        if key.startswith("layers."):
-            _, i, rest = key.split(".", 2)
-            module, param = rest.rsplit(".", 1)
-            key = f"model.layers.{i}.{names[module]}.{param}"
-        elif not key.startswith("lm_head."):
-            key = f"model.{key}"
-        out[key] = v.contiguous()
-    return out
 
 
 def _plain(scheme: str) -> bool:
@@ -120,7 +77,7 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             for target in [name] if getattr(norm, "weight", None) is not None else readers:
                 state[f"layers.{i}.{target}.weight"] *= norm.scale
         _fold_branch_scale(state, i, layer, cfg)
-    return _renamed(state, _block_names(cfg))
+    return family_of(cfg).to_hf_weights(state, cfg)
 
 
 def _fold_branch_scale(state: dict, i: int, layer, cfg) -> None:
@@ -154,30 +111,10 @@ def to_hf_gemma2_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         if key.rsplit(".", 1)[0].endswith("norm"):  # the four block norms and the final one
             state[key] = state[key] - 1.0
     state["embed_tokens.weight"] = state["embed_tokens.weight"] * (1 / math.sqrt(cfg.dim))
-    return _renamed(state, {**_GEMMA2_NORMS, **_PROJECTIONS})
+    return rename_to_hf(state, {**_GEMMA2_NORMS, **HF_PROJECTIONS})
 
 
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """depthlab weights from the family's stock HF weights (the family's norm names, hf_norm_names: OLMo-1's norms
-    have no weights, OLMo-2 names its norms after the branches they follow). An HF name with no depthlab
-    counterpart is kept as it is, so that loading reports it."""
-    ours = {theirs: o for o, theirs in _block_names(cfg).items()}
-    out = {}
-    for key, v in hf_state.items():
-        if key.startswith("model.layers."):
-            i, rest = key.split(".", 3)[2:]
-            module, param = rest.rsplit(".", 1)
-            key = f"layers.{i}.{ours[module]}.{param}" if module in ours else key
-        elif key.startswith("model."):
-            key = key[len("model."):]
-        out[key] = v.detach().clone().contiguous()
-    return out
-
-
-def as_llama_with_biases(state: dict[str, torch.Tensor], fields: dict) -> tuple[dict[str, torch.Tensor], dict]:
-    """A Qwen2 export as the Llama it equals: Llama's attention_bias puts biases on q, k, v and o, so o's are
-    zeros. Used where transformers would load the Qwen2 directory's tokenizer as something else (exporter)."""
-    state = dict(state)
-    for key in [k for k in state if k.endswith(".self_attn.o_proj.weight")]:
-        state[key[:-len("weight")] + "bias"] = torch.zeros(state[key].shape[0], dtype=state[key].dtype)
-    return state, {**fields, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": True}
+    """depthlab weights from the family's stock HF weights (the family's from_hf_weights: its norm names, OLMo-2
+    names its norms after the branches they follow, and any transform of its own)."""
+    return family_of(cfg).from_hf_weights(hf_state, cfg)

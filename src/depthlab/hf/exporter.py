@@ -27,14 +27,9 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
-from depthlab.hf.convert import (
-    as_llama_with_biases,
-    hf_config_dict,
-    hf_gemma2_config_dict,
-    to_hf_gemma2_state_dict,
-    to_hf_state_dict,
-)
+from depthlab.hf.convert import hf_config_dict, hf_gemma2_config_dict, to_hf_gemma2_state_dict, to_hf_state_dict
 from depthlab.model import Transformer
+from depthlab.model.families import family_of
 from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL, SCHEMES, scheme_class
 
 REFUSED = {name: cls.hf_export_refusal for name, cls in SCHEMES.items() if cls.hf_export is None}
@@ -111,11 +106,11 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
         return export_vit(loaded, out_dir, overwrite)
     state, fields = hf_weights_and_config(loaded.model)
     tok = hf_tokenizer(loaded.tokenizer) if loaded.tokenizer is not None else None
-    if fields["model_type"] == "qwen2" and tok is not None and _stock_tokenizer_differs(tok, "qwen2"):
-        state, fields = as_llama_with_biases(state, fields)
-        warn("this qwen2 run is exported as a LlamaForCausalLM with attention biases (o_proj's zero), the same "
-             "function: transformers loads every qwen2 directory's tokenizer with Qwen2's own normalizer and split "
-             "regex, which would encode text differently from this run's tokenizer")
+    family = family_of(loaded.cfg.model)
+    fallback = family.hf_fallback(state, fields) if fields["model_type"] == family.hf_model_types[0] else None
+    if fallback is not None and tok is not None and _stock_tokenizer_differs(tok, fields["model_type"]):
+        state, fields, why = fallback  # the family's other stock form (qwen2: the Llama it equals)
+        warn(why)
     with writing(out_dir, is_depthlab_hf, "export", overwrite, [src, loaded.path]) as tmp:
         _write_hf_dir(tmp, state, fields, loaded, tok)
         if tok is not None and (differs := _stock_tokenizer_differs(tok, directory=tmp)):

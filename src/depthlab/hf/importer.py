@@ -33,48 +33,24 @@ def _load(src):
     return load_pretrained(src, dtype=torch.float32)
 
 
-def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, zero_o_bias: bool = False,
+def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, hf_state: dict | None = None,
                          **overrides) -> ModelConfig:
-    """ModelConfig for an HF config of a family we model; UserError on anything our model computes differently.
-    zero_o_bias: a Llama with attention biases whose o_proj biases are all zero is our qwen2 (q/k/v biases), the
-    form a qwen2 run is exported in when transformers would not load its tokenizer as it is (depthlab.hf.exporter)."""
-    family = hf_cfg.model_type
-    if family not in MODEL_TYPES:
-        raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(MODEL_TYPES)}")
-    arch = MODEL_TYPES[family]
-    if family == "llama" and getattr(hf_cfg, "attention_bias", False) and zero_o_bias:
-        arch, hf_cfg = FAMILIES["qwen2"], _without_attention_bias(hf_cfg)
-    rope = getattr(hf_cfg, "rope_parameters", None) or {  # transformers 4.x kept these as separate fields
-        "rope_type": (getattr(hf_cfg, "rope_scaling", None) or {}).get("rope_type", "default"),
-        "rope_theta": getattr(hf_cfg, "rope_theta", 10000.0)}
-    problems = []
-    if hf_cfg.hidden_act != "silu":
-        problems.append(f"activation {hf_cfg.hidden_act} (ours is SwiGLU with silu)")
-    if getattr(hf_cfg, "head_dim", None) not in (None, hf_cfg.hidden_size // hf_cfg.num_attention_heads):
-        problems.append(f"head_dim {hf_cfg.head_dim} != hidden_size / heads")
-    if rope.get("rope_type", "default") != "default":
-        problems.append(f"RoPE scaling {rope.get('rope_type')!r} (ours is plain RoPE)")
-    if getattr(hf_cfg, "mlp_bias", False):
-        problems.append("MLP biases")
-    if getattr(hf_cfg, "attention_bias", False):
-        problems.append("attention biases (ours: on q/k/v for qwen2 only)")
-    if problems:
-        raise UserError(f"cannot import this {family} model: {'; '.join(problems)}")
+    """ModelConfig for an HF config of a family we model; UserError on anything our model computes differently
+    (the family's refusals). hf_state: the weights, for a family that claims a model of another type as its own
+    (a qwen2 run exported as a Llama: depthlab.model.families.qwen2)."""
     seq = max_seq_len or min(hf_cfg.max_position_embeddings, MAX_SEQ_LEN)
-    return ModelConfig(
-        vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
-        n_heads=hf_cfg.num_attention_heads, n_kv_heads=hf_cfg.num_key_value_heads, ffn_dim=hf_cfg.intermediate_size,
-        max_seq_len=seq, rope_theta=float(rope.get("rope_theta", 10000.0)), arch=arch.name,
-        norm_eps=arch.fixed_norm_eps or hf_cfg.rms_norm_eps, tie_embeddings=bool(hf_cfg.tie_word_embeddings),
-        **arch.from_hf(hf_cfg, seq), **overrides)
+    return ModelConfig(**_family_of_hf(hf_cfg, hf_state or {}).from_hf(hf_cfg, seq), max_seq_len=seq, **overrides)
 
 
-def _without_attention_bias(hf_cfg):
-    import copy
-
-    hf_cfg = copy.copy(hf_cfg)
-    hf_cfg.attention_bias = False
-    return hf_cfg
+def _family_of_hf(hf_cfg, hf_state: dict):
+    """The family an HF model imports as: one that claims it, else the family of its model type."""
+    claimed = [f for f in FAMILIES.values() if f.claims(hf_cfg, hf_state)]
+    if claimed:
+        return claimed[0]
+    if hf_cfg.model_type not in MODEL_TYPES:
+        raise UserError(f"cannot import model type {hf_cfg.model_type!r}: supported families are "
+                        f"{', '.join(MODEL_TYPES)}")
+    return MODEL_TYPES[hf_cfg.model_type]
 
 
 def _stored_head_differs(state: dict) -> bool:
@@ -88,11 +64,6 @@ def _name(src) -> str:
     return type(src).__name__ if isinstance(src, torch.nn.Module) else str(src)
 
 
-def _o_biases_zero(state: dict) -> bool:
-    biases = [v for k, v in state.items() if k.endswith(".self_attn.o_proj.bias")]
-    return bool(biases) and all(not b.any() for b in biases)
-
-
 def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
               **model_overrides) -> tuple[Transformer, Config]:
     """A depthlab Transformer with the weights of an HF model (a directory, a hub-style local path, or a model).
@@ -104,15 +75,12 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
         raise UserError(f"--max-seq-len must be at least 1, got {max_seq_len}")
     hf = _load(src)
     state = hf.state_dict()
-    zero_o_bias = _o_biases_zero(state)
-    mc = model_config_from_hf(hf.config, max_seq_len, zero_o_bias, norm_scheme=scheme, **model_overrides)
+    mc = model_config_from_hf(hf.config, max_seq_len, state, norm_scheme=scheme, **model_overrides)
     if mc.tie_embeddings and _stored_head_differs(state):
         # transformers loads such a directory untied (the stored head, not the embedding): so does the import
         warn(f"{_name(src)} sets tie_word_embeddings but stores its own lm_head.weight: imported untied, as "
              "transformers loads it")
         mc = dataclasses.replace(mc, tie_embeddings=False)
-    if zero_o_bias and mc.arch == "qwen2":
-        state = {k: v for k, v in state.items() if not k.endswith(".self_attn.o_proj.bias")}
     window = _export_info(src).get("seq_len") if not isinstance(src, torch.nn.Module) else None
     window = window if isinstance(window, int) and window > 0 else DataConfig.seq_len  # an export: the run's
     cfg = validate(Config(model=mc, data=DataConfig(seq_len=min(window, mc.max_seq_len)),

@@ -14,9 +14,12 @@ and who asks:
     presets               presets: name -> Config                       --preset (depthlab.model.families)
     FLOPs                 train_flops_per_token()                       the trainer's MFU (depthlab.train.flops)
     HF class and config   hf_class, hf_names (model types it imports    export (depthlab.hf.convert), import,
-                          from, display names), hf_config()             the --help texts
-    HF weight names       hf_norm_names                                 depthlab.hf.convert
-    import rules          from_hf(HF config)                            depthlab.hf.importer
+                          from, display names), hf_activation_field,    the --help texts
+                          hf_config()
+    HF weights            to_hf_weights(), from_hf_weights() (renames   depthlab.hf.convert
+                          by hf_norm_names; a family's own transform)
+    import rules          hf_refusals(), from_hf(HF config)             depthlab.hf.importer
+    another stock form    hf_fallback() (export), claims() (import)     depthlab.hf.exporter, importer
 
 The scheme (depthlab.model.schemes) decides where the norms and residual adds sit; the family decides what the
 parts are. Which schemes combine with which family: depthlab.model.schemes.family_refusal.
@@ -27,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
+import torch
 from torch import nn
 
 from depthlab import UserError
@@ -82,6 +86,7 @@ class Family:
     options: ClassVar[dict[str, str]] = {}  # ModelConfig fields only this family reads (null for any other): what
     # each is, for the refusal
     hf_norm_names: ClassVar[dict[str, str]] = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+    hf_activation_field: ClassVar[str] = "hidden_act"  # the stock config's field naming the activation
     presets: ClassVar[dict[str, Callable[[str], Config]]] = {}  # preset name -> its Config (called with the name)
 
     @property
@@ -136,17 +141,133 @@ class Family:
 
     # ------------------------------------------------------------ Hugging Face
     def hf_config(self, cfg: ModelConfig) -> dict:
-        """Config fields of the stock class that only this family has (the shared ones: depthlab.hf.convert)."""
-        return {}
+        """The stock class's config fields for a model of config `cfg` (a family adds its own to these)."""
+        fields = {"architectures": [self.hf_class], "model_type": self.hf_model_types[0], **hf_shape(cfg),
+                  self.hf_activation_field: HF_ACTIVATIONS[family_of(cfg).activation], "mlp_bias": False,
+                  "torch_dtype": "float32"}
+        if self.fixed_norm_eps is not None:
+            if cfg.norm_eps != self.fixed_norm_eps:
+                raise UserError(f"cannot export model.arch={self.name} with model.norm_eps={cfg.norm_eps}: "
+                                f"{self.hf_class} fixes its norm's epsilon at {self.fixed_norm_eps}")
+            del fields["rms_norm_eps"]
+        return fields
+
+    def to_hf_weights(self, state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        """The stock weights from depthlab's (`state`, the scheme's constants already folded in: depthlab.hf.convert):
+        here renamed, each block's norms by hf_norm_names. A family whose stock weights differ in value too (Gemma's
+        norms store w for 1 + w) converts them here."""
+        return rename_to_hf(state, {**self.hf_norm_names, **HF_PROJECTIONS})
+
+    def from_hf_weights(self, hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        """depthlab weights from the stock ones: to_hf_weights undone. An HF name with no depthlab counterpart is
+        kept as it is, so that loading reports it."""
+        return rename_from_hf(hf_state, {**self.hf_norm_names, **HF_PROJECTIONS})
+
+    def hf_refusals(self, hf_cfg, seq_len: int) -> list[str]:
+        """What the HF model of config `hf_cfg` computes and this family does not, each a phrase of import's one-line
+        refusal (seq_len: the context the import is for)."""
+        act, ours = getattr(hf_cfg, self.hf_activation_field, None), HF_ACTIVATIONS[self.activation]
+        rope = hf_rope(hf_cfg).get("rope_type", "default")
+        window, types = getattr(hf_cfg, "sliding_window", None), getattr(hf_cfg, "layer_types", None)
+        problems = []
+        if act != ours:
+            problems.append(f"activation {act} (ours is {ours})")
+        if rope != "default":
+            problems.append(f"RoPE scaling {rope!r} (ours is plain RoPE)")
+        if getattr(hf_cfg, "mlp_bias", False):
+            problems.append("MLP biases")
+        if getattr(hf_cfg, "attention_bias", False) and not self.qkv_bias:
+            problems.append("attention biases (ours: on q/k/v for qwen2 only)")
+        sliding = window and (types is None or "sliding_attention" in types)
+        if sliding and window < seq_len and "sliding_window" not in self.options:
+            problems.append(f"sliding-window attention of {window} tokens (ours is full attention: import with "
+                            f"max_seq_len <= {window})")
+        return problems
 
     def from_hf(self, hf_cfg, seq_len: int) -> dict:
-        """ModelConfig fields this family reads from an HF config beyond the shared ones (depthlab.hf.importer);
-        UserError where the HF model computes what this family does not: here, sliding-window attention."""
-        window, types = getattr(hf_cfg, "sliding_window", None), getattr(hf_cfg, "layer_types", None)
-        if window and (types is None or "sliding_attention" in types) and window < seq_len:
-            raise UserError(f"this {hf_cfg.model_type} model uses sliding-window attention ({window} tokens) and "
-                            f"ours is full attention; import with max_seq_len <= {window}")
-        return {}
+        """The ModelConfig fields of an HF config of this family (depthlab.hf.importer adds the context and the
+        scheme); UserError, one line, on everything the HF model computes and this family does not (hf_refusals).
+        A family with fields of its own adds them to these."""
+        problems = self.hf_refusals(hf_cfg, seq_len)
+        if problems:
+            raise UserError(f"cannot import this {hf_cfg.model_type} model: {'; '.join(problems)}")
+        head = getattr(hf_cfg, "head_dim", None)
+        return dict(
+            arch=self.name, vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
+            n_heads=hf_cfg.num_attention_heads, n_kv_heads=hf_cfg.num_key_value_heads,
+            head_size=head if head and head * hf_cfg.num_attention_heads != hf_cfg.hidden_size else None,
+            ffn_dim=hf_cfg.intermediate_size, rope_theta=float(hf_rope(hf_cfg).get("rope_theta", 10000.0)),
+            norm_eps=self.fixed_norm_eps or hf_cfg.rms_norm_eps, tie_embeddings=bool(hf_cfg.tie_word_embeddings))
+
+    def claims(self, hf_cfg, hf_state: dict[str, torch.Tensor]) -> bool:
+        """An HF model of another family's model type is this family's: the form this family exports in where its
+        own class will not do (hf_fallback), read back as this family by import."""
+        return False
+
+    def hf_fallback(self, hf_state: dict[str, torch.Tensor], fields: dict) -> tuple[dict, dict, str] | None:
+        """Stock weights, config fields and a warning for the export of this family's model in another stock class
+        that computes the same, for a run whose tokenizer transformers would load as another (some model types
+        get a tokenizer class of their own, whatever the directory names; depthlab.hf.exporter checks); None:
+        no other form."""
+        return None
+
+
+# depthlab name (inside layers.i) -> HF name (inside model.layers.i), besides the family's norm names
+HF_PROJECTIONS = {
+    "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj",
+    "attn.v_proj": "self_attn.v_proj", "attn.o_proj": "self_attn.o_proj",
+    "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
+    "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj",
+}
+HF_ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # ours -> transformers' name
+
+
+def hf_shape(cfg: ModelConfig) -> dict:
+    """The config fields every stock decoder class shares: the shape, RoPE, the norm's epsilon, the tying."""
+    return {
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads or cfg.n_heads, "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": False,
+    }
+
+
+def hf_rope(hf_cfg) -> dict:
+    """An HF config's RoPE: rope_type and rope_theta (transformers 4.x kept them as separate fields)."""
+    return getattr(hf_cfg, "rope_parameters", None) or {
+        "rope_type": (getattr(hf_cfg, "rope_scaling", None) or {}).get("rope_type", "default"),
+        "rope_theta": getattr(hf_cfg, "rope_theta", 10000.0)}
+
+
+def rename_to_hf(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """depthlab names -> HF names: layers.i.<ours>.<param> -> model.layers.i.<names[ours]>.<param>; the embedding
+    and the final norm under model.; lm_head as it is."""
+    out = {}
+    for key, v in state.items():
+        if key.startswith("layers."):
+            _, i, rest = key.split(".", 2)
+            module, param = rest.rsplit(".", 1)
+            key = f"model.layers.{i}.{names[module]}.{param}"
+        elif not key.startswith("lm_head."):
+            key = f"model.{key}"
+        out[key] = v.contiguous()
+    return out
+
+
+def rename_from_hf(hf_state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """rename_to_hf undone, on a detached copy; an HF name with no depthlab counterpart is kept as it is."""
+    ours = {theirs: o for o, theirs in names.items()}
+    out = {}
+    for key, v in hf_state.items():
+        if key.startswith("model.layers."):
+            i, rest = key.split(".", 3)[2:]
+            module, param = rest.rsplit(".", 1)
+            key = f"layers.{i}.{ours[module]}.{param}" if module in ours else key
+        elif key.startswith("model."):
+            key = key[len("model."):]
+        out[key] = v.detach().clone().contiguous()
+    return out
 
 
 def released_preset(name: str, arch: str, tokens: float, **shape) -> Config:

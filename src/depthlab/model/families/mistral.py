@@ -31,7 +31,7 @@ class Mistral(Family):
         return min(seq_len, cfg.sliding_window or seq_len)
 
     def hf_config(self, cfg: ModelConfig) -> dict:
-        return {"sliding_window": cfg.sliding_window}
+        return {**super().hf_config(cfg), "sliding_window": cfg.sliding_window}
 
-    def from_hf(self, hf_cfg, seq_len: int) -> dict:
-        return {"sliding_window": hf_cfg.sliding_window}  # MistralForCausalLM slides in every layer
+    def from_hf(self, hf_cfg, seq_len: int) -> dict:  # MistralForCausalLM slides in every layer
+        return {**super().from_hf(hf_cfg, seq_len), "sliding_window": hf_cfg.sliding_window}

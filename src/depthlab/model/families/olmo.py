@@ -32,7 +32,7 @@ class Olmo(Family):
                 f"model.clip_qkv must be a positive number or null, got {m.clip_qkv}")
 
     def hf_config(self, cfg: ModelConfig) -> dict:
-        return {"clip_qkv": cfg.clip_qkv}
+        return {**super().hf_config(cfg), "clip_qkv": cfg.clip_qkv}
 
     def from_hf(self, hf_cfg, seq_len: int) -> dict:
         return {**super().from_hf(hf_cfg, seq_len), "clip_qkv": getattr(hf_cfg, "clip_qkv", None)}
