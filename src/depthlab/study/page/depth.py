@@ -9,10 +9,10 @@ from pathlib import Path
 
 from depthlab.study import figures
 from depthlab.study.claims import LNS, PRE
-from depthlab.study.page.text import number, said, settings_of
+from depthlab.study.page.text import mechanism_table, number, said, settings_of
 from depthlab.study.records import load_records, upgrade
 from depthlab.study.stats import mean_std, spread
-from depthlab.study.summary import MECHANISMS, lm_study, vit_study
+from depthlab.study.summary import lm_study, vit_study
 
 
 # ---------------------------------------------------------------------------------------------------- depth study
@@ -90,17 +90,8 @@ def _depth_lines(res: dict) -> list[str]:
 
 
 def _mechanism_lines(res: dict) -> list[str]:
-    lines = ["Every mechanism quantity: lns − pre seed by seed and the paper's predicted direction (the claims are "
-             "read at each scheme's own rate, in the claims table).", "",
-             "| N | quantity | pre (per seed) | lns (per seed) | lns − pre | paper predicts |",
-             "|---|---|---|---|---|---|"]
-    for d in res["depths"]:
-        for name, m in d["mechanisms"].items():
-            pre = ", ".join(f"{x:.3g}" for x in m["a"].values())
-            lns = ", ".join(f"{x:.3g}" for x in m["b"].values())
-            lines.append(f"| {d['layers']} | {MECHANISMS[name][0]} | {pre} | {lns} | {said(m, '.3g')} "
-                         f"| lns {m['predicted']} |")
-    return lines + [""]
+    return ["Every mechanism quantity: lns − pre seed by seed and the paper's predicted direction (the claims are "
+            "read at each scheme's own rate, in the claims table).", ""] + mechanism_table(res) + [""]
 
 
 def depth_section(out: Path, img_prefix: str) -> list[str]:

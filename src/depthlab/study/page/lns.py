@@ -8,9 +8,8 @@ from pathlib import Path
 
 from depthlab.study import figures
 from depthlab.study.claims import CLAIM_TEXT, claims_table, decomposition
-from depthlab.study.page.text import grid, said
+from depthlab.study.page.text import grid, mechanism_table, said
 from depthlab.study.stats import interval, proportion_ci, pvalue, spread
-from depthlab.study.summary import MECHANISMS
 from depthlab.study.verdicts import (
     CURSE_RATIO,
     EQUIVALENCE_MARGIN,
@@ -160,18 +159,11 @@ def matched_lines(matched: list[dict]) -> list[str]:
 
 
 def mechanism_lines(res: dict) -> list[str]:
-    out = ["## 3. What the blocks do, each depth at its own rate", "",
-           "lns − pre seed by seed on the final models (the Jacobian and the n-block angular distance only where the "
-           "records hold them: the earlier probe at N = 24 kept neither). The comparison's word is the interval's; "
-           "the claims it bears on (2: variance, 3: deep blocks less identity-like, 4: removal cost) are read once, "
-           "Holm-adjusted, in the claims table.", "",
-           "| N | quantity | pre | lns | lns − pre | paper predicts | claim |", "|---|---|---|---|---|---|---|"]
-    for d in res["depths"]:
-        for name, m in d.get("mechanisms", {}).items():
-            vals = lambda side, m=m: ", ".join(f"{x:.3g}" for x in m[side].values())  # noqa: E731
-            out.append(f"| {d['layers']} | {MECHANISMS[name][0]} | {vals('a')} | {vals('b')} | {said(m, '.3g')} | "
-                       f"lns {m['predicted']} | {m['paper_claim']} |")
-    return out + [""]
+    return ["## 3. What the blocks do, each depth at its own rate", "",
+            "lns − pre seed by seed on the final models (the Jacobian and the n-block angular distance only where the "
+            "records hold them: the earlier probe at N = 24 kept neither). The comparison's word is the interval's; "
+            "the claims it bears on (2: variance, 3: deep blocks less identity-like, 4: removal cost) are read once, "
+            "Holm-adjusted, in the claims table.", ""] + mechanism_table(res, claims=True) + [""]
 
 
 def decomposition_lines(res: dict, parts: list[dict]) -> list[str]:

@@ -107,7 +107,8 @@ def gpu_section(r: dict | None, table: dict | None) -> list[str]:
            "    python -m benchmarks.gpu_71m --out benchmarks/results/gpu_71m", "",
            "It is a throughput check (tokens/s, MFU, peak memory), not a test of claim 1: 1,200 steps of 16k tokens "
            "are 0.28 tokens per parameter (the paper trains about 20), too few for a loss difference to mean "
-           "anything about depth. Claim 1's GPU question is section 9's part 5.", ""]
+           "anything about depth. Claim 1's question on a GPU is `make study-gpu` (the LNS study's curse along "
+           "training at width 128; not yet run).", ""]
     if r is None:
         return out + ["**Not run: no GPU machine was available to this task.** The script was exercised on CPU "
                       "with tiny overrides only (tests/test_benchmarks.py::test_gpu_script_runs_on_cpu_tiny); its "

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from depthlab.study.stats import interval, pvalue
+from depthlab.study.summary import MECHANISMS
 
 
 def load(path: Path) -> dict | None:
@@ -44,3 +45,17 @@ def rate(lr: float | None) -> str:
 
 def number(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def mechanism_table(res: dict, claims: bool = False) -> list[str]:
+    """Each mechanism quantity by depth: both schemes seed by seed, lns − pre with its interval and word, the direction
+    the paper predicts (and, with `claims`, the claim it bears on)."""
+    out = ["| N | quantity | pre (per seed) | lns (per seed) | lns − pre | paper predicts |" + (" claim |" if claims
+                                                                                          else ""),
+           "|---" * (7 if claims else 6) + "|"]
+    for d in res["depths"]:
+        for name, m in d.get("mechanisms", {}).items():
+            seeds = [", ".join(f"{x:.3g}" for x in m[side].values()) for side in ("a", "b")]
+            out.append(f"| {d['layers']} | {MECHANISMS[name][0]} | {seeds[0]} | {seeds[1]} | {said(m, '.3g')} | "
+                       f"lns {m['predicted']} |" + (f" {m['paper_claim']} |" if claims else ""))
+    return out
