@@ -77,7 +77,7 @@ def test_train_end_to_end_and_reload_keeps_scheme(tmp_path, text_file):
     model, loaded_cfg, meta = load_checkpoint(run_dir)
     assert loaded_cfg.model.norm_scheme == "lns"  # the reference code silently reloads LNS as Pre-LN
     assert model.layers[2].attn_norm.scale == pytest.approx(3 ** -0.5)
-    assert meta["step"] == 8 and meta["val_ppl"] == pytest.approx(records[-1]["val_ppl"])
+    assert meta.step == 8 and meta.val["val_ppl"] == pytest.approx(records[-1]["val_ppl"])
     # eval on the run's own validation split reproduces the final val loss
     res = depthlab("eval", run_dir)
     assert res.returncode == 0, res.stderr

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from depthlab.train import distributed as D
+from depthlab.train import distributed
 
 
 def _free_port() -> int:
@@ -49,12 +49,12 @@ def run_ranks(fn, *args, world: int = 2, backend: str | None = "gloo") -> None:
 def _reductions_under_a_cuda_only_group(rank):
     with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
         dist.all_reduce(torch.ones(2, dtype=torch.float64))  # what "nccl" alone did to the trainer's reductions
-    env = D.init_distributed(torch.device("cpu"))
+    env = distributed.init_distributed(torch.device("cpu"))
     assert env.host_group is not None and env.world_size == 2
-    assert D.all_reduce_sum([1.0, rank], env) == [2.0, 1.0]
-    assert D.broadcast_object(f"from {rank}", env) == "from 0"
-    assert D.gather_objects(rank * 10, env) == [0, 10]
-    D.barrier(env)
+    assert distributed.all_reduce_sum([1.0, rank], env) == [2.0, 1.0]
+    assert distributed.broadcast_object(f"from {rank}", env) == "from 0"
+    assert distributed.gather_objects(rank * 10, env) == [0, 10]
+    distributed.barrier(env)
 
 
 def test_trainer_reductions_run_under_a_group_whose_only_backend_is_for_cuda():
@@ -62,9 +62,9 @@ def test_trainer_reductions_run_under_a_group_whose_only_backend_is_for_cuda():
 
 
 def _reductions_under_the_trainers_own_group(rank):
-    env = D.init_distributed(torch.device("cpu"), timeout_s=30)
+    env = distributed.init_distributed(torch.device("cpu"), timeout_s=30)
     assert env.host_group is None and "cpu:gloo" in dist.get_backend_config()  # one group serves the host
-    assert D.all_reduce_sum([float(rank)], env) == [1.0]
+    assert distributed.all_reduce_sum([float(rank)], env) == [1.0]
 
 
 def test_trainer_group_has_a_cpu_backend_and_a_timeout():
@@ -92,7 +92,7 @@ def _kill_between_renames_then_resume(rank, cfg, run):
             os.replace(newest, newest.with_name(newest.name + ".old"))
         dist.barrier()
         trainer = Trainer(cfg, run_dir=run, resume="auto", progress=False)
-        steps = D.gather_objects(trainer.step, trainer.env)
+        steps = distributed.gather_objects(trainer.step, trainer.env)
         trainer.close()
         assert steps == [4, 4], steps
 
@@ -204,7 +204,7 @@ def test_resume_hashes_each_checkpoint_file_once(tmp_path, corpus, monkeypatch):
     monkeypatch.setattr(checkpoint, "_sha256", lambda p: hashed.update([str(p)]) or real(p))
     _train(cfg, tmp_path / "run", resume="auto")
     newest = tmp_path / "run" / "checkpoints" / "step_0000004"
-    files = [str(newest / name) for name in checkpoint.verify_checkpoint(newest)["files"]]
+    files = [str(newest / name) for name in checkpoint.verify_checkpoint(newest).files]
     assert files and all(hashed[f] == 1 for f in files), hashed
 
 
@@ -221,7 +221,7 @@ def _resume_with_shared_verification(rank, cfg, run):
     checkpoint._sha256 = lambda p: hashed.update([str(p)]) or real(p)
     trainer = Trainer(cfg, run_dir=run, resume="auto", progress=False)
     trainer.close()
-    counts = D.gather_objects(hashed, trainer.env)
+    counts = distributed.gather_objects(hashed, trainer.env)
     newest = run / "checkpoints" / "step_0000004"
     files = [str(newest / name) for name in json.loads((newest / "meta.json").read_text())["files"]]
     total = sum(counts, Counter())
@@ -241,7 +241,7 @@ def _resume_with_shared_verification(rank, cfg, run):
                               f"the previous valid checkpoint is {run / 'checkpoints' / 'step_0000002'}")
     trainer = Trainer(cfg, run_dir=run, resume="auto", progress=False)  # auto skips it, on every rank alike
     trainer.close()
-    assert D.gather_objects(trainer.step, trainer.env) == [2, 2]
+    assert distributed.gather_objects(trainer.step, trainer.env) == [2, 2]
 
 
 def test_ranks_share_the_verification_of_a_resumed_checkpoint(tmp_path, corpus):
@@ -279,8 +279,8 @@ def test_meta_build_equals_the_eager_build_bitwise(case):
     eager = _all_tensors(build_model(cfg))
     after_eager = torch.get_rng_state()
     torch.manual_seed(3)
-    model, constants = D.build_on_meta(cfg)
-    D.materialize(model, torch.device("cpu"), constants)
+    model, constants = distributed.build_on_meta(cfg)
+    distributed.materialize(model, torch.device("cpu"), constants)
     meta = _all_tensors(model)
     assert list(meta) == list(eager)
     assert all(torch.equal(meta[k], eager[k]) for k in eager), [k for k in eager if not torch.equal(meta[k], eager[k])]
@@ -295,9 +295,9 @@ def _sharded_build_equals_eager(rank, cfg, tc):
     torch.manual_seed(5)
     eager = build_model(cfg).state_dict()
     torch.manual_seed(5)
-    env = D.init_distributed(torch.device("cpu"))
-    module, _ = D.build_parallel(cfg, tc, env, torch.device("cpu"))
-    full = D.full_model_state(module)  # gathered on rank 0
+    env = distributed.init_distributed(torch.device("cpu"))
+    module, _ = distributed.build_parallel(cfg, tc, env, torch.device("cpu"))
+    full = distributed.full_model_state(module)  # gathered on rank 0
     if rank == 0:
         assert all(torch.equal(full[k], eager[k]) for k in eager), [k for k in eager if not torch.equal(full[k],
                                                                                                       eager[k])]
@@ -324,7 +324,7 @@ def _layouts_and_accumulation(rank, cfg, tmp):
         _train(layout, tmp / f"replicate{replicate}")
     a, b = losses(tmp / "replicate1"), losses(tmp / "replicate2")
     assert list(a) == [1, 2, 3] and all(abs(a[s] - b[s]) < 1e-6 for s in a), (a, b)
-    from depthlab.train.trainer import read_metrics
+    from depthlab.runfolder import read_metrics
 
     for record in read_metrics(tmp / "replicate1"):  # every rank's own timing and memory, so stragglers show
         assert all(len(record[k]) == 2 for k in ("rank_step_s", "rank_data_s", "rank_peak_mib")), record
@@ -335,7 +335,7 @@ def _layouts_and_accumulation(rank, cfg, tmp):
     policy = trainer.module._get_fsdp_state()._mp_policy
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
     x, y = trainer.sampler.next_batch()
-    with D.grad_sync(trainer.model, False):  # the first of two micro-batches: reduce-scattered at once
+    with distributed.grad_sync(trainer.model, False):  # the first of two micro-batches: reduce-scattered at once
         trainer.model(x, targets=y).backward()
     grads = [p.grad for p in trainer.module.parameters()]
     assert all(g is not None and g.to_local().numel() < g.numel() for g in grads if g.numel() > 1)
@@ -353,7 +353,7 @@ def test_fsdp_layouts_agree_bf16_gathers_in_bf16_and_accumulation_keeps_gradient
 def _no_sync_under_compile(rank):
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
     compiled = torch.compile(ddp)  # compiles lazily: nothing runs here
-    with D.grad_sync(compiled, False):
+    with distributed.grad_sync(compiled, False):
         assert not ddp.require_backward_grad_sync
     assert ddp.require_backward_grad_sync
 

@@ -67,7 +67,7 @@ def test_import_cli_writes_a_loadable_checkpoint_with_the_tokenizer(tmp_path, ca
     hf_tokenizer(word_tokenizer()).save_pretrained(tmp_path / "hf")
     assert main(["import", str(tmp_path / "hf"), str(tmp_path / "ckpt"), "--scheme", "lns"]) == 0
     model, cfg, meta = load_checkpoint(tmp_path / "ckpt")
-    assert cfg.model.norm_scheme == "lns" and meta["imported_from"] == str(tmp_path / "hf")
+    assert cfg.model.norm_scheme == "lns" and meta.imported_from == str(tmp_path / "hf")
     assert (tmp_path / "ckpt" / "tokenizer.json").is_file()
     assert main(["import", str(tmp_path / "nope"), str(tmp_path / "x")]) == 2
     assert "cannot load Hugging Face model" in capsys.readouterr().err

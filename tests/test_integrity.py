@@ -113,7 +113,7 @@ def test_a_checkpoint_from_before_the_meta_checksum_still_loads_and_says_so_once
         del meta[checkpoint.META_DIGEST]
         (ckpt / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     monkeypatch.setattr(checkpoint, "_UNSEALED_NOTED", [])
-    steps = [checkpoint.verify_checkpoint(c)["step"] for c in checkpoint.list_checkpoints(run)]
+    steps = [checkpoint.verify_checkpoint(c).step for c in checkpoint.list_checkpoints(run)]
     assert steps == [2, 4]
     err = capsys.readouterr().err
     assert err.count("before checkpoints checksummed their meta.json") == 1, err

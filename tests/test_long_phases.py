@@ -60,7 +60,7 @@ def test_eval_run_reads_the_validation_tokens_the_run_kept(run, tmp_path):
 
     loaded = load_model(run)  # the kept tokens, memory-mapped, give the loss the tokens made again give
     fresh, reused = (evaluate(loaded.lm(), tokens, 32, 4, torch.device("cpu"))["val_loss"]
-                     for tokens in (again, saved_val_tokens(run, loaded.meta["val_digest"])))
+                     for tokens in (again, saved_val_tokens(run, loaded.meta.data["val_digest"])))
     assert reused == pytest.approx(fresh, abs=1e-6) and reused == pytest.approx(final, abs=1e-6)
 
     out, _ = run_cli(["eval", run, "--batch-size", 4, "--device", "cpu"])

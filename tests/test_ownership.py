@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -169,13 +168,12 @@ def test_writers_making_the_same_new_parents_at_once_all_succeed(tmp_path):
 
 
 def test_runs_started_in_the_same_second_take_the_next_free_name(tmp_path):
-    from depthlab.train.trainer import Trainer
+    from depthlab.runfolder import _take_new
 
     name = tmp_path / "runs" / "cpu-tiny-lns-20260101-000000"
     with holding(name):  # another run took the name this second
-        me = SimpleNamespace(_held=contextlib.ExitStack())
-        with me._held:
-            assert Trainer._take_new(me, name) == name.with_name(name.name + "-1")
+        with contextlib.ExitStack() as held:
+            assert _take_new(name, held) == name.with_name(name.name + "-1")
 
 
 @contextlib.contextmanager

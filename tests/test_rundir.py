@@ -46,7 +46,7 @@ def test_one_loader_for_every_model_path(world):
     for path in (world / "runs", world / "runs" / "only", world / "runs" / "only" / "checkpoints" / "step_0000007"):
         loaded = load_model(path)
         assert loaded.kind is Kind.CHECKPOINT and loaded.path.name == "step_0000007"
-        assert loaded.cfg.model.norm_scheme == "lns" and loaded.meta["step"] == 7
+        assert loaded.cfg.model.norm_scheme == "lns" and loaded.meta.step == 7
     hf = load_model(world / "hf")
     assert hf.kind is Kind.HF and hf.cfg is None and hf.context == 32 and hf.seq_len == 32
     assert model_path(world / "runs")[1] == world / "runs" / "only" / "checkpoints" / "step_0000007"
@@ -136,3 +136,70 @@ def test_train_prepare_and_export_refuse_with_one_rule(world, tmp_path, capsys, 
             err = capsys.readouterr().err
             assert "mine is a directory of other files, not " in err and " or pass --overwrite " in err, err
             assert (mine / "notes.txt").read_text() == "my notes"
+
+
+# ---------------------------------------------------------------- the run folder's format
+def test_the_step_directory_name_is_one_pair_and_checkpoints_sort_by_step(tmp_path):
+    from depthlab.checkpoint import list_checkpoints, prune_checkpoints, step_dir, step_of, tidy_after_kill
+
+    assert [step_of(step_dir(n)) for n in (0, 7, 10_000_003)] == [0, 7, 10_000_003]
+    assert step_dir(7) == "step_0000007" and step_of("step_12") == 12  # any padding reads
+    assert {step_of(n) for n in ("step_7.tmp", "step_7.old", "step_", "steps_7", "step_x")} == {None}
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (10_000_000, 2, 9_999_999):  # past seven digits the names no longer sort as the steps do
+        (ckpts / step_dir(step)).mkdir(parents=True)
+    (ckpts / f"{step_dir(10_000_001)}.tmp").mkdir()  # a save killed half-way is no checkpoint
+    assert [step_of(p.name) for p in list_checkpoints(tmp_path / "run")] == [2, 9_999_999, 10_000_000]
+    doomed = prune_checkpoints(tmp_path / "run", 2, {p.name: True for p in list_checkpoints(tmp_path / "run")})
+    assert [p.name for p in doomed] == [step_dir(2)]
+    tidy_after_kill(tmp_path / "run")
+    assert sorted(p.name for p in ckpts.iterdir()) == [step_dir(10_000_000), step_dir(9_999_999)]
+
+
+def _rewrite_meta(ckpt, fields: dict) -> None:
+    """meta.json holding `fields`, sealed with a fresh checksum (as a depthlab that wrote them would)."""
+    from depthlab.checkpoint import META_DIGEST, meta_digest
+
+    (ckpt / "meta.json").write_text(json.dumps({**fields, META_DIGEST: meta_digest(fields)}, indent=2) + "\n")
+
+
+def test_checkpoint_meta_is_typed_and_reads_the_older_flat_layout(tmp_path, capsys):
+    from depthlab.checkpoint import CheckpointMeta, verify_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    make_checkpoint(ckpt, "lns")
+    meta = verify_checkpoint(ckpt)
+    assert isinstance(meta, CheckpointMeta) and meta.step == 7 and "model.safetensors" in meta.files
+    written = json.loads((ckpt / "meta.json").read_text())
+    assert {"step", "data", "val", "files", "meta_sha256"} <= set(written)
+    # as depthlab wrote it before the typed layout: the data's entries and the metrics beside the rest
+    flat = {"step": 9, "skipped": 1, "loader": {"epoch": 0, "cursor": 3}, "world_size": 2, "cwd": "/x",
+            "tokenizer_hash": "ab", "train_tokens": 100, "val_tokens": 10, "val_digest": "cd", "task": "finetune",
+            "val_loss": 2.5, "val_ppl": 12.2, "files": meta.files}
+    _rewrite_meta(ckpt, flat)
+    old = verify_checkpoint(ckpt)
+    assert (old.step, old.skipped, old.loader, old.world_size, old.cwd, old.tokenizer_hash) == \
+        (9, 1, {"epoch": 0, "cursor": 3}, 2, "/x", "ab")
+    assert old.data == {"train_tokens": 100, "val_tokens": 10, "val_digest": "cd", "task": "finetune"}
+    assert old.val == {"val_loss": 2.5, "val_ppl": 12.2}
+    assert capsys.readouterr().err == ""
+
+
+def test_an_unknown_or_missing_meta_field_is_one_line(world, tmp_path, capsys):
+    from depthlab.checkpoint import verify_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(world / "runs" / "only" / "checkpoints" / "step_0000007", ckpt)
+    fields = json.loads((ckpt / "meta.json").read_text())
+    del fields["meta_sha256"]
+    _rewrite_meta(ckpt, {**fields, "shape_hint": 3, "zeta": "new"})  # from a newer depthlab
+    assert verify_checkpoint(ckpt).step == 7 and verify_checkpoint(ckpt).data == fields["data"]
+    err = capsys.readouterr().err.strip()
+    assert err == (f"depthlab: warning: {ckpt}: meta.json has fields this depthlab does not know (shape_hint, zeta), "
+                   "written by a newer version? They are ignored")  # once, one line
+    del fields["step"]
+    _rewrite_meta(ckpt, fields)
+    assert main(["eval", str(ckpt), "--data", str(world / "text.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"depthlab: error: corrupted checkpoint {ckpt}: its meta.json records no step;") and \
+        len(err.splitlines()) == 1

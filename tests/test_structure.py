@@ -2,6 +2,7 @@
 one scheme registry."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,15 @@ def test_no_import_cycle_among_depthlab_packages():
     assert cycle is None, " -> ".join(cycle)
 
 
+def test_a_step_directory_is_named_in_one_place():
+    """checkpoint.step_dir writes a checkpoint directory's name and checkpoint.step_of reads it: no other module
+    spells the pattern (as a format string, a glob or a prefix to cut)."""
+    spelled = re.compile(r"""["']step_(\{|\*|["'])""")
+    offenders = sorted(name for name, path in modules().items()
+                       if name != "depthlab.checkpoint" and spelled.search(path.read_text()))
+    assert offenders == []
+
+
 def test_config_is_data_only():
     assert not {m for m in import_graph()["depthlab.config"] if m.startswith("depthlab.model")}
 
@@ -206,7 +216,7 @@ def test_no_import_cycle_among_depthlab_and_benchmark_modules():
 
 def test_benchmarks_compute_no_metric_statistic_or_runner_of_their_own():
     """The studies' metrics, statistics, verdicts and runner live in depthlab (analysis, study); benchmarks/ only
-    declares studies and formats their results. metrics.jsonl is read through depthlab.train.trainer.read_metrics."""
+    declares studies and formats their results. metrics.jsonl is read through depthlab.runfolder.read_metrics."""
     offenders = []
     for path in sorted(BENCH.glob("*.py")):
         tree = ast.parse(path.read_text())

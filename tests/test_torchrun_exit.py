@@ -88,11 +88,11 @@ def test_leaving_the_group_is_bounded_by_the_timeout(tmp_path):
     """A teardown that blocks (what gloo's deadlock does) ends the process once train.dist_timeout_s is spent."""
     script = """
 import threading, torch, torch.distributed as dist
-from depthlab.train import distributed as D
+from depthlab.train import distributed
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-D.init_distributed(torch.device("cpu"), timeout_s=2)  # joins the group there is, and takes its timeout
+distributed.init_distributed(torch.device("cpu"), timeout_s=2)  # joins the group there is, and takes its timeout
 dist.destroy_process_group = lambda: threading.Event().wait()  # blocks, as the deadlock did
-D.shutdown()
+distributed.shutdown()
 print("left")
 """
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2"}

@@ -20,8 +20,9 @@ from depthlab.config import Config, apply_overrides
 from depthlab.loading import load_checkpoint
 from depthlab.model import Transformer, lm_loss
 from depthlab.paths import find_checkpoint
+from depthlab.runfolder import read_metrics
 from depthlab.train.callbacks import Callback, DepthMonitor
-from depthlab.train.trainer import Trainer, TrainingDiverged, read_metrics
+from depthlab.train.trainer import Trainer, TrainingDiverged
 
 TINY = {"model.dim": 32, "model.n_layers": 3, "model.n_heads": 2, "model.ffn_dim": 64, "model.vocab_size": 300,
         "data.seq_len": 32, "train.eval_every": 1000, "train.log_every": 1, "train.warmup_steps": 2,
@@ -77,7 +78,7 @@ def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
     expect, got = losses(tmp_path / "ref"), losses(run)
     assert list(got) == list(range(1, 41))  # no step logged twice, none missing
     assert got == expect  # bitwise: same floats, step for step
-    final = lambda d: json.loads((list_checkpoints(d)[-1] / "meta.json").read_text())["val_loss"]  # noqa: E731
+    final = lambda d: verify_checkpoint(list_checkpoints(d)[-1]).val["val_loss"]  # noqa: E731
     assert final(run) == final(tmp_path / "ref")
 
 
@@ -203,7 +204,7 @@ def test_failed_save_leaves_previous_checkpoint_intact(tmp_path, corpus, monkeyp
     with pytest.raises(UserError, match="cannot write checkpoint .*the disk is full.*earlier checkpoints are intact"):
         trainer.train()
     (only,) = list_checkpoints(tmp_path / "run")
-    assert only.name == "step_0000002" and verify_checkpoint(only)["step"] == 2
+    assert only.name == "step_0000002" and verify_checkpoint(only).step == 2
     assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
 
 
@@ -355,5 +356,5 @@ def test_the_trainer_asks_its_task(tmp_path, corpus):
     finally:
         t.close()
     assert result.val["val_counted"] == 1.0 and read_metrics(tmp_path / "counted")[-1]["val_counted"] == 1.0
-    meta = json.loads((result.checkpoint / "meta.json").read_text())
-    assert meta["task"] == "counted" and meta["train_tokens"] > 0 and "val_digest" in meta
+    data = verify_checkpoint(result.checkpoint).data  # the task's record of its data
+    assert data["task"] == "counted" and data["train_tokens"] > 0 and "val_digest" in data

@@ -142,7 +142,7 @@ def test_depthlab_export_of_a_trained_digits_run_loads_in_stock_transformers(tmp
     with torch.no_grad():
         ours, theirs = model.eval()(x), hf(pixel_values=x).logits
     assert (ours - theirs).abs().max() <= 1e-5 and torch.equal(ours.argmax(-1), theirs.argmax(-1))
-    assert hf.config.id2label == dict(enumerate(meta["classes"]))
+    assert hf.config.id2label == dict(enumerate(meta.data["classes"]))
     prov = json.loads((tmp_path / "hf" / "depthlab_export.json").read_text())
     assert prov["scheme"] == "lns" and prov["lns_placement"] == "branch" and prov["step"] == 3
     # the image processor does the run's normalisation to 8-bit grey images: / 255, minus mean, over std
@@ -151,15 +151,14 @@ def test_depthlab_export_of_a_trained_digits_run_loads_in_stock_transformers(tmp
 
     pixels = np.random.default_rng(0).integers(0, 256, (8, 8), dtype=np.uint8)
     got = processor(Image.fromarray(pixels), return_tensors="pt")["pixel_values"]
-    want = (torch.from_numpy(pixels).float() / 255 - meta["pixel_mean"][0]) / meta["pixel_std"][0]
+    want = (torch.from_numpy(pixels).float() / 255 - meta.data["pixel_mean"][0]) / meta.data["pixel_std"][0]
     assert got.shape == (1, 1, 8, 8) and torch.allclose(got[0, 0], want, atol=1e-5)
     # and back: `depthlab import` of the export is a depthlab ViT checkpoint with the run's classes and pixel
     # statistics, which `depthlab eval` scores exactly as the run itself
     assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
     back, back_cfg, back_meta = load_checkpoint(tmp_path / "back")
-    assert back_cfg.model.is_vit and back_meta["classes"] == meta["classes"]
-    assert np.allclose(back_meta["pixel_mean"], meta["pixel_mean"]) and np.allclose(back_meta["pixel_std"],
-                                                                                      meta["pixel_std"])
+    assert back_cfg.model.is_vit and back_meta.data["classes"] == meta.data["classes"]
+    assert all(np.allclose(back_meta.data[k], meta.data[k]) for k in ("pixel_mean", "pixel_std"))
     with torch.no_grad():
         assert (back.eval()(x) - ours).abs().max() <= 1e-5
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from depthlab import UserError
-from depthlab.checkpoint import list_checkpoints
+from depthlab.checkpoint import list_checkpoints, verify_checkpoint
 from depthlab.config import apply_overrides
 from depthlab.model.families import preset
 from depthlab.train.trainer import Trainer, train
@@ -45,8 +45,8 @@ def test_vit_digits_trains_and_reports_accuracy(tmp_path):
     evals = [r for r in records if "val_acc" in r]
     assert [r["step"] for r in evals] == [30, 60] and evals[0]["val_loss"] > evals[1]["val_loss"]
     assert len(evals[-1]["depth/update_ratio"]) == 4  # the per-block monitors run on a ViT too
-    meta = json.loads((res.checkpoint / "meta.json").read_text())
-    assert meta["train_images"] == 1438 and len(meta["classes"]) == 10 and len(meta["pixel_mean"]) == 1
+    data = verify_checkpoint(res.checkpoint).data
+    assert data["train_images"] == 1438 and len(data["classes"]) == 10 and len(data["pixel_mean"]) == 1
     assert not (tmp_path / "run" / "tokenizer.json").exists()
 
 
@@ -70,7 +70,7 @@ def test_vit_sigkill_then_resume_reproduces_losses_bitwise(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "resuming" in res.stderr
     assert list(losses(run)) == list(range(1, 31)) and losses(run) == losses(tmp_path / "ref")
-    final = lambda d: json.loads((list_checkpoints(d)[-1] / "meta.json").read_text())  # noqa: E731
+    final = lambda d: verify_checkpoint(list_checkpoints(d)[-1]).val  # noqa: E731
     assert (final(run)["val_loss"], final(run)["val_acc"]) == (final(tmp_path / "ref")["val_loss"],
                                                                final(tmp_path / "ref")["val_acc"])
     ev = cli("eval", tmp_path / "ref")  # the run's own validation split, the same number as training's last

@@ -1,9 +1,11 @@
-"""The checkpoint format, in one place: writing, listing, verifying and reading. One directory per step:
+"""The checkpoint format, in one place: the step directory's name, its typed metadata, writing, listing, verifying
+and reading. One directory per step, named by `step_dir` and read back by `step_of`:
 
     step_0001000/
       config.json         the resolved config: loading rebuilds the model with its scheme
-      meta.json           step, loader position, metrics, a sha256 of every other file (the manifest), and its
-                          own (meta_sha256, of the rest of it), so an edited step is refused like a damaged file
+      meta.json           CheckpointMeta: step, loader position, the task's record of its data, the last
+                          validation, a sha256 of every other file (the manifest), and its own (meta_sha256, of the
+                          rest of it), so an edited step is refused like a damaged file
       tokenizer.json
       trainer.pt          scheduler + RNG states, and in the full format the optimizer (tensors and plain
                           containers only: read back with torch.load(weights_only=True), never a full unpickle)
@@ -32,6 +34,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from depthlab import UserError
@@ -47,6 +50,83 @@ class CorruptCheckpoint(UserError):
 
 def warn(msg: str) -> None:
     print(msg if msg.startswith("depthlab:") else f"depthlab: warning: {msg}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- the step directory's name
+_STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def step_dir(step: int) -> str:
+    """The name of the checkpoint directory of `step` in a run's checkpoints/: step_0001000 (step_of reads it)."""
+    return f"step_{step:07d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a checkpoint directory's name stands for (step_dir's inverse, any number of digits), or None for
+    any other name: a step_N.tmp being written, a step_N.old being replaced, another file."""
+    m = _STEP_DIR.fullmatch(name)
+    return int(m[1]) if m else None
+
+
+# ---------------------------------------------------------------- the metadata
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """A checkpoint's meta.json, typed. The trainer fills every field; `depthlab import` the step (0), where it
+    came from, and a ViT's data. `data` is the task's record of its data (depthlab.train.tasks: its train_* and
+    val_* sizes, which must match on resume, a ViT's classes and pixel statistics, a fine-tune's task); `val` the
+    validation metrics of the step that saved it, when that step evaluated (the last one)."""
+
+    step: int
+    skipped: int = 0  # non-finite steps skipped so far (train.on_nonfinite=skip)
+    loader: dict | None = None  # the sampler's position: where a resumed run continues (trainer checkpoints only)
+    world_size: int = 1  # ranks that wrote it: with the per-rank batch, the global batch a resume must keep
+    source: str | None = None  # the data, in words
+    tokenizer_hash: str | None = None
+    n_params: int | None = None
+    cwd: str | None = None  # where the config's relative data paths start from
+    imported_from: str | None = None  # `depthlab import`: the HF directory
+    data: dict = field(default_factory=dict)
+    val: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)  # the manifest, name -> sha256: written by the checkpoint writers
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str | Path = "checkpoint") -> CheckpointMeta:
+        """The typed view of a meta.json's fields. Before this class, the data's entries and the last validation
+        sat beside the other fields: such a file reads the same. A field this depthlab does not know is named in
+        one warning line and ignored; a missing step is a corrupted checkpoint."""
+        d = {k: v for k, v in d.items() if k != META_DIGEST}
+        if not isinstance(d.get("step"), int):
+            raise CorruptCheckpoint(f"corrupted checkpoint {where}: its {META} records no step")
+        if "data" not in d and "val" not in d:  # a flat file, as depthlab wrote before the typed layout
+            rest = {k: d.pop(k) for k in list(d) if k not in _META_FIELDS}
+            d["val"] = {k: v for k, v in rest.items() if k in _LAST_VALIDATION}
+            d["data"] = {k: v for k, v in rest.items() if k not in _LAST_VALIDATION}
+        unknown = sorted(set(d) - _META_FIELDS)
+        if unknown and str(where) not in _UNKNOWN_NOTED:
+            _UNKNOWN_NOTED.add(str(where))
+            warn(f"{where}: {META} has fields this depthlab does not know ({', '.join(unknown)}), written by a newer "
+                 "version? They are ignored")
+        return cls(**{k: v for k, v in d.items() if k in _META_FIELDS})
+
+    def to_dict(self) -> dict:
+        """The fields as meta.json holds them (those that are None left out; `data` and `val`, even empty, mark
+        the typed layout)."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    def get(self, key: str, default=None):
+        """A field, or else an entry of `data`, by name: for the readers outside the run-folder modules that still
+        read meta.json's keys (hf/exporter.py, analysis/); it goes when they read attributes."""
+        return getattr(self, key) if key in _META_FIELDS else self.data.get(key, default)
+
+
+_META_FIELDS = {f.name for f in fields(CheckpointMeta)}
+_LAST_VALIDATION = {"val_loss", "val_ppl", "val_acc"}  # a flat meta.json's metrics (val_tokens is also the data's)
+_UNKNOWN_NOTED: set[str] = set()  # checkpoints whose unknown fields have been named (once per process)
+
+
+def as_meta(meta: CheckpointMeta | dict) -> CheckpointMeta:
+    """A CheckpointMeta, also from a flat dict of meta.json's fields as writers outside the trainer give them."""
+    return meta if isinstance(meta, CheckpointMeta) else CheckpointMeta.from_dict(meta)
 
 
 # ---------------------------------------------------------------- listing and verifying
@@ -69,12 +149,12 @@ def _identity(path: Path, names) -> tuple:
     return tuple(out)
 
 
-_VERIFIED: dict[tuple, dict] = {}  # (path, identity of its files) -> meta: what this process has hashed
+_VERIFIED: dict[tuple, CheckpointMeta] = {}  # (path, identity of its files) -> meta: what this process has hashed
 _TEAM = None  # the DistEnv of the ranks that share rank 0's verifications (verifying_together)
 
 
-def _key(path: Path, meta: dict) -> tuple:
-    return str(path.resolve()), _identity(path, [META, *meta["files"]])
+def _key(path: Path, meta: CheckpointMeta) -> tuple:
+    return str(path.resolve()), _identity(path, [META, *meta.files])
 
 
 def _check(path: Path, files: dict) -> str | None:
@@ -101,30 +181,32 @@ def meta_digest(meta: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _check_meta(path: Path, meta: dict) -> None:
-    """meta.json against its own checksum: an edited step or loader position would resume the wrong way."""
-    if META_DIGEST not in meta:
+def _check_meta(path: Path, raw: dict) -> None:
+    """meta.json (its fields, as read) against its own checksum: an edited step or loader position would resume
+    the wrong way."""
+    if META_DIGEST not in raw:
         if not _UNSEALED_NOTED:
             _UNSEALED_NOTED.append(True)
             warn(f"{path} was written before checkpoints checksummed their {META}: its step and other metadata are "
                  "read unverified (said once)")
-    elif meta[META_DIGEST] != meta_digest(meta):
+    elif raw[META_DIGEST] != meta_digest(raw):
         raise CorruptCheckpoint(f"corrupted checkpoint {path}: {META} does not match its checksum (edited?)")
 
 
-def verify_checkpoint(path: Path) -> dict:
+def verify_checkpoint(path: Path) -> CheckpointMeta:
     """The checkpoint's meta.json, after checking it and every other file against their recorded sha256 (once
     per process for the same files). On rank 0 inside verifying_together, the files are hashed by all ranks,
     each its share."""
     path = Path(path)
     try:
-        meta = json.loads((path / META).read_text())
-        files = meta["files"]
+        raw = json.loads((path / META).read_text())
+        files = raw["files"]
         if not isinstance(files, dict):
             raise TypeError(f"its files are a {type(files).__name__}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(f"corrupted checkpoint {path}: unreadable {META} ({e})") from None
-    _check_meta(path, meta)
+    _check_meta(path, raw)
+    meta = CheckpointMeta.from_dict(raw, path)
     key = _key(path, meta)
     if key in _VERIFIED:
         return _VERIFIED[key]
@@ -150,7 +232,7 @@ def _share(request: tuple, env) -> str | None:
     """One shared verification, on every rank: its own files of the checkpoint, then every rank's verdict; the
     first error of any rank (the same on all), or None, and then the verdict is remembered on every rank."""
     path, meta, owner = Path(request[0]), request[1], request[2]
-    mine = {n: d for n, d in meta["files"].items() if owner[n] == env.rank}
+    mine = {n: d for n, d in meta.files.items() if owner[n] == env.rank}
     error = next((e for e in env.gather(_check(path, mine)) if e), None)
     if error is None:
         _VERIFIED[_key(path, meta)] = meta
@@ -215,9 +297,11 @@ def is_sharded(ckpt: Path) -> bool:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """A run's finished checkpoints, oldest first (step_N.tmp, a save in progress or killed, is not one)."""
+    """A run's finished checkpoints, oldest first by step (step_N.tmp, a save in progress or killed, is not one)."""
     d = Path(run_dir) / CHECKPOINTS
-    return sorted(p for p in d.glob("step_*") if p.is_dir() and p.name[5:].isdigit()) if d.is_dir() else []
+    found = [(step, p) for p in d.iterdir() if (step := step_of(p.name)) is not None and p.is_dir()] \
+        if d.is_dir() else []
+    return [p for _, p in sorted(found)]
 
 
 def newest_valid_checkpoint(run_dir: Path, warn: Callable[[str], None] = warn) -> Path | None:
@@ -231,11 +315,24 @@ def newest_valid_checkpoint(run_dir: Path, warn: Callable[[str], None] = warn) -
 
 
 def previous_checkpoint(ckpt: Path) -> Path | None:
-    older = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
+    """The newest valid checkpoint of ckpt's run before ckpt's step (None for a checkpoint outside a run)."""
+    step = step_of(Path(ckpt).name)
+    if step is None or Path(ckpt).parent.name != CHECKPOINTS:
+        return None
+    older = [p for p in list_checkpoints(ckpt.parent.parent) if step_of(p.name) < step]
     return next((p for p in reversed(older) if is_valid(p)), None)
 
 
-def load_verified(ckpt: Path) -> dict:
+def read_meta(ckpt: Path) -> CheckpointMeta | None:
+    """A checkpoint's meta.json as it stands, unverified, or None when it cannot be read: for a look at a field
+    before the one who uses the checkpoint verifies it."""
+    try:
+        return CheckpointMeta.from_dict(json.loads((Path(ckpt) / META).read_text()), ckpt)
+    except (OSError, ValueError, AttributeError, CorruptCheckpoint):
+        return None
+
+
+def load_verified(ckpt: Path) -> CheckpointMeta:
     """verify_checkpoint, naming the previous valid checkpoint when this one is corrupted."""
     try:
         return verify_checkpoint(ckpt)
@@ -353,7 +450,7 @@ def _write_failed(path: Path, e: BaseException, intact: str) -> UserError:
     return UserError(f"cannot write checkpoint {path}: {write_failure(path.parent, e)}; nothing was lost: {intact}")
 
 
-def _write_common(tmp: Path, cfg, meta: dict, tokenizer, trainer_state: dict | None, digests: dict) -> None:
+def _write_common(tmp: Path, cfg, meta: CheckpointMeta, tokenizer, trainer_state: dict | None, digests: dict) -> None:
     """Everything but the weights, then the manifest: meta.json with the sha256 of every file (`digests`: those
     already hashed by the ranks that wrote them)."""
     import torch
@@ -366,8 +463,9 @@ def _write_common(tmp: Path, cfg, meta: dict, tokenizer, trainer_state: dict | N
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
     files.update({f"{SHARDS}/{p.name}": _sha256(p) for p in sorted((tmp / SHARDS).glob("*"))
                   if p.is_file() and f"{SHARDS}/{p.name}" not in digests})
-    meta = json.loads(json.dumps({**meta, "files": dict(sorted({**files, **digests}.items()))}))  # as read back
-    (tmp / META).write_text(json.dumps({**meta, META_DIGEST: meta_digest(meta)}, indent=2) + "\n")
+    # the digest is of the fields as they will read back (tuples as lists)
+    written = json.loads(json.dumps({**meta.to_dict(), "files": dict(sorted({**files, **digests}.items()))}))
+    (tmp / META).write_text(json.dumps({**written, META_DIGEST: meta_digest(written)}, indent=2) + "\n")
     with open(tmp / META) as f:
         os.fsync(f.fileno())
 
@@ -405,11 +503,11 @@ def save_weights(state: dict, path: Path, metadata: dict | None = None) -> None:
     usual_mode(path)
 
 
-def save_checkpoint(path: str | Path, state: dict, cfg, meta: dict, tokenizer=None,
+def save_checkpoint(path: str | Path, state: dict, cfg, meta: CheckpointMeta | dict, tokenizer=None,
                     trainer_state: dict | None = None, intact: str = "earlier checkpoints are intact") -> Path:
     """Write a full-format checkpoint atomically. `state` is a full model state dict (tensors on any device).
     `intact`: what a failed write leaves as it was, for its one-line error."""
-    path = Path(path)
+    path, meta = Path(path), as_meta(meta)
     tmp = path.with_name(path.name + ".tmp")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -426,7 +524,8 @@ def save_checkpoint(path: str | Path, state: dict, cfg, meta: dict, tokenizer=No
     return path
 
 
-def save_sharded(path: str | Path, model, opt, cfg, meta: dict, tokenizer, trainer_state: dict, env) -> Path:
+def save_sharded(path: str | Path, model, opt, cfg, meta: CheckpointMeta, tokenizer, trainer_state: dict,
+                 env) -> Path:
     """Write a sharded checkpoint atomically; collective (every rank calls it, `env` the DistEnv). Each rank
     writes and hashes its own shards; rank 0 writes the rest and the manifest, and renames the directory into
     place after every rank has finished. A failure on any rank is the same one-line error on every rank."""
@@ -490,7 +589,7 @@ def prune_checkpoints(run_dir: Path, keep_last: int, verdicts: dict[str, bool]) 
                 break
     if len(kept) < keep_last:
         return []
-    doomed = [c for c in ckpts if c.name < kept[-1].name]
+    doomed = ckpts[:ckpts.index(kept[-1])]
     for ckpt in doomed:
         shutil.rmtree(ckpt, ignore_errors=True)
     return doomed
@@ -500,11 +599,13 @@ def tidy_after_kill(run_dir: Path) -> None:
     """Undo what a writer killed mid-save leaves: a step_N.tmp is dropped; a step_N.old whose step_N is missing
     (killed between the two renames that replace a checkpoint) is put back. Call with the run's lock held."""
     d = Path(run_dir) / CHECKPOINTS
-    for part in sorted(d.glob("step_*.old")) if d.is_dir() else []:
-        final = part.with_name(part.name[:-len(".old")])
-        if final.exists():
+    parts = sorted(p for p in d.iterdir() if p.suffix in (".old", ".tmp") and step_of(p.stem) is not None) \
+        if d.is_dir() else []
+    for part in parts:
+        final = part.with_name(part.stem)
+        if part.suffix == ".tmp":
+            shutil.rmtree(part, ignore_errors=True)
+        elif final.exists():
             shutil.rmtree(part, ignore_errors=True)
         else:
             os.replace(part, final)
-    for part in d.glob("step_*.tmp") if d.is_dir() else []:
-        shutil.rmtree(part, ignore_errors=True)

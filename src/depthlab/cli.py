@@ -22,44 +22,45 @@ EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set mo
 def base_config(args):
     """The config the flags apply to: with --resume the run's own (its checkpoint's, or a started run's), else
     the --config file or the preset."""
-    from depthlab.checkpoint import CONFIG, META
+    from depthlab.checkpoint import CONFIG
     from depthlab.config import Config
     from depthlab.model.families import preset
-    from depthlab.paths import ENV, Kind, what_is
+    from depthlab.paths import Kind, what_is
 
     if args.resume == "auto" and args.run_dir and (Path(args.run_dir) / CONFIG).is_file() and \
             what_is(args.run_dir) is Kind.RUN:  # the run's own config; no rank hashes a checkpoint for it
-        return saved_config(Path(args.run_dir), ENV)
+        return saved_config(Path(args.run_dir))
     if args.resume:
-        from depthlab.train.trainer import resume_point
+        from depthlab.runfolder import resume_point
 
         # only the config is needed here; the trainer verifies the checkpoint and reports skipped ones, once
         run_dir, ckpt = resume_point(args.run_dir, args.resume)
         if ckpt is not None:
-            return saved_config(ckpt, META)
+            return saved_config(ckpt, checkpoint=True)
         if what_is(run_dir) is Kind.RUN and (run_dir / CONFIG).is_file():
-            return saved_config(run_dir, ENV)
+            return saved_config(run_dir)
     if args.config and args.preset:
         raise UserError("--config and --preset both give the whole starting config; pass one of them (adjust "
                         "either with --set)")
     return Config.load(args.config) if args.config else preset(args.preset or "cpu-tiny")
 
 
-def saved_config(directory: Path, record: str):
-    """A run's or a checkpoint's config.json, its relative data paths made absolute from the directory they were
-    given in (`record`: the env.json or meta.json written with it, when it has that), so a run resumed from
-    another directory reads the same files."""
-    import json
-
-    from depthlab.checkpoint import CONFIG
+def saved_config(directory: Path, checkpoint: bool = False):
+    """A run's or (`checkpoint`) a checkpoint's config.json, its relative data paths made absolute from the
+    directory they were given in (recorded in the run's env.json or the checkpoint's meta, when it has that), so
+    a run resumed from another directory reads the same files."""
+    from depthlab.checkpoint import CONFIG, read_meta
     from depthlab.config import Config
     from depthlab.data.sources import resolved
+    from depthlab.paths import ENV, read_json
 
     cfg = Config.load(directory / CONFIG)
-    try:
-        cwd = json.loads((directory / record).read_text()).get("cwd")
-    except (OSError, ValueError, AttributeError):  # an older run records none; the trainer checks the rest
-        cwd = None
+    if checkpoint:  # unverified: the trainer verifies it and checks the rest
+        meta = read_meta(directory)
+        cwd = meta.cwd if meta else None
+    else:
+        env = read_json(directory / ENV)
+        cwd = env.get("cwd") if isinstance(env, dict) else None  # an older run records none
     if cwd:
         cfg.data.paths = resolved(cfg.data.paths, cwd)
     return cfg
@@ -86,20 +87,20 @@ def build_config(args):
     if args.data:
         cfg.data.paths = list(args.data)
     if not args.resume:
-        follow_arch(cfg.model, overrides)
+        follow_family(cfg.model, overrides)
     return validate(cfg)
 
 
-def follow_arch(m, overrides: list[str]) -> None:
+def follow_family(m, overrides: list[str]) -> None:
     """A family whose stock class fixes the norm's epsilon (OLMo-1) gets it, unless model.norm_eps is set too:
     otherwise the run trains with another epsilon and only export finds out."""
     from depthlab.model.families import FAMILIES
 
-    arch = FAMILIES.get(m.arch)
-    if arch is not None and arch.fixed_norm_eps is not None and \
+    family = FAMILIES.get(m.arch)
+    if family is not None and family.fixed_norm_eps is not None and \
             any(o.startswith("model.arch=") for o in overrides) and \
             not any(o.startswith("model.norm_eps=") for o in overrides):
-        m.norm_eps = arch.fixed_norm_eps
+        m.norm_eps = family.fixed_norm_eps
 
 
 def cmd_train(args) -> None:
@@ -224,7 +225,7 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     if seq_len > loaded.context:
         raise UserError(f"--seq-len {seq_len} is beyond the model's context of {loaded.context} tokens")
     cfg, tok = loaded.cfg, loaded.fast_tokenizer()
-    if not data and loaded.meta.get("task") == "finetune":
+    if not data and loaded.meta is not None and loaded.meta.data.get("task") == "finetune":
         from depthlab.train.finetune import validation_of_finetune
 
         res = validation_of_finetune(loaded, batch_size, device)
@@ -236,8 +237,8 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     elif cfg is None:
         raise UserError(f"{loaded.path} is a Hugging Face model directory with no validation split of its own; "
                         "give the text to evaluate on with --data")
-    elif (tokens := saved_val_tokens(run_of(loaded.path), loaded.meta.get("val_digest"))) is not None:
-        source = f"the run's validation split ({loaded.meta['source']}; the tokens it kept in {VAL_TOKENS})"
+    elif (tokens := saved_val_tokens(run_of(loaded.path), loaded.meta.data.get("val_digest"))) is not None:
+        source = f"the run's validation split ({loaded.meta.source}; the tokens it kept in {VAL_TOKENS})"
     else:
         split = build_token_data(cfg, tokenizer=tok, progress=progress)
         tokens, source = split.val, f"the run's validation split ({split.source})"

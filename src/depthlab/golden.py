@@ -85,8 +85,8 @@ def train_losses(argv: list[str], steps: int = STEPS) -> list[float]:
     """The per-step losses of `depthlab train ARGV` (this rank's part of it under torchrun), stopped after
     `steps` steps: fewer steps are the first steps of the full run, its learning-rate schedule unchanged."""
     from depthlab.cli import build_config, make_parser
-    from depthlab.train import distributed as D
     from depthlab.train.callbacks import Callback
+    from depthlab.train.distributed import shutdown
     from depthlab.train.trainer import Trainer
 
     losses: list[float] = []
@@ -108,7 +108,7 @@ def train_losses(argv: list[str], steps: int = STEPS) -> list[float]:
             trainer.train()
     finally:
         trainer.close()
-        D.shutdown(trainer.env)
+        shutdown(trainer.env)
         _num_threads(threads)
     return losses
 

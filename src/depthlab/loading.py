@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from depthlab import UserError
-from depthlab.checkpoint import CONFIG, TOKENIZER, load_verified, load_weights, warn
+from depthlab.checkpoint import CONFIG, TOKENIZER, CheckpointMeta, load_verified, load_weights, warn
 from depthlab.config import Config
 from depthlab.model import build_model
 from depthlab.model.lora import merged
@@ -34,7 +34,8 @@ def torch_dtype(name: str):
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple:
-    """(model, config, meta) from a checkpoint or a run directory; the model is rebuilt with its saved scheme."""
+    """(model, config, CheckpointMeta) from a checkpoint or a run directory; the model is rebuilt with its saved
+    scheme."""
     ckpt = find_checkpoint(path)
     meta = load_verified(ckpt)
     cfg = Config.load(ckpt / CONFIG)
@@ -63,7 +64,7 @@ class Loaded:
     kind: Kind  # CHECKPOINT or HF
     path: Path  # the checkpoint or HF directory that was loaded
     cfg: object | None = None  # the depthlab Config (None for HF)
-    meta: dict = field(default_factory=dict)
+    meta: CheckpointMeta | None = None  # the checkpoint's (None for HF)
 
     @property
     def context(self) -> int:

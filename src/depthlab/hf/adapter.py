@@ -61,7 +61,7 @@ def export_adapter(src: str | Path, out_dir: str | Path, overwrite: bool = False
     with writing(out_dir, is_adapter_export, "export --adapter-only", overwrite, [ckpt]) as tmp:
         config.save_pretrained(str(tmp))
         save_weights(weights, tmp / ADAPTER_WEIGHTS, {"format": "pt"})
-        info = {"source": str(ckpt), "step": meta.get("step"), "scheme": cfg.model.norm_scheme,
+        info = {"source": str(ckpt), "step": meta.step, "scheme": cfg.model.norm_scheme,
                 "base": cfg.train.init_from, "note": "a peft LoRA adapter for the stock export of the base "
                 "(`depthlab export BASE`): PeftModel.from_pretrained(that model, this directory)"}
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")

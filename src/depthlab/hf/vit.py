@@ -131,11 +131,11 @@ def hf_vit_config_dict(cfg: ModelConfig, classes: list[str] | None = None) -> di
             "id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
 
 
-def image_processor_dict(cfg: ModelConfig, meta: dict) -> dict | None:
+def image_processor_dict(cfg: ModelConfig, data: dict) -> dict | None:
     """A ViTImageProcessor config doing what the run's data pipeline did to 8-bit images: resize to image_size,
-    pixels / 255, minus the training split's per-channel mean, over its std (None when the checkpoint has no
-    pixel statistics)."""
-    mean, std = meta.get("pixel_mean"), meta.get("pixel_std")
+    pixels / 255, minus the training split's per-channel mean, over its std (None when the checkpoint's record
+    of its data, CheckpointMeta.data, has no pixel statistics)."""
+    mean, std = data.get("pixel_mean"), data.get("pixel_std")
     if not mean or not std or len(mean) != cfg.channels or len(std) != cfg.channels:
         return None
     return {"image_processor_type": "ViTImageProcessor", "do_resize": True,
@@ -151,7 +151,7 @@ def export_vit(loaded, out_dir: str | Path, overwrite: bool = False) -> Path:
     from depthlab.owned import is_depthlab_hf, writing
 
     state = to_hf_vit_state_dict(loaded.model)
-    fields = hf_vit_config_dict(loaded.cfg.model, loaded.meta.get("classes"))
+    fields = hf_vit_config_dict(loaded.cfg.model, loaded.meta.data.get("classes"))
     with writing(out_dir, is_depthlab_hf, "export", overwrite) as tmp:
         _write_vit_dir(tmp, state, fields, loaded)
     return Path(out_dir)
@@ -168,11 +168,11 @@ def _write_vit_dir(out: Path, state: dict, fields: dict, loaded) -> None:
     hf_cfg.architectures, hf_cfg.dtype = architectures, "float32"
     hf_cfg.save_pretrained(out)
     save_weights(state, out / WEIGHTS, {"format": "pt"})  # the names save_pretrained writes
-    processor = image_processor_dict(loaded.cfg.model, loaded.meta)
+    processor = image_processor_dict(loaded.cfg.model, loaded.meta.data)
     if processor is not None:
         (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     m = loaded.cfg.model
-    provenance = {"source": str(loaded.path), "scheme": m.norm_scheme, "step": loaded.meta.get("step"),
+    provenance = {"source": str(loaded.path), "scheme": m.norm_scheme, "step": loaded.meta.step,
                   "architecture": architectures[0],
                   "note": "scheme constants are folded into the weights: load as a plain HF model"}
     if m.norm_scheme == "lns":

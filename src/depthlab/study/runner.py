@@ -242,7 +242,8 @@ def train_cell(study: Study, cell: Cell) -> dict:
     import torch
 
     from depthlab.metrics import init_update_ratios
-    from depthlab.train.trainer import Trainer, TrainingDiverged, read_metrics
+    from depthlab.runfolder import read_metrics
+    from depthlab.train.trainer import Trainer, TrainingDiverged
 
     torch.set_num_threads(1)
     cfg = study.config(cell)

@@ -31,7 +31,7 @@ from depthlab.data.dataset import SeededOrder, TokenData
 from depthlab.data.instructions import prompt_of, read_records
 from depthlab.data.tokenizer import eot_id
 from depthlab.model import loss_of
-from depthlab.train import distributed as D
+from depthlab.train.distributed import shutdown
 from depthlab.train.runtime import autocast
 from depthlab.train.tasks import LanguageModelling
 from depthlab.train.trainer import Trainer
@@ -116,7 +116,7 @@ class ExampleSampler:
         return torch.from_numpy(self.rows[idx]).long(), torch.from_numpy(self.targets[idx]).long()
 
 
-TASK = "finetune"  # in a fine-tuning checkpoint's meta.json: its validation loss is the responses'
+TASK = "finetune"  # a fine-tuning checkpoint's data["task"] (CheckpointMeta): its validation loss is the responses'
 
 
 class Finetuning(LanguageModelling):
@@ -206,7 +206,7 @@ def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress:
     from depthlab.checkpoint import TOKENIZER
     from depthlab.data.tokenizer import load_tokenizer
     from depthlab.owned import refuse_own_input
-    from depthlab.train.runtime import new_run_dir
+    from depthlab.runfolder import new_run_dir
 
     # before the records are read: the Trainer checks again, but only once they are encoded
     refuse_own_input(run_dir or new_run_dir(cfg), [cfg.train.init_from, ckpt, *cfg.data.paths], "finetune")
@@ -220,4 +220,4 @@ def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress:
         return trainer.train()
     finally:
         trainer.close()
-        D.shutdown(trainer.env)
+        shutdown(trainer.env)

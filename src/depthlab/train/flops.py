@@ -1,4 +1,5 @@
-"""Model FLOPs utilisation: training FLOPs per token against the device's peak."""
+"""Model FLOPs utilisation: training FLOPs per token against the device's peak, and the trainer's meter of
+throughput, MFU and per-rank timings between log lines."""
 
 from __future__ import annotations
 
@@ -46,3 +47,51 @@ def peak_flops(device: torch.device, dtype: str, configured: float = 0.0) -> flo
             if key in name:
                 return peak
     return measured_matmul_peak(str(device), dtype)
+
+
+class Meter:
+    """Throughput and MFU over the steps since the last log line, of a Trainer (its config, task, ranks, device
+    and data-loading time)."""
+
+    def __init__(self, trainer):
+        tc, seq_len, world = trainer.cfg.train, trainer.task.tokens_per_sample(trainer.cfg), trainer.env.world_size
+        self.tokens_per_step = tc.batch_size * tc.grad_accum * seq_len * world
+        self.flops_per_step = train_flops_per_token(trainer.cfg.model, seq_len) * self.tokens_per_step
+        self.peak = peak_flops(trainer.device, tc.dtype, tc.peak_flops) * world
+        self.t, self.steps, self.trainer, self.step_s, self.last_steps = time.time(), 0, trainer, 0.0, 0
+
+    def per_rank(self) -> dict:
+        """Collective: each rank's mean step time and data time since the last log line, and its peak memory."""
+        trainer, steps = self.trainer, max(self.last_steps, 1)  # record() has just closed the interval
+        mine = (self.step_s / steps, trainer.data_s / steps, peak_memory_mib(trainer.device))
+        trainer.data_s = 0.0
+        step_s, data_s, peak = zip(*trainer.env.gather(mine), strict=True)
+        return {"rank_step_s": list(step_s), "rank_data_s": list(data_s), "rank_peak_mib": list(peak)}
+
+    def record(self, step: int, loss: float, lr: float, grad_norm: float) -> dict:
+        now = time.time()
+        elapsed = max(now - self.t, 1e-9)
+        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_s": self.steps * self.tokens_per_step / elapsed,
+                  "mfu": self.steps * self.flops_per_step / elapsed / self.peak, "tokens": step * self.tokens_per_step}
+        self.step_s, self.last_steps = elapsed, self.steps
+        self.t, self.steps = now, 0
+        return record
+
+    @staticmethod
+    def summary(record: dict) -> str:
+        """A metrics record's headline figures, as the bar and the log lines show them."""
+        parts = [f"loss {record['loss']:.4f}"]
+        if "tokens_per_s" in record:  # a log step's (an evaluation-only step has no throughput)
+            parts += [f"lr {record['lr']:.2e}", f"{record['tokens_per_s']:,.0f} tok/s", f"mfu {record['mfu']:.1%}"]
+        return " ".join(parts + [f"{k} {v:.4f}" for k, v in record.items()
+                                 if k.startswith("val_") and isinstance(v, float)])
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """This process's peak memory so far: the device's allocator peak on a GPU, the resident set's on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -1,5 +1,5 @@
 """The trainer's toolbox, shared with evaluation and the studies: seeding and RNG state, autocast, per-token
-evaluation, run-directory naming, the environment record and config diffs."""
+evaluation and the environment record (a run directory's naming and rules are depthlab.runfolder's)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from depthlab import __version__
-from depthlab.config import Config, TrainConfig
+from depthlab.config import TrainConfig
 from depthlab.data.dataset import eval_batches
 from depthlab.model import loss_of
 from depthlab.progress import progress_bar
-from depthlab.train import distributed as D
+from depthlab.train.distributed import DistEnv, all_reduce_sum
 
 
 def seed_everything(seed: int) -> None:
@@ -37,12 +37,12 @@ def autocast(device: torch.device, dtype: str):
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
-             dtype: str = "fp32", env: D.DistEnv | None = None, loss_chunk: int = TrainConfig.loss_chunk,
+             dtype: str = "fp32", env: DistEnv | None = None, loss_chunk: int = TrainConfig.loss_chunk,
              progress: bool = False, desc: str = "validation") -> dict:
     """Per-token mean loss over every window of the validation stream, and its perplexity. Under torchrun
     the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that).
     `progress`: a bar of this rank's batches on a terminal, named `desc`."""
-    env = env or D.DistEnv()
+    env = env or DistEnv()
     was_training = model.training
     model.eval()
     total, count, mine, filler = 0.0, 0, 0, None
@@ -63,21 +63,12 @@ def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_siz
         with autocast(device, dtype):
             loss_of(model, filler.to(device), filler.to(device), loss_chunk=loss_chunk)  # no full logits either
     model.train(was_training)
-    total, count = D.all_reduce_sum([total, float(count)], env)
+    total, count = all_reduce_sum([total, float(count)], env)
     loss = total / count
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": int(count)}
 
 
-def new_run_dir(cfg: Config) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.train.out_dir) / f"{cfg.preset}-{cfg.model.norm_scheme}-{stamp}"
-    run_dir, i = base, 1
-    while run_dir.exists():
-        run_dir, i = base.with_name(f"{base.name}-{i}"), i + 1
-    return run_dir
-
-
-def environment(device: torch.device, env: D.DistEnv) -> dict:
+def environment(device: torch.device, env: DistEnv) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None
@@ -89,18 +80,6 @@ def environment(device: torch.device, env: D.DistEnv) -> dict:
             "threads": torch.get_num_threads(), "world_size": env.world_size,
             "cwd": os.getcwd(),  # where the config's relative data paths start from
             "started": datetime.now().isoformat(timespec="seconds")}
-
-
-def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two config dicts, as `key: a -> b`."""
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += config_diff(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
-    return out
 
 
 def rng_state() -> dict:

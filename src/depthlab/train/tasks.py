@@ -6,8 +6,8 @@ exact resume, callbacks, run directory -- and asks its task, passing what each q
     saved_tokenizer(cfg, ckpt, run_dir)     the tokenizer the data must use (None: the task makes its own, or has none)
     load_data(cfg, tokenizer, progress)     the training and validation data
     tokenizer(data)                         the tokenizer kept in the run directory and each checkpoint (or None)
-    data_meta(data)                         what each checkpoint's meta.json records about the data; its train_*
-                                            entries must match on resume
+    data_meta(data)                         what each checkpoint records about the data (CheckpointMeta.data);
+                                            its train_* entries must match on resume
     save_run_files(run_dir, data)           what the run directory keeps of the data (its tokenizer, ...)
     tokens_per_sample(cfg)                  positions per sample, for throughput and MFU
     sampler(cfg, data, env)                 the training batches: next_batch(), state_dict(), load_state_dict()
@@ -84,10 +84,8 @@ class LanguageModelling(Task):
     def data_meta(self, data) -> dict:
         """Token counts; raw text tokenized for this run also records its validation tokens' digest: the run
         keeps them (VAL_TOKENS). Prepared data keeps its own memory-mapped splits."""
-        meta = {"train_tokens": int(len(data.train)), "val_tokens": int(len(data.val))}
-        if not data.meta:
-            meta["val_digest"] = tokens_digest(data.val)
-        return meta
+        counts = {"train_tokens": int(len(data.train)), "val_tokens": int(len(data.val))}
+        return counts if data.meta else {**counts, "val_digest": tokens_digest(data.val)}
 
     def save_run_files(self, run_dir: Path, data) -> None:
         data.tokenizer.save(str(run_dir / TOKENIZER))
