@@ -36,8 +36,9 @@ from depthlab.config import apply_overrides
 from depthlab.data.dataset import build_token_data
 from depthlab.model.families import preset
 from depthlab.model.validate import validate
+from depthlab.runfolder import read_metrics
 from depthlab.study.figures import curve, plot_runs
-from depthlab.train.trainer import read_metrics, train
+from depthlab.train.trainer import train
 
 SCHEMES = ("pre", "lns")
 

@@ -102,7 +102,7 @@ def memory(s: dict, out: Path, work: Path) -> dict:
 def fsdp_resume(s: dict, out: Path, work: Path) -> dict:
     from depthlab import golden
     from depthlab.checkpoint import is_sharded, list_checkpoints
-    from depthlab.train.trainer import read_metrics
+    from depthlab.runfolder import read_metrics
 
     k = s["resume_steps"]
     args = train_args(s, work, 2 * k, "train.parallel=fsdp", f"train.ckpt_every={k}")

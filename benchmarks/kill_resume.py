@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from depthlab.paths import METRICS
-from depthlab.train.trainer import read_metrics
+from depthlab.runfolder import read_metrics
 
 
 def run(args: list[str], **kw):
