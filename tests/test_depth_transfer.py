@@ -89,23 +89,34 @@ def test_the_plan_walked_to_the_end_on_made_up_records():
 
 
 TINY = ["--steps", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "300",
-        "--seq", "16", "--batch", "8", "--corpus-mb", "0.3", "--val-tokens", "512", "--probe-windows", "4",
+        "--seq", "16", "--batch", "8", "--val-tokens", "512", "--probe-windows", "4",
         "--base-depth", "2", "--depths", "2", "3", "--grid-depths", "3", "--lrs", "8e-3", "1.131e-2", "--widen", "0"]
 
 
 @pytest.fixture(scope="module")
 def tiny_corpus(tmp_path_factory):
-    """The study corpus of TINY, built once (0.3 MB of the built-in corpus: one test document)."""
+    """A study corpus built once for TINY: 60 documents of random words and one planted copy (dedup removes it),
+    three held out (validation 2, test 1), so that each cell's test loss costs a few batches."""
+    import random
+
     from depthlab.config import apply_overrides
     from depthlab.model.families import preset
     from depthlab.study.corpus import build_corpus
 
-    folder = tmp_path_factory.mktemp("transfer") / "corpus"
-    build_corpus(apply_overrides(preset("cpu-tiny"), ["model.vocab_size=300", "data.builtin_mb=0.3"]), folder)
-    return folder
+    rng, root = random.Random(0), tmp_path_factory.mktemp("transfer")
+    words = [f"w{i}" for i in range(200)]
+    (root / "docs").mkdir()
+    for i in range(60):
+        (root / "docs" / f"doc{i:02d}.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(10))
+                                                                for _ in range(30)))
+    shutil.copy(root / "docs" / "doc07.txt", root / "docs" / "doc07_copy.txt")
+    build_corpus(apply_overrides(preset("cpu-tiny"), ["model.vocab_size=300", f"data.paths=[{root / 'docs'}]"]),
+                 root / "corpus")
+    return root / "corpus"
 
 
 def _runs(tmp_path, corpus):
+    """--runs-dir holding the built corpus: the study reads a corpus folder that is there instead of building one."""
     shutil.copytree(corpus, tmp_path / "runs" / "corpus")
     return ["--runs-dir", str(tmp_path / "runs")]
 
@@ -115,7 +126,7 @@ def test_a_tiny_study_end_to_end_resumes_and_writes_its_page_section(tmp_path, t
 
     out = tmp_path / "out"
     argv = ["run", *TINY, "--seeds", "0", "--variants", "pre", "lns", "pre+completep", "--parts", "pre", "lns",
-            "pre+gain_init", "--parts-depth", "3", "--parts-seeds", "0", "1", "--jobs", "2", "--out", str(out),
+            "pre+gain_init", "--parts-depth", "3", "--parts-seeds", "0", "1", "--jobs", "1", "--out", str(out),
             *_runs(tmp_path, tiny_corpus)]
     depth_transfer.main(argv)
     records = load_records(out / "runs.jsonl")
@@ -126,7 +137,7 @@ def test_a_tiny_study_end_to_end_resumes_and_writes_its_page_section(tmp_path, t
     assert {r["seed"] for r in records.values() if r["variant"] == "pre+gain_init"} == {0, 1}
     settings = json.loads((out / "settings.json").read_text())
     meta = settings["meta"]
-    assert meta["test_tokens"] > 16 and meta["dedup_removed"] == 0 and meta["corpus"]["dedup"]["threshold"] == 0.5
+    assert meta["test_tokens"] > 16 and meta["dedup_removed"] == 1 and meta["corpus"]["dedup"]["threshold"] == 0.5
     assert meta["design"]["base_depth"] == 2 and settings["ckpt_every"] == 2  # a killed cell resumes
     assert settings["probe"]["jacobian"] is False and settings["variants"]["pre+completep"] == [
         "model.norm_scheme=pre", "model.depth_alpha=1", "model.depth_base=2"]
@@ -157,7 +168,7 @@ def test_a_depth_alpha_variant_at_its_base_depth_is_its_schemes_model(tmp_path, 
 
     study = Study("twin", str(tmp_path / "out"), t.variants(2), base=[*BASE, f"data.paths=[{corpus}]"])
     run_cells(study, seed_cells(study, dict.fromkeys(("pre", "pre+completep", "pre+depth_mup"), 1e-2), [0], 2),
-              jobs=2, log=lambda m: None)
+              log=lambda m: None)
     loss = {r["variant"]: r["val_loss"] for r in load_records(study.runs_file).values()}
     assert loss["pre"] == loss["pre+completep"] == loss["pre+depth_mup"]
 
@@ -167,7 +178,8 @@ def test_the_gpu_command_on_the_cpu_with_tiny_overrides(tmp_path, tiny_corpus, c
 
     out = tmp_path / "gpu"
     depth_transfer.main(["run", "--gpu", "--device", "cpu", "--dtype", "fp32", "--no-compile", *TINY, "--seeds", "0",
-                         "--variants", "pre", "pre+completep", "--out", str(out), *_runs(tmp_path, tiny_corpus)])
+                         "--grid-depths", "2", "--variants", "pre", "pre+completep", "--out", str(out),
+                         *_runs(tmp_path, tiny_corpus)])
     records = load_records(out / "runs.jsonl")
     assert {(r["variant"], r["layers"]) for r in records.values()} == {("pre", 2), ("pre", 3), ("pre+completep", 3)}
     settings = json.loads((out / "settings.json").read_text())
