@@ -27,6 +27,7 @@ from depthlab.model.schemes import SCHEMES, scheme_class
 
 _GEMMA2_NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
                  "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
+_BLOCK_NORMS = ("attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm")  # the last two: sandwiched blocks'
 _READERS = {"attn_norm": ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "mlp_norm": ("mlp.gate_proj", "mlp.up_proj")}
 
 
@@ -71,23 +72,25 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
                         f"{family_of(cfg).hf_class} checkpoint (only {', '.join(direct)} without gpas)")
     state = _our_state(model)
     for i, layer in enumerate(model.layers):
-        for name, readers in _READERS.items():
+        for name in _BLOCK_NORMS[:4 if layer.sandwiched else 2]:
             norm = layer.get_submodule(name)
             # a weightless norm is OLMo-1's, which sits before its branch: its output feeds exactly the readers
-            for target in [name] if getattr(norm, "weight", None) is not None else readers:
+            for target in [name] if getattr(norm, "weight", None) is not None else _READERS[name]:
                 state[f"layers.{i}.{target}.weight"] *= norm.scale
-        _fold_branch_scale(state, i, layer, cfg)
+        _fold_branch_scale(state, i, layer)
     return family_of(cfg).to_hf_weights(state, cfg)
 
 
-def _fold_branch_scale(state: dict, i: int, layer, cfg) -> None:
+def _fold_branch_scale(state: dict, i: int, layer) -> None:
     """A multiplier on the branch outputs, s F(.) (LNS's branch placement, the depth parameterizations' m^(-alpha)
     and static scales, ProRes's ramp where it stands): into the output projections, s (W y + b) = (s W) y + s b;
-    where the norms sit on the branch outputs (olmo2), into their weights: s Norm_g(y) = Norm_{s g}(y)."""
+    where a norm ends the branch (olmo2's; the one after it in a sandwiched block), into its weight:
+    s Norm_g(y) = Norm_{s g}(y)."""
     s = getattr(layer, "out_scale", 1.0)
     if s == 1.0:
         return
-    targets = ("attn_norm", "mlp_norm") if family_of(cfg).norms_after_branch else ("attn.o_proj", "mlp.down_proj")
+    targets = (_BLOCK_NORMS[2:] if layer.sandwiched else _BLOCK_NORMS[:2] if layer.output_norms
+               else ("attn.o_proj", "mlp.down_proj"))
     for t in targets:
         for kind in ("weight", "bias"):
             if f"layers.{i}.{t}.{kind}" in state:

@@ -2,8 +2,9 @@
 each family names the HF model types it imports, and reads its own config fields): Llama, Qwen2 (q/k/v biases
 included), OLMo-1, OLMo-2, ...
 
-With scheme="pre" the imported model's logits match the HF model's; then switch the scheme (scheme="lns") for
-continued pretraining with LayerNorm Scaling, as in the paper's Qwen2.5-0.5B and OLMo experiments.
+With the family's own scheme (the default: pre, or sandwich for Gemma-2) the imported model's logits match the HF
+model's; then switch the scheme (scheme="lns") for continued pretraining with LayerNorm Scaling, as in the paper's
+Qwen2.5-0.5B and OLMo experiments.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def model_config_from_hf(hf_cfg, max_seq_len: int | None = None, hf_state: dict 
     (the family's refusals). hf_state: the weights, for a family that claims a model of another type as its own
     (a qwen2 run exported as a Llama: depthlab.model.families.qwen2)."""
     seq = max_seq_len or min(hf_cfg.max_position_embeddings, MAX_SEQ_LEN)
-    return ModelConfig(**_family_of_hf(hf_cfg, hf_state or {}).from_hf(hf_cfg, seq), max_seq_len=seq, **overrides)
+    fields = _family_of_hf(hf_cfg, hf_state or {}).from_hf(hf_cfg, seq)
+    return ModelConfig(**{**fields, "max_seq_len": seq, **overrides})
 
 
 def _family_of_hf(hf_cfg, hf_state: dict):
@@ -64,18 +66,21 @@ def _name(src) -> str:
     return type(src).__name__ if isinstance(src, torch.nn.Module) else str(src)
 
 
-def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
+def import_hf(src, scheme: str | None = None, max_seq_len: int | None = None,
               **model_overrides) -> tuple[Transformer, Config]:
     """A depthlab Transformer with the weights of an HF model (a directory, a hub-style local path, or a model).
 
-    scheme="pre" reproduces the HF model's logits; any other scheme that keeps Llama's weight set (lns, and the
-    ones that only add parameters: layerscale, skipinit, gpas, ...) starts from the same weights.
+    The family's own scheme (scheme=None: its hf_scheme, pre, or sandwich for Gemma-2) reproduces the HF model's
+    logits; any other scheme that keeps the family's weight set (lns, and the ones that only add parameters:
+    layerscale, skipinit, gpas, ...) starts from the same weights.
     """
     if max_seq_len is not None and max_seq_len < 1:
         raise UserError(f"--max-seq-len must be at least 1, got {max_seq_len}")
     hf = _load(src)
     state = hf.state_dict()
-    mc = model_config_from_hf(hf.config, max_seq_len, state, norm_scheme=scheme, **model_overrides)
+    if scheme is not None:
+        model_overrides["norm_scheme"] = scheme
+    mc = model_config_from_hf(hf.config, max_seq_len, state, **model_overrides)
     if mc.tie_embeddings and _stored_head_differs(state):
         # transformers loads such a directory untied (the stored head, not the embedding): so does the import
         warn(f"{_name(src)} sets tie_word_embeddings but stores its own lm_head.weight: imported untied, as "
@@ -94,7 +99,7 @@ def import_hf(src, scheme: str = "pre", max_seq_len: int | None = None,
     # parameters the scheme adds (LayerScale gains, GPAS gates, ...) keep the values their modules start with
     missing = [k for k in missing if k not in allowed_missing and not k.endswith(("_gain", ".gate", ".alpha"))]
     if missing or unexpected:
-        raise UserError(f"scheme {scheme!r} does not fit {mc.arch}'s weights: missing {missing[:3]}, "
+        raise UserError(f"scheme {mc.norm_scheme!r} does not fit {mc.arch}'s weights: missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}")
     return model.float(), cfg
 
@@ -119,7 +124,7 @@ def is_import(path) -> bool:
     return what_is(path) is Kind.CHECKPOINT and run_of(path) is None
 
 
-def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | None = None,
+def import_to_checkpoint(src, out_dir, scheme: str | None = None, max_seq_len: int | None = None,
                          overwrite: bool = False, tokenizer=None):
     """import_hf, saved as a depthlab checkpoint with its tokenizer (`tokenizer`, a tokenizer.json or a
     transformers tokenizer directory, or else the HF directory's own), so that `depthlab eval`, finetune and the
@@ -135,14 +140,14 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
                         "(save one with model.save_pretrained(DIR))")
     if kind not in (Kind.HF, Kind.MISSING):  # a missing path may still name a model in the local HF cache
         raise UserError(f"cannot import {src}: it is {kind.value}, not a Hugging Face model directory")
-    exported = _exported_scheme(src)
-    if exported not in (None, "pre") and scheme == exported:
-        raise UserError(f"{src} is a depthlab export of a {exported} model: its weights already carry the {exported} "
-                        f"constants, and --scheme {scheme} would apply them a second time; import it with --scheme "
-                        "pre (the same logits), or use the run it was exported from")
     family = _model_type(src)
     if family is not None and family not in MODEL_TYPES:
         raise UserError(f"cannot import model type {family!r}: supported families are {', '.join(MODEL_TYPES)}")
+    exported, own = _exported_scheme(src), MODEL_TYPES[family].hf_scheme if family else "pre"
+    if exported not in (None, own) and scheme == exported:
+        raise UserError(f"{src} is a depthlab export of a {exported} model: its weights already carry the {exported} "
+                        f"constants, and --scheme {scheme} would apply them a second time; import it with --scheme "
+                        f"{own} (the same logits), or use the run it was exported from")
     vit = family == "vit"
     if vit and tokenizer is not None:
         raise UserError(f"{src} is a ViT: it reads images, and --tokenizer has no meaning for it")
@@ -155,7 +160,7 @@ def import_to_checkpoint(src, out_dir, scheme: str = "pre", max_seq_len: int | N
         claim(Path(out_dir), is_import, "import", overwrite, inputs=[src])
         meta = {"step": 0, "imported_from": str(src)}
         if vit:
-            model, cfg, vit_meta = _import_vit(src, scheme)
+            model, cfg, vit_meta = _import_vit(src, scheme or "pre")
             return save_as_checkpoint(out_dir, model, cfg, {**meta, **vit_meta})
         model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
         return save_as_checkpoint(out_dir, model, cfg, meta, tokenizer=tok)

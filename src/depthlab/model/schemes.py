@@ -15,6 +15,9 @@ Everything the rest of depthlab asks about a scheme is declared once, on its cla
                             family's own, e.g. Llama; "gemma2"), or None with hf_export_refusal, the reason
     norms_after_branch      its norms sit on the branch outputs (reordered; the   the block
                             olmo2 family sets it for every scheme it runs)
+    norms_around_branch     a norm before and after each branch (sandwich,        the block
+                            peri; the gemma2 family sets it for every scheme it
+                            runs, the scales then on the norms after the branch)
     branch_gains            attn_gain / mlp_gain multiply the branch outputs;    hf.exporter
                             export folds them into o_proj / down_proj
     branch_scale(cfg, l)    constant multiplier on block l's branch outputs      the block's residual adds; export
@@ -47,9 +50,9 @@ model's final norm before the LM head, unscaled.
 
 Model families (model.arch: llama, qwen2, olmo, olmo2, ...; depthlab.model.families) change the parts, not the
 wiring: the block asks its family for the norm (OLMo-1's LayerNorm without weight), the attention (biases, QK-norm)
-and the MLP. The
-exception is olmo2, whose block puts its norms on the branch outputs; there the schemes that wire their own block
-are refused (family_refusal), and pre / lns / dyt run OLMo-2's block with their norms.
+and the MLP. The exceptions are olmo2, whose block puts its norms on the branch outputs, and gemma2, whose block
+has a norm before and after each branch (Sandwich-LN); there the schemes that wire their own block are refused
+(family_refusal), and those that only change the norms (lns, dyt) run the family's block with their norms.
 """
 
 from __future__ import annotations
@@ -109,18 +112,23 @@ _REWIRED = "stock Llama and Gemma-2 blocks keep norms on the branches and a plai
 
 
 def family_refusal(cls: type[PreLNBlock], arch: Family) -> str:
-    """Why scheme `cls` cannot run on family `arch`, or "" when it can. Only olmo2 fixes where its norms sit (on
-    the branch outputs, with QK-norm); a scheme that wires its own block would replace OLMo-2's block."""
+    """Why scheme `cls` cannot run on family `arch`, or "" when it can. olmo2 and gemma2 fix where their norms sit
+    (OLMo-2: on the branch outputs, with QK-norm; Gemma-2: before and after each branch); there a scheme runs if
+    it is the family's own block (hf_scheme: pre on olmo2, sandwich on gemma2) or takes the family's wiring as it
+    is, changing only what the norms are (lns, dyt); pre, on a family whose block has another name, is refused."""
     def runs(c):
-        family_wired = c.forward in (PreLNBlock.forward, LNSBlock.forward)  # both wire h + Norm(F(h)) for olmo2
-        return not arch.norms_after_branch or (family_wired and not c.norms_after_branch)
+        if not (arch.norms_after_branch or arch.norms_around_branch) or c.scheme == arch.hf_scheme:
+            return True
+        own_wiring = c.norms_after_branch or c.norms_around_branch or c.embed_norm
+        return c.forward is PreLNBlock.forward and not own_wiring and c is not PreLNBlock
 
     if runs(cls):
         return ""
     ok = [name for name, c in SCHEMES.items() if runs(c)]
     what = (cls.__doc__ or "").split("\n")[0].rstrip(".")
-    return (f"model.arch={arch.name} fixes the block's wiring (h + Norm(F(h)), QK-norm), and scheme {cls.scheme!r} "
-            f"wires its own ({what}); with {arch.name} use {', '.join(ok)}")
+    wiring = "h + Norm(F(h))" if arch.norms_after_branch else "h + Norm(F(Norm(h)))"
+    return (f"model.arch={arch.name} fixes the block's wiring ({wiring}{', QK-norm' * arch.qk_norm}), and scheme "
+            f"{cls.scheme!r} wires its own ({what}); with {arch.name} use {', '.join(ok)}")
 
 
 @register("pre")
@@ -144,6 +152,7 @@ class PreLNBlock(nn.Module):
     hf_patchable: ClassVar[bool] = True
     hf_export: ClassVar[str | None] = "family"
     norms_after_branch: ClassVar[bool] = False
+    norms_around_branch: ClassVar[bool] = False
     depth_alpha_refusal: ClassVar[str] = ""
 
     @classmethod
@@ -179,10 +188,12 @@ class PreLNBlock(nn.Module):
         self.layer_id = layer_id
         family = family_of(cfg)
         self.output_norms = self.norms_after_branch or family.norms_after_branch  # reordered, olmo2
+        self.sandwiched = self.norms_around_branch or family.norms_around_branch  # sandwich, peri, gemma2
         attn_scale, mlp_scale = self.norm_scales(cfg, layer_id)
-        self.attn_norm = self.make_norm(cfg, attn_scale)
+        # sandwiched, the scales go on the norms after the branches: the norm after a branch sets what it adds
+        self.attn_norm = self.make_norm(cfg, 1.0 if self.sandwiched else attn_scale)
         self.attn = family.attention(cfg, layer_id)
-        self.mlp_norm = self.make_norm(cfg, mlp_scale)
+        self.mlp_norm = self.make_norm(cfg, 1.0 if self.sandwiched else mlp_scale)
         self.mlp = family.feed_forward(cfg)
         alpha = self.residual_alpha(cfg)
         self.prores_steps = cfg.prores_steps  # ProRes: block l's branches ramp up over l * prores_steps steps
@@ -195,6 +206,9 @@ class PreLNBlock(nn.Module):
             self.gpas = GPASGate()
             self.attn_add = GPASResidual(alpha, self.gpas, **branch)
             self.mlp_add = GPASResidual(alpha, self.gpas, **branch)
+        if self.sandwiched:
+            self.attn_out_norm = self.make_norm(cfg, attn_scale)
+            self.mlp_out_norm = self.make_norm(cfg, mlp_scale)
 
     @property
     def out_scale(self) -> float:
@@ -205,6 +219,9 @@ class PreLNBlock(nn.Module):
         if self.output_norms:  # reordered, and the olmo2 family: h + Norm(F(h))
             h = self.attn_add(h, self.attn_norm(self.attn(h, rope)))
             return self.mlp_add(h, self.mlp_norm(self.mlp(h)))
+        if self.sandwiched:  # sandwich, peri, and the gemma2 family: h + Norm(F(Norm(h)))
+            h = self.attn_add(h, self.attn_out_norm(self.attn(self.attn_norm(h), rope)))
+            return self.mlp_add(h, self.mlp_out_norm(self.mlp(self.mlp_norm(h))))
         h = self.attn_add(h, self.attn(self.attn_norm(h), rope))
         h = self.mlp_add(h, self.mlp(self.mlp_norm(h)))
         return h
@@ -312,18 +329,9 @@ class MixLNBlock(PreLNBlock):
 class SandwichBlock(PreLNBlock):
     """Sandwich-LN: h = h + Norm(F(Norm(h)))."""
 
+    norms_around_branch = True  # PreLNBlock wires it
     supports_gpas = hf_patchable = False
     hf_export = "gemma2"  # Gemma-2's block is exactly Sandwich-LN
-
-    def __init__(self, cfg: ModelConfig, layer_id: int):
-        super().__init__(cfg, layer_id)
-        self.attn_out_norm = self.make_norm(cfg)
-        self.mlp_out_norm = self.make_norm(cfg)
-
-    def forward(self, h, rope):
-        h = self.attn_add(h, self.attn_out_norm(self.attn(self.attn_norm(h), rope)))
-        h = self.mlp_add(h, self.mlp_out_norm(self.mlp(self.mlp_norm(h))))
-        return h
 
 
 @register("peri")

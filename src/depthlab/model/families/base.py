@@ -5,7 +5,8 @@ overrides what differs and registers it with @register("name") (the name is `mod
 and who asks:
 
     parts and flags       qkv_bias, out_bias, norm, fixed_norm_eps,     the block (depthlab.model.schemes)
-                          qk_norm, norms_after_branch, mlp, activation,
+                          qk_norm, norms_after_branch,
+                          norms_around_branch, mlp, activation,
                           causal; attention(), feed_forward(),
                           make_norm()
     around the blocks     embed_scale(), logit_softcap()                the model (depthlab.model.transformer)
@@ -18,7 +19,7 @@ and who asks:
                           hf_config()
     HF weights            to_hf_weights(), from_hf_weights() (renames   depthlab.hf.convert
                           by hf_norm_names; a family's own transform)
-    import rules          hf_refusals(), from_hf(HF config)             depthlab.hf.importer
+    import rules          hf_refusals(), from_hf(HF config), hf_scheme  depthlab.hf.importer
     another stock form    hf_fallback() (export), claims() (import)     depthlab.hf.exporter, importer
 
 The scheme (depthlab.model.schemes) decides where the norms and residual adds sit; the family decides what the
@@ -80,6 +81,8 @@ class Family:
     fixed_norm_eps: ClassVar[float | None] = None  # the stock class hard-codes the norm's epsilon
     qk_norm: ClassVar[bool] = False  # RMSNorm on the q and k projections' outputs
     norms_after_branch: ClassVar[bool] = False  # h + Norm(F(h)) instead of h + F(Norm(h))
+    norms_around_branch: ClassVar[bool] = False  # h + Norm(F(Norm(h))): a norm before and after each branch
+    hf_scheme: ClassVar[str] = "pre"  # the scheme whose block is the stock class's: import's default (same logits)
     mlp: ClassVar[str] = "gated"  # gated: down(act(gate(x)) * up(x)); plain: down(act(up(x)))
     activation: ClassVar[str] = "silu"  # act: silu (SwiGLU), gelu_tanh (GeGLU), gelu (exact); ACTIVATIONS
     causal: ClassVar[bool] = True  # causal attention with RoPE (language), or bidirectional without (vision)
@@ -193,7 +196,7 @@ class Family:
             raise UserError(f"cannot import this {hf_cfg.model_type} model: {'; '.join(problems)}")
         head = getattr(hf_cfg, "head_dim", None)
         return dict(
-            arch=self.name, vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
+            arch=self.name, norm_scheme=self.hf_scheme, vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
             n_heads=hf_cfg.num_attention_heads, n_kv_heads=hf_cfg.num_key_value_heads,
             head_size=head if head and head * hf_cfg.num_attention_heads != hf_cfg.hidden_size else None,
             ffn_dim=hf_cfg.intermediate_size, rope_theta=float(hf_rope(hf_cfg).get("rope_theta", 10000.0)),
