@@ -12,7 +12,8 @@ Everything the rest of depthlab asks about a scheme is declared once, on its cla
     supports_gpas *         the GPAS add-on (model.gpas) may be used with it     validate
     hf_patchable *          hf.apply_scheme can patch it onto any HF decoder     hf.apply
     hf_export *             the stock HF class it exports to ("family": the      hf.exporter, hf.convert
-                            family's own, e.g. Llama; "gemma2"), or None with hf_export_refusal, the reason
+                            family's own, e.g. Llama; or a family's name: "gemma2", its class), or None with
+                            hf_export_refusal, the reason
     norms_after_branch      its norms sit on the branch outputs (reordered; the   the block
                             olmo2 family sets it for every scheme it runs)
     norms_around_branch     a norm before and after each branch (sandwich,        the block

@@ -52,8 +52,8 @@ class Transformer(nn.Module):
         T = idx.shape[1]
         rope = (self.rope_cos[:T], self.rope_sin[:T])
         h = self.embed_tokens(idx)
-        if self.embed_scale != 1.0:  # the scale in the embedding's dtype, as transformers' Gemma rounds it
-            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        if self.embed_scale != 1.0:  # the scale rounded to fp32, then to the embedding's dtype, as transformers' Gemma
+            h = h * torch.tensor(self.embed_scale).to(h.dtype)
         h = self.embed_norm(h)
         hidden = [h]
         for layer in self.layers:

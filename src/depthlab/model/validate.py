@@ -125,10 +125,13 @@ def _check_model(m: ModelConfig) -> None:
     scheme, arch = scheme_class(m.norm_scheme), family_of(m)
     refusal = family_refusal(scheme, arch)
     require(not refusal, refusal)
-    for other in FAMILIES.values():  # a family's own fields stay null under any other family
+    readers: dict[str, list[str]] = {}  # a family's own fields stay null under every family that does not read them
+    for other in FAMILIES.values():
         for name, what in other.options.items():
-            require(other is arch or getattr(m, name) is None,
-                    f"model.{name} is {what} (model.arch={other.name}), not {arch.name}'s")
+            readers.setdefault(name, []).append(f"{what} (model.arch={other.name})")
+    for name, what in readers.items():
+        require(name in arch.options or getattr(m, name) is None,
+                f"model.{name} is {' and '.join(what)}, not {arch.name}'s")
     require(m.init == "auto" or m.init in INITS, f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
     require(not m.gpas or scheme.supports_gpas,
             f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")

@@ -196,10 +196,11 @@ class Family:
             raise UserError(f"cannot import this {hf_cfg.model_type} model: {'; '.join(problems)}")
         head = getattr(hf_cfg, "head_dim", None)
         return dict(
-            arch=self.name, norm_scheme=self.hf_scheme, vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size, n_layers=hf_cfg.num_hidden_layers,
-            n_heads=hf_cfg.num_attention_heads, n_kv_heads=hf_cfg.num_key_value_heads,
+            arch=self.name, norm_scheme=self.hf_scheme, vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size,
+            n_layers=hf_cfg.num_hidden_layers, n_heads=hf_cfg.num_attention_heads,
+            n_kv_heads=hf_cfg.num_key_value_heads, ffn_dim=hf_cfg.intermediate_size,
             head_size=head if head and head * hf_cfg.num_attention_heads != hf_cfg.hidden_size else None,
-            ffn_dim=hf_cfg.intermediate_size, rope_theta=float(hf_rope(hf_cfg).get("rope_theta", 10000.0)),
+            rope_theta=float(hf_rope(hf_cfg).get("rope_theta", 10000.0)),
             norm_eps=self.fixed_norm_eps or hf_cfg.rms_norm_eps, tie_embeddings=bool(hf_cfg.tie_word_embeddings))
 
     def claims(self, hf_cfg, hf_state: dict[str, torch.Tensor]) -> bool:
