@@ -43,7 +43,8 @@ def test_layer_by_layer_cli_on_own_data(tmp_path):
     assert main(["analyze", str(ck), "--layer-by-layer", "--data", str(tmp_path / "text.txt"), "--tokens", "100",
                  "--seq-len", "32", "--probes", "1", "--out", str(tmp_path / "o")]) == 0
     res = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert res["mode"] == "layer-by-layer" and "removal" not in res and "one at a time" in res["model"]["blocks"]
+    assert res["mode"] == "layer-by-layer" and "one at a time" in res["model"]["blocks"]
+    assert len(res["removal"]["single"]) == 4 and res["removal"]["base_ppl"] > 1  # removal streams block by block
     assert "text.txt" in res["data"]["source"] and res["tokens"] == 128  # 4 packed windows of 32, no padding
 
 

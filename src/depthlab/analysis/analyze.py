@@ -9,14 +9,19 @@ A classifier (a depthlab ViT) runs the same code on image batches: the "last tok
 its pooled readout, removal is scored by cross-entropy and top-1 accuracy, and the logit lens is skipped (no
 vocabulary, no next token); `classifier_notes` says so in the results.
 
-Layer-by-layer mode: the calibration activations of the current depth for all batches stay in memory; each
-block is loaded, applied to them, measured, and dropped; every stream state is spilled to a float32 file on
-disk, from which the pairwise distances and the lens are read at the end. Removal and dy/dh_l need the whole
-suffix of the network and are left to whole-model mode.
+Removal (depthlab.analysis.removal): each block, and with options each block's attention or MLP alone or its
+linear replacement, scored by the loss on the calibration windows and, given questions (depthlab.analysis.tasks),
+by task accuracy; then the contiguous runs chosen by angular distance and the k least useful blocks together.
+
+Layer-by-layer mode: each block is loaded once per pass, applied to every batch's streams (the model's own and
+every removal's, depthlab.analysis.streaming: in memory up to a budget, on disk past it), measured, and dropped;
+every stream state of the model's own is spilled to a float32 file on disk, from which the pairwise distances and
+the lens are read at the end. dy/dh_l needs the whole suffix of the network and is left to whole-model mode.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from dataclasses import dataclass
@@ -29,8 +34,19 @@ from depthlab.analysis.calibration import Batch, ImageBatch
 from depthlab.analysis.curse import CurseSpec, curse_index, index_lines
 from depthlab.analysis.jacobian import block_jacobian, output_jacobian, token_jacobian
 from depthlab.analysis.layers import LayeredLM
-from depthlab.analysis.removal import RemovalSums, run_removal, single_layer_sweep
+from depthlab.analysis.removal import (
+    BASE,
+    PARTS,
+    Plan,
+    RemovalSums,
+    drop_plans,
+    run_plans,
+    single_layer_sweep,
+    single_plans,
+)
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, is_classifier
+from depthlab.analysis.streaming import ActivationStore, Unit, stream
+from depthlab.analysis.tasks import TaskSums, question_mask, task_sweep, usefulness_orders
 from depthlab.metrics import Accumulator, unit
 from depthlab.progress import progress_bar
 
@@ -38,6 +54,10 @@ from depthlab.progress import progress_bar
 @dataclass(frozen=True)
 class Options:
     removal: bool = True
+    sublayers: bool = False  # also each block's attention alone and MLP alone taken out
+    linear: bool = False  # also each block replaced by its least-squares linear map (fitted on separate windows)
+    drop_lowest: int = 0  # also the k least useful blocks taken out together, k = 1..drop_lowest
+    activation_mb: float = 1024.0  # layer-by-layer: removal streams kept in memory up to this, the rest on disk
     jacobian: bool = True
     probes: int = 4
     heatmap_channels: int = 48
@@ -88,33 +108,76 @@ def classifier_notes(lm: LayeredLM) -> dict:
         "top-1 accuracy drop"]}
 
 
-def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Options()) -> dict:
-    """Whole-model mode."""
+def first_plans(n_layers: int, opts: Options) -> list[Plan]:
+    """The model itself and one plan per block and kind: removed, attention or MLP alone, linear replacement."""
+    parts = ("block", *(PARTS if opts.sublayers else ()), *(("linear",) if opts.linear else ()))
+    return [BASE, *single_plans(n_layers, parts)]
+
+
+def later_plans(res: dict, removal: dict, task_removal: dict | None, opts: Options, n_layers: int) -> list[Plan]:
+    """Plans that need the first pass's results: the contiguous runs chosen by angular distance, and the k least
+    useful blocks (by loss, and by tasks when there are questions) removed together."""
+    runs = [(r["start_block"] - 1, r["n"]) for r in res["angular"]["best_block"] if 1 < r["n"] < n_layers]
+    plans = run_plans(runs)
+    if opts.drop_lowest:
+        for by, order in usefulness_orders(removal, task_removal).items():
+            plans += drop_plans(by, [b - 1 for b in order], opts.drop_lowest)
+    return plans
+
+
+def removal_results(res: dict, sums: RemovalSums, tsums: TaskSums, linear: dict | None, n_layers: int) -> None:
+    res["removal"] = sums.results(n_layers)
+    for row in res["removal"].get("linear", []):
+        row["fit_residual"] = linear[row["block"] - 1].fit_residual
+    if linear:
+        res["removal"]["linear_fit_tokens"] = linear[0].tokens
+    if tsums.tasks:
+        res["task_removal"] = tsums.results()
+    res["usefulness"] = usefulness_orders(res["removal"], res.get("task_removal"))
+
+
+def _bar(opts: Options):
+    return lambda it, desc: progress_bar(it, opts.progress, desc=desc, unit="batch")
+
+
+@torch.no_grad()
+def fit_linear_maps(lm: LayeredLM, fit: list[Batch]) -> dict:
+    """Each block's linear map, fitted on the fit windows' own streams (whole-model mode)."""
+    store = ActivationStore(".", math.inf)  # whole-model mode: nothing goes to disk
+    units = []
+    for k, b in enumerate(fit):
+        tr = lm.trace(b.inputs, b.mask)
+        store.put(("fit0", k), tr.hidden[0])
+        units.append(Unit(tr.calls, b.mask))
+    return stream(lm, lm.n_layers, lambda j: j, [], [], store, units)
+
+
+def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Options(),
+            questions: dict | None = None, fit: list[Batch] | None = None) -> dict:
+    """Whole-model mode. `questions`: {task: [TaskQuestion]} to score removal by; `fit`: the windows the linear
+    maps are fitted on (with opts.linear)."""
     L = lm.n_layers
     lm.discover(batches[0].inputs, batches[0].mask)
-    acc, sums = Accumulator(L), RemovalSums(L, lm.classifier)
+    acc, sums, tsums = Accumulator(L), RemovalSums(L, lm.classifier), TaskSums()
+    linear = fit_linear_maps(lm, fit) if opts.removal and opts.linear else None
+    plans = first_plans(L, opts)
     for b in progress_bar(batches, opts.progress, desc="analyze: metrics", unit="batch"):
         tr = lm.trace(b.inputs, b.mask)
         observe_states(lm, acc, tr.hidden, b, opts.token_chunk)
         for l in range(L):
             acc.block(l, tr.hidden[l], tr.mid[l], tr.hidden[l + 1], b.mask)
         if opts.removal:
-            single_layer_sweep(lm, b, tr, sums)
+            single_layer_sweep(lm, b, tr, sums, plans, linear)
     res = acc.results()
     if opts.removal:
-        runs = [(r["start_block"] - 1, r["n"]) for r in res["angular"]["best_block"] if 1 < r["n"] < L]
+        task_sweep(lm, questions or {}, plans, tsums, linear, _bar(opts))
+        later = later_plans(res, sums.results(L), tsums.results() if tsums.tasks else None, opts, L)
         for b in progress_bar(batches, opts.progress, desc="analyze: removal", unit="batch"):
-            run_removal(lm, b, lm.trace(b.inputs, b.mask), runs, sums)
-        res["removal"] = sums.results(L)
+            single_layer_sweep(lm, b, lm.trace(b.inputs, b.mask), sums, later)
+        task_sweep(lm, questions or {}, later, tsums, None, _bar(opts))
+        removal_results(res, sums, tsums, linear, L)
     if opts.jacobian:
-        b = batches[0]
-        tr = lm.trace(b.inputs, b.mask)
-        jac = [block_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask, opts.probes)
-               for l in progress_bar(range(L), opts.progress, desc="analyze: jacobians", unit="block")]
-        res["jacobian"] = {"block_gain": [g for g, _ in jac], "block_vs_identity": [d for _, d in jac],
-                           "output_gain": output_jacobian(lm, b, tr, opts.probes), "probes": opts.probes,
-                           "heatmaps": [token_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask,
-                                                       opts.heatmap_channels) for l in heatmap_blocks(L)]}
+        res["jacobian"] = whole_model_jacobians(lm, batches[0], opts)
     res["mode"], res["kind"] = "whole-model", kind_of_model(lm)
     res["curse_index"] = curse_index(res, opts.curse)
     if lm.classifier:
@@ -122,48 +185,97 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
     return res
 
 
-def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spill_dir: str | None = None) -> dict:
+def whole_model_jacobians(lm: LayeredLM, b: Batch, opts: Options) -> dict:
+    L = lm.n_layers
+    tr = lm.trace(b.inputs, b.mask)
+    jac = [block_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask, opts.probes)
+           for l in progress_bar(range(L), opts.progress, desc="analyze: jacobians", unit="block")]
+    return {"block_gain": [g for g, _ in jac], "block_vs_identity": [d for _, d in jac],
+            "output_gain": output_jacobian(lm, b, tr, opts.probes), "probes": opts.probes,
+            "heatmaps": [token_jacobian(lm, l, tr.hidden[l], tr.calls[l], b.mask, opts.heatmap_channels)
+                         for l in heatmap_blocks(L)]}
+
+
+def _units(lm: LayeredLM, L: int, store: ActivationStore, entries: list, prefix: str = "h0") -> list[Unit]:
+    """Units of layer-by-layer mode from (inputs, mask, score) entries: each traced through the skeleton's one
+    block (its embedding output and the arguments every block is called with)."""
+    units = []
+    for k, (inputs, mask, score) in enumerate(entries):
+        tr = lm.trace(inputs, mask)
+        store.put((prefix, k), tr.hidden[0])
+        units.append(Unit([tr.calls[0]] * L, mask, score))
+    return units
+
+
+def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spill_dir: str | None = None,
+                      questions: dict | None = None, fit: list[Batch] | None = None) -> dict:
     """Layer-by-layer mode. `skel` is a `layerwise.Skeleton`: the model with one block slot."""
     lm, L = skel.lm, skel.n_layers
     skel.load_block(0)
     lm.discover(batches[0].inputs, batches[0].mask)
-    acc = Accumulator(L)
-    traces = [lm.trace(b.inputs, b.mask) for b in batches]
-    H = [tr.hidden[0] for tr in traces]
-    calls = [tr.calls[0] for tr in traces]
-    del traces
+    acc, sums, tsums = Accumulator(L), RemovalSums(L), TaskSums()
+    entries = [(b.inputs, b.mask, lambda key, lg, b=b: sums.add(key, lg, b)) for b in batches]
+    if opts.removal:
+        entries += [(q.ids, question_mask(q), lambda key, lg, t=t, q=q: tsums.add(t, key, q, lg))
+                    for t, qs in (questions or {}).items() for q in qs]
     jac: dict = {"block_gain": [], "block_vs_identity": [], "heatmaps": [], "probes": opts.probes}
+    load = lambda j: skel.load_block(j) or 0  # noqa: E731
     with tempfile.TemporaryDirectory(dir=spill_dir) as tmp:
-        spills = [np.lib.format.open_memmap(Path(tmp) / f"batch{k}.npy", mode="w+", dtype=np.float32,
-                                            shape=(L + 1, *h.shape)) for k, h in enumerate(H)]
-        for k, h in enumerate(H):
-            spills[k][0] = h.float().cpu().numpy()
-        for l in progress_bar(range(L), opts.progress, desc="analyze: blocks", unit="block"):
-            if l > 0:
-                skel.load_block(l)
-            if opts.jacobian:
-                g, d = block_jacobian(lm, 0, H[0], calls[0], batches[0].mask, opts.probes, seed=l)
-                jac["block_gain"].append(g)
-                jac["block_vs_identity"].append(d)
-                if l in heatmap_blocks(L):
-                    hm = token_jacobian(lm, 0, H[0], calls[0], batches[0].mask, opts.heatmap_channels)
-                    jac["heatmaps"].append({**hm, "block": l + 1})
-            with torch.no_grad():
-                for k, b in enumerate(batches):
-                    out, mid = lm.run_block_mid(0, H[k], calls[k])
-                    acc.block(l, H[k], mid, out, b.mask)
-                    spills[k][l + 1] = out.float().cpu().numpy()
-                    H[k] = out
+        store = ActivationStore(tmp, opts.activation_mb * 2**20)
+        units = _units(lm, L, store, entries)
+        fit_units = _units(lm, L, store, [(b.inputs, b.mask, None) for b in fit], "fit0") if opts.linear else []
+        spills = _state_spills(Path(tmp), store, units, batches, acc)
+        hook = _jacobian_hook(lm, units[0], batches[0], opts, jac) if opts.jacobian else None
+        plans = first_plans(L, opts) if opts.removal else []
+        linear = stream(lm, L, load, units, plans, store, fit_units, hook)
         for k, b in enumerate(batches):
-            states = [torch.from_numpy(np.asarray(spills[k][s])).to(H[k]) for s in range(L + 1)]
+            states = [torch.from_numpy(np.asarray(spills[k][s])).to(b.mask.device, lm.head.weight.dtype)
+                      for s in range(L + 1)]
             observe_states(lm, acc, states, b, opts.token_chunk)
-        del spills
-    res = acc.results()
+        res = acc.results()
+        if opts.removal:
+            later = later_plans(res, sums.results(L), tsums.results() if tsums.tasks else None, opts, L)
+            stream(lm, L, load, [dataclasses.replace(u, observe=None) for u in units], later, store)
+            removal_results(res, sums, tsums, linear or None, L)
+            res["removal"]["streams"] = store.sizes()
     if opts.jacobian:
         res["jacobian"] = jac
     res["mode"], res["kind"] = "layer-by-layer", kind_of_model(lm)
     res["curse_index"] = curse_index(res, opts.curse)
     return res
+
+
+def _state_spills(tmp: Path, store: ActivationStore, units: list[Unit], batches: list[Batch], acc) -> list:
+    """A float32 file per calibration batch for every state of the model's own stream (read at the end for the
+    pairwise distances and the lens); each batch's unit measures each block and writes its output there."""
+    spills = []
+    for k, (u, b) in enumerate(zip(units, batches)):
+        h0 = store.get(("h0", k))
+        spill = np.lib.format.open_memmap(tmp / f"states{k}.npy", mode="w+", dtype=np.float32,
+                                          shape=(len(u.calls) + 1, *h0.shape))
+        spill[0] = h0.float().cpu().numpy()
+        u.observe = _observer(acc, spill, b.mask)
+        spills.append(spill)
+    return spills
+
+
+def _observer(acc, spill, mask: torch.Tensor):
+    def observe(j: int, h: torch.Tensor, out: torch.Tensor, mid) -> None:
+        acc.block(j, h, mid, out, mask)
+        spill[j + 1] = out.float().cpu().numpy()
+    return observe
+
+
+def _jacobian_hook(lm: LayeredLM, unit: Unit, b: Batch, opts: Options, jac: dict):
+    """Per block, as it is loaded: its Jacobian estimates on the first batch, and the heatmap of the chosen ones."""
+    def hook(j: int, slot: int, h: torch.Tensor) -> None:
+        g, d = block_jacobian(lm, slot, h, unit.calls[j], b.mask, opts.probes, seed=j)
+        jac["block_gain"].append(g)
+        jac["block_vs_identity"].append(d)
+        if j in heatmap_blocks(len(unit.calls)):
+            hm = token_jacobian(lm, slot, h, unit.calls[j], b.mask, opts.heatmap_channels)
+            jac["heatmaps"].append({**hm, "block": j + 1})
+    return hook
 
 
 def summary_lines(res: dict) -> list[str]:

@@ -118,7 +118,7 @@ def padded_windows(docs_ids: list[list[int]], n_tokens: int, seq_len: int,
     return windows
 
 
-def to_batches(windows: list[np.ndarray], batch_size: int, pad_id: int) -> list[Batch]:
+def to_batches(windows: list[np.ndarray], pad_id: int, batch_size: int) -> list[Batch]:
     batches = []
     for i in range(0, len(windows), batch_size):
         group = windows[i:i + batch_size]
@@ -137,6 +137,21 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
                         progress: bool = False) -> list[Batch]:
     """The first n_tokens of the text as batches; or, with `sample`, that many windows drawn (seeded) from all of
     it, in text order."""
+    return to_batches(*calibration_windows(tokenizer, texts, n_tokens, seq_len, vocab_size, sample, seed, progress),
+                      batch_size)
+
+
+def split_windows(windows: list[np.ndarray], n_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(the first windows holding n_tokens, the rest)."""
+    total = np.cumsum([len(w) for w in windows])
+    n = int(np.searchsorted(total, n_tokens)) + 1
+    return windows[:n], windows[n:]
+
+
+def calibration_windows(tokenizer, texts: list[str], n_tokens: int, seq_len: int, vocab_size: int,
+                        sample: int | None = None, seed: int = 0,
+                        progress: bool = False) -> tuple[list[np.ndarray], int]:
+    """(windows, pad id) of calibration_batches."""
     from tokenizers import Tokenizer
 
     if isinstance(tokenizer, Tokenizer):
@@ -163,7 +178,7 @@ def calibration_batches(tokenizer, texts: list[str], n_tokens: int, seq_len: int
     top = max(int(w.max()) for w in windows)
     if top >= vocab_size:
         raise UserError(f"the tokenizer produced id {top}, beyond the model's vocabulary of {vocab_size}")
-    return to_batches(windows, batch_size, pad_id)
+    return windows, pad_id
 
 
 def image_batches(cfg, meta: dict, paths: list[str] | None, n_images: int | None, batch_size: int,

@@ -28,8 +28,13 @@ def _add_model_args(p) -> None:
     p.add_argument("--seq-len", type=at_least(2), help="window length (default: the run's, or 512 for HF models)")
     p.add_argument("--batch-size", type=at_least(1), default=8)
     p.add_argument("--layer-by-layer", action="store_true", help="keep one block's weights in memory at a time "
-                   "(for models larger than memory; no removal study)")
+                   "(for models larger than memory; the same numbers as whole-model mode, no dy/dh_l)")
+    p.add_argument("--activation-memory", type=at_least(0), default=1024, metavar="MB", help="with "
+                   "--layer-by-layer: the removal streams' activations kept in memory up to this, the rest in a "
+                   "temporary folder on disk (default 1024)")
+    only_with(p, "--layer-by-layer", "--activation-memory")
     p.add_argument("--no-removal", action="store_true", help="skip the layer-removal study")
+    _add_removal_args(p)
     p.add_argument("--no-jacobian", action="store_true", help="skip the Jacobians")
     p.add_argument("--no-init", action="store_true", help="skip the curse index of the same model at "
                    "initialisation (depthlab runs: rebuilt from the run's config and seed)")
@@ -46,27 +51,77 @@ def _add_model_args(p) -> None:
                    "tokenizing the calibration text, each pass of the analysis)")
 
 
+def _add_removal_args(p) -> None:
+    from depthlab.flags import at_least, only_with
+
+    p.add_argument("--removal-tasks", nargs="+", metavar="FILE.jsonl", help="also score each removal by these "
+                   "multiple-choice files, as `eval --tasks` scores them (accuracy, with its 95%% Wilson interval, "
+                   "and the log-likelihood of the correct answer)")
+    p.add_argument("--removal-mmlu", metavar="DIR", help="also score each removal by MMLU from local files, as "
+                   "`eval --mmlu` scores it (the paper's Figure 1)")
+    p.add_argument("--mmlu-shots", type=at_least(0), default=0, metavar="K", help="with --removal-mmlu: examples "
+                   "from each subject's dev split (default 0)")
+    only_with(p, "--removal-mmlu", "--mmlu-shots")
+    p.add_argument("--removal-commonsense", metavar="DIR", help="also score each removal by the commonsense tasks "
+                   "under DIR (DIR/<task>/test.json), in their log-likelihood form")
+    p.add_argument("--task-limit", type=at_least(1), metavar="N", help="at most N questions of each task file, MMLU "
+                   "subject and commonsense task (default: all)")
+    p.add_argument("--sublayers", action="store_true", help="also take out each block's attention alone and its "
+                   "MLP alone (their output zeroed)")
+    p.add_argument("--linear-replacement", action="store_true", help="also replace each block by the "
+                   "least-squares linear map from its input to its output, fitted on calibration windows read "
+                   "after the evaluation windows")
+    p.add_argument("--linear-fit-tokens", type=at_least(1), default=4096, metavar="N", help="with "
+                   "--linear-replacement: tokens of the fit windows (default 4096)")
+    only_with(p, "--linear-replacement", "--linear-fit-tokens")
+    p.add_argument("--drop-lowest", type=at_least(0), default=0, metavar="K", help="also score the model without "
+                   "its k least useful blocks (by loss, and by tasks when given), k = 1..K; `depthlab prune "
+                   "--drop-lowest k` writes that model")
+
+
+def _task_suite(args):
+    """The task sources, read and checked before any model loads (depthlab.hf's readers, handed to this command
+    as args.task_suite: analysis does not import hf)."""
+    sources = [("--removal-tasks", args.removal_tasks), ("--removal-mmlu", args.removal_mmlu),
+               ("--removal-commonsense", args.removal_commonsense)]
+    given = [flag for flag, value in sources if value]
+    if not given:
+        if args.task_limit is not None:
+            raise UserError("--task-limit has no effect without --removal-tasks, --removal-mmlu or "
+                            "--removal-commonsense")
+        return None
+    if args.no_removal:
+        raise UserError(f"{given[0]} has no effect with --no-removal; drop one of them")
+    if args.task_suite is None:
+        raise UserError(f"{given[0]} needs depthlab's task readers (depthlab.hf), which are not loaded")
+    return args.task_suite(args.removal_tasks or (), args.removal_mmlu, args.mmlu_shots, args.removal_commonsense,
+                           args.task_limit)
+
+
 def _request(args, model: str):
     from depthlab.analysis.analyze import Options
     from depthlab.analysis.curse import CurseSpec
     from depthlab.analysis.run import Request
 
-    removal = not args.no_removal and not args.layer_by_layer
-    no_removal = "--no-removal" if args.no_removal else "--layer-by-layer"
-    for flag, given, off in (("--probes", args.probes != PROBES, args.no_jacobian and "--no-jacobian"),
+    removal = not args.no_removal
+    off = args.no_removal and "--no-removal"
+    for flag, given, why in (("--probes", args.probes != PROBES, args.no_jacobian and "--no-jacobian"),
                              ("--tokens", args.tokens != TOKENS, args.windows and "--windows"),  # reads all the text
-                             ("--inert-delta", args.inert_delta != CurseSpec.delta, not removal and no_removal)):
-        if given and off:  # the option would be dropped without a word
-            raise UserError(f"{flag} has no effect with {off}; drop one of them")
+                             ("--inert-delta", args.inert_delta != CurseSpec.delta, off),
+                             ("--sublayers", args.sublayers, off), ("--drop-lowest", args.drop_lowest, off),
+                             ("--linear-replacement", args.linear_replacement, off)):
+        if given and why:  # the option would be dropped without a word
+            raise UserError(f"{flag} has no effect with {why}; drop one of them")
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
-    opts = Options(removal=removal, jacobian=not args.no_jacobian,
+    opts = Options(removal=removal, sublayers=args.sublayers, linear=args.linear_replacement,
+                   drop_lowest=args.drop_lowest, activation_mb=args.activation_memory, jacobian=not args.no_jacobian,
                    probes=args.probes, curse=curse, progress=not args.no_progress)
     from depthlab.device import resolve_device
 
     device = str(resolve_device(args.device, "--device"))
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
                    args.trust_remote_code, device, args.dtype, opts, args.images, not args.no_init, args.windows,
-                   args.window_seed)
+                   args.window_seed, args.tasks, args.linear_fit_tokens)
 
 
 def _results(args, model: str, log=lambda: None) -> dict:
@@ -106,6 +161,7 @@ def cmd_analyze(args) -> None:
     from depthlab.analysis.results import is_classifier
     from depthlab.owned import is_analysis, writing
 
+    args.tasks = _task_suite(args)  # the task files' errors before any work
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
     with writing(out, is_analysis, "analyze", args.overwrite, _inputs(args, [args.model])) as tmp:  # before the work
         res = _results(args, args.model)
@@ -135,6 +191,7 @@ def cmd_compare(args) -> None:
         raise UserError(f"--labels names two models {twice!r}; give each model its own label")
     if len(set(labels)) != len(labels):  # default labels: models in folders of one name
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
+    args.tasks = _task_suite(args)
     tasks = {m: task_of(m) for m in args.models}  # every path checked before minutes of analysis go into the first
     if len(set(tasks.values())) > 1:
         raise UserError("compare needs models of one kind: " + ", ".join(f"{m} is {t}" for m, t in tasks.items()))
@@ -175,7 +232,8 @@ def add_commands(sub) -> None:
                    "earlier report")
     a.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an analysis report")
     _add_model_args(a)
-    a.set_defaults(func=cmd_analyze)
+    # depthlab.hf.cli put eval's task readers on the subcommand table (analysis may not import hf)
+    a.set_defaults(func=cmd_analyze, task_suite=getattr(sub, "task_suite", None))
 
     c = sub.add_parser("compare", help="overlay the diagnostics of several models in one report",
                        description="Analyse several models (or reuse `analyze` output folders) and overlay "
@@ -186,7 +244,7 @@ def add_commands(sub) -> None:
                    "comparison")
     c.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a comparison")
     _add_model_args(c)
-    c.set_defaults(func=cmd_compare)
+    c.set_defaults(func=cmd_compare, task_suite=getattr(sub, "task_suite", None))
 
     from depthlab.flags import at_least, non_negative, positive
 

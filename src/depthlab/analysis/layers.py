@@ -13,6 +13,7 @@ is what makes layer removal and Jacobians work the same way for every architectu
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -21,9 +22,10 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.analysis.calibration import last_real_index
-from depthlab.model.blocks import find_blocks  # generic block discovery lives in one place, shared with hf/
+from depthlab.model.blocks import find_blocks, is_norm  # generic block discovery lives in one place, shared with hf/
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
+SUBLAYER_NAMES = {"attn": ATTN_NAME, "mlp": re.compile(r"mlp|feed_?forward|ffn", re.I)}
 
 
 @dataclass
@@ -50,6 +52,12 @@ def _first_tensor(x):
     if isinstance(x, (tuple, list)) and x and isinstance(x[0], torch.Tensor):
         return x[0]
     return None
+
+
+def _zeroed(out):
+    if isinstance(out, torch.Tensor):
+        return torch.zeros_like(out)
+    return (torch.zeros_like(out[0]), *out[1:])  # HF attention: (output, weights)
 
 
 class LayeredLM:
@@ -152,6 +160,28 @@ class LayeredLM:
         finally:
             handle.remove()
         return out, got[0]
+
+    def sublayer(self, i: int, part: str) -> nn.Module:
+        """Block i's attention ("attn") or MLP ("mlp"): the direct child named so (attn, self_attn, attention; mlp,
+        feed_forward, ffn) that is not a norm, the one with the most parameters if several are (depthlab's attn
+        beside its attn_add)."""
+        named = [(n, m) for n, m in self.blocks[i].named_children()
+                 if SUBLAYER_NAMES[part].search(n) and not is_norm(m)]
+        if not named:
+            children = ", ".join(n for n, _ in self.blocks[i].named_children())
+            raise UserError(f"{self.name}: no {'attention' if part == 'attn' else 'MLP'} sublayer found in block "
+                            f"{type(self.blocks[i]).__name__} (children: {children}); sublayer removal needs one")
+        return max(named, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))[1]
+
+    @contextlib.contextmanager
+    def without(self, i: int, part: str):
+        """Block i with its attention or MLP output zeroed: the residual branch adds nothing (a norm on the branch
+        output then sees zeros, as it would with that sublayer's output projection zeroed)."""
+        handle = self.sublayer(i, part).register_forward_hook(lambda mod, args, out: _zeroed(out))
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def run_blocks(self, start: int, stop: int, h: torch.Tensor, calls: list[BlockCall]) -> torch.Tensor:
         for j in range(start, stop):

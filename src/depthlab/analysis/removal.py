@@ -1,16 +1,22 @@
 """Layer removal: the perplexity when one block, or a contiguous run of n blocks, is skipped; for a classifier (a
-ViT), the cross-entropy against the labels and the top-1 accuracy instead.
+ViT), the cross-entropy against the labels and the top-1 accuracy instead. Also a block's attention or MLP alone
+taken out (its output zeroed), a block replaced by its least-squares linear map (depthlab.analysis.linear), and
+the k least useful blocks taken out together. Each is a `Plan`: what happens at each block.
 
-Non-destructive: blocks are skipped by replaying the others on cached activations; no weight or module is
-touched. The sweep reuses the traced pass: removing block l only re-runs blocks l+1..L from the cached input of
-block l, so the single-layer sweep costs 1 + sum_l (L - l) / L = (L + 1) / 2 + 1 block-passes of L blocks,
-about half of the L independent full passes a naive sweep needs.
+Non-destructive: blocks are skipped by replaying the others on cached activations; no weight is touched (a
+sublayer is zeroed by a forward hook, removed afterwards). The sweep reuses the traced pass: a plan that first
+changes block l only re-runs blocks l..L from the cached input of block l, so the single-layer sweep costs
+1 + sum_l (L - l) / L = (L + 1) / 2 + 1 block-passes of L blocks, about half of the L independent full passes a
+naive sweep needs. Whole-model mode replays plan by plan (`replay`); layer-by-layer mode advances every plan's
+stream block by block (depthlab.analysis.streaming); both use `through_block`, so they compute the same thing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -57,85 +63,143 @@ def window_scores(logits: torch.Tensor, batch: Batch | ImageBatch) -> tuple[list
     return (nll * pred).sum(1).tolist(), pred.sum(1).tolist()
 
 
+PARTS = ("attn", "mlp")  # sublayers that can be taken out alone
+PART_NAMES = {"block": "whole block", "attn": "attention only", "mlp": "MLP only", "linear": "linear replacement"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way of taking part of the model out. The blocks in `skip` are left out (their input goes on as their
+    output); at block `at`, `part` is taken out instead: "attn" or "mlp" (that sublayer's output zeroed), or
+    "linear" (the block replaced by its least-squares linear map). `key` names it in the results."""
+
+    key: tuple
+    skip: frozenset = frozenset()
+    at: int | None = None
+    part: str | None = None
+
+    @property
+    def first(self) -> int | None:
+        """The first block it changes (the stream before it is the model's own); None for the model itself."""
+        changed = [*self.skip, *([] if self.at is None else [self.at])]
+        return min(changed) if changed else None
+
+
+BASE = Plan(("base",))
+
+
+def single_plans(n_layers: int, parts=("block",)) -> list[Plan]:
+    """For each block: the block removed ("block"), its attention or MLP alone ("attn", "mlp"), or the block
+    replaced by its linear map ("linear")."""
+    return [Plan(("block", l), frozenset({l})) if part == "block" else Plan((part, l), at=l, part=part)
+            for part in parts for l in range(n_layers)]
+
+
+def run_plans(runs: list[tuple[int, int]]) -> list[Plan]:
+    """Contiguous runs (0-based start, n) removed."""
+    return [Plan(("run", s, n), frozenset(range(s, s + n))) for s, n in runs]
+
+
+def drop_plans(by: str, order: list[int], k_max: int) -> list[Plan]:
+    """The k least useful blocks (the first k of `order`, 0-based) removed together, k = 1..k_max."""
+    return [Plan(("drop", by, k), frozenset(order[:k])) for k in range(1, min(k_max, len(order) - 1) + 1)]
+
+
+def through_block(lm: LayeredLM, slot: int, j: int, plan: Plan, h: torch.Tensor, call, linear=None) -> torch.Tensor:
+    """The stream after block j (held in lm.blocks[slot]) under `plan`; `linear` maps block index -> LinearMap."""
+    if j in plan.skip:
+        return h
+    if j == plan.at:
+        if plan.part == "linear":
+            return linear[j](h)
+        with lm.without(slot, plan.part):
+            return lm.run_block(slot, h, call)
+    return lm.run_block(slot, h, call)
+
+
+@torch.no_grad()
+def replay(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Tensor:
+    """Logits under `plan`, replaying only the blocks from the first one it changes, on the traced activations."""
+    if plan.first is None:
+        return tr.logits
+    h = tr.hidden[plan.first]
+    for j in range(plan.first, lm.n_layers):
+        h = through_block(lm, j, j, plan, h, tr.calls[j], linear)
+    return lm.logits(h)
+
+
 class RemovalSums:
-    """Summed loss per removal, over batches; and, for a classifier, the correct top-1 predictions."""
+    """Summed loss (and, for a classifier, correct top-1 predictions) per plan key, over batches; per-window
+    losses of the base model and of each single-block removal (what the curse index's bootstrap resamples)."""
 
     def __init__(self, n_layers: int, classify: bool = False):
-        self.base, self.single, self.count = 0.0, [0.0] * n_layers, 0
-        self.runs: dict[tuple[int, int], float] = {}  # (start 0-based, n) -> summed NLL
-        self.classify = classify
-        self.correct: dict = {}  # "base" | block l (0-based) | (start, n) -> correct top-1 predictions
-        self.windows: dict = {"base": [], "count": [], **{l: [] for l in range(n_layers)}}  # per-window losses
+        self.n_layers, self.classify, self.count = n_layers, classify, 0
+        self.loss: dict[tuple, float] = defaultdict(float)
+        self.correct: dict[tuple, int] = defaultdict(int)
+        self.windows: dict = {"count": [], BASE.key: [], **{("block", l): [] for l in range(n_layers)}}
 
-    def add(self, key, logits: torch.Tensor, batch: Batch | ImageBatch) -> None:
-        """One batch's scores for `key`: "base" (nothing removed), block l (0-based) or a run (start, n)."""
+    def add(self, key: tuple, logits: torch.Tensor, batch: Batch | ImageBatch) -> None:
         loss, count, correct = scores(logits, batch)
         if key in self.windows:
             w, c = window_scores(logits, batch)
             self.windows[key] += w
-            if key == "base":
+            if key == BASE.key:
                 self.windows["count"] += c
-        if key == "base":
-            self.base, self.count = self.base + loss, self.count + count
-        elif isinstance(key, tuple):
-            self.runs[key] = self.runs.get(key, 0.0) + loss
-        else:
-            self.single[key] += loss
-        self.correct[key] = self.correct.get(key, 0) + correct
+        if key == BASE.key:
+            self.count += count
+        self.loss[key] += loss
+        self.correct[key] += correct
 
     def window_results(self) -> dict:
         """Per window: its scored-token count, its summed loss, and each single removal's summed loss minus it."""
-        base = self.windows["base"]
+        base = self.windows[BASE.key]
         return {"count": self.windows["count"], "base_loss": base,
-                "single_delta": [[a - b for a, b in zip(self.windows[l], base)] for l in range(len(self.single))]}
+                "single_delta": [[a - b for a, b in zip(self.windows[("block", l)], base)]
+                                 for l in range(self.n_layers)]}
 
-    def results(self, n_layers: int) -> dict:
-        if self.classify:
-            return {**self.class_results(), "windows": self.window_results()}
+    def row(self, key: tuple) -> dict:
+        """The scores of one plan: loss and its increase; perplexity (language models) or top-1 accuracy and its
+        drop (a classifier)."""
         n = max(self.count, 1)
-        base = self.base / n
-        ppl = lambda s: math.exp(min(s / n, 50.0))  # noqa: E731
-        out = {"base_loss": base, "base_ppl": ppl(self.base),
-               "single": [{"block": l + 1, "loss": s / n, "ppl": ppl(s), "delta_ppl": ppl(s) - ppl(self.base),
-                           "delta_loss": s / n - base} for l, s in enumerate(self.single)]}
-        out["runs"] = [{"n": k, "start_block": st + 1, "blocks": [st + 1, st + k], "loss": s / n, "ppl": ppl(s),
-                        "delta_ppl": ppl(s) - ppl(self.base), "delta_loss": s / n - base}
-                       for (st, k), s in sorted(self.runs.items(), key=lambda x: x[0][1])]
+        s, base = self.loss[key], self.loss[BASE.key]
+        if self.classify:
+            acc, base_acc = self.correct[key] / n, self.correct[BASE.key] / n
+            return {"loss": s / n, "delta_loss": (s - base) / n, "acc": acc, "acc_drop": base_acc - acc}
+        ppl = lambda x: math.exp(min(x / n, 50.0))  # noqa: E731
+        return {"loss": s / n, "ppl": ppl(s), "delta_ppl": ppl(s) - ppl(base), "delta_loss": (s - base) / n}
+
+    def results(self, n_layers: int | None = None) -> dict:
+        base = self.row(BASE.key)
+        out = {"base_loss": base["loss"], **({"base_acc": base["acc"]} if self.classify else {"base_ppl": base["ppl"]})}
+        out.update(plan_rows(self.loss, self.row))
         out["windows"] = self.window_results()
         return out
 
-    def class_results(self) -> dict:
-        """Loss and top-1 accuracy per removal: delta_loss = loss - base loss, acc_drop = base accuracy - accuracy."""
-        n = max(self.count, 1)
-        base, acc = self.base / n, self.correct.get("base", 0) / n
 
-        def row(s, key):
-            a = self.correct.get(key, 0) / n
-            return {"loss": s / n, "delta_loss": s / n - base, "acc": a, "acc_drop": acc - a}
-
-        runs = sorted(self.runs.items(), key=lambda x: x[0][1])
-        return {"base_loss": base, "base_acc": acc,
-                "single": [{"block": l + 1, **row(s, l)} for l, s in enumerate(self.single)],
-                "runs": [{"n": k, "start_block": st + 1, "blocks": [st + 1, st + k], **row(s, (st, k))}
-                         for (st, k), s in runs]}
-
-
-@torch.no_grad()
-def single_layer_sweep(lm: LayeredLM, batch: Batch, tr: Trace, sums: RemovalSums) -> None:
-    """Add this batch's NLL with each block removed in turn, re-running only the suffix after the removed block."""
-    L = lm.n_layers
-    sums.add("base", tr.logits, batch)
-    for l in range(L):
-        h = lm.run_blocks(l + 1, L, tr.hidden[l], tr.calls)
-        sums.add(l, lm.logits(h), batch)
+def plan_rows(keys, row) -> dict:
+    """Rows per kind of plan, from the keys scored: "single" (whole blocks), "attn", "mlp", "linear" (one row per
+    block, 1-based), "runs" (contiguous runs by n), "drop" (the k least useful, by what usefulness is read from)."""
+    out: dict = {}
+    for part, name in (("block", "single"), *((p, p) for p in (*PARTS, "linear"))):
+        blocks = sorted(k[1] for k in keys if k[0] == part)
+        if blocks:
+            out[name] = [{"block": l + 1, **row((part, l))} for l in blocks]
+    runs = sorted((k for k in keys if k[0] == "run"), key=lambda k: k[2])
+    out["runs"] = [{"n": n, "start_block": s + 1, "blocks": [s + 1, s + n], **row(("run", s, n))} for _, s, n in runs]
+    drops = defaultdict(list)
+    for key in sorted(k for k in keys if k[0] == "drop"):
+        drops[key[1]].append({"k": key[2], **row(key)})
+    if drops:
+        out["drop"] = dict(drops)
+    return out
 
 
 @torch.no_grad()
-def run_removal(lm: LayeredLM, batch: Batch, tr: Trace, runs: list[tuple[int, int]], sums: RemovalSums) -> None:
-    """Blocks start..start+n-1 (0-based start) removed: stream state `start` goes straight to block start+n."""
-    for start, n in runs:
-        h = lm.run_blocks(start + n, lm.n_layers, tr.hidden[start], tr.calls)
-        sums.add((start, n), lm.logits(h), batch)
+def single_layer_sweep(lm: LayeredLM, batch: Batch, tr: Trace, sums: RemovalSums, plans: list[Plan] | None = None,
+                       linear=None) -> None:
+    """Add this batch's scores under each plan (default: the model itself and each block removed in turn)."""
+    for plan in plans or [BASE, *single_plans(lm.n_layers)]:
+        sums.add(plan.key, replay(lm, tr, plan, linear), batch)
 
 
 class _Skip(nn.Module):

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt
 from depthlab import metrics as metrics_module
 from depthlab.analysis import curse as curse_module
 from depthlab.analysis.curse import index_lines
+from depthlab.analysis.removal_report import drop_rows, has_parts, part_rows, plot_figure_one, plot_sublayers, task_rows
 from depthlab.analysis.results import is_classifier
 
 Runs = list[tuple[str, dict]]
@@ -286,6 +287,9 @@ def write_tables(res: dict, out: Path) -> list[Path]:
              "best_blocks.csv": res["angular"]["best_block"]}
     if "removal" in res:
         files["removal_runs.csv"] = res["removal"]["runs"]
+    more = {"task_removal.csv": task_rows(res), "sublayers.csv": part_rows(res) if has_parts(res) else [],
+            "drop_lowest.csv": drop_rows(res)}
+    files.update({name: rows for name, rows in more.items() if rows})
     for key in ("last_token", "all_tokens"):
         D = res["angular"][key]
         files[f"angular_{key}.csv"] = [{"state": i, **{str(j): v for j, v in enumerate(row)}}
@@ -370,6 +374,10 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["lens"] = plot_lens(runs, out / "logit_lens.png")
     if "removal" in res:
         plots["removal"] = plot_removal(runs, out / "removal.png")
+    if "task_removal" in res:
+        plots["figure_one"] = plot_figure_one(runs, out / "figure_one.png")
+    if has_parts(res):
+        plots["sublayers"] = plot_sublayers(runs, out / "sublayers.png")
     if "jacobian" in res:
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
         plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
@@ -386,12 +394,45 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     if "removal" in plots:
         cols = ["loss", "delta_loss", "acc", "acc_drop"] if is_classifier(res) else ["ppl", "delta_ppl"]
         sec.append(("Layer removal", _img(plots["removal"]) + _table(res["removal"]["runs"], ["n", "blocks", *cols])))
+    sec += removal_sections(res, plots)
     if "jacobian" in plots:
         sec.append(("Jacobians", _img(plots["jacobian"]) + _img(plots["jacobian_heatmaps"])))
     files = {"metrics": out / "metrics.json", **plots}
     files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", report_intro(res, label), sec)
     files.update({t.stem: t for t in tables})
     return files
+
+
+def removal_sections(res: dict, plots: dict) -> list[tuple[str, str]]:
+    """Task-scored removal (the paper's Figure 1), sublayers and linear replacement, the least useful blocks."""
+    sec = []
+    if "figure_one" in plots:
+        rows = task_rows(res)
+        sec.append(("Layer removal scored by tasks (the paper's Figure 1)", _p(
+            "Accuracy when one block (or its attention, or its MLP, or a run of n blocks) is removed, scored as "
+            "`depthlab eval` scores the same questions; acc_ci: " + res["task_removal"]["interval"] + "; ll: mean "
+            "log-likelihood of the correct answer.") + _img(plots["figure_one"]) + _table(rows, list(rows[0]))))
+    if "sublayers" in plots:
+        rows = part_rows(res)
+        fit = res["removal"].get("linear_fit_tokens")
+        note = ("Attention only / MLP only: that sublayer's output zeroed. Linear replacement: the block replaced "
+                "by the least-squares affine map from its input to its output, fitted on "
+                f"{fit} tokens of windows kept apart from the evaluation windows; fit_residual = the share of the "
+                "block's update the map misses there." if fit else "Attention only / MLP only: that sublayer's "
+                "output zeroed.")
+        sec.append(("Sublayer removal and linear replacement", _p(note) + _img(plots["sublayers"]) +
+                    _table(rows, list(rows[0]))))
+    rows = drop_rows(res)
+    if rows:
+        sec.append(("The model without its k least useful blocks", _p(
+            "Blocks ranked by what removing each alone costs (loss; tasks: correct answers lost, then the answers' "
+            "log-likelihood), the k lowest removed together and scored. `depthlab prune MODEL OUT --drop-lowest k "
+            "--by loss|tasks` writes that model.") + _table(rows, list(rows[0]))))
+    return sec
+
+
+def _p(text: str) -> str:
+    return f"<p>{html.escape(text)}</p>"
 
 
 def _base_score(res: dict) -> dict:
@@ -420,6 +461,10 @@ def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
         plots["lens"] = plot_lens(runs, out / "logit_lens.png", True)
     if any("removal" in r for _, r in runs):
         plots["removal"] = plot_removal(runs, out / "removal.png", True)
+    if any("task_removal" in r for _, r in runs):
+        plots["figure_one"] = plot_figure_one(runs, out / "figure_one.png", True)
+    if any(has_parts(r) for _, r in runs):
+        plots["sublayers"] = plot_sublayers(runs, out / "sublayers.png", True)
     if any("jacobian" in r for _, r in runs):
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png", True)
     summary = [{"model": lab, "layers": len(r["blocks"]), "variance_last": r["states"][-1]["variance"],

@@ -11,7 +11,15 @@ from pathlib import Path
 
 from depthlab import UserError
 from depthlab.analysis.analyze import Options, analyze, analyze_layerwise
-from depthlab.analysis.calibration import Batch, ImageBatch, calibration_batches, image_batches, read_calibration_text
+from depthlab.analysis.calibration import (
+    Batch,
+    ImageBatch,
+    calibration_windows,
+    image_batches,
+    read_calibration_text,
+    split_windows,
+    to_batches,
+)
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, kind_of
 
@@ -32,6 +40,9 @@ class Request:
     at_init: bool = True  # also index the same model at initialisation, when its config is known (depthlab runs)
     windows: int | None = None  # sample this many windows (seeded) over the whole calibration text instead
     window_seed: int = 0
+    tasks: object = None  # what removal is also scored by: `tasks.for_model(path, trust_remote_code)` gives
+    # {task: [questions]} (depthlab.hf.commonsense.TaskSuite; see depthlab.analysis.tasks)
+    linear_fit_tokens: int = 4096  # with options.linear: the windows the linear maps are fitted on
 
 
 @dataclass
@@ -100,20 +111,48 @@ def _vocab_size(lm) -> int:
     return lm.head.weight.shape[0]
 
 
-def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Batch], str]:
+def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Batch], list[Batch], str]:
+    """(evaluation batches, the linear maps' fit batches: the windows after them, source)."""
     if seq_len > context:
         raise UserError(f"--seq-len {seq_len} is beyond the model's context of {context} tokens")
+    fit_tokens = req.linear_fit_tokens if req.options.removal and req.options.linear else 0
+    fit_windows = -(-fit_tokens // seq_len)
     # a sample is spread over more text than it reads (the built-in corpus is read up to what is asked for)
-    texts, source = read_calibration_text(req.data, req.windows * seq_len * 8 if req.windows else req.tokens)
-    batches = calibration_batches(tok, texts, req.tokens, seq_len, req.batch_size, _vocab_size(lm), req.windows,
-                                  req.window_seed, req.options.progress)
+    texts, source = read_calibration_text(req.data, (req.windows + fit_windows) * seq_len * 8 if req.windows
+                                          else req.tokens + fit_tokens)
+    windows, pad = calibration_windows(tok, texts, req.tokens + fit_tokens, seq_len, _vocab_size(lm),
+                                       req.windows and req.windows + fit_windows, req.window_seed,
+                                       req.options.progress)
+    windows, fit = (windows[:req.windows], windows[req.windows:]) if req.windows else split_windows(windows,
+                                                                                                     req.tokens)
+    if fit_tokens and not fit:
+        raise UserError(f"{source} holds no text after the {len(windows)} evaluation windows to fit the linear maps "
+                        "on: give more text with --data, or fewer --tokens")
+    batches = to_batches(windows, pad, req.batch_size)
     got = sum(b.n_tokens for b in batches)
     if req.windows:
         source += f"; {sum(len(b.ids) for b in batches)} windows sampled over all of it (seed {req.window_seed})"
     elif got < req.tokens:  # the metrics then rest on too little text to mean much
         warnings.warn(f"only {got} calibration tokens in {source} (asked for {req.tokens}); the metrics are noisy: "
                       "give more text with --data", stacklevel=2)
-    return [Batch(b.ids.to(req.device), b.mask.to(req.device)) for b in batches], source
+    if fit:
+        source += f"; the linear maps fitted on the {len(fit)} windows after those ({sum(map(len, fit))} tokens)"
+    move = lambda bs: [Batch(b.ids.to(req.device), b.mask.to(req.device)) for b in bs]  # noqa: E731
+    return move(batches), move(to_batches(fit, pad, req.batch_size)), source
+
+
+def _questions(req: Request, lm) -> dict | None:
+    """The task questions for this model's tokenizer, on its device."""
+    if req.tasks is None or not req.options.removal:
+        return None
+    from depthlab.analysis.tasks import questions_to
+
+    questions = req.tasks.for_model(req.model, req.trust_remote_code)
+    top = max((int(q.ids.max()) for qs in questions.values() for q in qs), default=0)
+    if top >= _vocab_size(lm):
+        raise UserError(f"the tokenizer produced id {top} in the task questions, beyond the model's vocabulary of "
+                        f"{_vocab_size(lm)}")
+    return questions_to(questions, req.device)
 
 
 def _image_batches(req: Request, loaded: LayeredModel) -> tuple[list[ImageBatch], dict]:
@@ -150,20 +189,30 @@ def run_request(req: Request) -> dict:
     else:
         loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
+    fit, questions = [], None
     if lm.classifier:
+        if req.tasks is not None or req.options.linear:
+            raise UserError(f"{'--removal-tasks' if req.tasks is not None else '--linear-replacement'} is for "
+                            "language models; a ViT's removal is scored by its labels")
         batches, data = _image_batches(req, loaded)
     elif req.images is not None:
         raise UserError("--images is for a ViT; a language model's calibration size is --tokens")
     else:
-        batches, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
+        batches, fit, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
         data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
+        questions = _questions(req, lm)
     check_interior(skel.n_layers if req.layerwise else lm.n_layers, req.options.curse)  # the data's errors first
-    res = analyze_layerwise(skel, batches, req.options) if req.layerwise else analyze(lm, batches, req.options)
+    if req.layerwise:
+        res = analyze_layerwise(skel, batches, req.options, questions=questions, fit=fit)
+    else:
+        res = analyze(lm, batches, req.options, questions, fit)
     if req.at_init and not req.layerwise and loaded.cfg is not None:
         res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     if req.layerwise:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
+    if questions:
+        data["tasks"] = {t: len(qs) for t, qs in questions.items()}
     res["data"] = data
     res["run"] = {"device": str(req.device), "dtype": req.dtype}
     res["wall_s"] = time.perf_counter() - t0

@@ -5,6 +5,7 @@ The `--tasks` option of `depthlab eval` dispatches to mc_eval."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from depthlab import UserError
 from depthlab.checkpoint import CONFIG
@@ -34,13 +35,32 @@ def cmd_export(args) -> None:
 
 
 def cmd_prune(args) -> None:
-    from depthlab.hf.pruning import parse_span, prune
+    from depthlab.hf.pruning import least_useful, parse_span, prune, prune_blocks
     from depthlab.loading import quiet_transformers
 
+    if (args.remove is None) == (args.drop_lowest is None):
+        raise UserError("prune needs one of --remove START:END and --drop-lowest K")
     quiet_transformers()
-    start, end = parse_span(args.remove)
-    out = prune(args.model, start, end, args.out_dir, overwrite=args.overwrite)
-    print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
+    if args.remove is not None:
+        if args.analysis or args.by:
+            raise UserError(f"{'--analysis' if args.analysis else '--by'} goes with --drop-lowest, not --remove")
+        start, end = parse_span(args.remove)
+        out = prune(args.model, start, end, args.out_dir, overwrite=args.overwrite)
+        print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
+        return
+    from depthlab.hf.pruning import drop_layers
+
+    by = args.by or "loss"
+    analysis = args.analysis or str(Path("analysis") / (Path(args.model).resolve().name or "model"))
+    layers, measured = least_useful(args.model, analysis, args.drop_lowest, by)
+    out = prune_blocks(args.model, lambda model: drop_layers(model, layers), args.out_dir, args.overwrite,
+                       {"removed_layers": sorted(layers), "note": f"the {len(layers)} least useful blocks by {by} "
+                        f"as ranked by {analysis}, the rest renumbered"})
+    print(f"removed blocks {' '.join(str(i + 1) for i in sorted(layers))} (model.layers "
+          f"{', '.join(map(str, sorted(layers)))}): the {len(layers)} least useful by {by} in {analysis}; "
+          f"saved to {out}")
+    for line in measured:
+        print(line)
 
 
 def cmd_import(args) -> None:
@@ -111,9 +131,22 @@ def _exported_schemes() -> tuple[str, str]:
     return listed("family"), listed("gemma2")
 
 
+def task_suite(files, mmlu, shots: int, commonsense, limit: int | None):
+    """eval's task sources read into a TaskSuite, for `analyze --removal-tasks / --removal-mmlu /
+    --removal-commonsense`."""
+    from depthlab.hf.commonsense import TaskSuite
+
+    return TaskSuite.read(files, mmlu, shots, commonsense, limit)
+
+
 def add_commands(sub) -> None:
     if "eval" in sub.choices:
         add_harness_option(sub)
+    # analyze (added after this module, by depthlab.analysis.cli) scores removal by eval's tasks; analysis may not
+    # import hf, so the reader waits for it on the subcommand table both modules are given
+    sub.task_suite = task_suite
+    from depthlab.flags import at_least
+
     families, classes = _families()
     family_schemes, gemma2_schemes = _exported_schemes()
     e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
@@ -134,12 +167,20 @@ def add_commands(sub) -> None:
                    "merged model (docs/downstream.md)")
     e.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("prune", help="remove a span of layers from a model and save the smaller HF model",
-                       description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded) and save "
-                       "a Hugging Face model with the layers renumbered and the config consistent. MODEL is an HF "
-                       "model directory, or a depthlab checkpoint / run (exported first).")
+    p = sub.add_parser("prune", help="remove layers from a model and save the smaller HF model",
+                       description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded), or the "
+                       "k least useful blocks as `depthlab analyze` ranked them, and save a Hugging Face model with "
+                       "the layers renumbered and the config consistent. MODEL is an HF model directory, or a "
+                       "depthlab checkpoint / run (exported first).")
     p.add_argument("model", help="HF model directory, depthlab checkpoint or run directory")
-    p.add_argument("--remove", required=True, metavar="START:END", help="layers to remove, e.g. 20:24")
+    p.add_argument("--remove", metavar="START:END", help="layers to remove, e.g. 20:24")
+    p.add_argument("--drop-lowest", type=at_least(1), metavar="K", help="remove the K blocks whose removal alone "
+                   "costs least, as ranked by the analysis of MODEL (--analysis)")
+    p.add_argument("--by", choices=("loss", "tasks"), help="with --drop-lowest: rank by the loss increase (default) "
+                   "or by the task accuracy lost (an analysis with --removal-tasks / --removal-mmlu / "
+                   "--removal-commonsense)")
+    p.add_argument("--analysis", metavar="DIR", help="with --drop-lowest: the `depthlab analyze` output of MODEL "
+                   "(default: analysis/<model name>, analyze's default)")
     p.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export or "
                    "prune)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from depthlab import UserError
 from depthlab.data.instructions import prompt_of, read_records
-from depthlab.hf.mc_eval import Scorer, argmax, score_pairs
+from depthlab.hf.mc_eval import ScoredQuestion, Scorer, argmax, score_pairs
 
 # LLM-Adapters' directory name -> (the paper's column, the answer vocabulary of extract_answer)
 TASKS = {
@@ -85,11 +86,29 @@ def offered(task: str, instruction: str) -> list[str]:
     return labels if len(labels) > 1 else TASKS[task][1]
 
 
-def loglik_pick(scorer: Scorer, task: str, rec: dict, ctx: list[int]) -> str:
+def loglik_pairs(scorer: Scorer, task: str, rec: dict, ctx: list[int]) -> tuple[list[str], list]:
+    """The labels the question offers, and for each the (prompt, output with that label) request."""
     labels = offered(task, rec["instruction"])
     out = rec["output"] if rec["answer"] in rec["output"] else rec["answer"]
-    pairs = [(ctx, scorer.encode(out.replace(rec["answer"], label), False)) for label in labels]
+    return labels, [(ctx, scorer.encode(out.replace(rec["answer"], label), False)) for label in labels]
+
+
+def loglik_pick(scorer: Scorer, task: str, rec: dict, ctx: list[int]) -> str:
+    labels, pairs = loglik_pairs(scorer, task, rec, ctx)
     return labels[argmax([ll for ll, _ in score_pairs(scorer, pairs)])]
+
+
+def loglik_questions(scorer: Scorer, task: str, records: list[dict]) -> list[ScoredQuestion]:
+    """The task's records as the log-likelihood form scores them."""
+    out = []
+    for rec in records:
+        ctx = scorer.encode(prompt_of(rec["instruction"], rec["input"]), True)
+        labels, pairs = loglik_pairs(scorer, task, rec, ctx)
+        if rec["answer"] not in labels:  # eval counts it wrong whatever the model does; it has no answer to score
+            raise UserError(f"{task} line {rec['line']}: answer {rec['answer']!r} is not among the labels the "
+                            f"question offers ({'/'.join(labels)})")
+        out.append(ScoredQuestion.of(scorer, pairs, labels.index(rec["answer"])))
+    return out
 
 
 def evaluate_task(scorer: Scorer, task: str, path: Path, max_new_tokens: int = 32) -> dict:
@@ -128,6 +147,52 @@ def evaluate_models(models: list[str], root: str | Path | None, device: str = "a
             log(f"{model} mmlu ({shots}-shot): {res['n']} questions in {len(res['subjects'])} subjects  micro "
                 f"{res['micro']:.4f}  macro {res['macro']:.4f}")
     return results
+
+
+@dataclass
+class TaskSuite:
+    """`eval`'s task sources, read (and checked) once before any model loads: multiple-choice files, an MMLU
+    directory with its shots, the commonsense tasks (their log-likelihood form: greedy generation has no fixed
+    continuation to score). `questions` encodes them for one model, each task its list of ScoredQuestion;
+    `analyze --removal-tasks` is given one."""
+
+    files: dict[str, list] = field(default_factory=dict)  # name -> mc_eval.Question list
+    mmlu: dict | None = None  # read_mmlu's subjects
+    shots: int = 0
+    commonsense: dict[str, list[dict]] = field(default_factory=dict)  # task -> records
+    limit: int | None = None  # at most this many questions of each file, MMLU subject and commonsense task
+
+    @classmethod
+    def read(cls, files=(), mmlu=None, shots: int = 0, commonsense=None, limit: int | None = None) -> TaskSuite:
+        from depthlab.hf.mc_eval import read_tasks
+        from depthlab.hf.mmlu import read_mmlu
+
+        stems = [Path(f).stem for f in files]
+        names = [stem if stems.count(stem) == 1 else str(f) for stem, f in zip(stems, files)]
+        suite = cls({n: read_tasks(f) for n, f in zip(names, files)}, read_mmlu(mmlu) if mmlu else None, shots,
+                    {t: read_task(t, f) for t, f in task_files(commonsense).items()} if commonsense else {}, limit)
+        if suite.mmlu is not None:
+            from depthlab.hf.mmlu import shot_examples
+
+            for subject, splits in suite.mmlu.items():  # too few dev questions: said now, not after a model loads
+                shot_examples(subject, splits, shots)
+        return suite
+
+    def questions(self, scorer: Scorer) -> dict[str, list[ScoredQuestion]]:
+        from depthlab.hf.mc_eval import task_questions
+        from depthlab.hf.mmlu import mmlu_questions
+
+        out = {name: task_questions(scorer, qs, self.limit) for name, qs in self.files.items()}
+        if self.mmlu is not None:
+            out["mmlu"] = mmlu_questions(scorer, self.mmlu, self.shots, self.limit)
+        out.update({t: loglik_questions(scorer, t, recs[:self.limit]) for t, recs in self.commonsense.items()})
+        return out
+
+    def for_model(self, path: str | Path, trust_remote_code: bool = False) -> dict[str, list[ScoredQuestion]]:
+        """The questions encoded by the tokenizer of the model at `path` (its weights are not loaded)."""
+        from depthlab.hf.mc_eval import text_scorer
+
+        return self.questions(text_scorer(path, trust_remote_code))
 
 
 # The paper's downstream table, in its column order; MMLU is scored by log-likelihood (lm-eval's task), the other

@@ -100,19 +100,50 @@ def scorer_for(loaded) -> Scorer:
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         raise UserError(f"scoring text needs a language model, and {loaded.path} is a ViT (an image classifier)")
     device = next(loaded.model.parameters()).device
-    if loaded.cfg is not None:  # depthlab: the document separator in front, as before every training document
-        tok = loaded.fast_tokenizer()
+    if loaded.cfg is not None:
+        return _scorer(loaded.model.eval(), loaded.fast_tokenizer(), True, loaded.context, device)
+    model = loaded.model
+    return _scorer(lambda x: model(x).logits, loaded.tokenizer, False, loaded.context, device)
+
+
+def _scorer(logits, tok, own: bool, context: int, device) -> Scorer:
+    """`own`: a depthlab tokenizer, whose document separator goes in front, as before every training document;
+    else a transformers tokenizer, which adds what it adds by default."""
+    if own:
         eot = start_token(tok)
         start = [] if eot is None else [eot]
 
         def encode(s: str, special: bool = True) -> list[int]:
             return (start if special else []) + tok.encode(s, add_special_tokens=False).ids
 
-        return Scorer(loaded.model.eval(), encode, tok.decode, eot, eot, loaded.context, device)
-    tok, model = loaded.tokenizer, loaded.model
+        return Scorer(logits, encode, tok.decode, eot, eot, context, device)
     prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-    return Scorer(lambda x: model(x).logits, lambda s, special=True: tok(s, add_special_tokens=special).input_ids,
-                  tok.decode, prefix, tok.eos_token_id, loaded.context, device)
+    return Scorer(logits, lambda s, special=True: tok(s, add_special_tokens=special).input_ids, tok.decode, prefix,
+                  tok.eos_token_id, context, device)
+
+
+def text_scorer(path: str | Path, trust_remote_code: bool = False) -> Scorer:
+    """The tokenizing half of `scorer_for`, from a model path without loading its weights (no logits): how
+    `analyze --removal-tasks` encodes the questions of a model it streams block by block."""
+    from depthlab.checkpoint import CONFIG, TOKENIZER
+    from depthlab.config import Config
+    from depthlab.loading import hf_context, load_hf_tokenizer
+    from depthlab.paths import Kind, model_path
+
+    kind, p = model_path(path)
+    if kind is Kind.HF:
+        import transformers
+
+        config = transformers.AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+        return _scorer(None, load_hf_tokenizer(p, trust_remote_code), False, hf_context(config), torch.device("cpu"))
+    from depthlab.data.tokenizer import load_tokenizer
+
+    cfg = Config.load(p / CONFIG)
+    if cfg.model.is_vit:
+        raise UserError(f"scoring text needs a language model, and {path} is a ViT (an image classifier)")
+    if not (p / TOKENIZER).is_file():
+        raise UserError(f"{p} has no {TOKENIZER}")
+    return _scorer(None, load_tokenizer(p / TOKENIZER), True, cfg.model.max_seq_len, torch.device("cpu"))
 
 
 def load_scorer(path: str | Path, device: str = "auto") -> Scorer:
@@ -138,10 +169,9 @@ def encode_pair(scorer: Scorer, context: str, continuation: str) -> tuple[list[i
     return ctx, whole[len(ctx):]
 
 
-@torch.no_grad()
-def score_pairs(scorer: Scorer, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-    """(summed log-probability of the continuation, whether it is the greedy one) for each (context, continuation)
-    pair, in one right-padded batch; the input is left-truncated to the model's context as lm-eval does."""
+def padded_inputs(scorer: Scorer, pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, list]:
+    """(ids (len(pairs), T), each row's input): context + continuation without its last token, left-truncated
+    to the model's context as lm-eval does, right-padded (causal attention never lets real tokens see a pad)."""
     inps = []
     for ctx, cont in pairs:
         if not ctx or not cont or len(cont) > scorer.max_len:
@@ -149,9 +179,16 @@ def score_pairs(scorer: Scorer, pairs: list[tuple[list[int], list[int]]]) -> lis
             raise UserError(f"cannot score continuation {scorer.decode(cont)[:40]!r}: it has {why}")
         inps.append((ctx + cont)[-(scorer.max_len + 1):][:-1])
     x = torch.zeros(len(inps), max(map(len, inps)), dtype=torch.long)
-    for i, inp in enumerate(inps):  # right padding: causal attention never lets real tokens see it
+    for i, inp in enumerate(inps):
         x[i, :len(inp)] = torch.tensor(inp)
-    logp = torch.log_softmax(scorer.logits(x.to(scorer.device)).float(), dim=-1).cpu()
+    return x, inps
+
+
+@torch.no_grad()
+def pair_scores(logits: torch.Tensor, inps: list, pairs: list) -> list[tuple[float, bool]]:
+    """(summed log-probability of the continuation, whether it is the greedy one) of each pair, read from the
+    logits of `padded_inputs`."""
+    logp = torch.log_softmax(logits.float(), dim=-1).cpu()
     out = []
     for i, (inp, (_, cont)) in enumerate(zip(inps, pairs)):
         rows = logp[i, len(inp) - len(cont):len(inp)]  # the positions that predict the continuation's tokens
@@ -160,13 +197,21 @@ def score_pairs(scorer: Scorer, pairs: list[tuple[list[int], list[int]]]) -> lis
     return out
 
 
+@torch.no_grad()
+def score_pairs(scorer: Scorer, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    """(summed log-probability of the continuation, whether it is the greedy one) for each (context, continuation)
+    pair, in one right-padded batch."""
+    x, inps = padded_inputs(scorer, pairs)
+    return pair_scores(scorer.logits(x.to(scorer.device)), inps, pairs)
+
+
 def requests(question: str, choices: list[str]) -> list[tuple[str, str]]:
     """lm-eval's (context, continuation) requests of a zero-shot question."""
     return [(question, DELIMITER + c) for c in choices]
 
 
-def choice_logprobs(scorer: Scorer, question: str, choices: list[str]) -> list[float]:
-    """Summed log-probability of each choice's tokens given the question, all choices in one padded batch."""
+def choice_pairs(scorer: Scorer, question: str, choices: list[str]) -> list[tuple[list[int], list[int]]]:
+    """The (context ids, continuation ids) request of each choice of a zero-shot question."""
     pairs = []
     for context, cont in requests(question, choices):
         try:
@@ -176,7 +221,36 @@ def choice_logprobs(scorer: Scorer, question: str, choices: list[str]) -> list[f
     for choice, (_, cont) in zip(choices, pairs):
         if not cont:
             raise UserError(f"cannot score question {question[:40]!r}: choice {choice!r} encodes to no tokens")
-    return [ll for ll, _ in score_pairs(scorer, pairs)]
+    return pairs
+
+
+def choice_logprobs(scorer: Scorer, question: str, choices: list[str]) -> list[float]:
+    """Summed log-probability of each choice's tokens given the question, all choices in one padded batch."""
+    return [ll for ll, _ in score_pairs(scorer, choice_pairs(scorer, question, choices))]
+
+
+@dataclass
+class ScoredQuestion:
+    """One question as the requests `eval` scores (its choices' (context, continuation) pairs in one right-padded
+    batch) and its answer: what `analyze --removal-tasks` replays with blocks removed."""
+
+    ids: torch.Tensor  # (choices, T), from padded_inputs
+    inps: list
+    pairs: list
+    answer: int
+
+    @classmethod
+    def of(cls, scorer: Scorer, pairs: list, answer: int) -> ScoredQuestion:
+        return cls(*padded_inputs(scorer, pairs), pairs, answer)
+
+    def outcome(self, logits: torch.Tensor) -> tuple[bool, float]:
+        """Whether the highest summed log-likelihood is the answer's (`acc`), and the answer's log-likelihood."""
+        lls = [ll for ll, _ in pair_scores(logits, self.inps, self.pairs)]
+        return argmax(lls) == self.answer, lls[self.answer]
+
+
+def task_questions(scorer: Scorer, questions: list[Question], limit: int | None = None) -> list[ScoredQuestion]:
+    return [ScoredQuestion.of(scorer, choice_pairs(scorer, q.question, q.choices), q.answer) for q in questions[:limit]]
 
 
 def argmax(xs: list[float]) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from depthlab import UserError
-from depthlab.hf.mc_eval import Scorer, argmax, choice_logprobs
+from depthlab.hf.mc_eval import ScoredQuestion, Scorer, argmax, choice_logprobs, choice_pairs
 
 LETTERS = ("A", "B", "C", "D")
 SPLITS = ("test", "dev")
@@ -123,16 +123,31 @@ def read_mmlu(root: str | Path) -> dict[str, dict[str, list[Question]]]:
     return subjects
 
 
-def evaluate_mmlu(scorer: Scorer, subjects: dict, shots: int = 0) -> dict:
-    """{'subjects': {s: {'n', 'acc', 'scores', 'picks'}}, 'micro', 'macro', 'n', 'shots'}."""
+def shot_examples(subject: str, splits: dict, shots: int) -> list[Question]:
+    """The first `shots` dev questions of the subject, in file order (lm-eval's few-shot examples)."""
     if shots < 0:
         raise UserError(f"--mmlu-shots must be >= 0, got {shots}")
+    if len(splits["dev"]) < shots:
+        raise UserError(f"MMLU subject {subject}: {shots}-shot needs {shots} dev questions, it has "
+                        f"{len(splits['dev'])}")
+    return splits["dev"][:shots]
+
+
+def mmlu_questions(scorer: Scorer, subjects: dict, shots: int = 0, limit: int | None = None) -> list[ScoredQuestion]:
+    """Every subject's test questions (at most `limit` of each) as evaluate_mmlu scores them."""
+    out = []
+    for subject, splits in subjects.items():
+        examples = shot_examples(subject, splits, shots)
+        out += [ScoredQuestion.of(scorer, choice_pairs(scorer, context(subject, q, examples), list(LETTERS)), q.answer)
+                for q in splits["test"][:limit]]
+    return out
+
+
+def evaluate_mmlu(scorer: Scorer, subjects: dict, shots: int = 0) -> dict:
+    """{'subjects': {s: {'n', 'acc', 'scores', 'picks'}}, 'micro', 'macro', 'n', 'shots'}."""
     per = {}
     for subject, splits in subjects.items():
-        if len(splits["dev"]) < shots:
-            raise UserError(f"MMLU subject {subject}: {shots}-shot needs {shots} dev questions, it has "
-                            f"{len(splits['dev'])}")
-        examples = splits["dev"][:shots]
+        examples = shot_examples(subject, splits, shots)
         scores = [choice_logprobs(scorer, context(subject, q, examples), list(LETTERS)) for q in splits["test"]]
         picked = [argmax(s) for s in scores]
         right = sum(p == q.answer for p, q in zip(picked, splits["test"]))

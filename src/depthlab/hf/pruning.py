@@ -1,4 +1,5 @@
-"""Remove a contiguous span of decoder blocks from a Hugging Face model and save the smaller model.
+"""Remove decoder blocks from a Hugging Face model and save the smaller model: a contiguous span, or the k least
+useful blocks as an analysis ranked them (`depthlab analyze`'s metrics.json, `usefulness`).
 
 Layers are counted as in the HF weight names (`model.layers.{i}`): from 0, the span START:END half-open like a
 Python slice, so `--remove 20:24` drops model.layers.20 .. model.layers.23 (blocks 21-24 counted from 1). The kept
@@ -33,12 +34,21 @@ def parse_span(text: str) -> tuple[int, int]:
 
 def prune_layers(model: nn.Module, start: int, end: int) -> nn.Module:
     """Drop blocks start..end-1 in place; returns the model."""
-    prefix, blocks = find_blocks(model)
-    n = len(blocks)
+    n = len(find_blocks(model)[1])
     if not 0 <= start < end <= n or end - start == n:
         raise UserError(f"cannot remove layers {start}:{end} of a {n}-layer model: need 0 <= START < END <= {n}, "
                         "keeping at least one layer")
-    kept = [i for i in range(n) if not start <= i < end]
+    return drop_layers(model, range(start, end))
+
+
+def drop_layers(model: nn.Module, removed) -> nn.Module:
+    """Drop the blocks whose 0-based indices are in `removed` (at least one kept), in place; returns the model."""
+    prefix, blocks = find_blocks(model)
+    n = len(blocks)
+    kept = [i for i in range(n) if i not in set(removed)]
+    if not kept or any(not 0 <= i < n for i in removed):
+        raise UserError(f"cannot remove layers {sorted(removed)} of a {n}-layer model: need indices 0..{n - 1}, "
+                        "keeping at least one layer")
     for new, old in enumerate(kept):
         for module in blocks[old].modules():
             if isinstance(getattr(module, "layer_idx", None), int):
@@ -93,9 +103,17 @@ def refuse_non_causal(path: Path, src) -> None:
 
 
 def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Prune layers start..end-1 of any model path: see `prune_blocks`."""
+    return prune_blocks(src, lambda model: prune_layers(model, start, end), out_dir, overwrite,
+                        {"removed_layers": f"{start}:{end}",
+                         "note": f"model.layers.{start}..{end - 1} removed, the rest renumbered"})
+
+
+def prune_blocks(src: str | Path, cut, out_dir: str | Path, overwrite: bool = False,
+                 provenance: dict | None = None) -> Path:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
-    first). `out_dir` is written whole (depthlab.owned.writing): an existing one must be an earlier export or
-    prune, unless `overwrite`."""
+    first); `cut(model)` drops the blocks. `out_dir` is written whole (depthlab.owned.writing): an existing one must
+    be an earlier export or prune, unless `overwrite`."""
     from transformers import AutoTokenizer
 
     from depthlab.hf.exporter import export
@@ -113,14 +131,49 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite:
             model = load_pretrained(path)  # a patched (LNS) model keeps each kept layer's own scale
         except UserError as e:  # name the user's model, not the temporary export it was loaded from
             raise UserError(str(e).replace(str(path), str(src))) from None
-        prune_layers(model, start, end)
+        cut(model)
         with safetensors_os_errors(out_dir):
             model.save_pretrained(out)
         try:
             AutoTokenizer.from_pretrained(path).save_pretrained(out)
         except (OSError, ValueError, TypeError, KeyError):
             pass  # a model directory without tokenizer files: the pruned one has none either
-        provenance = {"source": str(src), "removed_layers": f"{start}:{end}",
-                      "note": f"model.layers.{start}..{end - 1} removed, the rest renumbered"}
-        (out / EXPORT_INFO).write_text(json.dumps(provenance, indent=2) + "\n")
+        (out / EXPORT_INFO).write_text(json.dumps({"source": str(src), **(provenance or {})}, indent=2) + "\n")
     return Path(out_dir)
+
+
+def least_useful(src: str | Path, analysis: str | Path, k: int, by: str) -> tuple[list[int], list[str]]:
+    """(the 0-based indices of the k least useful blocks of `src` by `by` ("loss" or "tasks"), as `depthlab analyze`
+    ranked them in `analysis`; lines saying what that analysis measured for the model without them)."""
+    from depthlab.paths import ANALYSIS_RESULTS, model_path, read_json
+
+    res = read_json(Path(analysis) / ANALYSIS_RESULTS[0])
+    if not isinstance(res, dict) or not isinstance(res.get("model"), dict):
+        raise UserError(f"{analysis} holds no analysis (metrics.json); run `depthlab analyze {src} --out {analysis}` "
+                        "first, or name the analysis with --analysis DIR")
+    if model_path(res["model"].get("path", ""), warn=lambda m: None)[1].resolve() != model_path(src)[1].resolve():
+        raise UserError(f"{analysis} is the analysis of {res['model'].get('path')}, not of {src}")
+    order = res.get("usefulness", {}).get(by)
+    if order is None:
+        how = "--removal-tasks / --removal-mmlu / --removal-commonsense" if by == "tasks" else "removal"
+        raise UserError(f"{analysis} ranks no blocks by {by}: analyze {src} with {how}")
+    if not 1 <= k < len(order):
+        raise UserError(f"--drop-lowest {k}: the model has {len(order)} blocks; drop 1..{len(order) - 1}")
+    return [b - 1 for b in order[:k]], measured_lines(res, k, by)
+
+
+def measured_lines(res: dict, k: int, by: str) -> list[str]:
+    """What the analysis measured for the model without its k least useful blocks (by `by`)."""
+    r = res["removal"]
+    drop = next((d for d in r.get("drop", {}).get(by, []) if d["k"] == k), None)
+    if drop is None:
+        return [f"not scored by the analysis (it scored up to k = {len(r.get('drop', {}).get(by, []))}): analyze "
+                f"with --drop-lowest {k} to see what this model scores"]
+    lines = [f"the analysis measured, without them: loss {drop['loss']:.4f} ({drop['delta_loss']:+.4f} against "
+             f"{r['base_loss']:.4f})"]
+    for name, t in res.get("task_removal", {}).get("tasks", {}).items():
+        d = next(x for x in t["drop"][by] if x["k"] == k)
+        lines.append(f"  {name}: accuracy {d['acc']:.4f} [{d['acc_ci'][0]:.4f}, {d['acc_ci'][1]:.4f}] (the model's "
+                     f"{t['base_acc']:.4f}, {t['n']} questions), answer log-likelihood {d['ll']:.4f} "
+                     f"(the model's {t['base_ll']:.4f})")
+    return lines

@@ -1,0 +1,128 @@
+"""The removal figures and tables beyond whole-block perplexity: the paper's Figure 1 (task accuracy drop per
+removed block, `figure_one.png`), sublayer removal and linear replacement (`sublayers.png`), and the model without
+its k least useful blocks. Every function takes a list of (label, results), so `compare` overlays models on
+relative depth with the same code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from depthlab.analysis.removal import PART_NAMES, PARTS
+
+Runs = list[tuple[str, dict]]
+STYLE = {"single": ("o", "-"), "attn": ("^", "--"), "mlp": ("s", ":")}  # marker, line per kind of removal
+KINDS = {"single": "whole block", "attn": PART_NAMES["attn"], "mlp": PART_NAMES["mlp"]}
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def task_names(runs: Runs) -> list[str]:
+    return list(dict.fromkeys(t for _, r in runs for t in r.get("task_removal", {}).get("tasks", {})))
+
+
+def plot_figure_one(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    """One panel per task: the accuracy drop (points) when each block is removed, with the 95% interval of the
+    removed model's accuracy carried over to the drop; the attention-only and MLP-only drops dashed and dotted."""
+    names = task_names(runs)
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for k, (label, res) in enumerate(runs):
+            t = res.get("task_removal", {}).get("tasks", {}).get(name)
+            if t is None:
+                continue
+            for kind, (marker, ls) in STYLE.items():
+                rows = t.get(kind)
+                if not rows:
+                    continue
+                L = len(rows)
+                x = [r["block"] / L if normalise_depth else r["block"] for r in rows]
+                y = [100 * r["acc_drop"] for r in rows]
+                err = [[100 * (r["acc"] - r["acc_ci"][0]) for r in rows], [100 * (r["acc_ci"][1] - r["acc"])
+                                                                           for r in rows]]
+                ax.errorbar(x, y, yerr=err if kind == "single" else None, marker=marker, ls=ls, ms=4, capsize=2,
+                            color=f"C{k}", label=f"{label}, {KINDS[kind]} (base {100 * t['base_acc']:.1f}%)"
+                            if kind == "single" else f"{label}, {KINDS[kind]}")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_title(f"{name}: accuracy drop when one block is removed", fontsize=10)
+        ax.set_xlabel("relative depth of the removed block" if normalise_depth else "removed block")
+        ax.set_ylabel("accuracy drop (points); bars: 95% Wilson interval")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def has_parts(res: dict) -> bool:
+    return any(k in res.get("removal", {}) for k in (*PARTS, "linear"))
+
+
+def plot_sublayers(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+    """Δ loss per block for each kind of removal present (whole block, attention only, MLP only, linear
+    replacement), one panel each, a line per model."""
+    kinds = [k for k in ("single", *PARTS, "linear") if any(k in r.get("removal", {}) for _, r in runs)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.5 * len(kinds), 3.6), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for label, res in runs:
+            rows = res.get("removal", {}).get(kind)
+            if rows:
+                L = len(rows)
+                ax.plot([r["block"] / L if normalise_depth else r["block"] for r in rows],
+                        [r["delta_loss"] for r in rows], marker="o", ms=3, label=label)
+        ax.set_title(f"Δ loss, {PART_NAMES['block' if kind == 'single' else kind]}", fontsize=10)
+        ax.set_xlabel("relative depth" if normalise_depth else "block")
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def task_rows(res: dict) -> list[dict]:
+    """One row per task, kind of removal and block (or run, or k least useful): the CSV and the report's table."""
+    rows = []
+    for name, t in res.get("task_removal", {}).get("tasks", {}).items():
+        for kind in ("single", *PARTS, "runs"):
+            for r in t.get(kind, []):
+                rows.append({"task": name, "n": t["n"], "removal": KINDS.get(kind, "run"),
+                             "blocks": r.get("blocks", r.get("block")), "acc": r["acc"],
+                             "acc_ci": f"{r['acc_ci'][0]:.3f}-{r['acc_ci'][1]:.3f}", "acc_drop": r["acc_drop"],
+                             "ll": r["ll"], "ll_drop": r["ll_drop"], "base_acc": t["base_acc"]})
+    return rows
+
+
+def part_rows(res: dict) -> list[dict]:
+    """Per block: Δ loss for each kind of removal, and the linear map's fit residual."""
+    r = res.get("removal", {})
+    rows = []
+    for i, s in enumerate(r.get("single", [])):
+        row = {"block": s["block"], "delta_loss_block": s["delta_loss"]}
+        for kind in (*PARTS, "linear"):
+            if kind in r:
+                row[f"delta_loss_{kind}"] = r[kind][i]["delta_loss"]
+        if "linear" in r:
+            row["linear_fit_residual"] = r["linear"][i]["fit_residual"]
+        rows.append(row)
+    return rows
+
+
+def drop_rows(res: dict) -> list[dict]:
+    """The model without its k least useful blocks (by loss, and by tasks): which blocks, and what it scores."""
+    rows = []
+    for by, drops in res.get("removal", {}).get("drop", {}).items():
+        for d in drops:
+            row = {"by": by, "k": d["k"], "blocks": " ".join(map(str, sorted(res["usefulness"][by][:d["k"]]))),
+                   "loss": d["loss"], "delta_loss": d["delta_loss"]}
+            for name, t in res.get("task_removal", {}).get("tasks", {}).items():
+                task_drop = next(x for x in t["drop"][by] if x["k"] == d["k"])
+                row[f"{name}_acc"], row[f"{name}_acc_drop"] = task_drop["acc"], task_drop["acc_drop"]
+            rows.append(row)
+    return rows

@@ -1,0 +1,122 @@
+"""Layer removal scored by multiple-choice tasks, as `eval --tasks / --mmlu / --commonsense` scores them (the
+paper's Figure 1 is MMLU accuracy with one layer removed): for each plan (depthlab.analysis.removal), per task, the
+accuracy (the choice with the highest summed log-likelihood is the pick) with its 95% Wilson score interval, and
+the mean log-likelihood of the correct answer, beside the model's own and the drop.
+
+The questions are built by depthlab.hf (TaskSuite, ScoredQuestion: the requests `eval` scores) and handed over by
+the analyze command; analysis does not import hf (the two are siblings). What it needs of a question is
+`TaskQuestion`. Each question is traced as its own batch (its choices, as `eval` scores them), then every plan is
+replayed from the cached input of the first block it changes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Protocol
+
+import torch
+
+from depthlab.analysis.layers import LayeredLM
+from depthlab.analysis.removal import BASE, Plan, plan_rows, replay, skipping
+
+INTERVAL = "95% Wilson score interval (scipy.stats.binomtest(k, n).proportion_ci(method='wilson'))"
+
+
+class TaskQuestion(Protocol):
+    ids: torch.Tensor  # (choices, T) right-padded token ids
+
+    def outcome(self, logits: torch.Tensor) -> tuple[bool, float]:
+        """(whether the pick is the answer, the answer's summed log-likelihood) from the logits of `ids`."""
+
+
+def question_mask(q: TaskQuestion) -> torch.Tensor:
+    """All ones: the pads are on the right, where causal attention never lets a real token see them, and `eval`
+    calls the model without a mask; with one the numbers would be the same up to rounding, not bit for bit."""
+    return torch.ones_like(q.ids, dtype=torch.bool)
+
+
+def wilson(k: int, n: int) -> list[float]:
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
+    return [float(ci.low), float(ci.high)]
+
+
+class TaskSums:
+    """Per task and plan key: questions, correct picks, summed log-likelihood of the answer."""
+
+    def __init__(self):
+        self.n: dict = defaultdict(int)
+        self.correct: dict = defaultdict(int)
+        self.ll: dict = defaultdict(float)
+        self.tasks: dict[str, None] = {}
+
+    def add(self, task: str, key: tuple, question: TaskQuestion, logits: torch.Tensor) -> None:
+        ok, ll = question.outcome(logits)
+        self.tasks[task] = None
+        self.n[task, key] += 1
+        self.correct[task, key] += bool(ok)
+        self.ll[task, key] += ll
+
+    def row(self, task: str, key: tuple) -> dict:
+        n, c = self.n[task, key], self.correct[task, key]
+        base_acc, base_ll = self.correct[task, BASE.key] / n, self.ll[task, BASE.key] / n
+        return {"acc": c / n, "acc_ci": wilson(c, n), "acc_drop": base_acc - c / n, "ll": self.ll[task, key] / n,
+                "ll_drop": base_ll - self.ll[task, key] / n}
+
+    def results(self) -> dict:
+        out = {}
+        for t in self.tasks:
+            base = self.row(t, BASE.key)
+            keys = [k for (task, k) in self.n if task == t]
+            out[t] = {"n": self.n[t, BASE.key], "base_acc": base["acc"], "base_acc_ci": base["acc_ci"],
+                      "base_ll": base["ll"], **plan_rows(keys, lambda k, t=t: self.row(t, k))}
+        return {"interval": INTERVAL, "tasks": out}
+
+
+def questions_to(questions: dict[str, list], device) -> dict[str, list]:
+    for qs in questions.values():
+        for q in qs:
+            q.ids = q.ids.to(device)
+    return questions
+
+
+@torch.no_grad()
+def task_sweep(lm: LayeredLM, questions: dict[str, list], plans: list[Plan], sums: TaskSums, linear=None,
+               progress=lambda it, desc: it) -> None:
+    """Every question traced once (the model's own scores), every plan replayed on its cached activations."""
+    for task, qs in questions.items():
+        for q in progress(qs, f"analyze: {task}"):
+            tr = lm.trace(q.ids, question_mask(q))
+            for plan in plans:
+                sums.add(task, plan.key, q, replay(lm, tr, plan, linear))
+
+
+@torch.no_grad()
+def naive_task_sweep(lm: LayeredLM, questions: dict[str, list]) -> TaskSums:
+    """L independent evaluations, each of the model with one block swapped out (the benchmark's yardstick)."""
+    sums = TaskSums()
+    for l in range(lm.n_layers):
+        with skipping(lm, l):
+            for task, qs in questions.items():
+                for q in qs:
+                    sums.add(task, ("block", l), q, lm.forward_fn(q.ids, question_mask(q)))
+    return sums
+
+
+def usefulness_orders(removal: dict | None, task_removal: dict | None) -> dict[str, list[int]]:
+    """Blocks (1-based) from least to most useful, by what removing each one alone costs: "loss", the loss
+    increase; "tasks", the correct answers lost over all tasks, then the answers' log-likelihood lost (ties keep
+    block order)."""
+    out = {}
+    if removal and "single" in removal:
+        out["loss"] = [r["block"] for r in sorted(removal["single"], key=lambda r: r["delta_loss"])]
+    if task_removal and task_removal["tasks"]:
+        tasks = task_removal["tasks"].values()
+        cost = {r["block"]: (0.0, 0.0) for r in next(iter(tasks))["single"]}
+        for t in tasks:
+            for r in t["single"]:
+                lost, ll = cost[r["block"]]
+                cost[r["block"]] = (lost + t["n"] * r["acc_drop"], ll + t["n"] * r["ll_drop"])
+        out["tasks"] = sorted(cost, key=lambda b: (round(cost[b][0], 6), cost[b][1]))
+    return out
