@@ -101,3 +101,49 @@ def test_pruned_lns_model_keeps_each_kept_layer_its_own_scale(tmp_path):
     with torch.no_grad():
         want = skip_layers(hf.eval(), [1, 2])(ids).logits
         assert (back(ids).logits - want).abs().max() < 1e-5
+
+
+def test_drop_lowest_prunes_the_analysis_choice_and_says_what_it_measured(tmp_path, capsys):
+    """analyze ranks the blocks and scores the model without its k least useful; prune --drop-lowest writes that
+    model, whose own loss and task accuracy are the ones the analysis measured."""
+    from depthlab.hf.mc_eval import evaluate_tasks, load_scorer
+    from tests.test_analysis_support import TEXT, save_hf_model
+
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    (tmp_path / "t.txt").write_text(TEXT)
+    lines = [{"question": f"def f{i}(x):\n    return x *", "choices": [str(i), "x", "line"], "answer": i % 3}
+             for i in range(4)]
+    (tmp_path / "mc.jsonl").write_text("\n".join(json.dumps(q) for q in lines) + "\n")
+    common = ["--data", str(tmp_path / "t.txt"), "--tokens", "64", "--seq-len", "32", "--no-jacobian", "--no-progress"]
+    assert main(["analyze", str(hf), *common, "--removal-tasks", str(tmp_path / "mc.jsonl"), "--drop-lowest", "2",
+                 "--out", str(tmp_path / "a")]) == 0
+    res = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    for by in ("loss", "tasks"):
+        out = tmp_path / f"pruned_{by}"
+        capsys.readouterr()
+        assert main(["prune", str(hf), str(out), "--drop-lowest", "2", "--by", by, "--analysis",
+                     str(tmp_path / "a")]) == 0
+        printed = capsys.readouterr().out
+        dropped = sorted(res["usefulness"][by][:2])
+        assert f"removed blocks {dropped[0]} {dropped[1]}" in printed and "the analysis measured" in printed
+        assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+        measured = res["removal"]["drop"][by][1]
+        assert measured["k"] == 2 and f"loss {measured['loss']:.4f}" in printed
+        assert main(["analyze", str(out), *common, "--out", str(tmp_path / f"b_{by}")]) == 0
+        # the pruned model's own loss on the same windows, and its accuracy on the questions, are the measured ones
+        own = json.loads((tmp_path / f"b_{by}" / "metrics.json").read_text())["removal"]["base_loss"]
+        assert own == pytest.approx(measured["loss"], rel=1e-5)
+        task = res["task_removal"]["tasks"]["mc"]["drop"][by][1]
+        assert evaluate_tasks(load_scorer(out, "cpu"), tmp_path / "mc.jsonl")["acc"] == task["acc"]
+
+
+def test_drop_lowest_refuses_a_missing_or_foreign_analysis(tmp_path, capsys):
+    from tests.test_analysis_support import save_hf_model
+
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    assert main(["prune", str(hf), str(tmp_path / "o"), "--drop-lowest", "1", "--analysis", str(tmp_path)]) == 2
+    assert "holds no analysis" in capsys.readouterr().err
+    assert main(["prune", str(hf), str(tmp_path / "o"), "--remove", "1:2", "--by", "loss"]) == 2
+    assert "--by goes with --drop-lowest" in capsys.readouterr().err
+    assert main(["prune", str(hf), str(tmp_path / "o")]) == 2
+    assert "one of --remove START:END and --drop-lowest K" in capsys.readouterr().err
