@@ -84,8 +84,10 @@ def test_the_plan_walked_to_the_end_on_made_up_records():
     part = {k: r for k, r in records.items() if r["layers"] <= 12}
     waiting = "\n".join(t.not_run_lines(part, d))
     assert "pre rate grid at N = 24: 3 of 3 cells not run" in waiting
-    assert "pre+gain_init rate grid at N = 48: waits for pre's rate grid at N = 48" in waiting
-    assert "waits" in "\n".join(t.not_run_lines({}, d))
+    assert "the rate grid of pre+gain_init, pre+uniform_gain at N = 48: waits for pre's rate grid at N = 48" in waiting
+    nothing = t.not_run_lines({}, d)  # two grids to run, three groups waiting, one line each
+    assert len(nothing) == 8 and nothing[4] == "- the transferred rate (and the grids around it) of pre, lns, " \
+        "pre+completep, pre+depth_mup, lns+completep at N = 6, 12, 24, 48: waits for the N = 6 rate grids"
 
 
 TINY = ["--steps", "4", "--eval-every", "2", "--dim", "16", "--heads", "2", "--ffn", "32", "--vocab", "300",

@@ -126,6 +126,8 @@ class Stage:
     missing: list[Cell] = field(default_factory=list)
     waits: str = ""  # what must finish before this stage's cells are known
     done: int = 0
+    variant: str = ""  # a waiting stage: whose cells, and what they are (the page groups them)
+    what: str = ""
 
 
 def plan(records: dict, d: Design) -> list[Stage]:
@@ -140,7 +142,8 @@ def plan(records: dict, d: Design) -> list[Stage]:
         for v in d.transfer:
             k = transferred(records, d, v)
             if k is None:
-                stages.append(Stage(f"{v} at N = {L}", L, waits=f"the N = {d.base_depth} rate grid"))
+                stages.append(Stage(f"{v} at N = {L}", L, waits=f"the N = {d.base_depth} rate grids", variant=v,
+                                    what="the transferred rate (and the grids around it)"))
                 continue
             if L in d.depths:
                 cells = [Cell(own(v, L, d), rate(k), s, L) for s in d.seeds]
@@ -177,10 +180,12 @@ def parts_stages(records: dict, d: Design) -> list[Stage]:
         if v in d.transfer and P in d.grid_depths:
             continue  # part (A)'s stage
         out.append(Stage(f"{v} rate grid at N = {P}", P, g["missing"], done=len(g["ks"]) - len(g["missing"])) if g
-                   else Stage(f"{v} rate grid at N = {P}", P, waits=f"pre's rate grid at N = {P}"))
+                   else Stage(f"{v} rate grid at N = {P}", P, waits=f"pre's rate grid at N = {P}", variant=v,
+                              what="the rate grid"))
     for v, g in grids.items():
         if not g or g["best"] is None:
-            out.append(Stage(f"{v} at N = {P}, its best rate, seeds {seeds}", P, waits=f"its rate grid at N = {P}"))
+            out.append(Stage(f"{v} at N = {P}, its best rate, seeds {seeds}", P, waits=f"their rate grids at N = {P}",
+                             variant=v, what=f"seeds {seeds} at the best rate"))
             continue
         cells = [Cell(v, rate(g["best"]), s, P) for s in d.parts_seeds]
         out.append(Stage(f"{v} at N = {P}, lr {rate(g['best']):g} (its best), seeds {seeds}", P,
@@ -399,12 +404,15 @@ def _parts_lines(dec: dict) -> list[str]:
 
 def not_run_lines(records: dict, d: Design) -> list[str]:
     """The plan's stages that have not finished: how many cells each lacks, or what it waits for."""
-    rows = []
+    rows, waiting = [], {}
     for s in plan(records, d):
         if s.waits:
-            rows.append(f"{s.label}: waits for {s.waits}")
+            group = waiting.setdefault((s.what, s.waits), ({}, {}))
+            group[0][s.variant], group[1][s.layers] = None, None
         elif s.missing:
             rows.append(f"{s.label}: {len(s.missing)} of {len(s.missing) + s.done} cells not run")
+    rows += [f"{what} of {', '.join(vs)} at N = {', '.join(map(str, Ls))}: waits for {waits}"
+             for (what, waits), (vs, Ls) in waiting.items()]
     return (["**Not run yet** (the plan as far as the records fix it; a widened grid adds cells):", "",
              *[f"- {r}" for r in rows], ""] if rows else ["Every cell of the plan has run.", ""])
 
