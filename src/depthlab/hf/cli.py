@@ -145,8 +145,6 @@ def add_commands(sub) -> None:
     # analyze (added after this module, by depthlab.analysis.cli) scores removal by eval's tasks; analysis may not
     # import hf, so the reader waits for it on the subcommand table both modules are given
     sub.task_suite = task_suite
-    from depthlab.flags import at_least
-
     families, classes = _families()
     family_schemes, gemma2_schemes = _exported_schemes()
     e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
@@ -167,6 +165,28 @@ def add_commands(sub) -> None:
                    "merged model (docs/downstream.md)")
     e.set_defaults(func=cmd_export)
 
+    _add_prune(sub)
+
+    i = sub.add_parser("import", help=f"turn an HF {families} directory into a depthlab checkpoint",
+                       description=f"Copy the weights of a Hugging Face model ({families}) into a depthlab "
+                       "checkpoint with its tokenizer (with scheme pre its logits equal the HF model's; with lns the "
+                       "same weights under LNS). The weights are checked against config.json (every tensor present, "
+                       "of its shape, finite, none left over); a model whose computation depthlab's differs from "
+                       "(RoPE scaling, other activations, sliding windows) is refused with the reason.")
+    i.add_argument("model", help="Hugging Face model directory")
+    i.add_argument("out_dir", help="checkpoint directory to write (an existing one must be an earlier import)")
+    i.add_argument("--overwrite", action="store_true", help=OVERWRITE)
+    i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
+    i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
+                   "at most 4096)")
+    i.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer (a tokenizer.json or a transformers "
+                   "tokenizer directory), for a model directory that holds none (default: the directory's own)")
+    i.set_defaults(func=cmd_import)
+
+
+def _add_prune(sub) -> None:
+    from depthlab.flags import at_least
+
     p = sub.add_parser("prune", help="remove layers from a model and save the smaller HF model",
                        description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded), or the "
                        "k least useful blocks as `depthlab analyze` ranked them, and save a Hugging Face model with "
@@ -185,19 +205,3 @@ def add_commands(sub) -> None:
                    "prune)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_prune)
-
-    i = sub.add_parser("import", help=f"turn an HF {families} directory into a depthlab checkpoint",
-                       description=f"Copy the weights of a Hugging Face model ({families}) into a depthlab "
-                       "checkpoint with its tokenizer (with scheme pre its logits equal the HF model's; with lns the "
-                       "same weights under LNS). The weights are checked against config.json (every tensor present, "
-                       "of its shape, finite, none left over); a model whose computation depthlab's differs from "
-                       "(RoPE scaling, other activations, sliding windows) is refused with the reason.")
-    i.add_argument("model", help="Hugging Face model directory")
-    i.add_argument("out_dir", help="checkpoint directory to write (an existing one must be an earlier import)")
-    i.add_argument("--overwrite", action="store_true", help=OVERWRITE)
-    i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
-    i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
-                   "at most 4096)")
-    i.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer (a tokenizer.json or a transformers "
-                   "tokenizer directory), for a model directory that holds none (default: the directory's own)")
-    i.set_defaults(func=cmd_import)
