@@ -64,13 +64,14 @@ def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict],
                  f"ratio is below Pre-LN's in {share_said(lower, len(matched), 'cells')}, seed 0 each.")
     eq = [p for p in parts if p["gain_init_vs_lns"]]
     if eq:
-        near = all(p["gain_init_nearer_lns"] for p in eq)
-        lines.append(f"- Gain init alone (Pre-LN, norm gains started at l^-p) against LNS, TOST ±{EQUIVALENCE_MARGIN}"
-                     " nats: " + "; ".join(f"N = {p['layers']}, lr {p['lr']:g} {tost_said(p['gain_init_vs_lns'])}"
-                                           for p in eq)
-                     + (". Its removal ratio sits nearer LNS's than Pre-LN's, so loss cannot tell optimisation "
-                        "from curse-lifting."
-                        if near else "."))
+        depths = {p["layers"] for p in eq}
+        where = (lambda p: f"lr {p['lr']:g}") if len(depths) == 1 else (lambda p: f"N = {p['layers']}, lr {p['lr']:g}")
+        lines.append(f"- Gain init alone (Pre-LN, norm gains started at l^-p) against LNS, TOST ±{EQUIVALENCE_MARGIN} "
+                     f"nats{f' at N = {min(depths)}' if len(depths) == 1 else ''}: "
+                     + "; ".join(f"{where(p)} {tost_said(p['gain_init_vs_lns'])}" for p in eq) + ".")
+        if all(p["gain_init_nearer_lns"] for p in eq):
+            lines.append("- Its deep/shallow removal ratio sits nearer LNS's than Pre-LN's, so loss alone cannot tell "
+                         "an optimisation effect from curse-lifting (section 4).")
     tested = [d["delta_test_loss"] for d in done if d.get("delta_test_loss")]
     probe = pooled(tested or [d["delta_probe_loss"] for d in done if d.get("delta_probe_loss")])
     lines += [f"- **What this scale cannot say.** Width {res.get('dim', 64)}, {min(tpp.values()):.1f}–"
@@ -194,6 +195,7 @@ def science(res: dict, unigram: float | None, matched: list[dict], equal_rate: l
             tpp: dict[int, float], val_tokens: int, img: Path) -> list[str]:
     """The first screen, the claims table and sections 1-4 (figures written into img)."""
     table, parts = claims_table(res, unigram), decomposition(res)
+    img.mkdir(parents=True, exist_ok=True)
     figures.plot_own_best(res, img / "lns_own_best.png")
     figures.plot_decomposition(res, parts, img / "lns_decomposition.png")
     return (first_screen(res, table, matched, parts, equal_rate, rerun, tpp, val_tokens) + claims_lines(table)
