@@ -59,10 +59,14 @@ study-gpu:
 
 # Depth transfer (issue 37; docs/method.md section 5.2): which parameterization carries a rate tuned at 6 blocks to
 # 12, 24 and 48, and LNS taken apart at 48 (about 105 cells, 14 h or more on 2 cores; resumable, keep the runs dir).
-# study-transfer-gpu: its part A at width 256 on one lent GPU (records in benchmarks/results/depth_transfer/gpu/).
-.PHONY: study-transfer study-transfer-gpu
+# study-transfer-gpu: its part A at width 256 on one lent GPU (prepare its corpus here first, carry
+# runs/depth_transfer_gpu; records in benchmarks/results/depth_transfer/gpu/).
+.PHONY: study-transfer study-transfer-gpu-prepare study-transfer-gpu
 study-transfer: install
 	$(BENCH).depth_transfer run --jobs 2 --runs-dir /tmp/depthlab_transfer_runs
+
+study-transfer-gpu-prepare: install
+	$(BENCH).depth_transfer prepare --gpu --runs-dir runs/depth_transfer_gpu
 
 study-transfer-gpu:
 	$(BENCH).depth_transfer run --gpu --runs-dir runs/depth_transfer_gpu

@@ -3,6 +3,7 @@ blocks, and LNS taken apart at N = 48. A thin entry over depthlab.study.transfer
 
     python -m benchmarks.depth_transfer run --jobs 2 --runs-dir DIR    # resumable; records in OUT/runs.jsonl
     python -m benchmarks.depth_transfer summarize                     # the page section; draws its figure
+    python -m benchmarks.depth_transfer prepare --gpu --runs-dir DIR   # its corpus, tokenized here (about 40 MB)
     python -m benchmarks.depth_transfer run --gpu --runs-dir DIR       # part (A) at width 256 on one GPU
 
 Model, data and training are the LNS study's (width 64, 2,000 steps of 16 x 64 tokens), on the deduplicated study
@@ -38,7 +39,7 @@ def design(a) -> t.Design:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.depth_transfer", description=__doc__.split("\n")[0])
-    p.add_argument("cmd", choices=("run", "summarize"))
+    p.add_argument("cmd", choices=("run", "prepare", "summarize"))
     p.add_argument("--gpu", action="store_true", help="part (A) at width 256 on one GPU (see the docstring)")
     p.add_argument("--base-depth", type=int, default=6, help="L_base: the depth the rate is tuned at")
     p.add_argument("--grid-depths", nargs="+", type=int, default=[12, 24, 48])
@@ -55,13 +56,14 @@ def main(argv=None) -> None:
         p.set_defaults(**GPU)
         a = p.parse_args(argv)
     d = design(a)
-    if a.cmd == "run":
+    if a.cmd in ("run", "prepare"):  # the study's corpus is built (once) with it
         s = study(a, recorded_command("benchmarks.depth_transfer", argv), "transfer", t.variants(d.base_depth))
         s.probe = replace(s.probe, jacobian=False)
         corpus = s.meta["corpus"]
         s.meta.update(design=d.describe(), dedup_removed=(corpus.get("dedup") or {}).get("removed"),
                       test_tokens=corpus.get("test_tokens"))
-        t.run(s, d, a.jobs)
+        if a.cmd == "run":
+            t.run(s, d, a.jobs)
     img = (Path(a.img) if a.img else t.IMG.with_name("depth_transfer_gpu.png") if a.gpu else t.IMG)
     print("\n".join(t.page_lines(Path(a.out), img if a.cmd == "summarize" else None) or ["no records yet"]))
 

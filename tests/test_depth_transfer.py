@@ -179,6 +179,10 @@ def test_the_gpu_command_on_the_cpu_with_tiny_overrides(tmp_path, tiny_corpus, c
     from benchmarks import depth_transfer
 
     out = tmp_path / "gpu"
+    depth_transfer.main(["prepare", "--gpu", *TINY, "--corpus-mb", "0.05", "--out", str(out), "--runs-dir",
+                         str(tmp_path / "prepared")])  # the corpus alone, tokenized before the device is lent
+    assert (tmp_path / "prepared" / "corpus" / "test.npy").exists() and not out.exists()
+    assert capsys.readouterr().out == "no records yet\n"
     depth_transfer.main(["run", "--gpu", "--device", "cpu", "--dtype", "fp32", "--no-compile", *TINY, "--seeds", "0",
                          "--grid-depths", "2", "--variants", "pre", "pre+completep", "--out", str(out),
                          *_runs(tmp_path, tiny_corpus)])

@@ -373,7 +373,8 @@ def _rate_lines(res: dict, d: Design) -> list[str]:
         slope = f"{e['slope']:+.2f}" if math.isfinite(e["slope"]) else "-"
         if math.isfinite(e["ci"][0]):
             slope += f" [{e['ci'][0]:+.2f}, {e['ci'][1]:+.2f}]"
-        out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {e['word']} (n = {e['n']} depths) |")
+        out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {e['word']}"
+                   + (f" ({e['n']} depths)" if e["n"] > 1 else "") + " |")
     return out + [""]
 
 
