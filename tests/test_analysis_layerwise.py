@@ -64,3 +64,23 @@ def test_unknown_dtype_is_a_user_error(tmp_path):
     ck = save_depthlab_checkpoint(tmp_path / "ck")
     with pytest.raises(UserError, match="unknown dtype 'int8'"):
         run_request(Request(str(ck), tokens=64, dtype="int8"))
+
+
+@pytest.mark.parametrize("kind,budget", [("lns", 0), ("llama", 1024)])
+def test_layerwise_removal_equals_whole_model(tmp_path, kind, budget):
+    """Every removal (blocks, sublayers, linear replacement, runs, the least useful together) streamed block by
+    block, with the streams on disk (budget 0) or in memory, gives the whole-model numbers."""
+    path = save_depthlab_checkpoint(tmp_path / "ck", "lns", 5) if kind == "lns" else save_hf_model(tmp_path / "hf",
+                                                                                                    kind)
+    whole = load_layered(str(path))
+    skel, _, _, _ = load_skeleton(str(path))
+    batches = calibration_batches(whole.tokenizer, [TEXT], 96, 24, 2, 300)
+    fit = calibration_batches(whole.tokenizer, [TEXT[2000:]], 96, 24, 2, 300)
+    opts = Options(jacobian=False, sublayers=True, linear=True, drop_lowest=2, activation_mb=budget)
+    a = analyze(whole.lm, batches, opts, fit=fit)["removal"]
+    b = analyze_layerwise(skel, batches, opts, fit=fit)["removal"]
+    for key in ("single", "attn", "mlp", "linear", "runs"):
+        assert _close([r["loss"] for r in a[key]], [r["loss"] for r in b[key]], 1e-5), key
+    assert _close([r["fit_residual"] for r in a["linear"]], [r["fit_residual"] for r in b["linear"]], 1e-5)
+    assert _close([d["loss"] for d in a["drop"]["loss"]], [d["loss"] for d in b["drop"]["loss"]], 1e-5)
+    assert (b["streams"]["on_disk_mb"] > 0) == (budget == 0)

@@ -35,8 +35,9 @@ def write_tasks(root):
 
 
 def _analyze(model, out, *extra):
-    assert main(["analyze", str(model), "--tokens", "64", "--seq-len", "32", "--no-jacobian", "--no-progress",
-                 "--out", str(out), *extra]) == 0
+    (out.parent / "text.txt").write_text(TEXT)
+    assert main(["analyze", str(model), "--data", str(out.parent / "text.txt"), "--tokens", "64", "--seq-len", "32",
+                 "--no-jacobian", "--no-progress", "--out", str(out), *extra]) == 0
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -53,7 +54,8 @@ def test_task_removal_equals_prune_then_eval_and_layerwise_equals_whole(tmp_path
     whole = _analyze(hf, tmp_path / "whole", *tasks, "--sublayers", "--drop-lowest", "2")
     suite = TaskSuite.read([mc], mmlu, 1)
     opts = Options(jacobian=False, sublayers=True, drop_lowest=2, activation_mb=0)
-    layerwise = run_request(Request(str(hf), tokens=64, seq_len=32, layerwise=True, options=opts, tasks=suite))
+    layerwise = run_request(Request(str(hf), [str(tmp_path / "text.txt")], tokens=64, seq_len=32, layerwise=True,
+                                    options=opts, tasks=suite))
     got = whole["task_removal"]["tasks"]
     assert set(got) == {"mmlu", "mc"} and got["mmlu"]["n"] == 4 and got["mc"]["n"] == 3
     for l in range(4):

@@ -120,11 +120,15 @@ def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Ba
     # a sample is spread over more text than it reads (the built-in corpus is read up to what is asked for)
     texts, source = read_calibration_text(req.data, (req.windows + fit_windows) * seq_len * 8 if req.windows
                                           else req.tokens + fit_tokens)
-    windows, pad = calibration_windows(tok, texts, req.tokens + fit_tokens, seq_len, _vocab_size(lm),
-                                       req.windows and req.windows + fit_windows, req.window_seed,
-                                       req.options.progress)
-    windows, fit = (windows[:req.windows], windows[req.windows:]) if req.windows else split_windows(windows,
-                                                                                                     req.tokens)
+    # one window more than asked: the evaluation windows may hold up to a window more than --tokens
+    windows, pad = calibration_windows(tok, texts, req.tokens + fit_tokens + (seq_len if fit_tokens else 0),
+                                       seq_len, _vocab_size(lm), req.windows and req.windows + fit_windows,
+                                       req.window_seed, req.options.progress)
+    if req.windows:
+        windows, fit = windows[:req.windows], windows[req.windows:]
+    else:
+        windows, fit = split_windows(windows, req.tokens)
+        fit = split_windows(fit, fit_tokens)[0] if fit_tokens else []
     if fit_tokens and not fit:
         raise UserError(f"{source} holds no text after the {len(windows)} evaluation windows to fit the linear maps "
                         "on: give more text with --data, or fewer --tokens")
