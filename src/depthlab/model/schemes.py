@@ -126,7 +126,7 @@ def family_refusal(cls: type[PreLNBlock], arch: Family) -> str:
     if runs(cls):
         return ""
     ok = [name for name, c in SCHEMES.items() if runs(c)]
-    what = (cls.__doc__ or "").split("\n")[0].rstrip(".")
+    what = (cls.__doc__ or "").split("\n")[0].split(". ")[0].rstrip(".")
     wiring = "h + Norm(F(h))" if arch.norms_after_branch else "h + Norm(F(Norm(h)))"
     return (f"model.arch={arch.name} fixes the block's wiring ({wiring}{', QK-norm' * arch.qk_norm}), and scheme "
             f"{cls.scheme!r} wires its own ({what}); with {arch.name} use {', '.join(ok)}")
