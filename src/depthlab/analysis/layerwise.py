@@ -4,15 +4,21 @@ The skeleton is the model built with one layer: embedding, final norm, head and 
 one block whose weights are swapped in from the safetensors files, block by block. The skeleton's own forward
 gives the embedding output and the arguments a block is called with; blocks are then applied to the
 calibration activations one at a time.
+
+Memory: the skeleton is built with its parameters on the meta device (no random weights drawn, nothing held
+twice), then given the tensors read from the files as they are; a block's old weights are let go before the next
+block's are read. At most one block's weights, the embedding and head, and the activations are held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
 
 from safetensors import safe_open
+from torch import nn
 
 from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
@@ -65,16 +71,52 @@ class Skeleton:
 
     def load_block(self, i: int) -> None:
         """Put block i's weights (and, for depthlab schemes, block i itself: LNS scales by depth) in the slot."""
+        self.lm.blocks[0].to("meta")  # the previous block's weights go before the next one's are read
         state = self.files.with_prefix(f"{self.file_prefix}{i}.")
         if not state:
             raise UserError(f"no weights for block {i} ({self.file_prefix}{i}.*) in the checkpoint")
         if self.make_block is not None:
-            self.lm.blocks[0] = self.make_block(i).to(self.device, self.dtype)
+            with params_on_meta():
+                self.lm.blocks[0] = buffers_to(self.make_block(i), self.device, self.dtype)
             self.lm.mid_probes = depthlab_mid_probes(self.lm.model)
-        self.lm.blocks[0].load_state_dict(state, strict=True)
+        assign(self.lm.blocks[0], state, self.device, self.dtype)
 
 
-def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> None:
+@contextlib.contextmanager
+def params_on_meta():
+    """Modules built inside have their parameters on the meta device (buffers stay real: RoPE tables are computed
+    at construction); `assign` then gives them the tensors read from the files."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def buffers_to(model: nn.Module, device, dtype=None) -> nn.Module:
+    """The buffers on `device`, floating ones in `dtype` if given, as `model.to(device, dtype)` would put them (the
+    parameters are there already, or on meta until their block is loaded)."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[name] = buf.to(device, dtype) if dtype and buf.is_floating_point() else buf.to(device)
+    return model
+
+
+def assign(module: nn.Module, state: dict, device, dtype, strict: bool = True) -> None:
+    """Load `state` into `module` by taking its tensors (in `dtype` on `device`) rather than copying into them."""
+    state = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in state.items()}
+    module.load_state_dict(state, strict=strict, assign=True)
+
+
+def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool, device, dtype) -> None:
     wanted = []
     for k in model.state_dict():
         if k.startswith(blocks_path + "."):
@@ -83,7 +125,7 @@ def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool) -> N
             wanted.append(k)
         elif not (tied and k.endswith("weight") and "head" in k):
             raise UserError(f"weight {k} missing from the checkpoint")
-    model.load_state_dict(files.get_many(wanted), strict=False)
+    assign(model, files.get_many(wanted), device, dtype, strict=False)
 
 
 def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu"):
@@ -107,18 +149,18 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
                         "layer-by-layer mode reads the weights as stored: analyse it in whole-model mode (the "
                         "adapters merged) or its export (`depthlab export`)")
     files = TensorFiles(ckpt)
-    model = Transformer(dataclasses.replace(cfg.model, n_layers=1), init=False)
-    load_non_block(model, files, "layers", cfg.model.tie_embeddings)
+    with params_on_meta():
+        model = Transformer(dataclasses.replace(cfg.model, n_layers=1), init=False)
+    load_non_block(model, files, "layers", cfg.model.tie_embeddings, device, torch_dtype(dtype))
     if cfg.model.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    lm = from_depthlab(model.to(device, torch_dtype(dtype)), p.name or str(p))
+    lm = from_depthlab(buffers_to(model, device, torch_dtype(dtype)), p.name or str(p))  # as load_model
     skel = Skeleton(lm, cfg.model.n_layers, files, lambda i: build_block(cfg.model, i + 1))
     info = {"scheme": cfg.model.norm_scheme, "checkpoint": str(ckpt), "context": cfg.model.max_seq_len}
     return skel, load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len, info
 
 
 def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
-    import torch
     import transformers
 
     from depthlab.analysis.layers import find_blocks
@@ -132,13 +174,15 @@ def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
     config.num_hidden_layers = 1
     if kinds:
         config.layer_types = config.layer_types[:1]
-    model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code,
-                                                          dtype=torch.float32)
+    with params_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code,
+                                                              dtype=torch_dtype(dtype))
     files = TensorFiles(p)
     blocks_path, _ = find_blocks(model)
-    load_non_block(model, files, blocks_path, bool(getattr(config, "tie_word_embeddings", False)))
+    load_non_block(model, files, blocks_path, bool(getattr(config, "tie_word_embeddings", False)), device,
+                   torch_dtype(dtype))
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    lm = from_hf(model.to(device, torch_dtype(dtype)), p.name)
+    lm = from_hf(buffers_to(model, device), p.name)
     tok, context = load_hf_tokenizer(p, trust_remote_code), hf_context(config)
     return Skeleton(lm, n_layers, files), tok, min(512, context), {"model_type": config.model_type, "context": context}
