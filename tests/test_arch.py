@@ -1,6 +1,7 @@
 """Architecture families (model.arch): each family's model against transformers' own class in both directions,
-LNS on each family against its formula (docs/method.md section 2.4), the scheme x family refusals, the presets'
-sizes, and import -> continued pretraining with LNS -> export for every family."""
+LNS on each family against its formula (docs/method.md section 2.4), the scheme x family refusals and exports, the
+presets' sizes, and import -> continued pretraining with LNS -> export for every family. What the tests know of
+each family is its row in tests/families.py."""
 
 import pytest
 import torch
@@ -9,22 +10,25 @@ import torch.nn.functional as F
 from depthlab import UserError
 from depthlab.config import Config, DataConfig
 from depthlab.hf import import_hf
-from depthlab.hf.convert import hf_config_dict, to_hf_state_dict
+from depthlab.hf.exporter import hf_weights_and_config
 from depthlab.model import SCHEMES, Transformer, lm_loss
 from depthlab.model.families import FAMILIES as ARCHS, preset
 from depthlab.model.validate import validate
 from tests.conftest import tiny_model_config
-from tests.scheme_oracles import ORACLES, names as oracle_names
+from tests.families import FAMILIES as FACTS
+from tests.scheme_oracles import ORACLES
 from tests.test_hf_fixtures import randomize_norms, tiny_hf, word_tokenizer
 
 transformers = pytest.importorskip("transformers")
 FAMILIES = [a for a in ARCHS if a != "vit"]  # the language families (the ViT: tests/test_vit*.py)
-HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
-            "olmo2": "Olmo2ForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+def test_every_language_family_has_its_row_in_the_fixture_table():
+    assert set(FAMILIES) == set(FACTS)
 
 
 def family_config(arch, **kw):
-    base = dict(arch=arch, n_kv_heads=2, norm_eps=1e-5 if arch == "olmo" else 1e-6)
+    base = {"arch": arch, "n_kv_heads": 2, "norm_eps": 1e-6, **FACTS[arch].ours}
     return tiny_model_config(**{**base, **kw})
 
 
@@ -39,9 +43,13 @@ def randomized(model):
 
 
 def hf_twin(model):
-    fields = {k: v for k, v in hf_config_dict(model.cfg).items() if k not in ("architectures", "torch_dtype")}
-    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**fields)).eval()
-    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
+    """The stock model the export of `model` is, built in this process (eager attention: soft-capping has no
+    other)."""
+    state, fields = hf_weights_and_config(model)
+    fields = {k: v for k, v in fields.items() if k not in ("architectures", "torch_dtype")}
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**fields),
+                                                       attn_implementation="eager").eval()
+    missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= ({"lm_head.weight"} if model.cfg.tie_embeddings else set())
     return hf
 
@@ -52,12 +60,16 @@ def max_diff(model, hf, T=17):
         return (model(ids) - hf(ids).logits).abs().max().item()
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
-@pytest.mark.parametrize("scheme,tie", [("pre", False), ("pre", True), ("lns", False)])
-def test_logits_match_the_familys_stock_class(arch, scheme, tie):
+def stock_class(arch, scheme):
+    return FACTS["gemma2" if ORACLES[scheme].hf_export == "gemma2" else arch].hf_class
+
+
+@pytest.mark.parametrize("arch,scheme,tie", [(a, s, False) for a in FACTS for s in FACTS[a].exported()] +
+                         [(a, FACTS[a].own_scheme, True) for a in FACTS])
+def test_logits_match_the_stock_class_for_every_scheme_that_exports(arch, scheme, tie):
     model = randomized(Transformer(family_config(arch, norm_scheme=scheme, tie_embeddings=tie)))
     hf = hf_twin(model)
-    assert type(hf).__name__ == HF_CLASS[arch]
+    assert type(hf).__name__ == stock_class(arch, scheme)
     assert max_diff(model, hf) < 1e-5
 
 
@@ -70,7 +82,7 @@ def test_heads_wider_than_dim_over_heads_match_both_ways(arch, tmp_path):
     hf.save_pretrained(tmp_path / "m")
     back, cfg = import_hf(tmp_path / "m")
     assert cfg.model.head_size == 16 and max_diff(back, hf) < 1e-5
-    assert import_hf(tiny_hf(arch))[1].model.head_size is None  # dim / heads: no explicit size
+    assert import_hf(tiny_hf(arch, head_dim=8))[1].model.head_size is None  # dim / heads: no explicit size
 
 
 def test_olmo_clip_qkv_matches_transformers():
@@ -82,15 +94,14 @@ def test_olmo_clip_qkv_matches_transformers():
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_import_matches_hf_logits_biases_included(arch, tmp_path):
-    kw = {"rms_norm_eps": 1e-6} if arch != "olmo" else {"clip_qkv": 0.5}
-    hf = tiny_hf(arch, tie_word_embeddings=arch == "qwen2", **kw)
+    hf = tiny_hf(arch, tie_word_embeddings=arch == "qwen2")
     with torch.no_grad():  # every released Qwen2 / Qwen2.5 has nonzero q/k/v biases
         for name, p in hf.named_parameters():
             if name.endswith(".bias"):
                 p.uniform_(-0.5, 0.5)
     hf.save_pretrained(tmp_path / "m")
     model, cfg = import_hf(tmp_path / "m")
-    assert cfg.model.arch == arch and cfg.model.norm_scheme == "pre"
+    assert cfg.model.arch == arch and cfg.model.norm_scheme == FACTS[arch].own_scheme
     assert max_diff(model, hf, T=23) < 1e-5
 
 
@@ -101,6 +112,9 @@ def rms(x, w, eps):
 def lns_reference(arch, blk, h, rope, s):
     """Block l of `lns` written from docs/method.md section 2.4: every block norm's output times s = l^(-p)."""
     attn, mlp, eps = (lambda x: blk.attn(x, rope)), blk.mlp, blk.attn_norm.eps
+    if arch == "gemma2":  # a norm before and after each branch: h + s * Norm(F(Norm(h))), s on the one after
+        h = h + s * rms(attn(rms(h, blk.attn_norm.weight, eps)), blk.attn_out_norm.weight, eps)
+        return h + s * rms(mlp(rms(h, blk.mlp_norm.weight, eps)), blk.mlp_out_norm.weight, eps)
     if arch == "olmo2":  # norms on the branch outputs: h + s * Norm(F(h))
         h = h + s * rms(attn(h), blk.attn_norm.weight, eps)
         return h + s * rms(mlp(h), blk.mlp_norm.weight, eps)
@@ -127,12 +141,11 @@ def test_lns_on_each_family_follows_its_formula(arch):
 
 @pytest.mark.parametrize("arch", FAMILIES)
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_every_scheme_runs_on_every_family_or_is_refused_in_one_line(arch, scheme):
+def test_every_scheme_runs_and_exports_on_every_family_or_is_refused_in_one_line(arch, scheme):
     cfg = Config(model=family_config(arch, norm_scheme=scheme), data=DataConfig(seq_len=16))
-    refused = arch == "olmo2" and not ORACLES[scheme].olmo2
-    if refused:
-        runs = ", ".join(oracle_names(olmo2=True))
-        with pytest.raises(UserError, match=rf"model.arch=olmo2 .*{scheme!r}.*use {runs}") as e:
+    runs = FACTS[arch].runs()
+    if scheme not in runs:
+        with pytest.raises(UserError, match=rf"model.arch={arch} .*{scheme!r}.*use {', '.join(runs)}$") as e:
             validate(cfg)
         assert "\n" not in str(e.value)
         return
@@ -141,6 +154,12 @@ def test_every_scheme_runs_on_every_family_or_is_refused_in_one_line(arch, schem
     ids = torch.randint(0, 97, (2, 9))
     lm_loss(model(ids[:, :-1]), ids[:, 1:]).backward()
     assert all(p.grad is not None for p in model.parameters())
+    if scheme in FACTS[arch].exported():  # its logits: test_logits_match_the_stock_class_for_every_scheme...
+        assert hf_weights_and_config(model)[1]["architectures"] == [stock_class(arch, scheme)]
+        return
+    with pytest.raises(UserError, match=scheme) as e:
+        hf_weights_and_config(model)
+    assert "\n" not in str(e.value)
 
 
 def test_clip_qkv_is_olmos_only():
@@ -184,8 +203,8 @@ def test_import_continue_with_lns_and_export_for_every_family(arch, tmp_path):
     assert trained.cfg.arch == arch and trained.cfg.norm_scheme == "lns"
     stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     # a word-level tokenizer is not Qwen2's, which transformers would put in its place: the qwen2 run exports
-    # as the Llama with attention biases it equals (depthlab.hf.exporter)
-    assert type(stock).__name__ == ("LlamaForCausalLM" if arch == "qwen2" else HF_CLASS[arch])
+    # as the Llama with attention biases it equals (depthlab.model.families.qwen2)
+    assert type(stock).__name__ == ("LlamaForCausalLM" if arch == "qwen2" else FACTS[arch].hf_class)
     assert max_diff(trained, stock) < 1e-5
 
 

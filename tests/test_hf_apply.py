@@ -7,17 +7,9 @@ from depthlab import UserError
 from depthlab.hf import apply_scheme, import_hf, load_pretrained
 from depthlab.model.apply import current_scheme
 from depthlab.model.blocks import block_norms, find_blocks
+from tests.families import FAMILIES
 from tests.scheme_oracles import names as oracle_names
-from tests.test_hf_fixtures import FAMILIES, tiny_hf
-
-# the residual-branch norms each family's block owns (OLMo-2's q_norm / k_norm sit inside attention)
-BLOCK_NORMS = {
-    "llama": ["input_layernorm", "post_attention_layernorm"],
-    "mistral": ["input_layernorm", "post_attention_layernorm"],
-    "qwen2": ["input_layernorm", "post_attention_layernorm"],
-    "olmo": ["input_layernorm", "post_attention_layernorm"],
-    "olmo2": ["post_attention_layernorm", "post_feedforward_layernorm"],
-}
+from tests.test_hf_fixtures import tiny_hf
 
 
 def logits(model, ids):
@@ -30,7 +22,7 @@ def folded_by_hand(model, power=0.5):
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for l, layer in enumerate(twin.model.layers, 1):
-            for name in BLOCK_NORMS[twin.config.model_type]:
+            for name in FAMILIES[twin.config.model_type].hf_block_norms:
                 getattr(layer, name).weight.mul_(l ** -power)
     return twin
 
@@ -40,10 +32,10 @@ def test_blocks_and_norms_are_discovered_generically(family):
     model = tiny_hf(family)
     prefix, blocks = find_blocks(model)
     assert prefix == "model.layers" and len(blocks) == 4
-    assert [name for name, _ in block_norms(blocks[0])] == BLOCK_NORMS[family]
+    assert tuple(name for name, _ in block_norms(blocks[0])) == FAMILIES[family].hf_block_norms
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "olmo"])
+@pytest.mark.parametrize("family", [f for f, facts in FAMILIES.items() if facts.apply_lns])
 def test_lns_scales_each_block_norm_by_one_over_sqrt_l(family):
     model = tiny_hf(family)
     ids = torch.randint(0, 97, (2, 11))
@@ -57,9 +49,12 @@ def test_lns_scales_each_block_norm_by_one_over_sqrt_l(family):
     assert (logits(model, ids) - before).abs().max() < 1e-6 and not hasattr(model.config, "depthlab_scheme")
 
 
-def test_olmo_norms_have_no_weight_and_are_pointed_to_import():
-    with pytest.raises(UserError, match="no weight to fold.*depthlab import"):
-        apply_scheme(tiny_hf("olmo"), "lns")
+@pytest.mark.parametrize("family,match", [("olmo", "no weight to fold.*depthlab import"),
+                                          ("gemma2", "does not scale linearly with its weight")])
+def test_norms_lns_cannot_fold_into_are_refused(family, match):  # OLMo-1's: no weight; Gemma's: 1 + w
+    assert not FAMILIES[family].apply_lns
+    with pytest.raises(UserError, match=match):
+        apply_scheme(tiny_hf(family), "lns")
 
 
 def test_lns_power_is_a_parameter():

@@ -16,17 +16,11 @@ from depthlab.config import Config
 from depthlab.hf.importer import save_as_checkpoint
 from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
+from tests.families import FAMILIES
 
 transformers = pytest.importorskip("transformers")
 
 WORDS = "the sky is red blue green yellow a b c what color grass dark very".split()
-FAMILIES = {
-    "llama": transformers.LlamaConfig,
-    "mistral": transformers.MistralConfig,
-    "qwen2": transformers.Qwen2Config,
-    "olmo": transformers.OlmoConfig,
-    "olmo2": transformers.Olmo2Config,
-}
 
 
 def word_tokenizer():
@@ -49,11 +43,14 @@ def randomize_norms(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def tiny_hf(family: str, n_layers: int = 4, **kw):
+    """A tiny random model of the family's stock class (tests/families.py: its config class and own fields; kw
+    over both), eager attention (soft-capping has no other)."""
     base = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=n_layers,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
                 bos_token_id=0, eos_token_id=0)
-    base.update(kw)
-    model = transformers.AutoModelForCausalLM.from_config(FAMILIES[family](**base)).float().eval()
+    base.update({**FAMILIES[family].hf, **kw})
+    config = getattr(transformers, FAMILIES[family].hf_config)(**base)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     with torch.no_grad():  # norms non-trivial; biases stay as initialised (zero)
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -15,6 +15,7 @@ from depthlab.hf.importer import import_to_checkpoint, save_as_checkpoint
 from depthlab.loading import load_checkpoint
 from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
+from tests.families import FAMILIES
 from tests.test_hf_fixtures import tiny_hf, word_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -23,7 +24,6 @@ CORPUS = ["Hello  world\n\n  tabs\there  caf\u00e9 na\u00efve \u65e5\u672c\u8a9e
           "def f(x):\n    return {'a': x**2}  # ok\r\n"] * 40
 TEXTS = [TOKENIZER_PROBE, "   leading and trailing   ", "\n\n\n", "Cafe\u0301 vs caf\u00e9",
          "for i in range(10):\n\tprint(i)  \n", "\u00c5ngstr\u00f6m \u212b \ufb01 \u01c4 12 345 6789"]
-FAMILIES = {"llama": {}, "qwen2": {}, "olmo": {"norm_eps": 1e-5}, "olmo2": {}, "mistral": {"sliding_window": 8}}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,8 @@ def bpe():
 
 
 def _run(path, bpe, arch, **kw):
-    mc = tiny_model_config(norm_scheme="pre", arch=arch, vocab_size=512, **{**FAMILIES[arch], **kw})
+    facts = FAMILIES[arch]
+    mc = tiny_model_config(norm_scheme=facts.own_scheme, arch=arch, vocab_size=512, **{**facts.ours, **kw})
     model = Transformer(mc).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -73,7 +74,7 @@ def test_import_of_an_export_is_the_run(tmp_path, bpe, arch):
 
     model = _run(tmp_path / "ckpt", bpe, arch, tie_embeddings=arch == "llama")
     export(tmp_path / "ckpt", tmp_path / "hf")
-    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back"), "--scheme", FAMILIES[arch].own_scheme]) == 0
     back, cfg, _ = load_checkpoint(tmp_path / "back")
     assert cfg.model.arch == arch
     ours, theirs = model.state_dict(), back.state_dict()

@@ -95,8 +95,8 @@ def test_train_export_import_from_the_cli(tmp_path, corpus):
         assert (back(ids) - trained(ids)).abs().max() < 1e-5
 
 
-def test_the_window_is_mistrals_only_and_positive():
-    with pytest.raises(UserError, match="model.sliding_window is Mistral's attention window .*model.arch=mistral"):
+def test_the_window_is_mistrals_and_gemma2s_only_and_positive():
+    with pytest.raises(UserError, match=r"model.sliding_window is .*Mistral's attention window \(model.arch=mistral\)"):
         validate(Config(model=tiny_model_config(sliding_window=8), data=DataConfig(seq_len=16)))
     with pytest.raises(UserError, match="model.sliding_window must be a positive"):
         validate(Config(model=mistral(window=0), data=DataConfig(seq_len=16)))

@@ -40,6 +40,10 @@ class ModelConfig:
     norm_eps: float = 1e-6
     clip_qkv: float | None = None  # olmo: q, k, v projections clamped to [-c, c] (OLMo-1.7's 8.0); None: off
     sliding_window: int | None = None  # mistral: each token attends to itself and the sliding_window - 1 before it
+    # (gemma2: in every other layer)
+    attn_softcap: float | None = None  # gemma2: attention scores capped as c * tanh(s / c) (Gemma-2's 50); None: off
+    logit_softcap: float | None = None  # gemma2: the logits capped as c * tanh(z / c) (Gemma-2's 30); None: off
+    query_pre_attn_scalar: int | None = None  # gemma2: attention scores times this^(-1/2); None: head_dim's
     tie_embeddings: bool = False
     norm_scheme: str = "lns"  # see depthlab.model.schemes.SCHEMES
     lns_power: float = 0.5  # lns: block l's norm outputs times l^(-lns_power)

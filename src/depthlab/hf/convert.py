@@ -7,42 +7,36 @@ OlmoForCausalLM, Olmo2ForCausalLM, ...). For `lns` the constant norm scale
 folds into the norm weight, Norm_g(x) / sqrt(l) == Norm_{g / sqrt(l)}(x); OLMo-1's norm has no weight, so there it
 folds into the linear layers that read the norm's output, W (x / sqrt(l)) + b == (W / sqrt(l)) x + b (q, k, v
 after the attention norm, gate and up after the MLP norm). Either way the exported model is exact and costs
-nothing extra. `sandwich` maps onto stock Gemma-2 (llama family only), whose block is exactly Sandwich-LN (a norm
-before and after each branch); Gemma's RMSNorm multiplies by (1 + w) and its embedding by sqrt(dim), both folded
-here.
+nothing extra. `sandwich` maps onto stock Gemma-2, the gemma2 family's class (its own block, and the llama
+family's sandwich), whose block is exactly Sandwich-LN (a norm before and after each branch); what else Gemma's
+weights store differently (its RMSNorm's 1 + w, its embedding times sqrt(dim)) the gemma2 family converts
+(to_hf_weights), as every family converts its own.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
 from depthlab import UserError
 from depthlab.config import ModelConfig
 from depthlab.model import Transformer
-from depthlab.model.families import family_of
-from depthlab.model.families.base import HF_PROJECTIONS, hf_shape, rename_to_hf
+from depthlab.model.families import FAMILIES, Family, family_of
 from depthlab.model.schemes import SCHEMES, scheme_class
 
-_GEMMA2_NORMS = {"attn_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
-                 "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
 _BLOCK_NORMS = ("attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm")  # the last two: sandwiched blocks'
 _READERS = {"attn_norm": ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "mlp_norm": ("mlp.gate_proj", "mlp.up_proj")}
 
 
+def stock_family(cfg: ModelConfig) -> Family:
+    """The family whose stock class a model of config `cfg` exports to: its own, or the one its scheme names
+    (sandwich: gemma2)."""
+    target = scheme_class(cfg.norm_scheme).hf_export
+    return family_of(cfg) if target in ("family", None) else FAMILIES[target]
+
+
 def hf_config_dict(cfg: ModelConfig) -> dict:
-    """Config fields of the family's stock class (the `pre` / `lns` export): the shared ones and the family's own."""
-    return family_of(cfg).hf_config(cfg)
-
-
-def hf_gemma2_config_dict(cfg: ModelConfig) -> dict:
-    """Gemma-2 with everything that is not Sandwich-LN switched off: SiLU, 1/sqrt(head_dim) attention, no logit
-    soft-capping, full attention in every layer (the window is unused but Gemma-2 requires one)."""
-    return {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", **hf_shape(cfg),
-            "hidden_activation": "silu", "query_pre_attn_scalar": cfg.head_dim, "sliding_window": cfg.max_seq_len,
-            "layer_types": ["full_attention"] * cfg.n_layers, "final_logit_softcapping": None,
-            "attn_logit_softcapping": None}
+    """Config fields of the stock class the model exports to (stock_family): the shared ones and the family's own."""
+    return stock_family(cfg).hf_config(cfg)
 
 
 def _our_state(model: Transformer) -> dict[str, torch.Tensor]:
@@ -55,21 +49,22 @@ def _our_state(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def _plain(scheme: str) -> bool:
-    """The scheme's weights are its family's stock weights as they are (norm scales fold); branch gains
-    (layerscale, skipinit) are folded into the projections by the exporter first."""
+    """The scheme's weights are a stock class's weights as they are (norm scales fold); branch gains (layerscale,
+    skipinit) are folded into the projections by the exporter first."""
     cls = scheme_class(scheme)
-    return cls.hf_export == "family" and not cls.branch_gains
+    return cls.hf_export is not None and not cls.branch_gains
 
 
 @torch.no_grad()
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """The family's stock weights for a `pre` or `lns` model, each block norm's scale folded into the norm's
-    weight or, for a norm without one (OLMo-1), into the layers reading its output (module docstring)."""
+    """The stock weights (stock_family's) for a model of a scheme that maps onto a stock block, each block norm's
+    scale folded into the norm's weight or, for a norm without one (OLMo-1), into the layers reading its output
+    (module docstring), the branch scale into the layers ending the branch."""
     cfg = model.cfg
     if not _plain(cfg.norm_scheme) or cfg.gpas:
         direct = [name for name in SCHEMES if _plain(name)]
         raise UserError(f"scheme {cfg.norm_scheme!r}{' + gpas' if cfg.gpas else ''} cannot be expressed as a stock "
-                        f"{family_of(cfg).hf_class} checkpoint (only {', '.join(direct)} without gpas)")
+                        f"{stock_family(cfg).hf_class} checkpoint (only {', '.join(direct)} without gpas)")
     state = _our_state(model)
     for i, layer in enumerate(model.layers):
         for name in _BLOCK_NORMS[:4 if layer.sandwiched else 2]:
@@ -78,7 +73,7 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             for target in [name] if getattr(norm, "weight", None) is not None else _READERS[name]:
                 state[f"layers.{i}.{target}.weight"] *= norm.scale
         _fold_branch_scale(state, i, layer)
-    return family_of(cfg).to_hf_weights(state, cfg)
+    return stock_family(cfg).to_hf_weights(state, cfg)
 
 
 def _fold_branch_scale(state: dict, i: int, layer) -> None:
@@ -95,26 +90,6 @@ def _fold_branch_scale(state: dict, i: int, layer) -> None:
         for kind in ("weight", "bias"):
             if f"layers.{i}.{t}.{kind}" in state:
                 state[f"layers.{i}.{t}.{kind}"] = state[f"layers.{i}.{t}.{kind}"] * s
-
-
-@torch.no_grad()
-def to_hf_gemma2_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
-    """HF Gemma-2 weights for a `sandwich` model of the llama family (untied embeddings: Gemma scales the input
-    embedding by sqrt(dim) but not the LM head, so a tied matrix cannot carry the fold)."""
-    cfg = model.cfg
-    if scheme_class(cfg.norm_scheme).hf_export != "gemma2" or cfg.gpas or cfg.tie_embeddings or cfg.arch != "llama":
-        gemma = [name for name, cls in SCHEMES.items() if cls.hf_export == "gemma2"]
-        raise UserError(f"only {', '.join(gemma)} of model.arch=llama, without gpas and with untied embeddings, maps "
-                        "onto stock Gemma-2")
-    state = _our_state(model)
-    for i, layer in enumerate(model.layers):  # a branch multiplier s: s Norm_g(y) = Norm_{s g}(y)
-        for norm in ("attn_out_norm", "mlp_out_norm"):
-            state[f"layers.{i}.{norm}.weight"] = state[f"layers.{i}.{norm}.weight"] * layer.out_scale
-    for key in state:
-        if key.rsplit(".", 1)[0].endswith("norm"):  # the four block norms and the final one
-            state[key] = state[key] - 1.0
-    state["embed_tokens.weight"] = state["embed_tokens.weight"] * (1 / math.sqrt(cfg.dim))
-    return rename_to_hf(state, {**_GEMMA2_NORMS, **HF_PROJECTIONS})
 
 
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

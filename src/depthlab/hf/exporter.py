@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
-from depthlab.hf.convert import hf_config_dict, hf_gemma2_config_dict, to_hf_gemma2_state_dict, to_hf_state_dict
+from depthlab.hf.convert import hf_config_dict, to_hf_state_dict
 from depthlab.model import Transformer
 from depthlab.model.families import family_of
 from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL, SCHEMES, scheme_class
@@ -44,13 +44,8 @@ def hf_weights_and_config(model: Transformer) -> tuple[dict[str, torch.Tensor], 
     block = scheme_class(cfg.norm_scheme)
     if block.hf_export is None:
         raise UserError(f"cannot export scheme {cfg.norm_scheme!r} as a stock checkpoint: {block.hf_export_refusal}")
-    if block.hf_export == "gemma2":
-        if cfg.tie_embeddings:
-            raise UserError(f"cannot export scheme {cfg.norm_scheme!r} with tied embeddings: its stock form, Gemma-2, "
-                            "scales the input embedding by sqrt(dim) but not the LM head, so one shared matrix cannot "
-                            "carry both")
-        return to_hf_gemma2_state_dict(model), hf_gemma2_config_dict(cfg)
-    return to_hf_state_dict(_fold_branch_gains(model)), hf_config_dict(cfg)
+    fields = hf_config_dict(cfg)  # first: it refuses a family the stock class cannot express
+    return to_hf_state_dict(_fold_branch_gains(model)), fields
 
 
 @torch.no_grad()
