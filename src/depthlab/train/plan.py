@@ -1,14 +1,14 @@
 """`depthlab train --dry-run`: the layout a run would have and its memory per rank, before any data is read.
 
 The model is built on the meta device (no memory), two of its blocks at most (blocks are alike: the rest are
-counted), so the plan of a 7B run takes a second on a laptop. Parameters,
-gradients and AdamW's two moments are exact byte counts (fp32, divided by the ranks that shard them); what FSDP
-gathers for the block it computes, and the activations, are estimates: per block and micro-batch about
-34 x tokens x width bytes in bf16 (Korthikanti et al. 2022, without recomputation; twice that in fp32; their
-5 x heads x sequence x tokens for the attention scores is left out: scaled_dot_product_attention's fused kernels
-keep no score matrix), with activation checkpointing the block's input only plus one block recomputed; the loss
-head's logits for min(loss_chunk, tokens) tokens. benchmarks/memory_plan.py measures them against PyTorch's
-MemTracker.
+counted), so the plan of a 7B run takes a second on a laptop. Parameters, gradients and AdamW's two moments are
+exact byte counts (fp32, divided by the ranks that shard them). What FSDP gathers (two blocks, one block's fp32
+gradient, the LM head) and the activations are estimates, from what depthlab's own code keeps: per block and
+micro-batch its norms' inputs, q, k, v and attention's output, SwiGLU's gate and up; the loss head's share
+(depthlab.model.loss) or the SwiGLU gradient's fp32 temporaries, whichever is larger; with activation
+checkpointing each block's input and one block recomputed. The total is the peak, not the sum: the gradients
+are counted where they are present. benchmarks/memory_plan.py checks every category against PyTorch's MemTracker
+(depthlab.memtrack), on real ranks and under FakeTensorMode up to olmo-7b.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from depthlab import UserError
 from depthlab.config import Config, per_rank_batch
 from depthlab.model import build_model
+from depthlab.model.families import family_of
 from depthlab.train.distributed import mesh_shape
 
 GIB = 2**30
@@ -36,29 +37,67 @@ def parameter_counts(m) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()) + (m.n_layers - small.n_layers) * block, block
 
 
+def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
+    """(the activations' and temporaries' peak over one micro-batch of `batch` sequences, what the last block's
+    backward works with): the blocks' saved tensors plus the larger of the loss head's share and the SwiGLU
+    gradient's fp32 temporaries; one block's saved tensors and those temporaries."""
+    m, tc = cfg.model, cfg.train
+    a = 2 if tc.dtype == "bf16" else 4  # what autocast computes in
+    p = a if fsdp else 4  # what parameters are read in, and so the residual stream: FSDP gathers them in bf16
+    tokens = batch * (cfg.data.seq_len if not m.is_vit else m.n_patches + 1)
+    d, f = m.dim, m.ffn_dim
+    q, kv = m.n_heads * m.head_dim, (m.n_kv_heads or m.n_heads) * m.head_dim
+    # a block keeps its two norms' inputs (a LayerNorm also its fp32 copy, and the projections a copy of its
+    # output: depthlab.model.llama recomputes an RMSNorm's), attention's q, k, v (and their inputs under QK-norm)
+    # and output, and the MLP's gate and up
+    family = family_of(m)
+    norm = p * d if family.norm == "rms" else (4 + a) * d
+    per_block = tokens * (2 * norm + a * (2 * q + 2 * kv) + family.qk_norm * a * (q + kv) + 2 * a * f)
+    # its backward forms the SwiGLU gradient in fp32: five ffn-wide fp32 temporaries, under bf16 also fp32 copies
+    # of gate, up and the incoming gradient
+    swiglu_grad = tokens * f * (20 if a == 4 else 34)
+    classes = m.num_classes if m.is_vit else m.vocab_size
+    rows = batch if m.is_vit else tokens  # a ViT classifies the pooled token
+    chunk = min(tc.loss_chunk or rows, rows)
+    if chunk < rows:  # by chunks (depthlab.model.loss): the head's gradients formed in forward, one chunk's logits
+        head = (classes * d * p + 3 * rows * d * p + chunk * classes * (4 + (a < 4) * a)
+                + (a < 4 and not fsdp) * classes * d * a)  # fp32 logits, their gradient cast; the weight cast
+    else:  # through the full logits: the fp32 log-softmax kept, its gradient and the logits' in backward
+        head = 12 * rows * classes + 2 * rows * d * p
+    last_block = per_block + swiglu_grad
+    if tc.activation_checkpointing:  # each block's input kept; in backward, one block recomputed at a time
+        return m.n_layers * tokens * d * p + max(head, last_block), last_block
+    return m.n_layers * per_block + max(head, swiglu_grad), last_block
+
+
 def memory_plan(cfg: Config, world_size: int) -> dict:
     """The layout and the bytes per rank of a run of `cfg` on `world_size` ranks."""
     m, tc = cfg.model, cfg.train
     n, block = parameter_counts(m)
     batch = per_rank_batch(tc, world_size)
     fsdp = world_size > 1 and tc.parallel == "fsdp"
+    ddp = world_size > 1 and not fsdp
     replicate, shard = mesh_shape(tc, world_size) if fsdp else (world_size, 1)
-    act_bytes = 2 if tc.dtype == "bf16" else 4
-    tokens = batch * (cfg.data.seq_len if not m.is_vit else m.n_patches + 1)
-    per_block = 17 * tokens * m.dim * act_bytes
-    if tc.activation_checkpointing:
-        activations = m.n_layers * tokens * m.dim * act_bytes + per_block
-    else:
-        activations = m.n_layers * per_block
-    head = min(tc.loss_chunk or tokens, tokens) * (m.num_classes if m.is_vit else m.vocab_size) * 4 * 2
+    a = 2 if tc.dtype == "bf16" else 4
+    head = m.dim * (m.num_classes if m.is_vit else m.vocab_size)
+    grads = 4 * n / shard * (2 if ddp else 1)  # DDP: plus its reducer buckets
+    # summing micro-batches, the largest parameter's new gradient sits beside its sum for a moment (FSDP sums shards)
+    adding = 4 * head if tc.grad_accum > 1 and not fsdp else 0
     plan = {
         "parameters": 4 * n / shard,
-        "gradients": 4 * n / shard * (1 if fsdp or world_size == 1 else 2),  # DDP: plus its reducer buckets
+        "gradients": grads + adding,
         "optimizer": 8 * n / shard,
-        "gathered blocks": 2 * block * act_bytes + 4 * block if fsdp else 0,  # compute + prefetch, one grad
-        "activations": activations + head,
+        # a block computing and the next one prefetched, one block's fp32 gradient before its reduce-scatter, and
+        # the root group's LM head, kept gathered from forward to backward
+        "gathered blocks": (2 * block * a + 4 * block + head * a) if fsdp else 0,
     }
-    plan["total"] = sum(plan.values())
+    plan["activations"], last_block = activation_bytes(cfg, batch, fsdp)
+    # the peak: where the last micro-batch's activations peak, beside the gradients accumulated so far (and DDP's
+    # buckets) -- with one micro-batch none yet, they are set to None after each step -- or at the end of its
+    # backward, with every gradient and the last block's backward (later under activation checkpointing)
+    at_peak = grads - (4 * n / shard if tc.grad_accum == 1 else 0)
+    rest = plan["parameters"] + plan["optimizer"] + plan["gathered blocks"]
+    plan["total"] = rest + max(plan["activations"] + at_peak, plan["gradients"] + last_block)
     layout = {"world_size": world_size, "parallel": tc.parallel if world_size > 1 else "single process",
               "mesh": f"{replicate} replicate x {shard} shard" if fsdp else None, "params": n,
               "batch_per_rank": batch, "grad_accum": tc.grad_accum,
@@ -68,13 +107,19 @@ def memory_plan(cfg: Config, world_size: int) -> dict:
 
 
 def format_plan(plan: dict) -> str:
-    lay = plan["layout"]
+    """The plan as `--dry-run` prints it: in GiB, or MiB below one GiB; with the tracker's figure beside each
+    estimate when the plan carries one (depthlab.memtrack.measure_plan)."""
+    lay, measured = plan["layout"], plan.get("measured", {}).get("bytes")
+    unit, size = ("GiB", GIB) if plan["bytes"]["total"] >= GIB else ("MiB", 2**20)
     lines = [f"layout: {lay['world_size']} rank(s), {lay['parallel']}" + (f" ({lay['mesh']})" if lay["mesh"] else "")
              + f"; {lay['params'] / 1e6:,.1f}M parameters; {lay['batch_per_rank']} sequences per rank x "
              f"{lay['grad_accum']} micro-batches = global batch {lay['global_batch']}; {lay['steps']:,} steps, "
              f"a checkpoint every {lay['ckpt_every'] or 'end'}",
-             "memory per rank (GiB):"]
-    lines += [f"  {k:<16}{v / GIB:9.2f}" for k, v in plan["bytes"].items()]
+             f"memory per rank ({unit}):" + ("   estimate   measured" if measured else "")]
+    lines += [f"  {k:<16}{v / size:9.2f}" + (f"{measured[k] / size:11.2f}" if measured else "")
+              for k, v in plan["bytes"].items()]
+    if measured:
+        lines.append(f"measured: {plan['measured']['what']}")
     return "\n".join(lines)
 
 

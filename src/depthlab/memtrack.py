@@ -1,0 +1,248 @@
+"""What a training step holds at its peak, measured by PyTorch's own trackers, in the dry-run plan's categories.
+
+The step is the trainer's (depthlab.train.trainer.Trainer.train_step and the loop around it): the model and its
+parallel wrapping from depthlab.train.distributed.build_parallel, the trainer's AdamW, the loss by chunks under
+autocast, backward per micro-batch, clipping, the optimizer step, gradients set to None. It runs on random tokens
+of the plan's shape (memory does not depend on their values) -- two steps, the second holding AdamW's moments, of
+at most two micro-batches (the second is where the first one's gradients meet a forward's activations; more add
+nothing new) -- under torch.distributed._tools.mem_tracker.MemTracker, or on an FSDP rank under FSDPMemTracker,
+which also tells the gathered blocks apart. Each category is read at the total's peak, the gradients and the
+activations at their own. Real tensors on the CPU (FSDP ranks are spawned processes over gloo),
+or everything under FakeTensorMode: shapes only, no memory, FSDP against a fake process group of the plan's world
+size, so that one rank of a 7B run is measured on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import torch
+
+from depthlab import UserError
+from depthlab.config import Config, per_rank_batch
+
+# the plan's categories, each from the trackers' own (MemTracker's and FSDPMemTracker's names)
+CATEGORIES = {"parameters": ("Parameter", "Buffer", "Sharded Param"), "gradients": ("Gradient", "Sharded Grad"),
+              "optimizer": ("Optstate", "OptState"),
+              "gathered blocks": ("Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"),
+              "activations": ("Activation", "Temp", "Inputs", "Other")}
+STEPS = 2
+_TOTAL = "Total"  # the trackers' key of the total
+
+
+def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int, clip: bool):
+    """STEPS optimizer steps of at most two micro-batches each, as the trainer takes them (clipping when `clip`);
+    yields after each micro-batch's backward."""
+    from depthlab.train import distributed as D
+    from depthlab.train.optim import clip_gradients
+    from depthlab.train.runtime import autocast
+
+    tc, micro = cfg.train, min(cfg.train.grad_accum, 2)
+    gen = torch.Generator().manual_seed(0)
+    shape = (per_rank_batch(tc, world_size), cfg.data.seq_len)
+    x, y = (torch.randint(cfg.model.vocab_size, shape, generator=gen).to(device) for _ in range(2))
+    for _ in range(STEPS):
+        for i in range(micro):
+            with D.grad_sync(model, i == micro - 1), autocast(device, tc.dtype):
+                loss = model(x, targets=y, loss_chunk=tc.loss_chunk) / tc.grad_accum
+            loss.backward()
+            yield
+        if clip:
+            clip_gradients(model, tc, cfg.model.lns_power)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _by_category(snap: dict) -> dict[str, int]:
+    by_name = {getattr(k, "value", k): v for k, v in snap.items()}
+    return {c: sum(by_name.get(n, 0) for n in names) for c, names in CATEGORIES.items()}
+
+
+OWN_PEAK = ("gradients", "activations")  # read at their own peaks, not at the total's
+
+
+def _category(reftype) -> str | None:
+    return next((c for c, names in CATEGORIES.items() if getattr(reftype, "value", reftype) in names), None)
+
+
+def _tracker(module, opt):
+    """MemTracker, or FSDPMemTracker for an FSDP model, that also keeps the gradients' and the activations' own
+    peaks: the trackers keep the total's, which with one micro-batch falls before backward has formed any
+    gradient, and under activation checkpointing late in backward, when the activations have fallen. A tensor is
+    counted in the category it ends up in: the trackers label a new tensor by the phase it is made in and relabel
+    it later (a parameter's gradient is a backward temporary until its hook runs; under FSDP a block's gathered
+    parameters and unsharded gradients are activations and temporaries until FSDP's hooks finish), so the
+    category's bytes after each operation are kept, and corrected back to the tensor's birth when it moves."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
+    from torch.distributed.fsdp import FSDPModule
+
+    base = FSDPMemTracker if isinstance(module, FSDPModule) else MemTracker
+
+    class Tracker(base):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            self.timeline: dict[str, list[int]] = {c: [] for c in OWN_PEAK}  # bytes after each operation
+            self.born: dict[int, int] = {}  # id of a storage's record -> the operation it appeared after
+
+        def own_peak(self) -> dict[str, int]:
+            return {c: max(t, default=0) for c, t in self.timeline.items()}
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+            if u_type == _UpdateType.ADD:
+                self.born[id(winfo)] = len(self.timeline["activations"])
+            elif u_type == _UpdateType.REF:
+                for c, sign in ((_category(old_reftype), -1), (_category(winfo.reftype), 1)):
+                    for i in range(self.born.get(id(winfo), 0), len(self.timeline.get(c, ()))):
+                        self.timeline[c][i] += sign * winfo.mem_consumed
+
+        def _update_peak_stats(self, peak_state) -> None:  # called after every operation
+            super()._update_peak_stats(peak_state)
+            now = _by_category(next(iter(self._curr_mem_snap.values()), {}))
+            for c, t in self.timeline.items():
+                t.append(now[c])
+
+    if base is FSDPMemTracker:
+        return Tracker(module, opt)
+    tracker = Tracker()
+    tracker.track_external(module, opt)
+    return tracker
+
+
+def _peak(cfg: Config, built: tuple, world_size: int, device: torch.device, fake: bool = False) -> dict[str, int]:
+    """Bytes per plan category at the total's peak (the gradients and activations at their own), and the total,
+    over the steps of `cfg` on this rank, for the (model, what the step calls) that build_parallel returns. Fake
+    steps leave clipping out: under FakeTensorMode a sharded gradient's norm gathers the whole gradient (8 x the
+    shard on 8 ranks), which real ranks do not (a peak 2 KiB over the gradients on 2 gloo ranks, against 7 MiB)."""
+    from depthlab.train.optim import make_optimizer
+
+    module, model = built
+    opt = make_optimizer(model, cfg.train, cfg.model.lns_power)
+    tracker = _tracker(module, opt)
+    with tracker:
+        for _ in _train_steps(cfg, model, opt, device, world_size, clip=not fake):
+            tracker.reset_mod_stats()  # per-module statistics are per forward; the peaks are kept
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return {**_by_category(peak), **tracker.own_peak(), "total": peak[_TOTAL]}
+
+
+def measure(cfg: Config, world_size: int = 1, fake: bool = False) -> dict[str, int]:
+    """Peak bytes per plan category of one rank's training steps of `cfg` on `world_size` ranks: this process
+    (world_size 1), rank 0 of world_size spawned gloo processes, or (fake) rank 0 under FakeTensorMode."""
+    if cfg.model.is_vit:
+        raise UserError("measuring a step's memory takes a language model; a ViT's plan is an estimate only")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="cpu", compile=False))
+    if fake:
+        return _fake_rank(cfg, world_size)
+    if world_size == 1:
+        from depthlab.train.distributed import DistEnv, build_parallel
+
+        cpu = torch.device("cpu")
+        return _peak(cfg, build_parallel(cfg.model, cfg.train, DistEnv(), cpu), 1, cpu)
+    return _spawn(cfg, world_size)[0]
+
+
+def _fake_rank(cfg: Config, world_size: int) -> dict[str, int]:
+    """Rank 0 of `world_size` under FakeTensorMode. build_parallel's layout, built another way: a fake parameter
+    cannot be moved or copied in place (FakeTensorMode keeps a weak reference to it, so torch refuses to swap it),
+    and a device mesh cannot be formed inside the mode (it reads tensor values)."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from depthlab.model import build_model
+    from depthlab.train import distributed as D
+
+    cpu, tc = torch.device("cpu"), cfg.train
+    if world_size == 1:
+        with FakeTensorMode():
+            model = build_model(cfg.model)
+            if tc.activation_checkpointing:
+                D.apply_activation_checkpointing(model)
+            return _peak(cfg, (model, model), 1, cpu, fake=True)
+    if tc.parallel != "fsdp" or D.mesh_shape(tc, world_size)[0] > 1:
+        raise UserError("a fake rank of several is measured under plain FSDP only (train.parallel=fsdp, one replica)")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        mesh = dist.device_mesh.init_device_mesh("cpu", (world_size,))
+        with FakeTensorMode():
+            with torch.device("meta"):
+                model = build_model(cfg.model, init=False)
+            if tc.activation_checkpointing:
+                D.apply_activation_checkpointing(model)
+            _fully_shard(model, cfg.model, tc, mesh)
+            model.to_empty(device=cpu)
+            return _peak(cfg, (model, model), world_size, cpu, fake=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fully_shard(model, m, tc, mesh) -> None:
+    """build_parallel's FSDP layout: the token embedding in its own group, one per block, the root; parameters
+    gathered in bf16 under bf16. (Its twin until depthlab.train.distributed offers the layout on its own.)"""
+    from torch import nn
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if tc.dtype == "bf16" else MixedPrecisionPolicy()
+    if isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and not m.tie_embeddings:
+        fully_shard(model.embed_tokens, mesh=mesh, mp_policy=mp)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+
+
+def _spawn(cfg: Config, world_size: int) -> list[dict[str, int]]:
+    """Every rank's peak, from world_size processes joined over gloo on this host."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="depthlab-memtrack-") as tmp:
+        mp.spawn(_rank_main, args=(world_size, port, cfg.to_dict(), tmp), nprocs=world_size)
+        return [json.loads((Path(tmp) / f"{r}.json").read_text()) for r in range(world_size)]
+
+
+def _rank_main(rank: int, world_size: int, port: int, cfg: dict, out: str) -> None:
+    from depthlab.train import distributed as D
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    env = D.init_distributed(torch.device("cpu"), 300.0)
+    try:
+        cfg, cpu = Config.from_dict(cfg), torch.device("cpu")
+        peak = _peak(cfg, D.build_parallel(cfg.model, cfg.train, env, cpu), world_size, cpu)
+        (Path(out) / f"{rank}.json").write_text(json.dumps(peak))
+    finally:
+        D.shutdown(env)
+
+
+def measure_plan(cfg: Config, plan: dict) -> dict:
+    """`plan` (depthlab.train.plan.memory_plan) with the tracker's figure for each category: `depthlab train
+    --dry-run --measure`, two real training steps of `cfg` in this process, on the CPU."""
+    world = plan["layout"]["world_size"]
+    if world > 1:
+        raise UserError(f"--measure runs one process, not {world} ranks: drop --world-size (ranks and FakeTensorMode "
+                        "are measured by benchmarks/memory_plan.py)")
+    need, host = plan["bytes"]["total"], os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > host / 2:
+        raise UserError(f"--measure runs the step on this machine's CPU: the plan needs {need / 2**30:,.1f} GiB, more "
+                        f"than half of its {host / 2**30:,.0f} GiB; measure a smaller config")
+    measured = measure(cfg)
+    what = (f"PyTorch's MemTracker over {STEPS} training steps on the CPU (random tokens; the second holds AdamW's "
+            "moments): each category at the total's peak, the gradients and activations at their own")
+    return {**plan, "measured": {"bytes": measured, "what": what}}
+
+
+def compare(plan: dict[str, float], measured: dict[str, int]) -> dict[str, dict]:
+    """{category: {estimate, measured, ratio}}; ratio None where the tracker saw none of the category."""
+    return {c: {"estimate": plan[c], "measured": measured[c],
+                "ratio": plan[c] / measured[c] if measured[c] else None} for c in measured}

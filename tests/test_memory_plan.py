@@ -1,0 +1,103 @@
+"""The dry-run memory plan (depthlab.train.plan) against PyTorch's MemTracker (depthlab.memtrack): the figures
+`--dry-run --measure` prints, a FakeTensorMode rank against real tensors, checkpointing, the refusals, and the
+benchmark's section of the results page."""
+
+import pytest
+import torch
+
+from depthlab import UserError
+from depthlab.config import Config, apply_overrides
+from depthlab.memtrack import measure, measure_plan
+from depthlab.model.validate import validate
+from depthlab.train.plan import format_plan, memory_plan
+
+TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=2", "model.ffn_dim=170", "model.vocab_size=512",
+        "model.max_seq_len=64", "data.seq_len=64", "train.batch_size=4", "train.dtype=fp32"]
+
+
+def tiny(*overrides: str) -> Config:
+    return validate(apply_overrides(Config(), [*TINY, *overrides]))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _within(plan: dict, measured: dict, keys=("activations", "total"), tol=0.15) -> None:
+    for k in keys:
+        assert abs(plan[k] / measured[k] - 1) <= tol, (k, plan[k], measured[k])
+
+
+@pytest.mark.parametrize("overrides", [(), ("train.loss_chunk=64",), ("train.dtype=bf16", "train.grad_accum=2")])
+def test_measure_prints_the_tracker_beside_each_estimate(overrides):
+    """--dry-run --measure on a small config: every category has its measured figure, and the activations and the
+    total agree with the plan within 15% (through the full logits, by chunks, bf16 with two micro-batches)."""
+    cfg = tiny(*overrides)
+    plan = measure_plan(cfg, memory_plan(cfg, 1))
+    measured = plan["measured"]["bytes"]
+    assert set(measured) == set(plan["bytes"])
+    _within(plan["bytes"], measured)
+    assert measured["parameters"] == pytest.approx(plan["bytes"]["parameters"], rel=0.05)  # plus the RoPE tables
+    text = format_plan(plan)
+    assert "memory per rank (MiB):   estimate   measured" in text and "measured: PyTorch's MemTracker" in text
+    act = next(line for line in text.splitlines() if line.strip().startswith("activations")).split()
+    assert float(act[-1]) == pytest.approx(measured["activations"] / 2**20, abs=0.01)
+
+
+def test_a_fake_rank_measures_what_real_tensors_do():
+    """FakeTensorMode allocates nothing, yet one process under it measures byte for byte what real tensors do;
+    a fake rank of 2 under FSDP holds half the parameters and its plan's activations and total."""
+    cfg = tiny()
+    assert measure(cfg, 1, fake=True) == measure(cfg, 1)
+    fsdp = tiny("train.parallel=fsdp")
+    rank = measure(fsdp, 2, fake=True)
+    plan = memory_plan(fsdp, 2)["bytes"]
+    assert rank["optimizer"] == pytest.approx(plan["optimizer"], rel=0.01)  # and the step counts
+    assert rank["gathered blocks"] > 0
+    _within(plan, rank)
+
+
+def test_a_fake_rank_of_a_preset():
+    """The cpu-tiny preset at one rank's shard of 4 under FSDP, FakeTensorMode: the plan within 15%."""
+    from depthlab.model.families import preset
+
+    cfg = validate(apply_overrides(preset("cpu-tiny"), ["train.parallel=fsdp", "train.batch_size=8"]))
+    _within(memory_plan(cfg, 4)["bytes"], measure(cfg, 4, fake=True), ("parameters", "activations", "total"))
+
+
+@pytest.mark.xfail(strict=True, reason="depthlab.model.llama._norm_source reads a norm's saved tensors inside a "
+                   "checkpointed block: the block is recomputed during the forward and the copy kept until backward")
+def test_activation_checkpointing_keeps_less_and_as_planned():
+    cfg = tiny("model.n_layers=4")
+    ac = tiny("model.n_layers=4", "train.activation_checkpointing=true")
+    assert measure(ac)["activations"] < measure(cfg)["activations"]
+    _within(memory_plan(ac, 1)["bytes"], measure(ac))
+
+
+def test_measure_refuses_ranks_a_vit_and_a_plan_beyond_the_host():
+    with pytest.raises(UserError, match="--measure runs one process, not 2 ranks"):
+        measure_plan(tiny(), memory_plan(tiny(), 2))
+    vit = validate(apply_overrides(Config(), ["model.arch=vit", "model.norm_scheme=pre"]))
+    with pytest.raises(UserError, match="takes a language model"):
+        measure(vit)
+    big = tiny("model.vocab_size=2000000", "model.dim=4096", "model.n_heads=32")
+    with pytest.raises(UserError, match="more than half of its"):
+        measure_plan(big, memory_plan(big, 1))
+
+
+def test_the_results_page_section(tmp_path):
+    """page_lines: nothing before a run; after one, the table, the largest errors and the command."""
+    from benchmarks import memory_plan as bench
+
+    assert bench.page_lines(tmp_path / "none.json") == []
+    out = tmp_path / "memory_plan.json"
+    bench.main(["--rows", "0", "--out", str(out)])
+    lines = bench.page_lines(out)
+    assert lines[0] == "## Memory: the dry-run plan against a tracker"
+    assert any(line.startswith("| 64 x 2, 4 x 64 | 1 | off | real |") for line in lines)
+    assert any("Largest |estimate / measured - 1|" in line and "`python -m benchmarks.memory_plan`" in line
+               for line in lines)
