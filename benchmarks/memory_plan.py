@@ -1,78 +1,134 @@
-"""The `depthlab train --dry-run` memory plan (depthlab.train.plan) against what PyTorch's MemTracker measures.
+"""The `depthlab train --dry-run` memory plan (depthlab.train.plan) against what PyTorch's trackers measure.
 
-For a ladder of small single-process configs (width, depth, batch x sequence, activation checkpointing off and on;
-fp32 on the CPU, real tensors), two training steps of the trainer's own step run under
-torch.distributed._tools.mem_tracker.MemTracker; its peak, split into parameters (and buffers), gradients,
-optimizer state and activations (forward activations plus backward temporaries), is printed beside the plan's
-figure for the same category, with estimate / measured. The second step is the one with AdamW's moments.
+For a ladder of configs -- widths, depths, batch x sequence, fp32 and bf16, the loss through full logits and by
+chunks, one and two micro-batches, activation checkpointing off and on, one process, two FSDP (and DDP) ranks over
+gloo, and the paper presets up to olmo-7b at one rank's shard under FakeTensorMode -- depthlab.memtrack measures
+two training steps and each category is printed beside the plan's figure, with estimate / measured.
 
-    python -m benchmarks.memory_plan          # writes benchmarks/results/memory_plan.json
+    python -m benchmarks.memory_plan    # about 10 minutes on one core; writes benchmarks/results/memory_plan.json
 
-Read with care: the gradients are none at the peak (it falls in the forward, before backward allocates them,
-with zero_grad(set_to_none)), and the activation-checkpointing rows measure more than the same config without
-it, while saved-tensor hooks show checkpointing cutting the forward's saved tensors of 256 x 8 at 8 x 128 from
-137 to 30 MiB: MemTracker's accounting of the recomputation is not yet understood. Not here yet: two ranks under
-FSDP (gloo) and FakeTensorMode for the paper presets.
+Activation checkpointing is measured twice: as the code is, and with the change proposed for
+depthlab.model.llama._norm_source applied here (NORM_SOURCE_FIX), since today reading a norm's saved tensors
+inside a checkpointed block recomputes the block during the forward and keeps the copy until backward.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import RESULTS, environment, write_result
 
-LADDER = [  # (dim, n_layers, batch, seq, activation checkpointing)
-    (64, 2, 4, 64, False), (64, 4, 4, 64, False), (128, 4, 4, 64, False), (128, 4, 8, 128, False),
-    (128, 4, 8, 128, True), (256, 8, 8, 128, False), (256, 8, 8, 128, True)]
-CATEGORIES = {"parameters": ("Parameter", "Buffer"), "gradients": ("Gradient",), "optimizer": ("Optstate",),
-              "activations": ("Activation", "Temp")}
+AS_IS = "checkpointing as the code is: depthlab.model.llama._norm_source reads a norm's saved tensors inside the " \
+    "checkpointed block, which recomputes the block during the forward and keeps the copy until backward"
+NOTES = {"ac": AS_IS,
+         "ddp": "DDP's buckets are rebuilt during the first step, so the tracker counts them as activations; the "
+                "plan counts them as gradients (the total agrees)"}
+SMALL = {"dim": 128, "n_layers": 4, "batch": 8, "seq": 128}
+WIDE = {"dim": 256, "n_layers": 8, "batch": 8, "seq": 128}
+LADDER = [  # (shape or preset, ranks, fake, overrides, note)
+    ({"dim": 64, "n_layers": 2, "batch": 4, "seq": 64}, 1, False, [], None),
+    (SMALL, 1, False, [], None),
+    (WIDE, 1, False, ["train.loss_chunk=256"], None),
+    ({**WIDE, "n_layers": 4}, 1, False, ["train.loss_chunk=256", "train.dtype=bf16"], None),
+    (SMALL, 1, False, ["train.grad_accum=2"], None),
+    (SMALL, 1, False, ["train.activation_checkpointing=true"], "ac"),
+    (WIDE, 1, False, ["train.activation_checkpointing=true", "train.loss_chunk=256"], "ac"),
+    (SMALL, 1, False, ["train.activation_checkpointing=true"], "fixed"),
+    (WIDE, 1, False, ["train.activation_checkpointing=true", "train.loss_chunk=256"], "fixed"),
+    ({**WIDE, "n_layers": 4}, 1, False, ["train.activation_checkpointing=true", "train.loss_chunk=256",
+                                         "train.dtype=bf16"], "fixed"),
+    (SMALL, 2, False, ["train.parallel=fsdp"], None),
+    (WIDE, 2, False, ["train.parallel=fsdp", "train.loss_chunk=256"], None),
+    (SMALL, 2, False, ["train.parallel=fsdp", "train.dtype=bf16", "train.grad_accum=2"], None),
+    (WIDE, 2, True, ["train.parallel=fsdp", "train.loss_chunk=256", "train.activation_checkpointing=true"], "fixed"),
+    (SMALL, 2, False, ["train.parallel=ddp"], "ddp"),
+    ("llama-130m", 1, True, [], None),
+    ("llama-1b", 8, True, [], None),
+    ("olmo-1b", 8, True, [], None),
+    ("olmo-7b", 16, True, [], None),
+    ("olmo-7b", 16, True, ["train.activation_checkpointing=true"], "fixed"),
+]
 
 
-def measure(dim: int, layers: int, batch: int, seq: int, ac: bool, work: Path) -> dict:
-    from torch.distributed._tools.mem_tracker import MemTracker
+@contextlib.contextmanager
+def norm_source_fix():
+    """depthlab.model.llama._norm_source as the change proposed for it has it: no norm source under saved-tensor
+    hooks (activation checkpointing's), where reading a node's saved tensors unpacks them."""
+    from depthlab.model import llama
 
-    from benchmarks.gpu_day_one import train_args
-    from depthlab.cli import build_config, make_parser
+    today = llama._norm_source
+
+    def fixed(x):
+        return None if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None else today(x)
+
+    llama._norm_source = fixed
+    try:
+        yield
+    finally:
+        llama._norm_source = today
+
+
+def config(shape, overrides: list[str]):
+    from depthlab.config import Config, apply_overrides
+    from depthlab.model.families import preset
+    from depthlab.model.validate import validate
+
+    if isinstance(shape, str):
+        return validate(apply_overrides(preset(shape), overrides))
+    d = shape["dim"]
+    return validate(apply_overrides(Config(), [
+        f"model.dim={d}", f"model.n_layers={shape['n_layers']}", f"model.ffn_dim={d * 8 // 3}",
+        f"model.n_heads={d // 32}", "model.vocab_size=4096", f"model.max_seq_len={shape['seq']}",
+        f"data.seq_len={shape['seq']}", f"train.batch_size={shape['batch']}", "train.dtype=fp32", *overrides]))
+
+
+def row(shape, ranks: int, fake: bool, overrides: list[str], note: str | None) -> dict:
+    from depthlab.config import per_rank_batch
+    from depthlab.memtrack import compare, measure
     from depthlab.train.plan import memory_plan
-    from depthlab.train.trainer import Trainer
 
-    s = {"device": "cpu", "dtype": "fp32", "train": [f"model.dim={dim}", f"model.n_layers={layers}",
-                                                     f"model.ffn_dim={dim * 8 // 3}", f"model.n_heads={dim // 32}",
-                                                     "model.vocab_size=4096", f"train.batch_size={batch}",
-                                                     f"data.seq_len={seq}", f"train.activation_checkpointing={ac}"]}
-    cfg = build_config(make_parser().parse_args(["train", *train_args(s, work, 2)]))
-    plan = memory_plan(cfg, 1)["bytes"]
-    trainer = Trainer(cfg, run_dir=work / f"run{dim}x{layers}x{batch}x{seq}{ac}", progress=False)
-    tracker = MemTracker()
-    tracker.track_external(trainer.model, trainer.opt)
-    with tracker:
-        for _ in range(2):
-            trainer.train_step()
-            trainer.opt.step()
-            trainer.opt.zero_grad(set_to_none=True)
-            tracker.reset_mod_stats()  # per-module stats are for one step; the peak is kept
-    trainer.close()
-    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    by_name = {getattr(k, "value", k): v for k, v in peak.items()}
-    measured = {c: sum(by_name.get(n, 0) for n in names) for c, names in CATEGORIES.items()}
-    measured["total"] = by_name["Total"]
-    rows = {c: {"estimate": plan[c], "measured": measured[c],
-                "ratio": plan[c] / measured[c] if measured[c] else None} for c in measured}
-    return {"config": {"dim": dim, "n_layers": layers, "batch": batch, "seq": seq, "activation_checkpointing": ac},
-            "categories": rows}
+    cfg, t0 = config(shape, overrides), time.time()
+    with norm_source_fix() if note == "fixed" else contextlib.nullcontext():
+        measured = measure(cfg, ranks, fake)
+    m, tc = cfg.model, cfg.train
+    return {"config": {"preset": shape if isinstance(shape, str) else None, "dim": m.dim, "n_layers": m.n_layers,
+                       "batch": per_rank_batch(tc, ranks),
+                       "seq": cfg.data.seq_len, "dtype": tc.dtype, "loss_chunk": tc.loss_chunk,
+                       "grad_accum": tc.grad_accum, "world_size": ranks,
+                       "parallel": tc.parallel if ranks > 1 else None, "tensors": "fake" if fake else "real",
+                       "activation_checkpointing": "fixed" if note == "fixed" else tc.activation_checkpointing},
+            "categories": compare(memory_plan(cfg, ranks)["bytes"], measured),
+            "note": NOTES.get(note), "wall_s": round(time.time() - t0, 1)}
 
 
 def _label(c: dict) -> str:
-    """A ladder row's name: a preset's, else width x depth, batch x sequence; its ranks, checkpointing, tensors."""
-    shape = c.get("preset") or f"{c['dim']} x {c['n_layers']}, {c['batch']} x {c['seq']}"
-    return (f"{shape} | {c.get('world_size', 1)} | {'on' if c['activation_checkpointing'] else 'off'} | "
-            f"{c.get('tensors', 'real')}")
+    """A ladder row's cells: the model and batch, its ranks, checkpointing, tensors."""
+    shape = c.get("preset") or f"{c['dim']} x {c['n_layers']}"
+    extra = [c["dtype"]] * (c.get("dtype", "fp32") != "fp32") + \
+        [f"loss chunk {c['loss_chunk']}"] * (c.get("loss_chunk", 1024) < c["batch"] * c["seq"]) + \
+        [f"{c['grad_accum']} micro-batches"] * (c.get("grad_accum", 1) > 1 and not c.get("preset"))
+    ranks = f"{c.get('world_size', 1)}" + (f" {c['parallel']}" if c.get("parallel") else "")
+    ac = {True: "on", False: "off", "fixed": "on, fixed"}[c["activation_checkpointing"]]
+    return (f"{shape}, {c['batch']} x {c['seq']}" + "".join(f", {e}" for e in extra)
+            + f" | {ranks} | {ac} | {c.get('tensors', 'real')}")
+
+
+def largest_errors(rows: list[dict]) -> dict:
+    """The largest |estimate / measured - 1| of the activations and the total over the rows without a note."""
+    out = {}
+    for k in ("activations", "total"):
+        err = {_label(r["config"]): abs(r["categories"][k]["ratio"] - 1) for r in rows
+               if not r.get("note") and r["categories"][k]["ratio"]}
+        worst = max(err, key=err.get)
+        out[k] = {"error": err[worst], "row": worst}
+    return out
 
 
 def page_lines(path: Path = RESULTS / "memory_plan.json") -> list[str]:
@@ -83,50 +139,48 @@ def page_lines(path: Path = RESULTS / "memory_plan.json") -> list[str]:
     r = json.loads(path.read_text())
     cats = list(r["rows"][0]["categories"])
     out = ["## Memory: the dry-run plan against a tracker", "",
-           "`depthlab train --dry-run`'s bytes per rank (src/depthlab/train/plan.py) beside the peak that PyTorch's "
-           "MemTracker (FSDPMemTracker under FSDP) measures over two training steps, per category, in MiB: "
-           "estimate / measured (ratio). Real tensors on the CPU (fp32; FSDP over gloo ranks), or FakeTensorMode "
-           "(no memory allocated) for the paper presets. A category the tracker saw none of at the peak reads "
-           "\"none at the peak\".", "",
-           "| model, batch x seq | ranks | AC | tensors | " + " | ".join(cats) + " |",
-           "|---|---|---|---|" + "---:|" * len(cats)]
-    for row in r["rows"]:
-        out.append(f"| {_label(row['config'])} | " + " | ".join(
+           "`depthlab train --dry-run`'s bytes per rank (src/depthlab/train/plan.py) beside what PyTorch's "
+           "MemTracker (FSDPMemTracker on an FSDP rank) measures over two training steps (depthlab.memtrack), in "
+           "MiB: estimate / measured (ratio). Each category at the total's peak, the gradients and activations at "
+           "their own. Real tensors on the CPU (spawned gloo ranks), or FakeTensorMode (no memory; rank 0 of a "
+           "fake process group) for the paper presets. AC \"on, fixed\": activation checkpointing with the change "
+           "proposed for depthlab.model.llama._norm_source applied.", "",
+           "| config | ranks | AC | tensors | " + " | ".join(cats) + " |", "|---|---|---|---|" + "---:|" * len(cats)]
+    for row_ in r["rows"]:
+        out.append(f"| {_label(row_['config'])} | " + " | ".join(
             f"{v['estimate'] / 2**20:,.1f} / {v['measured'] / 2**20:,.1f} "
-            + (f"({v['ratio']:.2f})" if v["ratio"] else "(none at the peak)")
-            for v in row["categories"].values()) + " |")
+            + (f"({v['ratio']:.2f})" if v["ratio"] else "(none)") for v in row_["categories"].values()) + " |")
     worst = r["largest_error"]
-    out += ["", "Largest |estimate / measured - 1|: " + ", ".join(f"{k} {v:.0%}" for k, v in worst.items())
-            + f". Reproduce: `python -m benchmarks.memory_plan{' ' + ' '.join(r['argv']) if r['argv'] else ''}` "
-            f"(commit {r['env'].get('git_commit')}, torch {r['env'].get('torch')})."]
-    out += [f"- {_label(row['config'])}: {row['note']}" for row in r["rows"] if row.get("note")]
+    out += ["", "Largest |estimate / measured - 1| over the rows without a note: " + "; ".join(
+        f"{k} {v['error']:.0%} ({v['row'].split(' | ')[0]})" for k, v in worst.items())
+        + f". Reproduce: `python -m benchmarks.memory_plan` (commit {r['env'].get('git_commit')}, "
+        f"torch {r['env'].get('torch')}, {r['wall_s']:.0f} s)."]
+    notes = {row_["note"]: [] for row_ in r["rows"] if row_.get("note")}
+    for row_ in r["rows"]:
+        if row_.get("note"):
+            notes[row_["note"]].append(_label(row_["config"]).split(" | ")[0])
+    out += [""] * bool(notes) + [f"- {'; '.join(where)}: {note}." for note, where in notes.items()]
     return out + [""]
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(RESULTS / "memory_plan.json"))
-    p.add_argument("--first", type=int, default=len(LADDER), help="only the first N configs of the ladder")
+    p.add_argument("--rows", type=int, nargs="*", help="only these rows of the ladder (0-based)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory(prefix="depthlab-memory-plan-") as tmp:
-        rows = [measure(*c, Path(tmp)) for c in LADDER[:args.first]]
-    print("| dim x layers | batch x seq | AC | " + " | ".join(f"{c} est / meas (MiB)" for c in
-                                                            [*CATEGORIES, "total"]) + " |")
-    print("|---|---|---|" + "---:|" * (len(CATEGORIES) + 1))
-    for r in rows:
-        c = r["config"]
-        ac = "on" if c["activation_checkpointing"] else "off"
-        print(f"| {c['dim']} x {c['n_layers']} | {c['batch']} x {c['seq']} | {ac} | "
-              + " | ".join(f"{v['estimate'] / 2**20:.1f} / {v['measured'] / 2**20:.1f} "
-                           + (f"({v['ratio']:.2f}x)" if v["ratio"] else "(none at the peak)")
-                           for v in r["categories"].values()) + " |")
-    worst = {k: max(abs(r["categories"][k]["ratio"] - 1) for r in rows if r["categories"][k]["ratio"])
-             for k in ("activations", "total")}
-    print(f"largest |estimate / measured - 1|: activations {worst['activations']:.0%}, total {worst['total']:.0%}")
+    t0 = time.time()
+    rows = []
+    for i, spec in enumerate(LADDER):
+        if args.rows is None or i in args.rows:
+            rows.append(row(*spec))
+            print(f"{_label(rows[-1]['config'])}: " + ", ".join(
+                f"{k} {v['ratio']:.2f}" for k, v in rows[-1]["categories"].items() if v["ratio"]), flush=True)
     result = {"benchmark": "memory_plan", "argv": sys.argv[1:] if argv is None else argv, "env": environment(),
-              "rows": rows, "largest_error": worst}
-    print(f"wrote {write_result('memory_plan', result, args.out)}")
+              "rows": rows, "largest_error": largest_errors(rows), "wall_s": time.time() - t0}
+    path = write_result("memory_plan", result, args.out)
+    print("\n".join(page_lines(path)))
+    print(f"wrote {path}")
     return result
 
 
