@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[3]  # the repository this file is in (sr
 OUT = ROOT / "benchmarks" / "results" / "depth_transfer"
 IMG = ROOT / "docs" / "img" / "depth_transfer.png"
 
-PRE, LNS, CP, MUP, LNS_CP = "pre", "lns", "pre+completep", "pre+depth_mup", "lns+completep"
+PRE = "pre"
+LNS = "lns"
+CP, MUP, LNS_CP = "pre+completep", "pre+depth_mup", "lns+completep"
 GAIN_INIT, UNIFORM = "pre+gain_init", "pre+uniform_gain"
 TRANSFER = (PRE, LNS, CP, MUP, LNS_CP)
 PARTS = (PRE, LNS, GAIN_INIT, UNIFORM)
