@@ -23,19 +23,11 @@ import time
 import torch
 
 from benchmarks.common import environment, hf_twin, make_train_step, write_result
+from benchmarks.memory import CASES, model_config  # the same cases (and their hook for toy dims)
 from depthlab.model import Transformer
-from depthlab.model.families import preset
 from depthlab.train.flops import peak_flops, train_flops_per_token
 
-CASES = {"llama-71m": {}, "llama-130m": {}}  # preset names; values override model dims (tests use tiny ones)
 CONTENDERS = ("depthlab", "hf", "depthlab+compile", "hf+compile")
-
-
-def model_config(case: str):
-    cfg = preset(case if case in ("llama-71m", "llama-130m") else "llama-71m").model
-    for k, v in CASES[case].items():
-        setattr(cfg, k, v)
-    return cfg
 
 
 def bench(case: str, name: str, dtype: str, batch: int, seq: int, steps: int, warmup: int, device: str) -> dict:
