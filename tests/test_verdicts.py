@@ -53,6 +53,7 @@ def test_tost_matches_scipys_one_sided_tests():
     assert verdicts.equivalent(d, 0.01)["verdict"] == "equivalent"
     assert verdicts.equivalent([0.002, 0.03], 0.01)["verdict"] == "not shown equivalent"
     assert verdicts.equivalent([0.002], 0.01)["verdict"] == "one seed: no verdict"
+    assert verdicts.equivalent([], 0.01)["verdict"] == "no runs"
 
 
 def test_holm_on_a_known_case_and_inside_a_family():

@@ -103,9 +103,9 @@ def family(rows: list[dict]) -> list[dict]:
 
 def equivalent(diffs: list[float], margin: float = EQUIVALENCE_MARGIN) -> dict:
     """TOST of paired differences against ± margin: "equivalent" when both one-sided tests reject at ALPHA (the 90%
-    interval inside the margin), "not shown equivalent" otherwise; one seed gives no verdict."""
+    interval inside the margin), "not shown equivalent" otherwise; one seed gives no verdict, none "no runs"."""
     t = tost(diffs, margin)
-    word = ("one seed: no verdict" if t["n"] < 2 else
+    word = ("no runs" if t["n"] == 0 else "one seed: no verdict" if t["n"] == 1 else
             "equivalent" if math.isfinite(t["p"]) and t["p"] < ALPHA else "not shown equivalent")
     return {**t, "verdict": word, "comparison": compare(diffs)}
 
