@@ -114,6 +114,19 @@ def test_lns_scales_the_norms_after_the_branches():
     assert layer.attn_out_norm.scale == layer.mlp_out_norm.scale == pytest.approx(4 ** -0.5)
 
 
+def test_sandwich_with_lns_gains_at_init_is_lns():
+    """model.norm_gain_init=depth puts LNS's l^(-p) into the gains where LNS's scale sits: the norms after the
+    branches (the decomposition of docs/method.md, on Gemma-2's block)."""
+    kw = dict(arch="gemma2", n_layers=4, **GEMMA.ours)
+    torch.manual_seed(0)
+    lns = Transformer(tiny_model_config(norm_scheme="lns", **kw)).eval()
+    torch.manual_seed(0)
+    gains = Transformer(tiny_model_config(norm_scheme="sandwich", norm_gain_init="depth", **kw)).eval()
+    assert gains.layers[3].attn_out_norm.weight[0] == 0.5 and gains.layers[3].attn_norm.weight[0] == 1.0
+    ids = torch.randint(0, 97, (2, T))
+    assert diff(gains, lns, ids) < 1e-6
+
+
 def _run_roundtrip(tmp_path, scheme):
     """import --scheme SCHEME -> 5 steps -> export: (the trained model, the export's directory, the text)."""
     torch.manual_seed(0)

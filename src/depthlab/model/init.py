@@ -162,14 +162,16 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
 
 
 def block_norm_gains(model: nn.Module, power: float) -> list[tuple[nn.Parameter, float]]:
-    """Each block's norm gains (the weights of attn_norm and mlp_norm) with l^(-power), l the block's 1-based index:
-    what model.norm_gain_init=depth starts them at and train.norm_gain_lr=depth scales their learning rate by.
-    Under Adam without weight decay on gains, both together train Pre-LN exactly as LNS (docs/method.md)."""
+    """Each block's norm gains where LNS's scale sits (the weights of attn_norm and mlp_norm; in a block with a
+    norm before and after each branch, of the norms after: gemma2's lns) with l^(-power), l the block's 1-based
+    index: what model.norm_gain_init=depth starts them at and train.norm_gain_lr=depth scales their learning rate
+    by. Under Adam without weight decay on gains, both together train Pre-LN exactly as LNS (docs/method.md)."""
     out = []
     for block in model.modules():
         if not hasattr(block, "layer_id"):
             continue
-        for norm in (getattr(block, "attn_norm", None), getattr(block, "mlp_norm", None)):
+        names = ("attn_out_norm", "mlp_out_norm") if getattr(block, "sandwiched", False) else ("attn_norm", "mlp_norm")
+        for norm in (getattr(block, name, None) for name in names):
             if isinstance(getattr(norm, "weight", None), nn.Parameter):
                 out.append((norm.weight, block.layer_id ** -power))
     return out

@@ -72,7 +72,7 @@ class Family:
     with rotate-half RoPE and grouped-query heads, tied or untied embeddings."""
 
     name: ClassVar[str]  # set by @register
-    hf_class: ClassVar[str] = ""  # the stock Hugging Face class that `pre` / `lns` export to
+    hf_class: ClassVar[str] = ""  # the stock Hugging Face class its own block (hf_scheme) and lns export to
     hf_names: ClassVar[dict[str, str]] = {}  # HF model_type -> display name, for the models importing as this family
     # (the first is the export's model_type)
     qkv_bias: ClassVar[bool] = False  # biases on q, k, v (not on o)
