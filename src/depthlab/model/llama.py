@@ -72,10 +72,23 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
+def _costly_unpack() -> bool:
+    """Whether reading a node's saved tensors now runs an unpack hook that costs: non-reentrant checkpointing's
+    recomputes the whole checkpointed block (during the forward, keeping that copy until backward), save_on_cpu's
+    copies back to the device; and the block's recomputation in backward must save what its forward saved. Plain
+    hooks (a test's byte counter) unpack for free."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return hooks is not None and hooks[0].__qualname__.split(".")[0] in COSTLY_HOOKS
+
+
+COSTLY_HOOKS = ("_checkpoint_hook", "_recomputation_hook", "save_on_cpu")  # torch.utils.checkpoint, autograd.graph
+
+
 def _norm_source(x: torch.Tensor) -> tuple | None:
     """(input, weight, 1/rms, scale) of the RMSNorm whose output x is, as that norm saved them for its backward;
-    None when x is no RMSNorm's output (or under torch.compile, whose partitioner decides what is saved)."""
-    if torch.compiler.is_compiling():
+    None when x is no RMSNorm's output, under torch.compile (whose partitioner decides what is saved), and inside
+    activation checkpointing or CPU offload of saved tensors (_costly_unpack)."""
+    if torch.compiler.is_compiling() or _costly_unpack():
         return None
     node = x.grad_fn
     if node is None or not isinstance(node, _RMSNormFn._backward_cls):
