@@ -65,6 +65,7 @@ def test_no_float_flag_of_any_command_takes_nan_or_inf():
     (["train", "--dry-run", "--gpu-memory", "0"], "--gpu-memory must be positive"),
     (["train", "--world-size", "2"], "--world-size has no effect without --dry-run"),
     (["train", "--gpu-memory", "80"], "--gpu-memory has no effect without --dry-run"),
+    (["train", "--measure"], "--measure has no effect without --dry-run"),
     (["analyze", "x", "--window-seed", "-1", "--windows", "2"], "--window-seed must be between 0 and 4,294,967,295"),
     (["analyze", "x", "--window-seed", "5"], "--window-seed has no effect without --windows"),
     (["analyze", "x", "--interior", "-1", "0"], "--interior must be at least 0"),

@@ -116,6 +116,10 @@ def cmd_train(args) -> None:
         if world < 1:
             raise UserError(f"--world-size must be >= 1, got {world}")
         plan = memory_plan(cfg, world)
+        if args.measure:
+            from depthlab.memtrack import measure_plan
+
+            plan = measure_plan(cfg, plan)
         if not int(os.environ.get("RANK", 0)):
             print(format_plan(plan))
         check_fits(plan, args.gpu_memory)
@@ -397,7 +401,9 @@ def add_plan_flags(t) -> None:
                    "torchrun's WORLD_SIZE, else 1)")
     t.add_argument("--gpu-memory", type=positive, metavar="GIB", help="with --dry-run: refuse a plan that needs "
                    "more than GIB per rank")
-    only_with(t, "--dry-run", "--world-size", "--gpu-memory")
+    t.add_argument("--measure", action="store_true", help="with --dry-run: also train two steps of this config on "
+                   "the CPU (random tokens) under PyTorch's MemTracker and print its figure beside each estimate")
+    only_with(t, "--dry-run", "--world-size", "--gpu-memory", "--measure")
 
 
 def make_parser() -> argparse.ArgumentParser:
