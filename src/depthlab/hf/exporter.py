@@ -164,7 +164,7 @@ def _write_hf_dir(out: Path, state: dict, fields: dict, loaded, tok) -> None:
     save_weights(state, out / WEIGHTS, {"format": "pt"})
     if tok is not None:
         _save_tokenizer(tok, out)
-    provenance = {"source": str(loaded.path), "scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.get("step"),
+    provenance = {"source": str(loaded.path), "scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.step,
                   "architecture": architectures[0], "seq_len": loaded.cfg.data.seq_len,  # its default eval window
                   "note": "scheme constants are folded into the weights: load as a plain HF model"}
     (out / EXPORT_INFO).write_text(json.dumps(provenance, indent=2) + "\n")

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from depthlab import UserError
-from depthlab.checkpoint import warn
+from depthlab.checkpoint import CheckpointMeta, warn
 from depthlab.config import Config, DataConfig, ModelConfig
 from depthlab.hf.convert import from_hf_state_dict
 from depthlab.model import Transformer
@@ -104,7 +104,7 @@ def import_hf(src, scheme: str | None = None, max_seq_len: int | None = None,
     return model.float(), cfg
 
 
-def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: dict, tokenizer=None):
+def save_as_checkpoint(path, model: Transformer, cfg: Config, meta: CheckpointMeta, tokenizer=None):
     """save_checkpoint for a model built outside the trainer (an existing checkpoint at `path` stays as it was
     until the new one is complete)."""
     from pathlib import Path
@@ -158,12 +158,12 @@ def import_to_checkpoint(src, out_dir, scheme: str | None = None, max_seq_len: i
                         "rows: it is not this model's tokenizer")
     with locked(out_dir, "import"):
         claim(Path(out_dir), is_import, "import", overwrite, inputs=[src])
-        meta = {"step": 0, "imported_from": str(src)}
         if vit:
-            model, cfg, vit_meta = _import_vit(src, scheme or "pre")
-            return save_as_checkpoint(out_dir, model, cfg, {**meta, **vit_meta})
+            model, cfg, vit_data = _import_vit(src, scheme or "pre")
+            return save_as_checkpoint(out_dir, model, cfg, CheckpointMeta(step=0, imported_from=str(src),
+                                                                          data=vit_data))
         model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
-        return save_as_checkpoint(out_dir, model, cfg, meta, tokenizer=tok)
+        return save_as_checkpoint(out_dir, model, cfg, CheckpointMeta(step=0, imported_from=str(src)), tokenizer=tok)
 
 
 def _tokenizer_for(src, given):
@@ -239,7 +239,7 @@ def _exported_scheme(src) -> str | None:
 
 def _import_vit(src, scheme: str) -> tuple:
     """A stock ViTForImageClassification directory as a depthlab ViT, with its class names and, when it has a
-    preprocessor config, its pixel normalisation in the checkpoint's meta (as a depthlab ViT run records them)."""
+    preprocessor config, its pixel normalisation: the checkpoint's data record (as a depthlab ViT run keeps them)."""
     import json
     from pathlib import Path
 
@@ -248,9 +248,9 @@ def _import_vit(src, scheme: str) -> tuple:
     model, mc = import_hf_vit(src, scheme=scheme)
     id2label = {int(k): v for k, v in (json.loads((Path(src) / "config.json").read_text()).get("id2label")
                                        or {}).items()}
-    meta = {"classes": [id2label.get(i, str(i)) for i in range(mc.num_classes)]}
+    data = {"classes": [id2label.get(i, str(i)) for i in range(mc.num_classes)]}
     pre = Path(src) / "preprocessor_config.json"
     if pre.is_file():
         p = json.loads(pre.read_text())
-        meta.update(pixel_mean=p.get("image_mean"), pixel_std=p.get("image_std"))
-    return model, Config(mc), meta
+        data.update(pixel_mean=p.get("image_mean"), pixel_std=p.get("image_std"))
+    return model, Config(mc), data
