@@ -37,13 +37,14 @@ def write_checkpoint(path: Path, model, cfg: Config, meta: dict, tokenizer) -> P
     return save_checkpoint(path, model.state_dict(), cfg, meta, tokenizer)
 
 
-def save_depthlab_checkpoint(path: Path, scheme: str = "pre", n_layers: int = 4, zero: int | None = None) -> Path:
+def save_depthlab_checkpoint(path: Path, scheme: str = "pre", n_layers: int = 4, zero: int | None = None,
+                             **model) -> Path:
     from depthlab.model import Transformer
 
     tok = tiny_tokenizer()
     cfg = Config()
-    cfg.model = tiny_model_config(norm_scheme=scheme, n_layers=n_layers, vocab_size=tok.get_vocab_size(),
-                                  max_seq_len=64)
+    cfg.model = tiny_model_config(**{"norm_scheme": scheme, "n_layers": n_layers, "vocab_size": tok.get_vocab_size(),
+                                     "max_seq_len": 64, **model})
     cfg.data.seq_len = 32
     model = Transformer(cfg.model)
     with torch.no_grad():  # larger weights than N(0, 0.02), so blocks do visible work in a few tokens
@@ -91,3 +92,31 @@ def save_hf_model(path: Path, family: str) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def save_random_hf(folder: Path, config, layers_per_shard: int = 4) -> int:
+    """An HF causal LM of any size with N(0, 0.02) weights and unit norms, saved in bf16 shards of a few layers
+    (never held whole: the layer-by-layer memory benchmark's model) with a small tokenizer; its parameter count."""
+    import json
+
+    import transformers
+    from safetensors.torch import save_file
+
+    from depthlab.data.tokenizer import EOT
+
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in transformers.AutoModelForCausalLM.from_config(config).state_dict().items()}
+    group = lambda k: int(k.split(".")[2]) // layers_per_shard if ".layers." in k else -1  # noqa: E731
+    weight_map = {}
+    for g in sorted(set(map(group, shapes))):
+        name = f"model-{g + 1:05d}.safetensors"
+        shard = {k: torch.ones(s, dtype=torch.bfloat16) if len(s) == 1 else
+                 torch.empty(s, dtype=torch.bfloat16).normal_(0, 0.02) for k, s in shapes.items() if group(k) == g}
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+    size = sum(2 * torch.Size(s).numel() for s in shapes.values())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": size},
+                                                                     "weight_map": weight_map}))
+    config.save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(), eos_token=EOT).save_pretrained(folder)
+    return sum(torch.Size(s).numel() for s in shapes.values())

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from depthlab.analysis.layers import LayeredLM
-from depthlab.analysis.removal import BASE, Plan, plan_rows, replay, skipping
+from depthlab.analysis.removal import BASE, Plan, plan_rows, replay, single_plans, skipping
 
 INTERVAL = "95% Wilson score interval (scipy.stats.binomtest(k, n).proportion_ci(method='wilson'))"
 
@@ -102,6 +102,16 @@ def naive_task_sweep(lm: LayeredLM, questions: dict[str, list]) -> TaskSums:
                 for q in qs:
                     sums.add(task, ("block", l), q, lm.forward_fn(q.ids, question_mask(q)))
     return sums
+
+
+def sweep_agreement(lm: LayeredLM, questions: dict[str, list]) -> tuple[float, bool]:
+    """The cached sweep against L independent evaluations (naive_task_sweep): the largest difference in an answer's
+    summed log-likelihood, and whether every removal gets as many questions right."""
+    cached = TaskSums()
+    task_sweep(lm, questions, [BASE, *single_plans(lm.n_layers)], cached)
+    naive = naive_task_sweep(lm, questions)
+    keys = list(naive.n)
+    return max(abs(cached.ll[k] - naive.ll[k]) for k in keys), all(cached.correct[k] == naive.correct[k] for k in keys)
 
 
 def usefulness_orders(removal: dict | None, task_removal: dict | None) -> dict[str, list[int]]:
