@@ -178,3 +178,15 @@ def test_linear_fit_windows_are_kept_apart_from_the_evaluation_windows(tmp_path)
     fit_rows = {tuple(r[m].tolist()) for b in fit for r, m in zip(b.ids, b.mask)}
     assert sum(b.n_tokens for b in batches) >= 100 and sum(b.n_tokens for b in fit) >= 200
     assert not rows & fit_rows and "linear maps fitted on" in source
+
+
+def test_every_removal_option_on_a_depthlab_run_with_its_index_at_initialisation(tmp_path):
+    from depthlab.analysis.run import Request, run_request
+    from tests.test_analysis_support import save_depthlab_checkpoint
+
+    ck = save_depthlab_checkpoint(tmp_path / "ck", "lns", 4)
+    (tmp_path / "t.txt").write_text(TEXT)
+    opts = Options(jacobian=False, sublayers=True, linear=True, drop_lowest=1)
+    res = run_request(Request(str(ck), [str(tmp_path / "t.txt")], tokens=64, seq_len=32, options=opts,
+                              linear_fit_tokens=64))
+    assert {"attn", "mlp", "linear", "drop"} <= set(res["removal"]) and "at_init" in res["curse_index"]

@@ -3,6 +3,7 @@ Shared by the CLI, `compare` and the benchmark."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import warnings
@@ -86,7 +87,8 @@ def index_at_init(cfg, batches: list, opts: Options, device: str) -> dict:
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device).eval()
-    idx = analyze(from_depthlab(model, "init"), batches, opts)["curse_index"]
+    index_only = dataclasses.replace(opts, sublayers=False, linear=False, drop_lowest=0)  # it reads block removal
+    idx = analyze(from_depthlab(model, "init"), batches, index_only)["curse_index"]
     return {k: v for k, v in idx.items() if k not in ("angular_rows", "contiguous")}
 
 
