@@ -7,15 +7,11 @@ two training steps and each category is printed beside the plan's figure, with e
 
     python -m benchmarks.memory_plan    # about 10 minutes on one core; writes benchmarks/results/memory_plan.json
 
-Activation checkpointing is measured twice: as the code is, and with the change proposed for
-depthlab.model.llama._norm_source applied here (NORM_SOURCE_FIX), since today reading a norm's saved tensors
-inside a checkpointed block recomputes the block during the forward and keeps the copy until backward.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import time
@@ -25,10 +21,7 @@ import torch
 
 from benchmarks.common import RESULTS, environment, write_result
 
-AS_IS = "checkpointing as the code is: depthlab.model.llama._norm_source reads a norm's saved tensors inside the " \
-    "checkpointed block, which recomputes the block during the forward and keeps the copy until backward"
-NOTES = {"ac": AS_IS,
-         "ddp": "DDP's buckets are rebuilt during the first step, so the tracker counts them as activations; the "
+NOTES = {"ddp": "DDP's buckets are rebuilt during the first step, so the tracker counts them as activations; the "
                 "plan counts them as gradients (the total agrees)"}
 SMALL = {"dim": 128, "n_layers": 4, "batch": 8, "seq": 128}
 WIDE = {"dim": 256, "n_layers": 8, "batch": 8, "seq": 128}
@@ -38,41 +31,21 @@ LADDER = [  # (shape or preset, ranks, fake, overrides, note)
     (WIDE, 1, False, ["train.loss_chunk=256"], None),
     ({**WIDE, "n_layers": 4}, 1, False, ["train.loss_chunk=256", "train.dtype=bf16"], None),
     (SMALL, 1, False, ["train.grad_accum=2"], None),
-    (SMALL, 1, False, ["train.activation_checkpointing=true"], "ac"),
-    (WIDE, 1, False, ["train.activation_checkpointing=true", "train.loss_chunk=256"], "ac"),
-    (SMALL, 1, False, ["train.activation_checkpointing=true"], "fixed"),
-    (WIDE, 1, False, ["train.activation_checkpointing=true", "train.loss_chunk=256"], "fixed"),
+    (SMALL, 1, False, ["train.activation_checkpointing=true"], None),
+    (WIDE, 1, False, ["train.activation_checkpointing=true", "train.loss_chunk=256"], None),
     ({**WIDE, "n_layers": 4}, 1, False, ["train.activation_checkpointing=true", "train.loss_chunk=256",
-                                         "train.dtype=bf16"], "fixed"),
+                                         "train.dtype=bf16"], None),
     (SMALL, 2, False, ["train.parallel=fsdp"], None),
     (WIDE, 2, False, ["train.parallel=fsdp", "train.loss_chunk=256"], None),
     (SMALL, 2, False, ["train.parallel=fsdp", "train.dtype=bf16", "train.grad_accum=2"], None),
-    (WIDE, 2, True, ["train.parallel=fsdp", "train.loss_chunk=256", "train.activation_checkpointing=true"], "fixed"),
+    (WIDE, 2, True, ["train.parallel=fsdp", "train.loss_chunk=256", "train.activation_checkpointing=true"], None),
     (SMALL, 2, False, ["train.parallel=ddp"], "ddp"),
     ("llama-130m", 1, True, [], None),
     ("llama-1b", 8, True, [], None),
     ("olmo-1b", 8, True, [], None),
     ("olmo-7b", 16, True, [], None),
-    ("olmo-7b", 16, True, ["train.activation_checkpointing=true"], "fixed"),
+    ("olmo-7b", 16, True, ["train.activation_checkpointing=true"], None),
 ]
-
-
-@contextlib.contextmanager
-def norm_source_fix():
-    """depthlab.model.llama._norm_source as the change proposed for it has it: no norm source under saved-tensor
-    hooks (activation checkpointing's), where reading a node's saved tensors unpacks them."""
-    from depthlab.model import llama
-
-    today = llama._norm_source
-
-    def fixed(x):
-        return None if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None else today(x)
-
-    llama._norm_source = fixed
-    try:
-        yield
-    finally:
-        llama._norm_source = today
 
 
 def config(shape, overrides: list[str]):
@@ -95,15 +68,14 @@ def row(shape, ranks: int, fake: bool, overrides: list[str], note: str | None) -
     from depthlab.train.plan import memory_plan
 
     cfg, t0 = config(shape, overrides), time.time()
-    with norm_source_fix() if note == "fixed" else contextlib.nullcontext():
-        measured = measure(cfg, ranks, fake)
+    measured = measure(cfg, ranks, fake)
     m, tc = cfg.model, cfg.train
     return {"config": {"preset": shape if isinstance(shape, str) else None, "dim": m.dim, "n_layers": m.n_layers,
                        "batch": per_rank_batch(tc, ranks),
                        "seq": cfg.data.seq_len, "dtype": tc.dtype, "loss_chunk": tc.loss_chunk,
                        "grad_accum": tc.grad_accum, "world_size": ranks,
                        "parallel": tc.parallel if ranks > 1 else None, "tensors": "fake" if fake else "real",
-                       "activation_checkpointing": "fixed" if note == "fixed" else tc.activation_checkpointing},
+                       "activation_checkpointing": tc.activation_checkpointing},
             "categories": compare(memory_plan(cfg, ranks)["bytes"], measured),
             "note": NOTES.get(note), "wall_s": round(time.time() - t0, 1)}
 
@@ -115,7 +87,7 @@ def _label(c: dict) -> str:
         [f"loss chunk {c['loss_chunk']}"] * (c.get("loss_chunk", 1024) < c["batch"] * c["seq"]) + \
         [f"{c['grad_accum']} micro-batches"] * (c.get("grad_accum", 1) > 1 and not c.get("preset"))
     ranks = f"{c.get('world_size', 1)}" + (f" {c['parallel']}" if c.get("parallel") else "")
-    ac = {True: "on", False: "off", "fixed": "on, fixed"}[c["activation_checkpointing"]]
+    ac = "on" if c["activation_checkpointing"] else "off"
     return (f"{shape}, {c['batch']} x {c['seq']}" + "".join(f", {e}" for e in extra)
             + f" | {ranks} | {ac} | {c.get('tensors', 'real')}")
 
@@ -149,8 +121,7 @@ def page_lines(path: Path = RESULTS / "memory_plan.json") -> list[str]:
            "MemTracker (FSDPMemTracker on an FSDP rank) measures over two training steps (depthlab.memtrack), in "
            "MiB: estimate / measured (ratio). Each category at the total's peak, the gradients and activations at "
            "their own. Real tensors on the CPU (spawned gloo ranks), or FakeTensorMode (no memory; rank 0 of a "
-           "fake process group) for the paper presets. AC \"on, fixed\": activation checkpointing with the change "
-           "proposed for depthlab.model.llama._norm_source applied.", "",
+           "fake process group) for the paper presets. AC: activation checkpointing.", "",
            "| config | ranks | AC | tensors | " + " | ".join(cats) + " |", "|---|---|---|---|" + "---:|" * len(cats)]
     for row_ in r["rows"]:
         out.append(f"| {_label(row_['config'])} | " + " | ".join(
