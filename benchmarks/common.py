@@ -40,6 +40,12 @@ def hf_twin(model, attn: str = "sdpa"):
     return hf
 
 
+def adamw_groups(model) -> list[dict]:
+    """The trainer's parameter groups (which parameters decay), for a plain torch.optim.AdamW."""
+    return [{"params": g["params"], "weight_decay": g["weight_decay"]}
+            for g in make_optimizer(model, TrainConfig()).param_groups]
+
+
 def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool, loss_chunk: int = TrainConfig.loss_chunk):
     """One training step as a zero-argument callable: forward under autocast, cross-entropy, backward,
     clipping, and AdamW with the trainer's parameter groups and settings, either PyTorch's fused kernel (what
@@ -49,9 +55,7 @@ def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool, loss_c
     tokens, 0: through the full logits)."""
     device = x.device
     tc = TrainConfig(lr=1e-4)
-    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]}
-              for g in make_optimizer(model, tc).param_groups]
-    opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused_adamw)
+    opt = torch.optim.AdamW(adamw_groups(model), lr=tc.lr, betas=(tc.beta1, tc.beta2), fused=fused_adamw)
     # HF: no KV cache in training (its default builds one), as a careful training loop would do.
 
     def step():

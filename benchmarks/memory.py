@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import functools
 import gc
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -48,11 +46,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import common
 from benchmarks.common import environment, hf_twin, interleaved, make_train_step, paired_ratio, write_result
 from depthlab.config import TrainConfig
+from depthlab.memtrack import saved_for_backward
 from depthlab.model import Transformer, lm_loss
 from depthlab.model.families import preset
-from depthlab.study.page.systems import memory_table as section
+from depthlab.study.page.systems import memory_table
 from depthlab.train.optim import make_optimizer
 from depthlab.train.runtime import autocast
 
@@ -75,16 +75,11 @@ def build(case: str, contender: str, device: torch.device, loss_chunk: int = Tra
     if contender == "hf":
         model = hf_twin(ours).to(device).train()
         del ours
-        opt = torch.optim.AdamW(_groups(model), lr=1e-4)  # the reference code's plain AdamW
+        opt = torch.optim.AdamW(common.adamw_groups(model), lr=1e-4)  # the reference code's plain AdamW
         return model, opt, lambda x, y: lm_loss(model(x, use_cache=False).logits, y)
     model = ours.to(device).train()
     chunk = loss_chunk if contender == "depthlab" else 0
     return model, make_optimizer(model, TrainConfig(lr=1e-4)), lambda x, y: model(x, targets=y, loss_chunk=chunk)
-
-
-def _groups(model):
-    return [{"params": g["params"], "weight_decay": g["weight_decay"]}
-            for g in make_optimizer(model, TrainConfig()).param_groups]
 
 
 class Meter:
@@ -114,40 +109,6 @@ class Meter:
     def _status(key: str) -> int:
         line = next(s for s in Path("/proc/self/status").read_text().splitlines() if s.startswith(key + ":"))
         return int(line.split()[1]) * 1024
-
-
-def saved_for_backward(model, run):
-    """(bytes of the distinct non-parameter tensors autograd saves during `run()`, those bytes by the module that
-    saved each first -- its name with block indices as `*`, "" for the model's own forward, the loss --, run's
-    result)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen, stack = {}, [""]
-
-    def enter(module, args, name):
-        stack.append(re.sub(r"\.\d+(?=\.|$)", ".*", name))
-
-    def leave(module, args, out):
-        stack.pop()
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in params and s.data_ptr() not in seen:
-            seen[s.data_ptr()] = (s.nbytes(), stack[-1])
-        return t
-
-    handles = [h for name, m in model.named_modules() if name
-               for h in (m.register_forward_pre_hook(functools.partial(enter, name=name)),
-                         m.register_forward_hook(leave))]
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = run()
-    finally:
-        for h in handles:
-            h.remove()
-    by_module = {}
-    for nbytes, where in seen.values():
-        by_module[where] = by_module.get(where, 0) + nbytes
-    return sum(by_module.values()), dict(sorted(by_module.items(), key=lambda kv: -kv[1])), out
 
 
 def _tensor_bytes(model, opt) -> int:
@@ -235,10 +196,7 @@ _AB_WORKER = """
 import json, sys, time, torch
 torch.set_num_threads(1)
 from benchmarks.common import make_train_step
-try:
-    from depthlab.model.families import preset
-except ImportError:  # a commit from before the family registry
-    from depthlab.model.families import preset
+from depthlab.model.families import preset
 from depthlab.model import Transformer
 s = json.loads(sys.argv[1])
 cfg = preset(s["case"] if s["case"] in ("llama-71m", "llama-130m") else "llama-71m").model
@@ -354,7 +312,7 @@ def main(argv=None) -> dict:
               "loss_chunk": TrainConfig.loss_chunk, "batch": args.batch, "seq_len": args.seq, "device": args.device,
               "rows": rows, "ratios": summarize(rows), "step_time": timing, "step_time_against": against,
               "wall_s": time.time() - t0}
-    print("\n".join(section(result)))  # what docs/benchmarks.md will say
+    print("\n".join(memory_table(result)))  # what docs/benchmarks.md will say
     path = write_result("memory", result, args.out)
     print(f"wrote {path} ({result['wall_s']:.0f} s wall)")
     return result

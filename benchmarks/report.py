@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import lns_study, memory_plan
+from benchmarks import lns_study
 from depthlab.study.page import science, systems
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -16,8 +16,7 @@ DOCS = RESULTS.parent.parent / "docs"
 
 
 def main() -> Path:
-    plan = getattr(memory_plan, "page_lines", None)  # the memory plan's table, once memory_plan.py renders one
-    systems.write(RESULTS, DOCS, plan() if plan else [])
+    systems.write(RESULTS, DOCS)
     along = [(L, lr) for L in lns_study.ALONG["along_depths"] for lr in lns_study.ALONG["along_lrs"]]
     return science.write(RESULTS, DOCS, list(lns_study.PARTS), list(lns_study.UNSTABLE), along)
 

@@ -27,58 +27,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+from depthlab.memtrack import PeakSampler, live_peak
 from depthlab.study.page.systems import criteria, scaleout_lines
 
 PHASES = ("build", "step", "step_accum2", "save", "resume")
-
-
-class PeakSampler:
-    """The peak resident set (MiB) of this process, per named phase."""
-
-    def __init__(self):
-        self.phase, self.peaks, self.start = None, {}, {}
-        self.page = os.sysconf("SC_PAGE_SIZE")
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def rss(self) -> float:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page / 2**20
-
-    def _run(self):
-        while True:
-            if self.phase:
-                self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), self.rss())
-            time.sleep(0.002)
-
-    def begin(self, phase: str) -> None:
-        self.start[phase] = self.rss()
-        self.peaks[phase] = self.start[phase]
-        self.phase = phase
-
-    def end(self) -> None:
-        if self.phase:
-            self.peaks[self.phase] = max(self.peaks[self.phase], self.rss())
-        self.phase = None
-
-
-def live_peak(fn, *args) -> float:
-    """The peak of live tensor bytes (MiB) while fn runs, above those live when it starts, from the allocation
-    and free events PyTorch's profiler records (exact, unlike the resident set)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn(*args)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = top = 0
-    for e in events:
-        live += e.nbytes()
-        top = max(top, live)
-    return top / 2**20
 
 
 def plain_loop(cfg, phase) -> dict:
@@ -242,15 +197,12 @@ def main() -> None:
         return
     if a.report:
         result = json.loads(Path(a.json).read_text())
-        result["criteria"] = criteria(result)
-        Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
-        print("\n".join(scaleout_lines(result)))
-        return
-    t0 = time.time()
-    rows = measure(a)
-    n = a.layers * (4 * a.dim ** 2 + 3 * a.dim * a.ffn) + 2 * a.vocab * a.dim
-    result = {"command": " ".join(["python", "benchmarks/scaleout.py", *sys.argv[1:]]), "params": n,
-              "weights_mib": 4 * n / 2**20, "rows": rows, "wall_s": round(time.time() - t0, 1)}
+    else:
+        t0 = time.time()
+        rows = measure(a)
+        n = a.layers * (4 * a.dim ** 2 + 3 * a.dim * a.ffn) + 2 * a.vocab * a.dim
+        result = {"command": " ".join(["python", "benchmarks/scaleout.py", *sys.argv[1:]]), "params": n,
+                  "weights_mib": 4 * n / 2**20, "rows": rows, "wall_s": round(time.time() - t0, 1)}
     result["criteria"] = criteria(result)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(result, indent=2) + "\n")

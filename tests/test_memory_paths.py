@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from depthlab.memtrack import saved_for_backward
 from depthlab.model.llama import MLP, RMSNorm, _SwiGLUDown, project
 from tests.conftest import tiny_model_config
 
@@ -119,22 +120,6 @@ def test_mlp_matches_autograd(dtype, scale):
     _check(got, plain, 1e-5 if dtype == "fp32" else 2e-2)
 
 
-def _saved_bytes(fn, params) -> int:
-    """Bytes of the distinct non-parameter storages autograd saves during fn()."""
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    seen = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in skip:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_and_mlp_save_input_rstd_gate_up(dtype):
     """Norm + SwiGLU MLP keep the norm's input and 1/rms, gate and up: not the normalised input, nor its
@@ -144,7 +129,7 @@ def test_norm_and_mlp_save_input_rstd_gate_up(dtype):
     B, T = 2, 8
     x = torch.randn(B, T, cfg.dim, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-        saved = _saved_bytes(lambda: mlp(norm(x)), [*mlp.parameters(), *norm.parameters()])
+        saved = saved_for_backward(nn.ModuleList([mlp, norm]), lambda: mlp(norm(x)))[0]
     act = 2 if dtype == "bf16" else 4
     assert saved == B * T * (cfg.dim * 4 + 4 + 2 * cfg.ffn_dim * act)
 
@@ -152,13 +137,14 @@ def test_norm_and_mlp_save_input_rstd_gate_up(dtype):
 def test_step_time_against_a_commit(monkeypatch):
     """benchmarks.memory --time-against: this tree's training step and a commit's, each in its own worker."""
     from benchmarks import memory
+    from depthlab.study.page.systems import memory_table
 
     monkeypatch.setitem(memory.CASES, "tiny", dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, ffn_dim=64,
                                                    max_seq_len=16))
     r = memory.step_time_against("HEAD", "tiny", "fp32", batch=2, seq=16, reps=2, device="cpu")
     assert len(r["step_s"]["here"]) == len(r["step_s"]["ref"]) == 2 and r["ratio_here_over_ref"]["median"] > 0
     assert r["max_loss_difference"] < 1e-4  # the same model, data and step: the same losses within rounding
-    assert "over depthlab at" in "\n".join(memory.section({**_result_stub(), "step_time_against": [r]}))
+    assert "over depthlab at" in "\n".join(memory_table({**_result_stub(), "step_time_against": [r]}))
 
 
 def _result_stub() -> dict:

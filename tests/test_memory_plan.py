@@ -90,13 +90,15 @@ def test_measure_refuses_ranks_a_vit_and_a_plan_beyond_the_host():
 
 
 def test_the_results_page_section(tmp_path):
-    """page_lines: nothing before a run; after one, the table, the largest errors and the command."""
+    """memory_plan_lines: nothing before a run; after one, the table, the largest errors and the command."""
     from benchmarks import memory_plan as bench
+    from depthlab.study.page.systems import memory_plan_lines
+    from depthlab.study.page.text import load
 
-    assert bench.page_lines(tmp_path / "none.json") == []
+    assert memory_plan_lines(load(tmp_path / "none.json")) == []
     out = tmp_path / "memory_plan.json"
     bench.main(["--rows", "0", "--out", str(out)])
-    lines = bench.page_lines(out)
+    lines = memory_plan_lines(load(out))
     assert lines[0] == "## Memory: the dry-run plan against a tracker"
     assert any(line.startswith("| 64 x 2, 4 x 64 | 1 | off | real |") for line in lines)
     assert any("Largest |estimate / measured - 1|" in line and "`python -m benchmarks.memory_plan`" in line

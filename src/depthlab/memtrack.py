@@ -10,15 +10,23 @@ which also tells the gathered blocks apart. Each category is read at the total's
 activations at their own. Real tensors on the CPU (FSDP ranks are spawned processes over gloo),
 or everything under FakeTensorMode: shapes only, no memory, FSDP against a fake process group of the plan's world
 size, so that one rank of a 7B run is measured on a laptop.
+
+Below them, the meters the memory benchmarks read (benchmarks/memory.py, benchmarks/scaleout.py): the bytes autograd
+saves for backward, by the module that saved them; the peak of live tensor bytes from the profiler's allocation
+events; the peak resident set per named phase.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
+import re
 import socket
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -246,3 +254,113 @@ def compare(plan: dict[str, float], measured: dict[str, int]) -> dict[str, dict]
     """{category: {estimate, measured, ratio}}; ratio None where the tracker saw none of the category."""
     return {c: {"estimate": plan[c], "measured": measured[c],
                 "ratio": plan[c] / measured[c] if measured[c] else None} for c in measured}
+
+
+def ladder_config(shape: dict | str, overrides: list[str]) -> Config:
+    """A memory-ladder config: a paper preset by name, or a LLaMA of {dim, n_layers, batch, seq} (heads of 32,
+    a SwiGLU of 8/3 dim, a 4,096-token vocabulary, fp32), with `overrides` applied."""
+    from depthlab.config import apply_overrides
+    from depthlab.model.families import preset
+    from depthlab.model.validate import validate
+
+    if isinstance(shape, str):
+        return validate(apply_overrides(preset(shape), overrides))
+    d = shape["dim"]
+    return validate(apply_overrides(Config(), [
+        f"model.dim={d}", f"model.n_layers={shape['n_layers']}", f"model.ffn_dim={d * 8 // 3}",
+        f"model.n_heads={d // 32}", "model.vocab_size=4096", f"model.max_seq_len={shape['seq']}",
+        f"data.seq_len={shape['seq']}", f"train.batch_size={shape['batch']}", "train.dtype=fp32", *overrides]))
+
+
+def ladder_row(shape: dict | str, ranks: int, fake: bool, overrides: list[str]) -> dict:
+    """One rung of benchmarks/memory_plan.py: the config's cells, and the plan against the tracker per category."""
+    from depthlab.train.plan import memory_plan
+
+    cfg, t0 = ladder_config(shape, overrides), time.time()
+    measured = measure(cfg, ranks, fake)
+    m, tc = cfg.model, cfg.train
+    return {"config": {"preset": shape if isinstance(shape, str) else None, "dim": m.dim, "n_layers": m.n_layers,
+                       "batch": per_rank_batch(tc, ranks), "seq": cfg.data.seq_len, "dtype": tc.dtype,
+                       "loss_chunk": tc.loss_chunk, "grad_accum": tc.grad_accum, "world_size": ranks,
+                       "parallel": tc.parallel if ranks > 1 else None, "tensors": "fake" if fake else "real",
+                       "activation_checkpointing": tc.activation_checkpointing},
+            "categories": compare(memory_plan(cfg, ranks)["bytes"], measured), "wall_s": round(time.time() - t0, 1)}
+
+
+def saved_for_backward(model, run):
+    """(bytes of the distinct non-parameter tensors autograd saves during `run()`, those bytes by the module that
+    saved each first -- its name with block indices as `*`, "" for the model's own forward, the loss --, run's
+    result)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, stack = {}, [""]
+
+    def enter(module, args, name):
+        stack.append(re.sub(r"\.\d+(?=\.|$)", ".*", name))
+
+    def leave(module, args, out):
+        stack.pop()
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params and s.data_ptr() not in seen:
+            seen[s.data_ptr()] = (s.nbytes(), stack[-1])
+        return t
+
+    handles = [h for name, m in model.named_modules() if name
+               for h in (m.register_forward_pre_hook(functools.partial(enter, name=name)),
+                         m.register_forward_hook(leave))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = run()
+    finally:
+        for h in handles:
+            h.remove()
+    by_module = {}
+    for nbytes, where in seen.values():
+        by_module[where] = by_module.get(where, 0) + nbytes
+    return sum(by_module.values()), dict(sorted(by_module.items(), key=lambda kv: -kv[1])), out
+
+
+class PeakSampler:
+    """The peak resident set (MiB) of this process, per named phase."""
+
+    def __init__(self):
+        self.phase, self.peaks, self.start = None, {}, {}
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def rss(self) -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page / 2**20
+
+    def _run(self):
+        while True:
+            if self.phase:
+                self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), self.rss())
+            time.sleep(0.002)
+
+    def begin(self, phase: str) -> None:
+        self.start[phase] = self.rss()
+        self.peaks[phase] = self.start[phase]
+        self.phase = phase
+
+    def end(self) -> None:
+        if self.phase:
+            self.peaks[self.phase] = max(self.peaks[self.phase], self.rss())
+        self.phase = None
+
+
+def live_peak(fn, *args) -> float:
+    """The peak of live tensor bytes (MiB) while fn runs, above those live when it starts, from the allocation
+    and free events PyTorch's profiler records (exact, unlike the resident set)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = top = 0
+    for e in events:
+        live += e.nbytes()
+        top = max(top, live)
+    return top / 2**20

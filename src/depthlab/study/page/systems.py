@@ -1,7 +1,6 @@
 """docs/benchmarks.md: the systems benchmarks (training speed against `transformers`, what LNS costs, the GPU run,
 memory, scale-out) from benchmarks/results/*.json, with the prose that says what the numbers mean; every number in
-it is read from those files. The memory plan's table (benchmarks/memory_plan.py renders its own) comes in as lines.
-The memory and scale-out scripts print their sections from here too."""
+it is read from those files. The memory, memory-plan and scale-out scripts print their sections from here too."""
 
 from __future__ import annotations
 
@@ -376,6 +375,67 @@ def scaleout_lines(result: dict) -> list[str]:
     return out
 
 
+def plan_label(c: dict) -> str:
+    """A memory-ladder row's cells: the model and batch, its ranks, checkpointing, tensors."""
+    shape = c.get("preset") or f"{c['dim']} x {c['n_layers']}"
+    extra = [c["dtype"]] * (c.get("dtype", "fp32") != "fp32") + \
+        [f"loss chunk {c['loss_chunk']}"] * (c.get("loss_chunk", 1024) < c["batch"] * c["seq"]) + \
+        [f"{c['grad_accum']} micro-batches"] * (c.get("grad_accum", 1) > 1 and not c.get("preset"))
+    ranks = f"{c.get('world_size', 1)}" + (f" {c['parallel']}" if c.get("parallel") else "")
+    ac = "on" if c["activation_checkpointing"] else "off"
+    return (f"{shape}, {c['batch']} x {c['seq']}" + "".join(f", {e}" for e in extra)
+            + f" | {ranks} | {ac} | {c.get('tensors', 'real')}")
+
+
+def _plan_where(label: str) -> str:
+    """A row's label in a sentence."""
+    shape, ranks, ac, tensors = label.split(" | ")
+    return f"{shape} ({ranks} rank{'s' * (ranks != '1')}, AC {ac}, {tensors} tensors)"
+
+
+def plan_largest_errors(rows: list[dict]) -> dict:
+    """The largest |estimate / measured - 1| of the activations and the total over the rows without a note."""
+    out = {}
+    for k in ("activations", "total"):
+        err = {plan_label(r["config"]): abs(r["categories"][k]["ratio"] - 1) for r in rows
+               if not r.get("note") and r["categories"][k]["ratio"]}
+        worst = max(err, key=err.get)
+        out[k] = {"error": err[worst], "row": worst}
+    return out
+
+
+def memory_plan_lines(r: dict | None) -> list[str]:
+    """docs/benchmarks.md's memory-plan section from benchmarks/results/memory_plan.json: estimate / measured per
+    category per config, the largest errors and the command that reproduces them; [] before the benchmark has run."""
+    if not r:
+        return []
+    cats = list(r["rows"][0]["categories"])
+    out = ["## Memory: the dry-run plan against a tracker", "",
+           "`depthlab train --dry-run`'s bytes per rank (src/depthlab/train/plan.py) beside what PyTorch's "
+           "MemTracker (FSDPMemTracker on an FSDP rank) measures over two training steps (depthlab.memtrack), in "
+           "MiB: estimate / measured (ratio). Each category at the total's peak, the gradients and activations at "
+           "their own. Real tensors on the CPU (spawned gloo ranks), or FakeTensorMode (no memory; rank 0 of a "
+           "fake process group) for the paper presets. AC: activation checkpointing.", "",
+           "| config | ranks | AC | tensors | " + " | ".join(cats) + " |", "|---|---|---|---|" + "---:|" * len(cats)]
+    for row in r["rows"]:
+        out.append(f"| {plan_label(row['config'])} | " + " | ".join(
+            f"{v['estimate'] / MiB:,.1f} / {v['measured'] / MiB:,.1f} "
+            + (f"({v['ratio']:.2f})" if v["ratio"] else "(none)") for v in row["categories"].values()) + " |")
+    out += ["", "Largest |estimate / measured - 1| over the rows without a note: " + "; ".join(
+        f"{k} {v['error']:.0%}, {_plan_where(v['row'])}" for k, v in r["largest_error"].items())
+        + f". Reproduce: `python -m benchmarks.memory_plan` (commit {r['env'].get('git_commit')}, "
+        f"torch {r['env'].get('torch')}, {r['wall_s']:.0f} s)."]
+    notes: dict[str, list[str]] = {}
+    for row in r["rows"]:
+        if row.get("note"):
+            notes.setdefault(row["note"], []).append(_plan_where(plan_label(row["config"])))
+    out += [""] * bool(notes) + [f"- {'; '.join(where)}: {note}." for note, where in notes.items()]
+    out += ["- The gathered blocks of the small FSDP rows read above the tracker: their peak falls in the loss "
+            "head's backward, where no block's gradient waits for its reduce-scatter yet; at the presets' sizes the "
+            "peak is a block's backward, and they agree."]
+    return out + [""]
+
+
 def memory_section(r: dict | None, plan: list[str]) -> list[str]:
     return ["## 5. Memory of a training step: chunked loss against `transformers`", ""] + memory_table(r) + [""] \
         + ([*plan, ""] if plan else [])
@@ -392,16 +452,17 @@ def scaleout_section(after: dict | None, before: dict | None) -> list[str]:
     return out
 
 
-def write(results: Path, docs: Path, memory_plan: list[str]) -> Path:
-    """docs/benchmarks.md from benchmarks/results/*.json; `memory_plan`: the memory plan's table (may be [])."""
+def write(results: Path, docs: Path) -> Path:
+    """docs/benchmarks.md from benchmarks/results/*.json."""
     r = {name: load(results / f"{name}.json") for name in ("train_speed", "train_speed_compile",
-                                                           "train_speed_profile", "lns_cost", "memory", "scaleout",
+                                                           "train_speed_profile", "lns_cost", "memory", "memory_plan",
+                                                           "scaleout",
                                                            "scaleout_before")}
     speed_lines = speed(r["train_speed"], r["train_speed_compile"], r["train_speed_profile"])
     sections = [speed_section(r["train_speed"], r["train_speed_compile"]) + speed_lines,
                 lns_section(r["lns_cost"]) + lns(r["lns_cost"]), gpu_section(load(results / "gpu_71m" / "summary.json"),
                                                                   load(results / "gpu_71m" / "table.json")),
-                memory_section(r["memory"], memory_plan)]
+                memory_section(r["memory"], memory_plan_lines(r["memory_plan"]))]
     lines = list(INTRO) + [""] + [x for body in sections for x in body + [""]]
     lines += scaleout_section(r["scaleout"], r["scaleout_before"]) + NOT_DONE
     docs.mkdir(parents=True, exist_ok=True)
