@@ -113,11 +113,6 @@ class CheckpointMeta:
         the typed layout)."""
         return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
-    def get(self, key: str, default=None):
-        """A field, or else an entry of `data`, by name: for the readers outside the run-folder modules that still
-        read meta.json's keys (hf/exporter.py, analysis/); it goes when they read attributes."""
-        return getattr(self, key) if key in _META_FIELDS else self.data.get(key, default)
-
 
 _META_FIELDS = {f.name for f in fields(CheckpointMeta)}
 _LAST_VALIDATION = {"val_loss", "val_ppl", "val_acc"}  # a flat meta.json's metrics (val_tokens is also the data's)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from depthlab import UserError
+from depthlab.checkpoint import CheckpointMeta
 
 
 @dataclass
@@ -181,7 +182,7 @@ def calibration_windows(tokenizer, texts: list[str], n_tokens: int, seq_len: int
     return windows, pad_id
 
 
-def image_batches(cfg, meta: dict, paths: list[str] | None, n_images: int | None, batch_size: int,
+def image_batches(cfg, meta: CheckpointMeta, paths: list[str] | None, n_images: int | None, batch_size: int,
                   device: str = "cpu") -> tuple[list[ImageBatch], str]:
     """The validation split of the run's images (or of the one image source in `paths`), at most n_images of them,
     normalised with the run's own training statistics (meta's pixel_mean / pixel_std) as the model saw them."""
@@ -192,7 +193,7 @@ def image_batches(cfg, meta: dict, paths: list[str] | None, n_images: int | None
     x, y = data.val_x[:n_images], data.val_y[:n_images]
     if int(y.max()) >= m.num_classes:
         raise UserError(f"the calibration images have class {int(y.max())}, beyond the model's {m.num_classes} classes")
-    mean, std = meta.get("pixel_mean", data.mean), meta.get("pixel_std", data.std)
+    mean, std = meta.data.get("pixel_mean", data.mean), meta.data.get("pixel_std", data.std)
     if (list(mean), list(std)) != (data.mean, data.std):  # another source: undo its statistics, apply the run's
         shape = (1, -1, 1, 1)
         raw = x * np.asarray(data.std, np.float32).reshape(shape) + np.asarray(data.mean, np.float32).reshape(shape)

@@ -23,6 +23,7 @@ from depthlab.analysis.calibration import (
 )
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, kind_of
+from depthlab.checkpoint import CheckpointMeta
 
 
 @dataclass
@@ -53,7 +54,7 @@ class LayeredModel:
     seq_len: int  # the default window
     info: dict  # about the model, including "context": the longest window it takes
     cfg: object = None  # the depthlab Config (None for HF)
-    meta: dict = field(default_factory=dict)  # the checkpoint's meta.json (a ViT's pixel statistics)
+    meta: CheckpointMeta | None = None  # the checkpoint's (a ViT's pixel statistics in its data); None for HF
 
 
 def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float32",
@@ -68,7 +69,7 @@ def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float
     if loaded.kind is Kind.HF:
         info = {"model_type": loaded.model.config.model_type, "context": loaded.context}
         return LayeredModel(from_hf(loaded.model, loaded.path.name), loaded.tokenizer, loaded.seq_len, info)
-    info = {"scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.get("step"), "checkpoint": str(loaded.path),
+    info = {"scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.step, "checkpoint": str(loaded.path),
             "context": loaded.context}
     lm = from_depthlab(loaded.model, Path(path).name or str(path))
     if lm.classifier:
