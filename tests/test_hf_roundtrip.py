@@ -74,9 +74,9 @@ def test_import_of_an_export_is_the_run(tmp_path, bpe, arch):
 
     model = _run(tmp_path / "ckpt", bpe, arch, tie_embeddings=arch == "llama")
     export(tmp_path / "ckpt", tmp_path / "hf")
-    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back"), "--scheme", FAMILIES[arch].own_scheme]) == 0
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0  # no --scheme: the family's own
     back, cfg, _ = load_checkpoint(tmp_path / "back")
-    assert cfg.model.arch == arch
+    assert cfg.model.arch == arch and cfg.model.norm_scheme == FAMILIES[arch].own_scheme
     ours, theirs = model.state_dict(), back.state_dict()
     assert ours.keys() == theirs.keys()
     for k in ours:

@@ -70,7 +70,11 @@ def cmd_import(args) -> None:
     quiet_transformers()
     out = import_to_checkpoint(args.model, args.out_dir, scheme=args.scheme, max_seq_len=args.max_seq_len,
                                overwrite=args.overwrite, tokenizer=args.tokenizer)
-    print(f"imported {args.model} as a depthlab checkpoint (scheme {args.scheme}): {out}")
+    from depthlab.checkpoint import CONFIG
+    from depthlab.config import Config
+
+    scheme = Config.load(out / CONFIG).model.norm_scheme
+    print(f"imported {args.model} as a depthlab checkpoint (scheme {scheme}): {out}")
 
 
 def cmd_harness(args) -> None:
@@ -176,7 +180,8 @@ def add_commands(sub) -> None:
     i.add_argument("model", help="Hugging Face model directory")
     i.add_argument("out_dir", help="checkpoint directory to write (an existing one must be an earlier import)")
     i.add_argument("--overwrite", action="store_true", help=OVERWRITE)
-    i.add_argument("--scheme", default="pre", help="scheme of the depthlab model (default pre: exact copy)")
+    i.add_argument("--scheme", help="scheme of the depthlab model (default: the family's own block, an exact copy: "
+                   "pre, or sandwich for gemma2)")
     i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
                    "at most 4096)")
     i.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer (a tokenizer.json or a transformers "
