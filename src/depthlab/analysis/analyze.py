@@ -46,7 +46,7 @@ from depthlab.analysis.removal import (
 )
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, is_classifier
 from depthlab.analysis.streaming import ActivationStore, Unit, stream
-from depthlab.analysis.tasks import TaskSums, question_mask, task_sweep, usefulness_orders
+from depthlab.analysis.tasks import TaskSums, answer_logits, question_mask, task_sweep, usefulness_orders
 from depthlab.metrics import Accumulator, unit
 from depthlab.progress import progress_bar
 
@@ -214,9 +214,9 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
     skel.load_block(0)
     lm.discover(batches[0].inputs, batches[0].mask)
     acc, sums, tsums = Accumulator(L), RemovalSums(L), TaskSums()
-    entries = [(b.inputs, b.mask, lambda key, lg, b=b: sums.add(key, lg, b)) for b in batches]
+    entries = [(b.inputs, b.mask, lambda key, h, b=b: sums.add(key, lm.logits(h), b)) for b in batches]
     if opts.removal:
-        entries += [(q.ids, question_mask(q), lambda key, lg, t=t, q=q: tsums.add(t, key, q, lg))
+        entries += [(q.ids, question_mask(q), lambda key, h, t=t, q=q: tsums.add(t, key, q, answer_logits(lm, q, h)))
                     for t, qs in (questions or {}).items() for q in qs]
     jac: dict = {"block_gain": [], "block_vs_identity": [], "heatmaps": [], "probes": opts.probes}
     load = lambda j: skel.load_block(j) or 0  # noqa: E731

@@ -118,14 +118,20 @@ def through_block(lm: LayeredLM, slot: int, j: int, plan: Plan, h: torch.Tensor,
 
 
 @torch.no_grad()
-def replay(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Tensor:
-    """Logits under `plan`, replaying only the blocks from the first one it changes, on the traced activations."""
+def replay_state(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Tensor:
+    """The raw last stream state under `plan`, replaying only the blocks from the first one it changes, on the
+    traced activations."""
     if plan.first is None:
-        return tr.logits
+        return tr.hidden[-1]
     h = tr.hidden[plan.first]
     for j in range(plan.first, lm.n_layers):
         h = through_block(lm, j, j, plan, h, tr.calls[j], linear)
-    return lm.logits(h)
+    return h
+
+
+def replay(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Tensor:
+    """Logits under `plan` (the model's own for the model itself)."""
+    return tr.logits if plan.first is None else lm.logits(replay_state(lm, tr, plan, linear))
 
 
 class RemovalSums:

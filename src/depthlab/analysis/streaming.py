@@ -61,9 +61,9 @@ class ActivationStore:
 
 @dataclass
 class Unit:
-    """One batch the streams run on. `calls[j]`: how block j is called on it; `score(key, logits)` takes every
-    plan's logits at the end; `observe(j, h, out, mid)` sees its base stream at each block; `mask` marks real
-    tokens."""
+    """One batch the streams run on. `calls[j]`: how block j is called on it; `score(key, h)` takes every plan's
+    raw last stream state at the end (the head is applied there, to the positions it reads); `observe(j, h, out,
+    mid)` sees its base stream at each block; `mask` marks real tokens."""
 
     calls: list[BlockCall]
     mask: torch.Tensor
@@ -107,5 +107,5 @@ def stream(lm: LayeredLM, n_layers: int, load: Callable[[int], int], units: list
     for k, u in enumerate(units):
         if u.score is not None:
             for p in plans:
-                u.score(p.key, lm.logits(store.get(("base" if p.first is None else p.key, k))))
+                u.score(p.key, store.get(("base" if p.first is None else p.key, k)))
     return linear

@@ -6,7 +6,8 @@ the mean log-likelihood of the correct answer, beside the model's own and the dr
 The questions are built by depthlab.hf (TaskSuite, ScoredQuestion: the requests `eval` scores) and handed over by
 the analyze command; analysis does not import hf (the two are siblings). What it needs of a question is
 `TaskQuestion`. Each question is traced as its own batch (its choices, as `eval` scores them), then every plan is
-replayed from the cached input of the first block it changes.
+replayed from the cached input of the first block it changes; the head is applied only from the first position
+whose logits are read (`answer_logits`).
 """
 
 from __future__ import annotations
@@ -17,16 +18,23 @@ from typing import Protocol
 import torch
 
 from depthlab.analysis.layers import LayeredLM
-from depthlab.analysis.removal import BASE, Plan, plan_rows, replay, single_plans, skipping
+from depthlab.analysis.removal import BASE, Plan, plan_rows, replay_state, single_plans, skipping
 
 INTERVAL = "95% Wilson score interval (scipy.stats.binomtest(k, n).proportion_ci(method='wilson'))"
 
 
 class TaskQuestion(Protocol):
     ids: torch.Tensor  # (choices, T) right-padded token ids
+    first: int  # the first position whose logits are read (the earliest that predicts a continuation token)
 
     def outcome(self, logits: torch.Tensor) -> tuple[bool, float]:
-        """(whether the pick is the answer, the answer's summed log-likelihood) from the logits of `ids`."""
+        """(whether the pick is the answer, the answer's summed log-likelihood) from the logits of ids[:, first:]."""
+
+
+def answer_logits(lm: LayeredLM, q: TaskQuestion, h: torch.Tensor) -> torch.Tensor:
+    """The head applied where the question's answers are read only: the logits of a long few-shot context over a
+    large vocabulary, at every position and for every removal, would dwarf the model's activations."""
+    return lm.logits(h[:, q.first:])
 
 
 def question_mask(q: TaskQuestion) -> torch.Tensor:
@@ -89,7 +97,7 @@ def task_sweep(lm: LayeredLM, questions: dict[str, list], plans: list[Plan], sum
         for q in progress(qs, f"analyze: {task}"):
             tr = lm.trace(q.ids, question_mask(q))
             for plan in plans:
-                sums.add(task, plan.key, q, replay(lm, tr, plan, linear))
+                sums.add(task, plan.key, q, answer_logits(lm, q, replay_state(lm, tr, plan, linear)))
 
 
 @torch.no_grad()
@@ -100,7 +108,7 @@ def naive_task_sweep(lm: LayeredLM, questions: dict[str, list]) -> TaskSums:
         with skipping(lm, l):
             for task, qs in questions.items():
                 for q in qs:
-                    sums.add(task, ("block", l), q, lm.forward_fn(q.ids, question_mask(q)))
+                    sums.add(task, ("block", l), q, lm.forward_fn(q.ids, question_mask(q))[:, q.first:])
     return sums
 
 

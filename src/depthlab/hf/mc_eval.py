@@ -185,13 +185,14 @@ def padded_inputs(scorer: Scorer, pairs: list[tuple[list[int], list[int]]]) -> t
 
 
 @torch.no_grad()
-def pair_scores(logits: torch.Tensor, inps: list, pairs: list) -> list[tuple[float, bool]]:
+def pair_scores(logits: torch.Tensor, inps: list, pairs: list, offset: int = 0) -> list[tuple[float, bool]]:
     """(summed log-probability of the continuation, whether it is the greedy one) of each pair, read from the
-    logits of `padded_inputs`."""
-    logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+    logits of `padded_inputs` from position `offset` on."""
     out = []
     for i, (inp, (_, cont)) in enumerate(zip(inps, pairs)):
-        rows = logp[i, len(inp) - len(cont):len(inp)]  # the positions that predict the continuation's tokens
+        # only the positions that predict the continuation's tokens: a float copy of all the logits of a long
+        # few-shot context over a large vocabulary is hundreds of MB
+        rows = torch.log_softmax(logits[i, len(inp) - len(cont) - offset:len(inp) - offset].float(), dim=-1).cpu()
         target = torch.tensor(cont)
         out.append((rows[torch.arange(len(cont)), target].sum().item(), bool((rows.argmax(-1) == target).all())))
     return out
@@ -243,9 +244,15 @@ class ScoredQuestion:
     def of(cls, scorer: Scorer, pairs: list, answer: int) -> ScoredQuestion:
         return cls(*padded_inputs(scorer, pairs), pairs, answer)
 
+    @property
+    def first(self) -> int:
+        """The first position whose logits are read: the earliest that predicts a continuation token."""
+        return min(len(inp) - len(cont) for inp, (_, cont) in zip(self.inps, self.pairs))
+
     def outcome(self, logits: torch.Tensor) -> tuple[bool, float]:
-        """Whether the highest summed log-likelihood is the answer's (`acc`), and the answer's log-likelihood."""
-        lls = [ll for ll, _ in pair_scores(logits, self.inps, self.pairs)]
+        """From the logits of ids[:, first:]: whether the highest summed log-likelihood is the answer's (`acc`), and
+        the answer's log-likelihood."""
+        lls = [ll for ll, _ in pair_scores(logits, self.inps, self.pairs, self.first)]
         return argmax(lls) == self.answer, lls[self.answer]
 
 
