@@ -87,7 +87,10 @@ def test_task_removal_equals_prune_then_eval_and_layerwise_equals_whole(tmp_path
             [d["loss"] for d in layerwise["removal"]["drop"][by]], rel=1e-5)
     assert layerwise["removal"]["streams"]["in_memory_peak_mb"] == 0 < layerwise["removal"]["streams"]["on_disk_mb"]
     html = (tmp_path / "whole" / "report.html").read_text()
-    assert "figure_one.png" in html and (tmp_path / "whole" / "figure_one.png").stat().st_size > 1000
+    for name in ("figure_one", "sublayers"):  # the figures, each beside its own table
+        assert f"{name}.png" in html and (tmp_path / "whole" / f"{name}.png").stat().st_size > 1000
+    written = {p.name for p in (tmp_path / "whole").iterdir()}
+    assert {"task_removal.csv", "sublayer_removal.csv", "drop_lowest.csv"} <= written
 
 
 def _zeroed(model, l: int, part: str, hf: bool):

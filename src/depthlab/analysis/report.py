@@ -287,7 +287,7 @@ def write_tables(res: dict, out: Path) -> list[Path]:
              "best_blocks.csv": res["angular"]["best_block"]}
     if "removal" in res:
         files["removal_runs.csv"] = res["removal"]["runs"]
-    more = {"task_removal.csv": task_rows(res), "sublayers.csv": part_rows(res) if has_parts(res) else [],
+    more = {"task_removal.csv": task_rows(res), "sublayer_removal.csv": part_rows(res) if has_parts(res) else [],
             "drop_lowest.csv": drop_rows(res)}
     files.update({name: rows for name, rows in more.items() if rows})
     for key in ("last_token", "all_tokens"):
