@@ -72,6 +72,8 @@ def test_task_removal_equals_prune_then_eval_and_layerwise_equals_whole(tmp_path
             assert row["ll"] == pytest.approx(sum(lls) / len(lls), abs=1e-4)
             assert row["acc_drop"] == pytest.approx(got[name]["base_acc"] - acc)
             assert row["acc_ci"][0] <= acc <= row["acc_ci"][1]
+            assert row["drop_ci"][0] <= row["acc_drop"] <= row["drop_ci"][1]
+            assert row["lost"] - row["gained"] == round(row["acc_drop"] * got[name]["n"])
     base = evaluate_tasks(load_scorer(hf, "cpu"), mc)
     assert got["mc"]["base_acc"] == base["acc"]
     # layer-by-layer mode, every stream on disk: the same numbers
@@ -193,3 +195,14 @@ def test_every_removal_option_on_a_depthlab_run_with_its_index_at_initialisation
     res = run_request(Request(str(ck), [str(tmp_path / "t.txt")], tokens=64, seq_len=32, options=opts,
                               linear_fit_tokens=64))
     assert {"attn", "mlp", "linear", "drop"} <= set(res["removal"]) and "at_init" in res["curse_index"]
+
+
+def test_paired_drop_reads_the_discordant_questions():
+    from depthlab.analysis.tasks import paired_drop
+
+    base = [True] * 30 + [False] * 10
+    after = [False] * 12 + [True] * 18 + [True] * 2 + [False] * 8  # 12 lost, 2 gained
+    d = paired_drop(base, after)
+    assert (d["lost"], d["gained"]) == (12, 2) and d["drop_ci"][0] < 10 / 40 < d["drop_ci"][1]
+    assert d["drop_ci"][0] > 0 and d["drop_p"] == pytest.approx(0.012939, abs=1e-5)  # exact McNemar, 2-sided
+    assert paired_drop(base, base) == {"lost": 0, "gained": 0, "drop_ci": [0.0, 0.0], "drop_p": 1.0}

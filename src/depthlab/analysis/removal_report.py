@@ -32,8 +32,8 @@ def task_names(runs: Runs) -> list[str]:
 
 
 def plot_figure_one(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
-    """One panel per task: the accuracy drop (points) when each block is removed, with the 95% interval of the
-    removed model's accuracy carried over to the drop; the attention-only and MLP-only drops dashed and dotted."""
+    """One panel per task: the accuracy drop (points) when each block is removed, with its paired 95% interval
+    (tasks.paired_drop); the attention-only and MLP-only drops dashed and dotted."""
     names = task_names(runs)
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
     for ax, name in zip(axes[0], names):
@@ -48,15 +48,15 @@ def plot_figure_one(runs: Runs, path: Path, normalise_depth: bool = False) -> Pa
                 L = len(rows)
                 x = [r["block"] / L if normalise_depth else r["block"] for r in rows]
                 y = [100 * r["acc_drop"] for r in rows]
-                err = [[100 * (r["acc"] - r["acc_ci"][0]) for r in rows], [100 * (r["acc_ci"][1] - r["acc"])
-                                                                           for r in rows]]
+                err = [[100 * (r["acc_drop"] - r["drop_ci"][0]) for r in rows],
+                       [100 * (r["drop_ci"][1] - r["acc_drop"]) for r in rows]]
                 ax.errorbar(x, y, yerr=err if kind == "single" else None, marker=marker, ls=ls, ms=4, capsize=2,
                             color=f"C{k}", label=f"{label}, {KINDS[kind]} (base {100 * t['base_acc']:.1f}%)"
                             if kind == "single" else f"{label}, {KINDS[kind]}")
         ax.axhline(0, color="k", lw=0.8)
         ax.set_title(f"{name}: accuracy drop when one block is removed", fontsize=10)
         ax.set_xlabel("relative depth of the removed block" if normalise_depth else "removed block")
-        ax.set_ylabel("accuracy drop (points); bars: 95% Wilson interval")
+        ax.set_ylabel("accuracy drop (points); bars: paired 95% interval")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _save(fig, path)
@@ -95,7 +95,9 @@ def task_rows(res: dict) -> list[dict]:
                 rows.append({"task": name, "n": t["n"], "removal": KINDS.get(kind, "run"),
                              "blocks": r.get("blocks", r.get("block")), "acc": r["acc"],
                              "acc_ci": f"{r['acc_ci'][0]:.3f}-{r['acc_ci'][1]:.3f}", "acc_drop": r["acc_drop"],
-                             "ll": r["ll"], "ll_drop": r["ll_drop"], "base_acc": t["base_acc"]})
+                             "drop_ci": f"{r['drop_ci'][0]:.3f}-{r['drop_ci'][1]:.3f}", "lost": r["lost"],
+                             "gained": r["gained"], "drop_p": r["drop_p"], "ll": r["ll"], "ll_drop": r["ll_drop"],
+                             "base_acc": t["base_acc"]})
     return rows
 
 

@@ -20,7 +20,9 @@ import torch
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import BASE, Plan, plan_rows, replay_state, single_plans, skipping
 
-INTERVAL = "95% Wilson score interval (scipy.stats.binomtest(k, n).proportion_ci(method='wilson'))"
+INTERVAL = ("acc_ci: 95% Wilson score interval of the accuracy (scipy.stats.binomtest(k, n).proportion_ci("
+            "method='wilson')); drop_ci: 95% interval of the paired drop, conditional on the discordant questions; "
+            "drop_p: exact McNemar test")
 
 
 class TaskQuestion(Protocol):
@@ -50,34 +52,52 @@ def wilson(k: int, n: int) -> list[float]:
     return [float(ci.low), float(ci.high)]
 
 
+def paired_drop(base: list[bool], other: list[bool]) -> dict:
+    """The accuracy drop on the same questions, read from the discordant ones: lost (right before, wrong after) and
+    gained. Its 95% interval is conditional on their number m: lost ~ Binomial(m, π), drop = m (2π - 1) / n, π's
+    Wilson interval carried over; drop_p is the exact McNemar test (binomtest(lost, m, 0.5))."""
+    from scipy.stats import binomtest
+
+    n = len(base)
+    lost = sum(a and not b for a, b in zip(base, other))
+    m = lost + sum(b and not a for a, b in zip(base, other))
+    if m == 0:
+        return {"lost": 0, "gained": 0, "drop_ci": [0.0, 0.0], "drop_p": 1.0}
+    lo, hi = wilson(lost, m)
+    return {"lost": lost, "gained": m - lost, "drop_ci": [m * (2 * lo - 1) / n, m * (2 * hi - 1) / n],
+            "drop_p": float(binomtest(lost, m).pvalue)}
+
+
 class TaskSums:
-    """Per task and plan key: questions, correct picks, summed log-likelihood of the answer."""
+    """Per task and plan key: each question's pick right or wrong, in question order, and the summed
+    log-likelihood of the answers."""
 
     def __init__(self):
-        self.n: dict = defaultdict(int)
-        self.correct: dict = defaultdict(int)
+        self.right: dict = defaultdict(list)
         self.ll: dict = defaultdict(float)
         self.tasks: dict[str, None] = {}
 
     def add(self, task: str, key: tuple, question: TaskQuestion, logits: torch.Tensor) -> None:
         ok, ll = question.outcome(logits)
         self.tasks[task] = None
-        self.n[task, key] += 1
-        self.correct[task, key] += bool(ok)
+        self.right[task, key].append(bool(ok))
         self.ll[task, key] += ll
 
     def row(self, task: str, key: tuple) -> dict:
-        n, c = self.n[task, key], self.correct[task, key]
-        base_acc, base_ll = self.correct[task, BASE.key] / n, self.ll[task, BASE.key] / n
-        return {"acc": c / n, "acc_ci": wilson(c, n), "acc_drop": base_acc - c / n, "ll": self.ll[task, key] / n,
-                "ll_drop": base_ll - self.ll[task, key] / n}
+        """acc and its Wilson interval; acc_drop = the model's accuracy minus it, with the paired interval and test
+        of `paired_drop`; ll: the answer's mean log-likelihood, and ll_drop."""
+        right, base = self.right[task, key], self.right[task, BASE.key]
+        n, c = len(right), sum(right)
+        base_ll = self.ll[task, BASE.key] / n
+        return {"acc": c / n, "acc_ci": wilson(c, n), "acc_drop": sum(base) / n - c / n, **paired_drop(base, right),
+                "ll": self.ll[task, key] / n, "ll_drop": base_ll - self.ll[task, key] / n}
 
     def results(self) -> dict:
         out = {}
         for t in self.tasks:
             base = self.row(t, BASE.key)
-            keys = [k for (task, k) in self.n if task == t]
-            out[t] = {"n": self.n[t, BASE.key], "base_acc": base["acc"], "base_acc_ci": base["acc_ci"],
+            keys = [k for (task, k) in self.right if task == t]
+            out[t] = {"n": len(self.right[t, BASE.key]), "base_acc": base["acc"], "base_acc_ci": base["acc_ci"],
                       "base_ll": base["ll"], **plan_rows(keys, lambda k, t=t: self.row(t, k))}
         return {"interval": INTERVAL, "tasks": out}
 
@@ -118,8 +138,8 @@ def sweep_agreement(lm: LayeredLM, questions: dict[str, list]) -> tuple[float, b
     cached = TaskSums()
     task_sweep(lm, questions, [BASE, *single_plans(lm.n_layers)], cached)
     naive = naive_task_sweep(lm, questions)
-    keys = list(naive.n)
-    return max(abs(cached.ll[k] - naive.ll[k]) for k in keys), all(cached.correct[k] == naive.correct[k] for k in keys)
+    keys = list(naive.right)
+    return max(abs(cached.ll[k] - naive.ll[k]) for k in keys), all(cached.right[k] == naive.right[k] for k in keys)
 
 
 def usefulness_orders(removal: dict | None, task_removal: dict | None) -> dict[str, list[int]]:
