@@ -206,3 +206,13 @@ def test_paired_drop_reads_the_discordant_questions():
     assert (d["lost"], d["gained"]) == (12, 2) and d["drop_ci"][0] < 10 / 40 < d["drop_ci"][1]
     assert d["drop_ci"][0] > 0 and d["drop_p"] == pytest.approx(0.012939, abs=1e-5)  # exact McNemar, 2-sided
     assert paired_drop(base, base) == {"lost": 0, "gained": 0, "drop_ci": [0.0, 0.0], "drop_p": 1.0}
+
+
+def test_figure_one_draws_drops_that_sit_on_their_interval_end(tmp_path):
+    """A drop equal to an end of its interval up to rounding (all the discordant questions lost, or gained) draws."""
+    from depthlab.analysis.removal_report import plot_figure_one
+
+    drop = -1 / 300
+    row = {"block": 1, "acc": 0.59, "acc_ci": [0.53, 0.64], "acc_drop": drop, "drop_ci": [drop + 1e-17, 0.01]}
+    res = {"task_removal": {"tasks": {"t": {"n": 300, "base_acc": 0.5866666666666667, "single": [row]}}}}
+    assert plot_figure_one([("m", res)], tmp_path / "f.png").stat().st_size > 1000

@@ -48,8 +48,8 @@ def plot_figure_one(runs: Runs, path: Path, normalise_depth: bool = False) -> Pa
                 L = len(rows)
                 x = [r["block"] / L if normalise_depth else r["block"] for r in rows]
                 y = [100 * r["acc_drop"] for r in rows]
-                err = [[100 * (r["acc_drop"] - r["drop_ci"][0]) for r in rows],
-                       [100 * (r["drop_ci"][1] - r["acc_drop"]) for r in rows]]
+                err = [[max(0.0, 100 * (r["acc_drop"] - r["drop_ci"][0])) for r in rows],  # rounding at the ends
+                       [max(0.0, 100 * (r["drop_ci"][1] - r["acc_drop"])) for r in rows]]
                 ax.errorbar(x, y, yerr=err if kind == "single" else None, marker=marker, ls=ls, ms=4, capsize=2,
                             color=f"C{k}", label=f"{label}, {KINDS[kind]} (base {100 * t['base_acc']:.1f}%)"
                             if kind == "single" else f"{label}, {KINDS[kind]}")

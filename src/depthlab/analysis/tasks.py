@@ -89,7 +89,7 @@ class TaskSums:
         right, base = self.right[task, key], self.right[task, BASE.key]
         n, c = len(right), sum(right)
         base_ll = self.ll[task, BASE.key] / n
-        return {"acc": c / n, "acc_ci": wilson(c, n), "acc_drop": sum(base) / n - c / n, **paired_drop(base, right),
+        return {"acc": c / n, "acc_ci": wilson(c, n), "acc_drop": (sum(base) - c) / n, **paired_drop(base, right),
                 "ll": self.ll[task, key] / n, "ll_drop": base_ll - self.ll[task, key] / n}
 
     def results(self) -> dict:
