@@ -62,6 +62,14 @@ def test_hf_model_without_tokenizer_is_a_clear_error(tmp_path, capsys):
     (["analyze", "{tmp}", "--device", "cuda:0" if not __import__("torch").cuda.is_available() else "bogus"],
      "--device"),
     (["theory", "--depth", "1"], "--depth must be between 2"),
+    (["analyze", "{tmp}", "--task-limit", "3"], "--task-limit has no effect without --removal-tasks"),
+    (["analyze", "{tmp}", "--removal-tasks", "{tmp}/none.jsonl", "--no-removal"], "has no effect with --no-removal"),
+    (["analyze", "{tmp}", "--sublayers", "--no-removal"], "--sublayers has no effect with --no-removal"),
+    (["analyze", "{tmp}", "--linear-fit-tokens", "64"], "--linear-fit-tokens"),
+    (["analyze", "{tmp}", "--mmlu-shots", "5"], "--mmlu-shots"),
+    (["analyze", "{tmp}", "--activation-memory", "0"], "--activation-memory"),
+    (["analyze", "{tmp}", "--removal-tasks", "{tmp}/none.jsonl"], "cannot read task file"),
+    (["analyze", "{tmp}", "--removal-mmlu", "{tmp}/none"], "--mmlu"),
 ])
 def test_user_errors_are_one_line(tmp_path, capsys, argv, msg):
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
