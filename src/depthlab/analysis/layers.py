@@ -3,8 +3,9 @@ depthlab ViT the same way (its head reads the class from the pooled final-normed
 
 Nothing here is looked up in a per-class table. The block list is the largest nn.ModuleList of repeated modules;
 a traced forward pass then proves the discovery: every block must feed the next one, the final norm is the module
-that receives the last block's output, and head(final_norm(h_L)) must reproduce the model's logits. A model that
-fails a check is refused with a message naming what was found.
+that receives the last block's output, and head(final_norm(h_L)) must reproduce the model's logits, after the
+transform the model applies to them where it has one (`LogitMap`: Cohere's and Granite's logit scales, Gemma-2's
+soft cap). A model that fails a check is refused with a message naming what was found.
 
 Replay: during the traced pass each block's call (its other arguments: RoPE tables, masks, position ids) is
 recorded, so a block can later be re-run on any hidden state with exactly the arguments the model gave it. That
@@ -23,6 +24,7 @@ from torch import nn
 from depthlab import UserError
 from depthlab.analysis.calibration import last_real_index
 from depthlab.model.blocks import find_blocks, is_norm  # generic block discovery lives in one place, shared with hf/
+from depthlab.model.llama import softcap
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
 SUBLAYER_NAMES = {"attn": ATTN_NAME, "mlp": re.compile(r"mlp|feed_?forward|ffn", re.I)}
@@ -54,10 +56,51 @@ def _first_tensor(x):
     return None
 
 
+def _received(t: torch.Tensor, sent: torch.Tensor) -> bool:
+    """t is the tensor `sent`, or (a model placed over several devices) the original of its gathered copy."""
+    return t is sent or (t.device != sent.device and t.shape == sent.shape and torch.equal(t.to(sent.device), sent))
+
+
 def _zeroed(out):
     if isinstance(out, torch.Tensor):
         return torch.zeros_like(out)
     return (torch.zeros_like(out[0]), *out[1:])  # HF attention: (output, weights)
+
+
+@dataclass(frozen=True)
+class LogitMap:
+    """What a model does to head(final_norm(h)) to make its logits: times or over a factor (Cohere's logit_scale,
+    Granite's logits_scaling), then soft-capped as cap * tanh(z / cap) (Gemma-2's final_logit_softcapping); in
+    transformers' order of operations, so that the logits are the model's own to the last bit."""
+    op: str | None = None  # "*" or "/"
+    factor: float = 1.0
+    cap: float | None = None
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        if self.op == "*":
+            z = z * self.factor
+        elif self.op == "/":
+            z = z / self.factor
+        return z if self.cap is None else softcap(z, self.cap)
+
+    def __str__(self) -> str:
+        parts = [f"logits {self.op} {self.factor:g}" if self.op else "", f"soft-capped at {self.cap:g}" if self.cap
+                 else ""]
+        return ", ".join(p for p in parts if p) or "none"
+
+
+def hf_logit_maps(config) -> list[LogitMap]:
+    """The logit transforms an HF config can mean, the most specific first (discovery keeps the first that
+    reproduces the model's logits): logit_scale multiplies (Cohere); logits_scaling divides (Granite) or multiplies
+    (HyperCLOVA X); final_logit_softcapping caps (Gemma-2/3); the plain head last (a field the model ignores)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    cap = float(cap) if number(cap) else None
+    ops = [("*", getattr(cfg, "logit_scale", None)), ("/", getattr(cfg, "logits_scaling", None)),
+           ("*", getattr(cfg, "logits_scaling", None))]
+    maps = [LogitMap(op, float(f), cap) for op, f in ops if number(f)] + [LogitMap(cap=cap), LogitMap()]
+    return list(dict.fromkeys(maps))
 
 
 class LayeredLM:
@@ -66,12 +109,15 @@ class LayeredLM:
     `forward_fn(inputs, mask)` runs the whole model and returns logits; for depthlab models the calibration
     batches are packed (no padding), for HF models the attention mask is passed on. A classifier (a ViT) has `pool`:
     its inputs are images, its head reads head(pool(final_norm(h))) and its logits are (B, classes).
+    `logit_maps`: what the model may do to the head's output (`LogitMap`), tried in order by `discover`.
     """
 
     def __init__(self, model: nn.Module, forward_fn, name: str, kind: str, head,
-                 mid_probes: list | None = None, pool=None):
+                 mid_probes: list | None = None, pool=None, logit_maps: list[LogitMap] | None = None):
         self.model, self.forward_fn, self.name, self.kind, self.head = model, forward_fn, name, kind, head
         self.pool = pool
+        self.logit_maps = logit_maps or [LogitMap()]
+        self.logit_map = self.logit_maps[0]  # the one discovery proves
         self.blocks_path, self.blocks = find_blocks(model)
         self.norm: nn.Module | None = None
         self.norm_path = ""
@@ -93,6 +139,19 @@ class LayeredLM:
             return self.pool(h)
         return h[torch.arange(h.shape[0], device=mask.device), last_real_index(mask)]
 
+    # --- placement over several devices ----------------------------------------------------------------------
+    home: torch.device | None = None  # a model placed by a device map (depthlab.loading.place): the device every
+    # tensor handed to the analysis is gathered on (its inputs'); None: the model sits on one device
+
+    def gather_on(self, device) -> None:
+        """Hand the analysis every stream, block output and logit on `device`: accelerate's hooks move each
+        module's inputs to its own device but leave its output there."""
+        self.home = torch.device(device)
+        self.head.register_forward_hook(lambda mod, args, out: out.to(self.home))
+
+    def _home(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        return t if self.home is None or t is None else t.to(self.home)
+
     # --- capture ---------------------------------------------------------------------------------------------
     @torch.no_grad()
     def trace(self, inputs: torch.Tensor, mask: torch.Tensor) -> Trace:
@@ -110,17 +169,17 @@ class LayeredLM:
                 else:
                     key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
                     h, call = kwargs[key], BlockCall((), {k: v for k, v in kwargs.items() if k != key}, key)
-                hidden[i], calls[i] = h, call
+                hidden[i], calls[i] = self._home(h), call
             return hook
 
         def post(i):
             def hook(mod, args, kwargs, out):
-                outs[i] = _first_tensor(out)
+                outs[i] = self._home(_first_tensor(out))
             return hook
 
         def mid_hook(i, where):
             def hook(mod, args, out):
-                mid[i] = _first_tensor(args if where == "input" else out)
+                mid[i] = self._home(_first_tensor(args if where == "input" else out))
             return hook
 
         try:
@@ -145,7 +204,7 @@ class LayeredLM:
             out = self.blocks[i](h, *call.args, **call.kwargs)
         else:
             out = self.blocks[i](*call.args, **{call.hidden_kw: h}, **call.kwargs)
-        return _first_tensor(out)
+        return self._home(_first_tensor(out))
 
     def run_block_mid(self, i: int, h: torch.Tensor, call: BlockCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run block i and also read the stream between its attention and MLP halves (None without a split)."""
@@ -159,7 +218,7 @@ class LayeredLM:
             out = self.run_block(i, h, call)
         finally:
             handle.remove()
-        return out, got[0]
+        return out, self._home(got[0])
 
     def sublayer(self, i: int, part: str) -> nn.Module:
         """Block i's attention ("attn") or MLP ("mlp"): the direct child named so (attn, self_attn, attention; mlp,
@@ -189,12 +248,13 @@ class LayeredLM:
         return h
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        return self.norm(h)
+        return self._home(self.norm(h))
 
     def logits(self, h_raw: torch.Tensor) -> torch.Tensor:
-        """Logits read from a raw residual stream: head(final_norm(h)), as the model itself does after the last
-        block (the logit lens applies exactly this to every layer)."""
-        return self.head(self.norm(h_raw))
+        """Logits read from a raw residual stream: head(final_norm(h)) and the model's logit transform, as the model
+        itself does after the last block. Everything that reads logits off a stream calls this: the logit lens at
+        every layer, removal's loss, task scoring, layer-by-layer mode."""
+        return self.logit_map(self.head(self.norm(h_raw)))
 
     # --- discovery checks ------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -225,20 +285,23 @@ class LayeredLM:
             raise UserError(f"{self.name}: replaying the blocks of {self.blocks_path} does not reproduce the "
                             "model's own stream (something sits between the blocks)")
         last = tr.hidden[-1]
-        found = [(n, m) for n, m, t in seen if t is last and m is not self.head]
+        found = [(n, m) for n, m, t in seen if _received(t, last) and m is not self.head]
         if not found:
             names = ", ".join(sorted({n for n, _, _ in seen})) or "none"
             raise UserError(f"{self.name}: no final norm found: no module outside {self.blocks_path} receives the "
                             f"last block's output (modules called: {names})")
         # Prefer a norm by name: a module in between (an eval-mode dropout, say) also receives the same tensor.
         self.norm_path, self.norm = next(((n, m) for n, m in found if "norm" in type(m).__name__.lower()), found[0])
-        ref = tr.logits.float()
-        got = self.logits(last).float()
-        if got.shape != ref.shape or not torch.allclose(got, ref, atol=1e-4 * max(1.0, ref.abs().max().item()),
-                                                         rtol=1e-3):
+        ref, raw = tr.logits.float(), self.head(self.norm(last))
+        same = lambda got: got.shape == ref.shape and torch.allclose(  # noqa: E731
+            got, ref, atol=1e-4 * max(1.0, ref.abs().max().item()), rtol=1e-3)
+        self.logit_map = next((m for m in self.logit_maps if same(m(raw).float())), None)
+        if self.logit_map is None:
+            tried = "; ".join(map(str, self.logit_maps))
             raise UserError(f"{self.name}: head({self.norm_path}(h_L)) does not reproduce the model's logits "
                             f"(blocks {self.blocks_path}, final norm {self.norm_path}: {type(self.norm).__name__}, "
-                            f"head {type(self.head).__name__}); logit scaling or soft-capping is not supported")
+                            f"head {type(self.head).__name__}, logit transforms tried: {tried}); the model changes "
+                            "its logits in some other way, which analysis does not reproduce")
         if self.mid_probes is None:
             self.mid_probes = hf_mid_probes(self, inputs, mask)
 
@@ -246,7 +309,7 @@ class LayeredLM:
         return {"name": self.name, "kind": self.kind, "class": type(self.model).__name__,
                 "blocks": f"{self.blocks_path} ({self.n_layers} x {type(self.blocks[0]).__name__})",
                 "final_norm": f"{self.norm_path} ({type(self.norm).__name__})",
-                "head": type(self.head).__name__,
+                "head": type(self.head).__name__, "logits": str(self.logit_map),
                 "attn_mlp_split": self.mid_probes is not None and any(p is not None for p in self.mid_probes)}
 
 
@@ -303,7 +366,8 @@ def from_depthlab(model, name: str) -> LayeredLM:
     def fwd(ids, mask):
         return model(ids)  # packed batches: no padding, the mask is all ones
 
-    return LayeredLM(model, fwd, name, "depthlab", model.lm_head, depthlab_mid_probes(model))
+    return LayeredLM(model, fwd, name, "depthlab", model.lm_head, depthlab_mid_probes(model),
+                     logit_maps=[LogitMap(cap=getattr(model, "logit_softcap", None))])
 
 
 class PooledHead:
@@ -337,4 +401,4 @@ def from_hf(model, name: str) -> LayeredLM:
     def fwd(ids, mask):
         return model(input_ids=ids, attention_mask=mask.long(), use_cache=False).logits
 
-    return LayeredLM(model, fwd, name, "hf", head)
+    return LayeredLM(model, fwd, name, "hf", head, logit_maps=hf_logit_maps(model.config))
