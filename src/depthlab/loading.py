@@ -11,6 +11,10 @@ A LoRA run's checkpoint stores the frozen base weights under their own names and
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +69,8 @@ class Loaded:
     path: Path  # the checkpoint or HF directory that was loaded
     cfg: object | None = None  # the depthlab Config (None for HF)
     meta: CheckpointMeta | None = None  # the checkpoint's (None for HF)
+    device_map: dict | None = None  # where a model placed by a device map has each module (None: on one device)
+    device: torch.device | None = None  # where its inputs go: the one device, or a placed model's main device
 
     @property
     def context(self) -> int:
@@ -104,16 +110,153 @@ class Logits(torch.nn.Module):
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype: str = "float32", hf: bool = True,
-               trust_remote_code: bool = False, warn: Callable[[str], None] = warn) -> Loaded:
-    """A model from any model path (see model_path), on `device` in `dtype`, in eval mode."""
+               trust_remote_code: bool = False, warn: Callable[[str], None] = warn,
+               device_map: str | dict | None = None, max_memory: dict | None = None,
+               offload_folder: str | Path | None = None) -> Loaded:
+    """A model from any model path (see model_path), on `device` in `dtype`, in eval mode; or, with `device_map`,
+    read into host memory and spread over devices by `place` (then `device` stays "cpu")."""
+    if device_map is None and (max_memory is not None or offload_folder is not None):
+        raise UserError("max_memory and offload_folder place a model by a device map; give device_map too")
+    if device_map is not None and str(device) != "cpu":
+        raise UserError(f"a device map places the model itself; device {device!r} has no effect beside it")
+    if device_map is not None:
+        need_accelerate()
     kind, p = model_path(path, hf=hf, warn=warn)
     if kind is Kind.HF:
-        return _load_hf(p, device, dtype, trust_remote_code)
-    model, cfg, meta = load_checkpoint(p, device=str(device))
-    from depthlab.data.tokenizer import load_tokenizer
+        loaded = _load_hf(p, device, dtype, trust_remote_code)
+    else:
+        model, cfg, meta = load_checkpoint(p, device=str(device))
+        from depthlab.data.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(p / TOKENIZER) if (p / TOKENIZER).is_file() else None
-    return Loaded(model.to(torch_dtype(dtype)).eval(), tok, Kind.CHECKPOINT, p, cfg, meta)
+        tok = load_tokenizer(p / TOKENIZER) if (p / TOKENIZER).is_file() else None
+        loaded = Loaded(model.to(torch_dtype(dtype)).eval(), tok, Kind.CHECKPOINT, p, cfg, meta)
+    if device_map is None:
+        loaded.device = torch.device(device)
+    else:
+        loaded.device_map, loaded.device = place(loaded.model, device_map, max_memory, offload_folder)
+    return loaded
+
+
+# --- placing a model over several devices (accelerate's big-model dispatch) ----------------------------------
+
+DEVICE_MAPS = ("auto", "balanced", "sequential")  # the strategies transformers' from_pretrained takes ("auto" is
+# "balanced")
+
+
+def need_accelerate() -> None:
+    if importlib.util.find_spec("accelerate") is None:
+        raise UserError("a device map places the model with `accelerate`, which is not installed (pip install "
+                        "accelerate)")
+
+
+def read_device_map(text: str) -> str | dict:
+    """--device-map's value: a strategy (DEVICE_MAPS), or a JSON file holding {module name: device}."""
+    if text in DEVICE_MAPS:
+        return text
+    try:
+        got = json.loads(Path(text).read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        why = getattr(e, "strerror", None) or getattr(e, "msg", None) or str(e)
+        raise UserError(f"--device-map {text}: neither {', '.join(DEVICE_MAPS)} nor a readable JSON file ({why})") \
+            from None
+    if not isinstance(got, dict) or not got:
+        raise UserError(f"--device-map {text}: the file must hold a JSON object {{module name: device}}")
+    return got
+
+
+def read_max_memory(items: list[str]) -> dict:
+    """--max-memory's DEVICE=SIZE items (0=20GiB cpu=60GiB) as accelerate's max_memory {0: "20GiB", "cpu": ...}."""
+    from accelerate.utils import convert_file_size_to_int
+
+    memory = {}
+    for item in items:
+        key, eq, size = item.partition("=")
+        key = key.removeprefix("cuda:")
+        if not eq or not (key.isdigit() or key in ("cpu", "mps", "disk")):
+            raise UserError(f"--max-memory {item!r}: give DEVICE=SIZE, the device a GPU index (0, cuda:1), cpu, mps "
+                            "or disk, e.g. 0=20GiB cpu=60GiB")
+        try:
+            if convert_file_size_to_int(size) <= 0:
+                raise ValueError
+        except ValueError:
+            raise UserError(f"--max-memory {item!r}: {size!r} is not a size (e.g. 20GiB, 500MB, 10**9 bytes as "
+                            "1000000000)") from None
+        memory[int(key) if key.isdigit() else key] = size
+    return memory
+
+
+def _device(value, where: str):
+    """A device map's value as accelerate takes it: a GPU index, cpu, disk, or a device name; checked here."""
+    from depthlab.device import resolve_device
+
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        resolve_device(f"cuda:{value}", where)
+        return value
+    if value in ("cpu", "disk"):
+        return value
+    if isinstance(value, str) and value.split(":")[0] in ("cuda", "mps", "xpu"):
+        return str(resolve_device(value, where))
+    raise UserError(f"{where}: {value!r} is not a device (a GPU index, cpu, disk, cuda:N)")
+
+
+def _checked_map(model, device_map: dict) -> dict:
+    names = dict(model.named_modules())
+    unknown = [k for k in device_map if k not in names]
+    if unknown:
+        some = ", ".join(n for n in list(names)[1:4])
+        raise UserError(f"device map: {type(model).__name__} has no module {unknown[0]!r} (its module names look "
+                        f"like {some})")
+    return {k: _device(v, f"device map entry {k!r}") for k, v in device_map.items()}
+
+
+def place(model, device_map: str | dict, max_memory: dict | None = None,
+          offload_folder: str | Path | None = None) -> tuple[dict, torch.device]:
+    """Spread `model`, held in host memory, over devices as accelerate's dispatch does (hooks move each module's
+    inputs to its device; what the map puts on "cpu" beside GPUs, or on "disk", is loaded at each forward); a
+    strategy is turned into a map by accelerate from the free memory, or `max_memory`, as transformers'
+    from_pretrained does. Returns (the map, the main device: where the inputs go)."""
+    need_accelerate()
+    from accelerate import dispatch_model
+    from accelerate.utils import get_balanced_memory, get_max_memory, infer_auto_device_map, offload_state_dict
+
+    from depthlab.model.blocks import find_blocks
+
+    if isinstance(device_map, str):
+        whole = {*(getattr(model, "_no_split_modules", None) or ()), type(find_blocks(model)[1][0]).__name__}
+        try:
+            memory = (get_max_memory(dict(max_memory or {}) or None) if device_map == "sequential" else
+                      get_balanced_memory(model, dict(max_memory or {}) or None, no_split_module_classes=list(whole)))
+            device_map = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=list(whole))
+        except ValueError as e:
+            raise UserError(f"--max-memory: {str(e).splitlines()[0]}") from None
+    else:
+        if max_memory:
+            raise UserError("max_memory sizes the devices of a device-map strategy; a map naming each module's "
+                            "device does not use it")
+        device_map = _checked_map(model, device_map)
+    devices = list(device_map.values())
+    if "disk" in devices and offload_folder is None:
+        raise UserError("the device map puts weights on disk: give an offload folder (--offload-folder DIR)")
+    main = next((d for d in devices if d not in ("cpu", "disk")), "cpu")
+    # the live tensors, not state_dict(): a model under a patched scheme folds its scale into the saved norm weights
+    live = {k: t.detach() for k, t in [*model.named_buffers(), *model.named_parameters(remove_duplicate=False)]}
+
+    def part(where: str) -> dict:
+        names = [k for k, d in device_map.items() if d == where]
+        return {k: t for k, t in live.items() if any(n in ("", k) or k.startswith(n + ".") for n in names)}
+
+    folder = None
+    if "disk" in devices:  # a fresh folder of our own: accelerate would reuse any offloaded weights it finds
+        Path(offload_folder).mkdir(parents=True, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="depthlab-offload-", dir=offload_folder)
+        weakref.finalize(model, shutil.rmtree, folder, True)
+        offload_state_dict(folder, part("disk"))
+    try:
+        dispatch_model(model, device_map, main_device=main, offload_dir=folder,
+                       state_dict=part("cpu") if main != "cpu" and "cpu" in devices else None)
+    except ValueError as e:  # a map that leaves some weights without a device
+        raise UserError(f"device map: {str(e).splitlines()[0]}") from None
+    return dict(device_map), torch.device(f"cuda:{main}" if isinstance(main, int) else main)
 
 
 def quiet_transformers() -> None:

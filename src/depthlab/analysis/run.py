@@ -45,6 +45,10 @@ class Request:
     tasks: object = None  # what removal is also scored by: `tasks.for_model(path, trust_remote_code)` gives
     # {task: [questions]} (depthlab.hf.commonsense.TaskSuite; see depthlab.analysis.tasks)
     linear_fit_tokens: int = 4096  # with options.linear: the windows the linear maps are fitted on
+    device_map: str | dict | None = None  # place the model over several devices (depthlab.loading.place): auto,
+    # balanced, sequential or {module name: device}; `device` is then the main device the map gives
+    max_memory: dict | None = None  # with a device-map strategy: {device: size} (accelerate's max_memory)
+    offload_folder: str | None = None  # with a device map putting weights on disk: where they are written
 
 
 @dataclass
@@ -55,41 +59,57 @@ class LayeredModel:
     info: dict  # about the model, including "context": the longest window it takes
     cfg: object = None  # the depthlab Config (None for HF)
     meta: CheckpointMeta | None = None  # the checkpoint's (a ViT's pixel statistics in its data); None for HF
+    device: str = "cpu"  # where its inputs go (a model placed by a device map: its main device)
+    device_map: dict | None = None  # where a placed model has each module
 
 
-def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float32",
-                 device: str = "cpu") -> LayeredModel:
+def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float32", device: str = "cpu",
+                 device_map: str | dict | None = None, max_memory: dict | None = None,
+                 offload_folder: str | None = None) -> LayeredModel:
     """Any model path (depthlab.loading.load_model: a run, a checkpoint, an HF directory) as a LayeredLM, on
-    `device` in `dtype` (the metrics are accumulated in fp32/fp64 whatever the model's dtype)."""
+    `device` in `dtype` (the metrics are accumulated in fp32/fp64 whatever the model's dtype), or placed over
+    several devices by `device_map` (with what the analysis reads gathered on the main device)."""
     from depthlab.analysis.layers import from_depthlab, from_hf
     from depthlab.loading import load_model
     from depthlab.paths import Kind
 
-    loaded = load_model(path, device, dtype, trust_remote_code=trust_remote_code)
+    if device_map is not None and task_of(path) == IMAGE_CLASSIFICATION:  # before the model loads
+        raise UserError(f"{path} is a ViT: a device map places language models (a ViT is analysed on one device)")
+    loaded = load_model(path, device, dtype, trust_remote_code=trust_remote_code, device_map=device_map,
+                        max_memory=max_memory, offload_folder=offload_folder)
     if loaded.kind is Kind.HF:
         info = {"model_type": loaded.model.config.model_type, "context": loaded.context}
-        return LayeredModel(from_hf(loaded.model, loaded.path.name), loaded.tokenizer, loaded.seq_len, info)
-    info = {"scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.step, "checkpoint": str(loaded.path),
-            "context": loaded.context}
-    lm = from_depthlab(loaded.model, Path(path).name or str(path))
-    if lm.classifier:
-        info = {**info, "arch": "vit", "pool": loaded.cfg.model.pool}
-    tok = None if lm.classifier else loaded.fast_tokenizer()
-    return LayeredModel(lm, tok, loaded.seq_len, info, loaded.cfg, loaded.meta)
+        lm, tok, cfg, meta = from_hf(loaded.model, loaded.path.name), loaded.tokenizer, None, None
+    else:
+        info = {"scheme": loaded.cfg.model.norm_scheme, "step": loaded.meta.step, "checkpoint": str(loaded.path),
+                "context": loaded.context}
+        lm = from_depthlab(loaded.model, Path(path).name or str(path))
+        if lm.classifier:
+            info = {**info, "arch": "vit", "pool": loaded.cfg.model.pool}
+        tok, cfg, meta = None if lm.classifier else loaded.fast_tokenizer(), loaded.cfg, loaded.meta
+    if loaded.device_map is not None:
+        lm.gather_on(loaded.device)
+    return LayeredModel(lm, tok, loaded.seq_len, info, cfg, meta, str(loaded.device), loaded.device_map)
 
 
-def index_at_init(cfg, batches: list, opts: Options, device: str) -> dict:
+def index_at_init(cfg, batches: list, opts: Options, device: str, device_map: dict | None = None,
+                  offload_folder: str | None = None) -> dict:
     """The curse index of a depthlab model rebuilt from its config at initialisation (the run's seed), on the same
-    batches: what the trained model's index is to be read against."""
+    batches: what the trained model's index is to be read against; placed by the trained model's device map when
+    that one was."""
     import torch
 
     from depthlab.analysis.layers import from_depthlab
+    from depthlab.loading import place
     from depthlab.model import build_model
 
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model).to(device).eval()
+    model = build_model(cfg.model).eval()
+    lm = from_depthlab(model if device_map is not None else model.to(device), "init")
+    if device_map is not None:
+        lm.gather_on(place(model, device_map, offload_folder=offload_folder)[1])
     index_only = dataclasses.replace(opts, sublayers=False, linear=False, drop_lowest=0)  # it reads block removal
-    idx = analyze(from_depthlab(model, "init"), batches, index_only)["curse_index"]
+    idx = analyze(lm, batches, index_only)["curse_index"]
     return {k: v for k, v in idx.items() if k not in ("angular_rows", "contiguous")}
 
 
@@ -188,14 +208,19 @@ def check_interior(n_layers: int, spec) -> None:
 
 def run_request(req: Request) -> dict:
     t0 = time.perf_counter()
+    if req.layerwise and req.device_map is not None:
+        raise UserError("--device-map places the whole model over devices; --layer-by-layer streams one block at a "
+                        "time: drop one of them")
     if req.layerwise:
         from depthlab.analysis.layerwise import load_skeleton
 
         skel, tok, seq_len, info = load_skeleton(req.model, req.trust_remote_code, req.dtype, req.device)
         lm = skel.lm
     else:
-        loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device)
+        loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device, req.device_map,
+                              req.max_memory, req.offload_folder)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
+        req = dataclasses.replace(req, device=loaded.device)  # a placed model's inputs go to its main device
     fit, questions = [], None
     if lm.classifier:
         if req.tasks is not None or req.options.linear:
@@ -214,7 +239,8 @@ def run_request(req: Request) -> dict:
     else:
         res = analyze(lm, batches, req.options, questions, fit)
     if req.at_init and not req.layerwise and loaded.cfg is not None:
-        res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device)
+        res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device,
+                                                      loaded.device_map, req.offload_folder)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     if req.layerwise:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
@@ -222,5 +248,7 @@ def run_request(req: Request) -> dict:
         data["tasks"] = {t: len(qs) for t, qs in questions.items()}
     res["data"] = data
     res["run"] = {"device": str(req.device), "dtype": req.dtype}
+    if not req.layerwise and loaded.device_map is not None:
+        res["run"]["device_map"] = {k: str(d) for k, d in loaded.device_map.items()}
     res["wall_s"] = time.perf_counter() - t0
     return res
