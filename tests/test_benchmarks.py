@@ -109,7 +109,8 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     assert "python -m benchmarks.depth_study run --depths 4 6" in text and "refuted" not in text
     assert str(tmp_path) not in text  # the recorded command names no machine path
     for n in (4, 6):  # every depth has a row with its comparison: n and the interval beside the word
-        row = rf"^\| {n} \| .*, n = 2: \*(lower|higher|inconclusive)\* \| .*\| (present|absent|unreadable|unknown) \|$"
+        row = (rf"^\| {n} \| .*, n = 2: \*(lower|higher|inconclusive)\* \| .*\| "
+               r"(present|absent|inconclusive|unreadable|unknown)[^|]* \|$")
         assert re.search(row, text, re.M)
     assert re.search(r"^\| 6 \| interior inert fraction .*n = 2: \*\w+\* \| lns lower \|$", text, re.M)
     assert "| lns − pre |" in text and "± +" not in text
@@ -306,6 +307,7 @@ def test_the_results_page_answers_on_its_first_screen_with_one_rule(tmp_path):
     def claim(number: str, where: str) -> str:
         return next(x for x in lines if x.startswith(f"| {number} |") and where in x)
 
-    assert claim("1", "| N = 12 |").endswith("| **not testable** (Pre-LN's curse index absent) |")
+    # Pre-LN's index at N = 12 is inconclusive by its t-interval across seeds (1.17 [0.09, 2.24] holds 0.5)
+    assert claim("1", "| N = 12 |").endswith("| **not testable** (Pre-LN's curse index inconclusive) |")
     assert "unigram loss" in claim("5", "post diverges") and claim("5", "post").endswith("| **supported** |")
     assert claim("6", "scaled").endswith("| **not reproduced** |")

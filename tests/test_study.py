@@ -178,3 +178,70 @@ def test_the_study_corpus_drops_planted_copies_and_holds_out_a_test_split_its_ce
     run_cells(study, seed_cells(study, {"pre": 1e-2}, [0], layers=2), log=lambda m: None)
     r = next(iter(load_records(study.runs_file).values()))
     assert math.isfinite(r["test_loss"]) and r["test_loss"] != r["val_loss"]
+
+
+def _curse_by_hand(ratios: list[float], inerts: list[float], interior: int) -> str:
+    """The across-seed curse rule written out with scipy: each criterion's 95% t-interval (df = n - 1) against its
+    threshold; present if either lies on the present side, absent if both lie on the other."""
+    from scipy import stats as st
+
+    if interior < verdicts.MIN_INTERIOR:
+        return "unreadable"
+
+    def ci(xs):
+        if len(set(xs)) == 1:
+            return xs[0], xs[0]
+        c = st.ttest_1samp(xs, 0).confidence_interval(0.95)
+        return c.low, c.high
+
+    (rlo, rhi), (ilo, ihi) = ci(ratios), ci(inerts)
+    sides = {"present" if rhi < 0.5 else "absent" if rlo >= 0.5 else "inconclusive",
+             "present" if ilo >= 1 / 3 else "absent" if ihi < 1 / 3 else "inconclusive"}
+    return "present" if "present" in sides else "absent" if sides == {"absent"} else "inconclusive"
+
+
+def test_the_results_page_prints_pre_lns_curse_index_as_the_rule_reads_it():
+    """On the page built from the committed records: the first screen, the own-best table and the claims table name,
+    at each depth, the word the across-seed rule gives for Pre-LN's per-seed index (recomputed here with scipy)."""
+    import re
+
+    from benchmarks import lns_study, report
+    from depthlab.study.claims import claims_table
+    from depthlab.study.page import lns, science
+
+    res = science.lns_summary(report.RESULTS, lns_study.PARTS, lns_study.UNSTABLE)
+    done = [d for d in res["depths"] if d["delta_val_loss"].get("n")]
+    rows, screen = lns.own_best_lines(res), lns.index_by_depth(done)
+    claims = lns.claims_lines(claims_table(res, res["unigram_loss"]))
+    groups = {seg.split(" at N = ")[0]: [int(x) for x in seg.split(" at N = ")[1].removesuffix(" only").split(", ")]
+              for seg in re.sub(r" \([^()]*\)", "", screen.removeprefix("reads ")).split("; ")}
+    words = {}
+    for d in done:
+        idx, L = d["pre"]["index"], d["layers"]
+        per = list(idx["per_seed"].values())
+        word = words[L] = _curse_by_hand([c["removal_deep_over_shallow"] for c in per],
+                                         [c["inert_fraction"] for c in per], idx["interior_blocks"])
+        assert L in groups[word]
+        row = next(x for x in rows if x.startswith(f"| {L} |"))
+        assert row.removesuffix(" |").split(" | ")[-1].startswith(word)
+        for claim in (x for x in claims if x.startswith("| 1 |") and f"| N = {L} |" in x):
+            assert claim.endswith("| **not testable** (Pre-LN's curse index " + word + ") |") == (word != "present")
+    assert set(words.values()) != {"present"} and "present" in words.values()  # the records hold both cases
+
+
+def test_the_first_screen_and_part_b_say_the_curse_words_with_their_intervals():
+    from depthlab.study import transfer
+    from depthlab.study.page import lns
+
+    read = lambda ratios: {"index": {"curse": verdicts.curse_reading(ratios, [0.0] * len(ratios), 45)}}  # noqa: E731
+    done = [{"layers": 12, "pre": read([0.35, 0.75])}, {"layers": 48, "pre": read([0.39, 0.40])},
+            {"layers": 24, "pre": read([0.9])}]
+    screen = lns.index_by_depth(done)
+    assert screen.startswith("reads present at N = 48 (deep/shallow removal ratio 0.40 [")
+    assert "< 0.5, n = 2) only; inconclusive at N = 12 (deep/shallow removal ratio 0.55 [" in screen
+    assert screen.endswith("; one seed: no interval at N = 24 (deep/shallow removal ratio 0.90, inert fraction 0.00: "
+                           "reads absent)")
+    held = transfer._precondition(read([0.35, 0.70])["index"]["curse"])
+    assert "holds 0.5, n = 2: *inconclusive*" in held and "*not testable*" in held
+    assert "*not testable*" not in transfer._precondition(read([0.39, 0.40])["index"]["curse"])
+    assert "*not testable*" in transfer._precondition(None) and "*unknown*" in transfer._precondition(None)

@@ -110,7 +110,8 @@ def decomposition(res: dict) -> list[dict]:
             abs(x["pre+gain_init"] - x["lns"]) < abs(x["pre+gain_init"] - x["pre"])  # its index sits by LNS's
         out.append({"profile": profile, "gain_init_nearer_lns": nearer,
                     "layers": g["layers"], "lr": g["lr"], "pre_reading": v.get("pre", {}).get("index", {})
-                    .get("reading", "unknown"), "against_pre": {k: r["delta_val_loss"] for k, r in v.items()
+                    .get("reading", "unknown"), "pre_curse": v.get("pre", {}).get("index", {}).get("curse"),
+                    "against_pre": {k: r["delta_val_loss"] for k, r in v.items()
                                                                 if r.get("delta_val_loss", {}).get("n")},
                     "gain_init_vs_lns": eq})
     return out

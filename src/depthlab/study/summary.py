@@ -14,7 +14,7 @@ from depthlab.analysis.curse import interior, shallow_deep
 from depthlab.study.records import cell_key, final_probe, upgrade
 from depthlab.study.runner import best_rates
 from depthlab.study.stats import binomial_se, mean_std
-from depthlab.study.verdicts import at_edge, claim, compare, precondition
+from depthlab.study.verdicts import at_edge, claim, compare, curse_reading
 
 
 def _mean_at(values: list[float], blocks: list[int]) -> float:
@@ -79,7 +79,8 @@ def _runs(records: dict, variant: str, layers: int, lr: float | None, seeds: lis
 
 
 def index_reading(runs: dict[int, dict]) -> dict:
-    """The curse index of each seed's final model, and its mean ± std."""
+    """The curse index of each seed's final model, its mean ± std, and the cell's reading across seeds
+    (verdicts.curse_reading: "curse" holds both criteria's t-intervals, "reading" the word)."""
     per = {s: final_probe(r)["curse"] for s, r in runs.items() if final_probe(r)}
     out = {"per_seed": per}
     for k in ("inert_fraction", "removal_deep_over_shallow", "update_slope"):
@@ -87,8 +88,9 @@ def index_reading(runs: dict[int, dict]) -> dict:
     sizes = [c["interior"][1] - c["interior"][0] + 1 if c.get("interior") else 0 for c in per.values()]
     out["interior_blocks"] = min(sizes) if sizes else None
     out["inert_fraction_rel"] = mean_std(c.get("inert_fraction_rel") for c in per.values())
-    out["reading"] = precondition(out["inert_fraction"]["mean"], out["removal_deep_over_shallow"]["mean"],
-                                  out["interior_blocks"])
+    out["curse"] = curse_reading([c.get("removal_deep_over_shallow") for c in per.values()],
+                                 [c.get("inert_fraction") for c in per.values()], out["interior_blocks"])
+    out["reading"] = out["curse"]["word"]
     init = [r["probes"][0]["curse"] for r in runs.values() if r.get("probes") and r["probes"][0]["tokens"] == 0]
     if init:  # the same models at initialisation (a probe at 0 tokens)
         out["at_init"] = {k: mean_std(c.get(k) for c in init) for k in ("inert_fraction", "removal_deep_over_shallow",
@@ -348,7 +350,8 @@ def matched_rates(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
             row[k] = {a: ca.get(k), b: cb.get(k)}
         x, y = row["removal_deep_over_shallow"][a], row["removal_deep_over_shallow"][b]
         row["b_ratio_lower"] = None if x is None or y is None else y < x
-        row["reading"] = precondition(ca.get("inert_fraction"), x, row["interior_blocks"])
+        row["curse"] = curse_reading([x], [ca.get("inert_fraction")], row["interior_blocks"])  # one seed
+        row["reading"] = row["curse"]["word"]
         rows.append(row)
     return rows
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from depthlab.study.records import cell_key, final_probe
 from depthlab.study.runner import Cell, run_cells, selection_value
 from depthlab.study.stats import interval, mean_std, pvalue, spread
-from depthlab.study.verdicts import EQUIVALENCE_MARGIN, compare, equivalent
+from depthlab.study.verdicts import EQUIVALENCE_MARGIN, ci_cell, compare, curse_said, curse_word, equivalent
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository this file is in (src/depthlab/study/transfer.py)
 OUT = ROOT / "benchmarks" / "results" / "depth_transfer"
@@ -380,21 +380,30 @@ def _rate_lines(res: dict, d: Design) -> list[str]:
     return out + [""]
 
 
+def _precondition(curse: dict | None) -> str:
+    """Part (B)'s precondition, Pre-LN's curse present at the parts depth (verdicts.curse_reading across the parts
+    seeds), as the page says it: where it does not read present (absent, inconclusive, one seed, unreadable, not
+    yet run) the question the part asks, which part of LNS lifts the curse, is *not testable*; the loss comparisons
+    stand either way."""
+    head = f"Pre-LN's curse index here: {curse_said(curse)}"
+    if curse and curse["word"] == "present":
+        return head + ", so which part of LNS lifts the curse is testable here."
+    return (head + ". The precondition (present, by the 95% t-interval across seeds) is not shown, so which part "
+            "of LNS lifts the curse is *not testable* here; the losses below still compare the parts.")
+
+
 def _parts_lines(dec: dict) -> list[str]:
     P, rows = dec["layers"], dec["variants"]
-    pre_index = rows[PRE]["index"] or {}
     out = [f"**LNS taken apart at N = {P}.** Each part at its own best rate (its grid around pre's best; seed 0, "
            "validation), test loss over the parts seeds, each against pre paired by seed; the curse index of the "
-           f"final models. Pre-LN's index here reads **{dec['pre_reading']}**"
-           + (f" (inert fraction {spread(pre_index['inert_fraction'], '.2f')}, deep/shallow removal "
-              f"{spread(pre_index['removal_deep_over_shallow'], '.2f')})" if pre_index else "") + ".", "",
-           "| variant | best lr | test loss (n) | − pre | deep/shallow removal | reading |", "|---" * 6 + "|"]
+           "final models (deep/shallow removal ratio, mean [95% t-interval across seeds], and its reading). "
+           + _precondition((rows[PRE]["index"] or {}).get("curse")), "",
+           "| variant | best lr | test loss (n) | − pre | deep/shallow removal | curse index |", "|---" * 6 + "|"]
     for v, r in rows.items():
-        idx = r["index"] or {}
+        cur = (r["index"] or {}).get("curse")
         lr = f"{r['lr']:g}{'*' if r['edge'] else ''}" if r["lr"] else "not yet"
         out.append(f"| {v} | {lr} | {spread(r)} ({r['n']}) | {_said(r.get('vs_pre', {})) if v != PRE else ''} | "
-                   f"{spread(idx.get('removal_deep_over_shallow'), '.2f') if idx else '-'} | "
-                   f"{idx.get('reading', '-')} |")
+                   f"{ci_cell(cur['ratio']) if cur else '-'} | {curse_word(cur) if cur else '-'} |")
     t = dec["tost"]
     out += ["", f"Gain-init − LNS, each at its best rate: {_said(t['comparison'])}; TOST against ± "
             f"{EQUIVALENCE_MARGIN} nats (declared in depthlab.study.verdicts before the numbers): p {pvalue(t['p'])}, "

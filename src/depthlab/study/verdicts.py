@@ -22,24 +22,42 @@ Equivalence ("A matches B") is a TOST with EQUIVALENCE_MARGIN, declared here bef
 Divergence (claim 5) is the paper's: a run that ends within UNIGRAM_MARGIN of the unigram loss (token frequencies
 alone; the paper's ~1,400 PPL) while Pre-LN trains at that rate.
 
-The curse's precondition, from Pre-LN's final probe:
+The curse's precondition, from Pre-LN's final probe. One run reads (`precondition`):
 
     "present"   the interior inert fraction is at least PRESENT, or the deep/shallow removal cost ratio is below
                 CURSE_RATIO
     "absent"    neither
     "unreadable"  the interior has fewer than MIN_INTERIOR blocks: a fraction of 3 blocks moves in steps of 1/3
     "unknown"   no probe
+
+A (scheme, depth) cell of n seeds reads the same two criteria through their 95% t-intervals across seeds (df = n - 1,
+scipy.stats; `curse_reading`). Each criterion's interval lies on the present side (ratio: the whole interval below
+CURSE_RATIO; inert fraction: the whole interval at or above PRESENT), on the absent side (the whole interval on the
+other side of its threshold), or holds its threshold; an interval of no spread is its point, so the cell reduces to
+the one-run rule when every seed reads alike. The cell is
+
+    "present"       when either criterion's interval lies on the present side
+    "absent"        when both lie on the absent side (a criterion no seed measured is left out)
+    "inconclusive"  otherwise: an interval holds its threshold and the other criterion does not read present
+    "one seed: no interval"  n = 1: the single run's reading is printed beside it, never as a verdict
+    "unreadable" / "unknown"  as for one run
+
+"present" is the union of two one-sided tests, each at 2.5% (a two-sided 95% interval wholly on one side), so a cell
+whose curse is absent by both criteria reads "present" with probability at most 5% (Bonferroni); "absent" needs both
+intervals, so it is the stricter word. A claim that needs the curse is "not testable" unless its cell reads
+"present": absent, inconclusive, unreadable and unknown all leave the precondition unshown (DESIGN.md section 6).
 """
 
 from __future__ import annotations
 
 import math
 
-from depthlab.study.stats import LEVEL, finite, holm, proportion_ci, t_test, tost
+from depthlab.study.stats import LEVEL, finite, holm, mean_std, proportion_ci, t_test, tost
 
 COMPARISONS = ("lower", "higher", "inconclusive", "one seed: no verdict", "no runs")
 CLAIMS = ("supported", "not reproduced", "contradicted", "not testable", "one seed: no verdict")
-PRECONDITION = ("present", "absent", "unreadable", "unknown")
+PRECONDITION = ("present", "absent", "inconclusive", "one seed: no interval", "unreadable", "unknown")
+ONE_SEED_INDEX = "one seed: no interval"
 PRESENT = 1 / 3
 CURSE_RATIO = 0.5
 MIN_INTERIOR = 5  # interior blocks below which the index cannot be read (N = 6 has 3)
@@ -74,9 +92,11 @@ def pooled(comparisons: list[dict]) -> dict:
 def claim(comparison: dict, predicted: str, condition: str = "present", p_adjusted: float | None = None) -> str:
     """The claim's word (module docstring) from a compare() result, the predicted direction ("lower"/"higher"), the
     precondition's reading and, inside a family, the Holm-adjusted p."""
+    n = comparison.get("n", 0)
+    if condition == ONE_SEED_INDEX and n == 1:
+        return "one seed: no verdict"
     if condition != "present":
         return "not testable"
-    n = comparison.get("n", 0)
     if n < 2:
         return "one seed: no verdict" if n == 1 else "not testable"
     word = comparison["verdict"]
@@ -138,6 +158,75 @@ def precondition(inert_fraction: float | None, removal_ratio: float | None, inte
     return "present" if (inert and inert[0] >= PRESENT) or (ratio and ratio[0] < CURSE_RATIO) else "absent"
 
 
+def _side(t: dict, threshold: float, present_below: bool) -> str:
+    """Where a criterion's interval lies against its threshold: "present", "absent" or "inconclusive"."""
+    lo, hi = t["ci"]
+    if present_below:
+        return "present" if hi < threshold else "absent" if lo >= threshold else "inconclusive"
+    return "present" if lo >= threshold else "absent" if hi < threshold else "inconclusive"
+
+
+def curse_reading(ratios: list[float | None], inert_fractions: list[float | None] = (),
+                  interior: int | None = None) -> dict:
+    """The curse index of one (scheme, depth) cell across its seeds (the module docstring's rule): the word, n, and
+    per criterion ("ratio": deep/shallow removal ratio against CURSE_RATIO, "inert": interior inert fraction against
+    PRESENT) its mean, std, 95% t-interval and side. A criterion with fewer than two finite values is left out when
+    the other has two; with none having two, n = 1 gives the single run's reading ("single") and no word beyond
+    "one seed: no interval"."""
+    crit = {"ratio": (t_test(ratios), CURSE_RATIO, True), "inert": (t_test(inert_fractions), PRESENT, False)}
+    out = {name: {"n": t["n"], "mean": t["mean"] if t["n"] else None, "std": t["std"] if t["n"] else None,
+                  "ci": t["ci"] if t["n"] > 1 else None, "threshold": thr}  # no NaN in the results files
+           for name, (t, thr, _) in crit.items()}
+    out["n"] = max(t["n"] for t, _, _ in crit.values())
+    if interior is not None and interior < MIN_INTERIOR:
+        return {**out, "word": "unreadable"}
+    if out["n"] == 0:
+        return {**out, "word": "unknown"}
+    read = {name: _side(t, thr, below) for name, (t, thr, below) in crit.items() if t["n"] >= 2}
+    for name, side in read.items():
+        out[name]["side"] = side
+    if not read:
+        single = precondition(mean_std(inert_fractions)["mean"], mean_std(ratios)["mean"], interior)
+        return {**out, "word": ONE_SEED_INDEX, "single": single}
+    sides = set(read.values())
+    word = "present" if "present" in sides else "absent" if sides == {"absent"} else "inconclusive"
+    return {**out, "word": word, "by": [name for name, side in read.items() if side == word]}
+
+
 def at_edge(best: float | None, grid: list[float]) -> bool:
     """True when the chosen rate is the smallest or largest of its grid: the optimum may lie beyond it."""
     return best is not None and len(grid) > 1 and best in (min(grid), max(grid))
+
+
+_CRITERION = {"ratio": "deep/shallow removal ratio", "inert": "inert fraction"}
+
+
+def ci_cell(t: dict, f: str = ".2f") -> str:
+    """A t_test() result as a table cell: "mean [lo, hi]", the mean alone for one value, "-" for none."""
+    if not t or not t.get("n"):
+        return "-"
+    lo, hi = t["ci"] or [math.nan, math.nan]
+    return f"{t['mean']:{f}} [{lo:{f}}, {hi:{f}}]" if math.isfinite(lo) else f"{t['mean']:{f}}"
+
+
+def curse_word(r: dict | None) -> str:
+    """A curse_reading() as a table cell: its word; for one seed the run's own reading beside "one seed: no
+    interval"."""
+    if not r:
+        return "unknown"
+    return f"{r['single']}, {ONE_SEED_INDEX}" if r["word"] == ONE_SEED_INDEX else r["word"]
+
+
+def curse_said(r: dict | None, word: bool = True) -> str:
+    """A curse_reading() in prose: the criteria its word rests on, each mean [95% t-interval] against its threshold,
+    n, then (with `word`) the word; one seed: the run's values and reading with "one seed: no interval"."""
+    if not r or r["word"] in ("unknown", "unreadable"):
+        return f"*{r['word'] if r else 'unknown'}*" + (f" (interior under {MIN_INTERIOR} blocks)" if r and
+                                                          r["word"] == "unreadable" else "")
+    if r["word"] == ONE_SEED_INDEX:
+        values = ", ".join(f"{_CRITERION[k]} {r[k]['mean']:.2f}" for k in _CRITERION if r[k]["n"])
+        return f"{values}: reads {r['single']}" + (f" ({ONE_SEED_INDEX})" if word else "")
+    sign = {"ratio": {"present": "<", "absent": "≥"}, "inert": {"present": "≥", "absent": "<"}}
+    parts = [f"{_CRITERION[k]} {ci_cell(r[k])} {sign[k].get(r[k]['side'], 'holds')} {r[k]['threshold']:.2g}"
+             for k in r["by"]]
+    return f"{'; '.join(parts)}, n = {r['n']}" + (f": *{r['word']}*" if word else "")

@@ -13,6 +13,7 @@ from depthlab.study.page.text import mechanism_table, number, said, settings_of
 from depthlab.study.records import load_records, upgrade
 from depthlab.study.stats import mean_std, spread
 from depthlab.study.summary import lm_study, vit_study
+from depthlab.study.verdicts import ci_cell, curse_word
 
 
 # ---------------------------------------------------------------------------------------------------- depth study
@@ -73,7 +74,8 @@ def _depth_lines(res: dict) -> list[str]:
     lines = ["Each depth at the one rate per scheme chosen at the reference depth; Δ paired seed by seed with its 95% "
              "t-interval (the page's one rule). The curse index of the final models: interior inert fraction "
              "(blocks 2 .. N−2 whose removal changes the loss by < 0.005 nats) and removal cost deep / shallow "
-             "interior.", "",
+             "interior, each mean [95% t-interval across seeds]; Pre-LN's curse reads from those intervals (the rule "
+             "under the claims table).", "",
              "| N | pre val loss (whole-split probe) | lns val loss (whole-split probe) | Δ lns − pre | pre inert | "
              "lns inert | pre deep/shallow | lns deep/shallow | Pre-LN curse |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -82,10 +84,10 @@ def _depth_lines(res: dict) -> list[str]:
             lines.append(f"| {d['layers']} | not run |" + " |" * 7)
             continue
         p, q, delta = d["pre"]["index"], d["lns"]["index"], d["delta_val_loss"]
-        index = [spread(x[k], ".2f") for k in ("inert_fraction", "removal_deep_over_shallow") for x in (p, q)]
+        index = [ci_cell((x.get("curse") or {}).get(k)) for k in ("inert", "ratio") for x in (p, q)]
         own = {v: f"{spread(d[v]['val_loss'])} ({spread(d[v].get('probe_loss'), '.2f')})" for v in (PRE, LNS)}
         lines.append(f"| {d['layers']} | {own['pre']} | {own['lns']} | {said(delta)} | " + " | ".join(index)
-                     + f" | {p['reading']} |")
+                     + f" | {curse_word(p.get('curse'))} |")
     return lines + [""]
 
 

@@ -15,8 +15,12 @@ from depthlab.study.verdicts import (
     EQUIVALENCE_MARGIN,
     MIN_CONTRADICT,
     MIN_INTERIOR,
+    ONE_SEED_INDEX,
     PRESENT,
     UNIGRAM_MARGIN,
+    ci_cell,
+    curse_said,
+    curse_word,
     pooled,
 )
 
@@ -35,6 +39,20 @@ def share_said(k: int, n: int, what: str) -> str:
     """A count k of n `what` with the exact 95% interval of its share."""
     lo, hi = proportion_ci(k, n)
     return f"{k} of {n} {what} (exact 95% interval of the share [{lo:.2f}, {hi:.2f}])"
+
+
+def index_by_depth(done: list[dict]) -> str:
+    """Pre-LN's curse reading at each depth, grouped by word ("present" first), each depth with the interval its
+    word rests on (verdicts.curse_reading)."""
+    order = ["present", "inconclusive", "absent", ONE_SEED_INDEX, "unreadable", "unknown"]
+    words: dict[str, list[dict]] = {}
+    for d in done:
+        r = d["pre"].get("index", {}).get("curse")
+        words.setdefault(r["word"] if r else "unknown", []).append({"layers": d["layers"], "curse": r})
+    said_at = lambda w, ds: (f"{w} at N = " + ", ".join(  # noqa: E731
+        str(x["layers"]) + ("" if w in ("unreadable", "unknown") else f" ({curse_said(x['curse'], word=False)})")
+        for x in ds) + (" only" if w == "present" else ""))
+    return "reads " + ("; ".join(said_at(w, words[w]) for w in order if w in words) or "nothing: no depth ran")
 
 
 def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict], equal_rate: list[dict],
@@ -57,11 +75,10 @@ def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict],
         lines.append(f"- **At whose rate?** Each scheme's own. At one shared rate (N = {behind[0]['layers']}, seed 0, "
                      f"n = 1 each: no verdict) LNS trails at {rows(behind)} and leads at {rows(ahead)}; the paper "
                      "shares 1e-3.")
-    present = [d["layers"] for d in done if d["pre"].get("index", {}).get("reading") == "present"]
     lower = sum(bool(m["b_ratio_lower"]) for m in matched)
-    lines.append(f"- **Why? Not shown to be the curse.** Pre-LN's curse index reads present at N = {_Ns(present)} "
-                 "only, and at matched rates LNS's deep blocks are the *cheaper* to remove: its deep/shallow removal "
-                 f"ratio is below Pre-LN's in {share_said(lower, len(matched), 'cells')}, seed 0 each.")
+    lines.append(f"- **Why? Not shown to be the curse.** Pre-LN's curse index {index_by_depth(done)}; at matched "
+                 "rates LNS's deep blocks are the *cheaper* to remove: its deep/shallow removal ratio is below "
+                 f"Pre-LN's in {share_said(lower, len(matched), 'cells')}, seed 0 each.")
     eq = [p for p in parts if p["gain_init_vs_lns"]]
     if eq:
         depths = {p["layers"] for p in eq}
@@ -111,8 +128,12 @@ def claims_lines(table: dict) -> list[str]:
             "the interval excludes 0 on the predicted side and its Holm-adjusted p (over the table's testable t-test "
             f"rows) is below 0.05; *contradicted* needs the other side with ≥ {MIN_CONTRADICT} seeds; *not "
             "reproduced* otherwise; *not testable* where the claim needs Pre-LN's curse and its index does not read "
-            f"present (interior inert fraction ≥ {PRESENT:.2f} or deep/shallow removal ratio < {CURSE_RATIO}; an "
-            f"interior of fewer than {MIN_INTERIOR} blocks is unreadable). Claim 5 is the paper's divergence (Table "
+            f"present. The index reads *present* when the 95% t-interval across seeds of the deep/shallow removal "
+            f"ratio lies wholly below {CURSE_RATIO}, or that of the interior inert fraction wholly at or above "
+            f"{PRESENT:.2f}; *absent* when both lie wholly on the other side; *inconclusive* otherwise, and an "
+            "inconclusive index leaves the claim *not testable* like an absent one (its precondition is not shown). "
+            f"One seed gives the run's reading and no interval; an interior of fewer than {MIN_INTERIOR} blocks is "
+            "unreadable. Claim 5 is the paper's divergence (Table "
             "1's ~1,400 PPL): a run ending at the unigram loss while Pre-LN trains at that rate; its interval is the "
             "exact binomial interval of that share, and Pre-LN diverged at none of those rates.", ""]
     return out
@@ -123,27 +144,30 @@ def own_best_lines(res: dict) -> list[str]:
            "Each scheme's seed-0 grid at that depth (best rate in bold), then both at their own best rate over every "
            "seed. Δ = lns − pre paired by seed: on the validation slice that selected the rates, and on the test "
            "split (where a record has none: the whole validation split, the probe's loss). The curse index is Pre-LN's "
-           "final models' (absolute threshold 0.005 nats beside the relative one, 5% of block 2's cost).", "",
+           "final models': the inert fraction (absolute threshold 0.005 nats, with its 95% t-interval across seeds, "
+           "beside the relative one, 5% of block 2's cost, mean ± std) and the deep/shallow removal ratio with its "
+           "95% t-interval; the reading comes from those two intervals (the rule under the claims table).", "",
            "| N | pre grid | lns grid | Δ val loss | Δ test loss | Pre-LN inert (abs / rel) | "
            "Pre-LN deep/shallow "
            "| interior blocks | Pre-LN curse |", "|---|---|---|---|---|---|---|---|---|"]
     for d in res["depths"]:
         idx = d["pre"].get("index", {})
-        size = idx.get("interior_blocks")
+        cur, size = idx.get("curse") or {}, idx.get("interior_blocks")
         flag = f"{size}" + (" (too few to read)" if size is not None and size < MIN_INTERIOR else "")
         old = " (earlier 64-window probe)" if d["pre"].get("old_probe") else ""
         out.append(f"| {d['layers']} | {grid(d['grids']['pre'])} | {grid(d['grids']['lns'])} | "
                    f"{said(d['delta_val_loss'])} | {said(d.get('delta_test_loss') or d.get('delta_probe_loss', {}))}"
                    f"{'' if d.get('delta_test_loss') else ' (whole split)'} | "
-                   f"{spread(idx.get('inert_fraction'), '.2f')} / {spread(idx.get('inert_fraction_rel'), '.2f')} | "
-                   f"{spread(idx.get('removal_deep_over_shallow'), '.2f')} | {flag} | {idx.get('reading', '-')}{old} |")
+                   f"{ci_cell(cur.get('inert'))} / {spread(idx.get('inert_fraction_rel'), '.2f')} | "
+                   f"{ci_cell(cur.get('ratio'))} | {flag} | {curse_word(idx.get('curse'))}{old} |")
     return out + ["", "![Δ at each scheme's own best rate, by depth, with 95% t-intervals](img/lns_own_best.png)", ""]
 
 
 def matched_lines(matched: list[dict]) -> list[str]:
     lower = sum(bool(m["b_ratio_lower"]) for m in matched)
     out = ["## 2. The curse index at matched rates", "",
-           "Both schemes at the same rate (seed 0, n = 1 per cell: read as a count, not a verdict). LNS's "
+           "Both schemes at the same rate (seed 0, n = 1 per cell: read as a count, not a verdict; Pre-LN's curse is "
+           "each run's own reading, with no interval). LNS's "
            f"deep/shallow removal ratio is below Pre-LN's in **{share_said(lower, len(matched), 'cells')}**; "
            "Pre-LN's own reading moves with the rate, so an index read only at each scheme's best rate mixes the rate "
            "into the curse.", "",
@@ -153,7 +177,7 @@ def matched_lines(matched: list[dict]) -> list[str]:
     for m in matched:
         pair = lambda k, m=m: f"{f(m[k]['pre'])} / {f(m[k]['lns'])}"  # noqa: E731
         out.append(f"| {m['layers']} | {m['lr']:g} | {m['interior_blocks']} | {pair('inert_fraction')} | "
-                   f"{pair('inert_fraction_rel')} | {pair('removal_deep_over_shallow')} | {m['reading']}"
+                   f"{pair('inert_fraction_rel')} | {pair('removal_deep_over_shallow')} | {curse_word(m['curse'])}"
                    f"{' (64-window probe)' if m['old_probe'] else ''} | {m['val_loss']['pre']:.3f} / "
                    f"{m['val_loss']['lns']:.3f} |")
     return out + [""]
@@ -172,14 +196,17 @@ def decomposition_lines(res: dict, parts: list[dict]) -> list[str]:
         return []
     out = ["## 4. LNS taken apart", "",
            "Pre-LN with one part of LNS at a time, at the same rate as Pre-LN and LNS, Δ against Pre-LN paired by "
-           "seed; the index and the variance after the last block are the final models' (mean ± std).", "",
-           "| N | lr | variant | Δ val loss vs pre | deep/shallow removal | variance after the last block |",
-           "|---|---|---|---|---|---|"]
+           "seed; the variance after the last block is the final models' (mean ± std), the deep/shallow removal "
+           "ratio their mean with its 95% t-interval and the curse index's reading.", "",
+           "| N | lr | variant | Δ val loss vs pre | deep/shallow removal | curse index | variance after the last "
+           "block |",
+           "|---|---|---|---|---|---|---|"]
     for g, p in zip(res["parts"], parts, strict=True):
         for v, r in g["variants"].items():
             c = p["against_pre"].get(v, {})
             out.append(f"| {g['layers']} | {g['lr']:g} | {v} | {said(c) if c else '-'} | "
-                       f"{spread(r.get('index', {}).get('removal_deep_over_shallow'), '.2f')} | "
+                       f"{ci_cell(r.get('index', {}).get('curse', {}).get('ratio'))} | "
+                       f"{curse_word(r.get('index', {}).get('curse'))} | "
                        f"{spread(r.get('quantities', {}).get('last_var'), '.1f')} |")
     out.append("")
     for p in parts:
@@ -187,7 +214,7 @@ def decomposition_lines(res: dict, parts: list[dict]) -> list[str]:
             eq = p["gain_init_vs_lns"]
             out += [f"N = {p['layers']}, lr {p['lr']:g}: gain-init − LNS {said(eq['comparison'])}; equivalence "
                     f"within ± {EQUIVALENCE_MARGIN} nats (TOST; the margin declared in code before the numbers): "
-                    f"{tost_said(eq)}. Pre-LN's curse index here: {p['pre_reading']}.", ""]
+                    f"{tost_said(eq)}. Pre-LN's curse index here: {curse_said(p.get('pre_curse'))}.", ""]
     return out + ["![Each part of LNS against Pre-LN, with 95% t-intervals](img/lns_decomposition.png)", ""]
 
 
