@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import shutil
 import tempfile
 import weakref
@@ -200,12 +201,12 @@ def _device(value, where: str):
 
 
 def _checked_map(model, device_map: dict) -> dict:
-    names = dict(model.named_modules())
+    modules = [n for n, _ in model.named_modules()]
+    names = {*modules, *(n for n, _ in model.named_parameters()), *(n for n, _ in model.named_buffers())}
     unknown = [k for k in device_map if k not in names]
     if unknown:
-        some = ", ".join(n for n in list(names)[1:4])
         raise UserError(f"device map: {type(model).__name__} has no module {unknown[0]!r} (its module names look "
-                        f"like {some})")
+                        f"like {', '.join(modules[1:4])})")
     return {k: _device(v, f"device map entry {k!r}") for k, v in device_map.items()}
 
 
@@ -221,8 +222,9 @@ def place(model, device_map: str | dict, max_memory: dict | None = None,
 
     from depthlab.model.blocks import find_blocks
 
+    block = type(find_blocks(model)[1][0]).__name__
     if isinstance(device_map, str):
-        whole = {*(getattr(model, "_no_split_modules", None) or ()), type(find_blocks(model)[1][0]).__name__}
+        whole = {*(getattr(model, "_no_split_modules", None) or ()), block}
         try:
             memory = (get_max_memory(dict(max_memory or {}) or None) if device_map == "sequential" else
                       get_balanced_memory(model, dict(max_memory or {}) or None, no_split_module_classes=list(whole)))
@@ -251,11 +253,16 @@ def place(model, device_map: str | dict, max_memory: dict | None = None,
         folder = tempfile.mkdtemp(prefix="depthlab-offload-", dir=offload_folder)
         weakref.finalize(model, shutil.rmtree, folder, True)
         offload_state_dict(folder, part("disk"))
+    said = logging.getLogger("accelerate.big_modeling")  # "some parameters are on the meta device": by design
+    level, _ = said.level, said.setLevel(logging.ERROR)
     try:
-        dispatch_model(model, device_map, main_device=main, offload_dir=folder,
+        # an offloaded block loads all its weights on entry: depthlab's blocks read their Linears' weights directly
+        dispatch_model(model, device_map, main_device=main, offload_dir=folder, preload_module_classes=[block],
                        state_dict=part("cpu") if main != "cpu" and "cpu" in devices else None)
     except ValueError as e:  # a map that leaves some weights without a device
         raise UserError(f"device map: {str(e).splitlines()[0]}") from None
+    finally:
+        said.setLevel(level)
     return dict(device_map), torch.device(f"cuda:{main}" if isinstance(main, int) else main)
 
 

@@ -1,0 +1,135 @@
+"""Whole-model analysis of a model placed by a device map (accelerate's dispatch) gives the numbers of one device.
+
+This machine has no GPU, so the maps here put some modules on "cpu" and the rest on "disk" (their weights written
+to an offload folder and loaded by accelerate's hooks at each forward): that runs the placement itself, the hooks
+and the analysis around them, not transfers between GPUs."""
+
+import gc
+import json
+import sys
+
+import pytest
+
+from depthlab.analysis.analyze import Options
+from depthlab.analysis.run import Request, run_request
+from depthlab.cli import main
+from tests.test_analysis_support import TEXT, save_depthlab_checkpoint, save_hf_model
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+MAP = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu",
+       "model.layers.2": "disk", "model.layers.3": "disk", "model.norm": "disk", "lm_head": "disk"}
+
+
+def same_numbers(a, b, where=""):
+    """Every number of two analyses equal within float tolerance; what they ran on aside."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            if k not in ("wall_s", "run"):
+                same_numbers(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_numbers(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, rel=1e-5, abs=1e-6, nan_ok=True), where
+    else:
+        assert a == b, where
+
+
+def _analyze(tmp_path, model, out, *extra):
+    (tmp_path / "text.txt").write_text(TEXT)
+    assert main(["analyze", str(model), "--data", str(tmp_path / "text.txt"), "--tokens", "64", "--seq-len", "32",
+                 "--probes", "1", "--no-progress", "--out", str(tmp_path / out), *extra]) == 0
+    return json.loads((tmp_path / out / "metrics.json").read_text())
+
+
+def test_cli_map_file_on_cpu_and_disk_gives_the_one_device_numbers(tmp_path):
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text("".join(json.dumps({"question": f"def f{i}(x):\n    return x * {i} +",
+                                      "choices": [str(i % 7), "x", "line"], "answer": 0}) + "\n" for i in range(3)))
+    (tmp_path / "map.json").write_text(json.dumps(MAP))
+    extra = ["--removal-tasks", str(mc), "--sublayers"]
+    one = _analyze(tmp_path, hf, "one", "--device", "cpu", *extra)
+    placed = _analyze(tmp_path, hf, "placed", "--device-map", str(tmp_path / "map.json"), "--offload-folder",
+                      str(tmp_path / "offload"), *extra)
+    assert placed["run"]["device_map"] == MAP and "device_map" not in one["run"]
+    # metrics, Jacobians, removal losses (blocks, sublayers, spans) and the task removal scores
+    assert {"jacobian", "removal", "task_removal"} <= set(one)
+    same_numbers(one, placed)
+    gc.collect()  # the offloaded weights go with the model
+    assert list((tmp_path / "offload").iterdir()) == []
+
+
+def test_strategy_with_max_memory_offloads_and_keeps_a_patched_scheme(tmp_path):
+    """`auto` under a small cpu budget puts the later blocks on disk; on an HF model saved under lns (its norm
+    weights hold the folded scale, depthlab.model.apply) the offloaded weights are the live, unfolded ones."""
+    import transformers
+
+    from depthlab.model.apply import apply_scheme
+
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    model = apply_scheme(transformers.AutoModelForCausalLM.from_pretrained(hf), "lns")
+    model.save_pretrained(hf)
+    (tmp_path / "text.txt").write_text(TEXT)
+    req = Request(str(hf), [str(tmp_path / "text.txt")], tokens=64, seq_len=32,
+                  options=Options(jacobian=False, sublayers=True, progress=False))
+    one = run_request(req)
+    placed = run_request(Request(**{**req.__dict__, "device_map": "auto", "max_memory": {"cpu": "100KB"},
+                                    "offload_folder": str(tmp_path / "offload")}))
+    assert "disk" in placed["run"]["device_map"].values() and "cpu" in placed["run"]["device_map"].values()
+    same_numbers(one, placed)
+
+
+def test_depthlab_checkpoint_placed_with_its_index_at_init(tmp_path):
+    ckpt = save_depthlab_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "text.txt").write_text(TEXT)
+    req = Request(str(ckpt), [str(tmp_path / "text.txt")], tokens=64, options=Options(jacobian=False,
+                                                                                      progress=False))
+    one = run_request(req)
+    placed = run_request(Request(**{**req.__dict__, "device_map": "sequential", "max_memory": {"cpu": "150KB"},
+                                    "offload_folder": str(tmp_path / "offload")}))
+    assert placed["run"]["device_map"]["layers.0"] == "cpu" and placed["run"]["device_map"]["layers.3"] == "disk"
+    assert "at_init" in placed["curse_index"]
+    same_numbers(one, placed)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--device-map", "auto", "--layer-by-layer"], "--layer-by-layer streams it one block at a time"),
+    (["--device-map", "auto", "--device", "cpu"], "--device puts it on one device"),
+    (["--max-memory", "cpu=1GiB"], "--max-memory has no effect without --device-map"),
+    (["--device-map", "auto", "--max-memory", "cpu:1GiB"], "give DEVICE=SIZE"),
+    (["--device-map", "auto", "--max-memory", "cpu=lots"], "'lots' is not a size"),
+    (["--device-map", "{tmp}/nothing.json"], "neither auto, balanced, sequential nor a readable JSON file"),
+    (["--device-map", "{tmp}/list.json"], "must hold a JSON object"),
+    (["--device-map", "{tmp}/typo.json"], "has no module 'model.layer.0'"),
+    (["--device-map", "{tmp}/gpu.json"], "this machine has no CUDA device"),
+    (["--device-map", "{tmp}/partial.json"], "device map: "),
+    (["--device-map", "{tmp}/disk.json"], "give an offload folder (--offload-folder DIR)"),
+    (["--device-map", "{tmp}/disk.json", "--max-memory", "cpu=1GiB"], "drop --max-memory"),
+])
+def test_refusals_are_one_line(tmp_path, capsys, argv, msg):
+    if "{tmp}/gpu.json" in argv:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    for name, value in (("list", []), ("typo", {**MAP, "model.layer.0": "cpu"}), ("gpu", {"": 0}),
+                        ("partial", {"model.embed_tokens": "cpu"}), ("disk", MAP)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(value))
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["analyze", str(hf), "--out", str(tmp_path / "out"), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_without_accelerate_the_flag_names_the_package(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # importlib.util.find_spec then finds nothing
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    assert main(["analyze", str(hf), "--device-map", "auto", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pip install accelerate" in err and len(err.splitlines()) == 1, err
