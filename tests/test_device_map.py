@@ -52,12 +52,12 @@ def test_cli_map_file_on_cpu_and_disk_gives_the_one_device_numbers(tmp_path):
     mc.write_text("".join(json.dumps({"question": f"def f{i}(x):\n    return x * {i} +",
                                       "choices": [str(i % 7), "x", "line"], "answer": 0}) + "\n" for i in range(3)))
     (tmp_path / "map.json").write_text(json.dumps(MAP))
-    extra = ["--removal-tasks", str(mc), "--sublayers"]
+    extra = ["--removal-tasks", str(mc)]
     one = _analyze(tmp_path, hf, "one", "--device", "cpu", *extra)
     placed = _analyze(tmp_path, hf, "placed", "--device-map", str(tmp_path / "map.json"), "--offload-folder",
                       str(tmp_path / "offload"), *extra)
     assert placed["run"]["device_map"] == MAP and "device_map" not in one["run"]
-    # metrics, Jacobians, removal losses (blocks, sublayers, spans) and the task removal scores
+    # metrics, Jacobians, removal losses (blocks and spans) and the task removal scores
     assert {"jacobian", "removal", "task_removal"} <= set(one)
     same_numbers(one, placed)
     gc.collect()  # the offloaded weights go with the model
