@@ -39,6 +39,12 @@ def same_numbers(a, b, where=""):
         assert a == b, where
 
 
+def write_mc(path):
+    path.write_text("".join(json.dumps({"question": f"def f{i}(x):\n    return x * {i} +",
+                                       "choices": [str(i % 7), "x", "line"], "answer": 0}) + "\n" for i in range(3)))
+    return path
+
+
 def _analyze(tmp_path, model, out, *extra):
     (tmp_path / "text.txt").write_text(TEXT)
     assert main(["analyze", str(model), "--data", str(tmp_path / "text.txt"), "--tokens", "64", "--seq-len", "32",
@@ -48,9 +54,7 @@ def _analyze(tmp_path, model, out, *extra):
 
 def test_cli_map_file_on_cpu_and_disk_gives_the_one_device_numbers(tmp_path):
     hf = save_hf_model(tmp_path / "hf", "llama")
-    mc = tmp_path / "mc.jsonl"
-    mc.write_text("".join(json.dumps({"question": f"def f{i}(x):\n    return x * {i} +",
-                                      "choices": [str(i % 7), "x", "line"], "answer": 0}) + "\n" for i in range(3)))
+    mc = write_mc(tmp_path / "mc.jsonl")
     (tmp_path / "map.json").write_text(json.dumps(MAP))
     extra = ["--removal-tasks", str(mc)]
     one = _analyze(tmp_path, hf, "one", "--device", "cpu", *extra)
@@ -95,6 +99,19 @@ def test_depthlab_checkpoint_placed_with_its_index_at_init(tmp_path):
     assert placed["run"]["device_map"]["layers.0"] == "cpu" and placed["run"]["device_map"]["layers.3"] == "disk"
     assert "at_init" in placed["curse_index"]
     same_numbers(one, placed)
+
+
+def test_task_scorer_of_a_placed_model(tmp_path):
+    """`eval --tasks`'s scorer (depthlab.hf.mc_eval) on a model loaded with a device map: the one-device scores."""
+    from depthlab.hf.mc_eval import evaluate_tasks, scorer_for
+    from depthlab.loading import load_model
+
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    mc = write_mc(tmp_path / "mc.jsonl")
+    one = evaluate_tasks(scorer_for(load_model(hf)), mc)
+    placed = load_model(hf, device_map=MAP, offload_folder=tmp_path / "offload")
+    assert placed.device_map == MAP and str(placed.device) == "cpu"
+    same_numbers(one, evaluate_tasks(scorer_for(placed), mc))
 
 
 @pytest.mark.parametrize("argv, msg", [

@@ -99,7 +99,7 @@ def scorer_for(loaded) -> Scorer:
     """A scorer for a model loaded by depthlab.loading.load_model (a depthlab checkpoint or an HF model)."""
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         raise UserError(f"scoring text needs a language model, and {loaded.path} is a ViT (an image classifier)")
-    device = next(loaded.model.parameters()).device
+    device = loaded.device or next(loaded.model.parameters()).device  # a placed model's: its main device
     if loaded.cfg is not None:
         return _scorer(loaded.model.eval(), loaded.fast_tokenizer(), True, loaded.context, device)
     model = loaded.model
