@@ -215,3 +215,10 @@ def test_export_refusals_name_the_family():
         hf_weights_and_config(Transformer(family_config("qwen2", norm_scheme="sandwich")))
     with pytest.raises(UserError, match="OlmoForCausalLM fixes its norm's epsilon at 1e-05"):
         hf_weights_and_config(Transformer(family_config("olmo", norm_eps=1e-6)))
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_family_prints(arch):
+    """print(model) names the attention's options (a window, a soft cap, a score scale) and never raises."""
+    text = repr(Transformer(family_config(arch)))
+    assert "Transformer(" in text and "None" not in text.split("Attention(")[-1].split(")")[0]

@@ -302,8 +302,9 @@ class Attention(nn.Module):
         return F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
     def extra_repr(self) -> str:
-        return ", ".join([f"window={self.window}"] * (self.window is not None) + [f"softcap={self.softcap}"] *
-                         (self.softcap is not None) + [f"scale={self.scale:.4g}"] * (self.scale is not None))
+        parts = {"window": self.window, "softcap": self.softcap, "scale": self.scale}
+        return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                         for k, v in parts.items() if v is not None)
 
 
 def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
