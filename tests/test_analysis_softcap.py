@@ -139,7 +139,7 @@ def write_mc(path):
     return path
 
 
-def test_task_removal_equals_prune_then_eval_on_a_soft_capped_gemma2(tmp_path):
+def test_task_removal_equals_prune_then_eval_on_a_soft_capped_gemma2(tmp_path, capsys):
     from depthlab.hf import prune
     from depthlab.hf.mc_eval import evaluate_tasks, load_scorer
 
@@ -150,6 +150,8 @@ def test_task_removal_equals_prune_then_eval_on_a_soft_capped_gemma2(tmp_path):
                  "--no-jacobian", "--no-progress", "--out", str(out), "--removal-tasks", str(mc)]) == 0
     res = json.loads((out / "metrics.json").read_text())
     assert res["model"]["logits"] == "soft-capped at 2"
+    assert "logits soft-capped at 2" in capsys.readouterr().out  # said where a person reads it, and in the report
+    assert "logits soft-capped at 2" in (out / "report.html").read_text()
     got = res["task_removal"]["tasks"]["mc"]
     base = evaluate_tasks(load_scorer(hf, "cpu"), mc)
     assert got["base_acc"] == base["acc"] and got["base_ll"] == pytest.approx(

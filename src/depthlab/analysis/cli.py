@@ -200,7 +200,8 @@ def cmd_analyze(args) -> None:
         files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
     m = res["model"]
     size = f"{res['sequences']} images, {res['tokens']} tokens" if is_classifier(res) else f"{res['tokens']} tokens"
-    print(f"{args.model}: {m['class']}, blocks {m['blocks']}, final norm {m['final_norm']} "
+    logits = f", logits {m['logits']}" if m.get("logits", "none") != "none" else ""
+    print(f"{args.model}: {m['class']}, blocks {m['blocks']}, final norm {m['final_norm']}{logits} "
           f"({size}, {res['wall_s']:.1f} s, {res['mode']})")
     for line in summary_lines(res):
         print("  " + line)

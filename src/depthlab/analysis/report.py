@@ -335,7 +335,9 @@ def report_intro(res: dict, label: str) -> list[str]:
     m = res.get("model", {})
     unit = "images" if is_classifier(res) else "sequences"
     intro = [f"Model: {m.get('name', label)} ({m.get('class', '')}); blocks {m.get('blocks', '')}; "
-             f"final norm {m.get('final_norm', '')}; mode {res.get('mode', '')}.",
+             f"final norm {m.get('final_norm', '')}; "
+             + (f"logits {m['logits']}; " if m.get("logits", "none") != "none" else "")
+             + f"mode {res.get('mode', '')}.",
              f"Calibration data: {res.get('data', {}).get('source', '')}; {res['tokens']} tokens in "
              f"{res['sequences']} {unit}."]
     r = res.get("removal")
