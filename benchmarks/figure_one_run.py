@@ -141,7 +141,7 @@ def summary(train_rec: dict, res: dict, parts: dict) -> dict:
     L = len(rm["single"])
     shallow, deep = shallow_deep(L)
     drops = [r["acc_drop"] for r in t["single"]]
-    mean = lambda blocks: sum(drops[b - 1] for b in blocks) / len(blocks)  # noqa: E731
+    mean = lambda blocks: sum(drops[b - 1] for b in blocks) / len(blocks) if blocks else None  # noqa: E731
     r4 = lambda xs: [round(x, 4) for x in xs]  # noqa: E731
     return {
         "train": {k: train_rec.get(k) for k in ("key", "lr", "steps", "tokens", "val_loss", "test_loss", "wall_s")}
@@ -156,9 +156,9 @@ def summary(train_rec: dict, res: dict, parts: dict) -> dict:
            for p in ("single", "attn", "mlp", "linear")},
         "linear_fit_residual": r4([r["fit_residual"] for r in parts["removal"]["linear"]]),
         "cheapest_by_loss": res["usefulness"]["loss"][:4],
-        "loss_deep_over_shallow": idx["removal_deep_over_shallow"], "loss_deep_over_shallow_ci":
-        idx["removal_deep_over_shallow_ci"], "inert_fraction": idx["inert_fraction"],
-        "inert_fraction_ci": idx["inert_fraction_ci"],
+        **{k: idx.get(k) for k in ("removal_deep_over_shallow", "removal_deep_over_shallow_ci", "inert_fraction",
+                                   "inert_fraction_ci")},  # none on a model too shallow for an interior
+        "inert_fraction_at_init": idx.get("at_init", {}).get("inert_fraction"),
         "drop_lowest": {by: [{"k": d["k"], "blocks": sorted(res["usefulness"][by][:d["k"]]), "loss": d["loss"],
                               **{k: x for k, x in next(x for x in t["drop"][by] if x["k"] == d["k"]).items()
                                  if k in ("acc", "acc_drop", "drop_ci")}} for d in drops_k]
