@@ -150,7 +150,7 @@ def summary(train_rec: dict, res: dict, parts: dict) -> dict:
         "base_acc_ci": t["base_acc_ci"], "base_ll": t["base_ll"],
         "acc_drop": r4(drops), "drop_ci": [r4(r["drop_ci"]) for r in t["single"]],
         "drop_p": r4([r["drop_p"] for r in t["single"]]),
-        "cheapest_by_tasks": sorted(range(1, L + 1), key=lambda b: drops[b - 1])[:4],
+        "cheapest_by_tasks": res["usefulness"]["tasks"][:4],  # accuracy lost, then the answers' log-likelihood
         "task_drop_shallow": mean(shallow), "task_drop_deep": mean(deep), "shallow": shallow, "deep": deep,
         **{f"delta_loss_{p}": r4([r["delta_loss"] for r in parts["removal"][p]])
            for p in ("single", "attn", "mlp", "linear")},
