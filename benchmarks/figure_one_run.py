@@ -2,10 +2,13 @@
 rate at N = 48, with removal scored by a held-out continuation task built from the study corpus's test split.
 
     python -m benchmarks.figure_one_run --runs-dir DIR [--out DIR]   # resumable; record in results/figure_one_run.json
+    python -m benchmarks.figure_one_run --runs-dir DIR --steps 600 --eval-every 200 --questions 150 \
+        --analyze-tokens 4096                                       # what docs/analysis.md shows (the CPU's time)
 
 1. train pre (4e-3) and lns (1.6e-2): the LNS study's model, data and training (width 64, 2,000 steps of 16 x 64
    tokens, the deduplicated study corpus), both at once, one thread each; cells recorded in DIR/runs.jsonl are
-   not trained again and a killed cell resumes at its last evaluation;
+   not trained again and a killed cell resumes at its last evaluation; analyses of the same task and options are
+   not run again either;
 2. the task: --questions 4-choice questions from the test split (documents no training or selection read): a context
    of real text, its true continuation of --choice-tokens tokens, and three continuations of as many tokens taken
    from other test documents at a similar position (seeded);
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -176,10 +180,15 @@ def main(argv=None) -> None:
     task = build_task(docs, load_tokenizer(Path(s.corpus) / "tokenizer.json"), a.questions, a.choice_tokens,
                       a.context_tokens, a.task_seed)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "continuation.jsonl").write_text("".join(json.dumps(q) + "\n" for q in task))
-    (out / "test_documents.jsonl").write_text("".join(json.dumps({"text": d.text}) + "\n" for d in docs))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     cmds = {k: c for v, r in records.items() for k, c in analyses(a, runs / f"{s.name}-{r['key']}", out, v).items()}
+    inputs = {"continuation.jsonl": "".join(json.dumps(q) + "\n" for q in task), "analyze.json": json.dumps(cmds),
+              "test_documents.jsonl": "".join(json.dumps({"text": d.text}) + "\n" for d in docs)}
+    if any(not (out / f).exists() or (out / f).read_text() != text for f, text in inputs.items()):
+        for k in cmds:  # another task or other analyze options: the earlier analyses do not count
+            shutil.rmtree(out / k, ignore_errors=True)
+        for f, text in inputs.items():
+            (out / f).write_text(text)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     jobs = {k: subprocess.Popen(c, env=env) for k, c in cmds.items()
             if not (out / k / "metrics.json").exists()}  # delete OUT/<name> to redo one
     if any(p.wait() for p in jobs.values()):
