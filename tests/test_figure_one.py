@@ -208,6 +208,18 @@ def test_paired_drop_reads_the_discordant_questions():
     assert paired_drop(base, base) == {"lost": 0, "gained": 0, "drop_ci": [0.0, 0.0], "drop_p": 1.0}
 
 
+@pytest.mark.parametrize("lost,gained", [(k, g) for k in range(13) for g in range(6) if k + g])
+def test_the_drops_interval_excludes_0_exactly_when_mcnemar_rejects(lost, gained):
+    """The interval and the test read the same discordant questions alike (a Wilson interval did not: 4 lost, 0
+    gained excluded 0 at p 0.125)."""
+    from depthlab.analysis.tasks import paired_drop
+
+    base = [True] * lost + [False] * gained + [True] * 7
+    after = [False] * lost + [True] * gained + [True] * 7
+    d = paired_drop(base, after)
+    assert (d["drop_ci"][0] > 0 or d["drop_ci"][1] < 0) == (d["drop_p"] < 0.05)
+
+
 def test_figure_one_draws_drops_that_sit_on_their_interval_end(tmp_path):
     """A drop equal to an end of its interval up to rounding (all the discordant questions lost, or gained) draws."""
     from depthlab.analysis.removal_report import plot_figure_one

@@ -21,8 +21,8 @@ from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import BASE, Plan, plan_rows, replay_state, single_plans, skipping
 
 INTERVAL = ("acc_ci: 95% Wilson score interval of the accuracy (scipy.stats.binomtest(k, n).proportion_ci("
-            "method='wilson')); drop_ci: 95% interval of the paired drop, conditional on the discordant questions; "
-            "drop_p: exact McNemar test")
+            "method='wilson')); drop_ci: exact 95% interval of the paired drop, conditional on the discordant "
+            "questions (Clopper-Pearson, so it excludes 0 exactly when drop_p < 0.05); drop_p: exact McNemar test")
 
 
 class TaskQuestion(Protocol):
@@ -55,7 +55,9 @@ def wilson(k: int, n: int) -> list[float]:
 def paired_drop(base: list[bool], other: list[bool]) -> dict:
     """The accuracy drop on the same questions, read from the discordant ones: lost (right before, wrong after) and
     gained. Its 95% interval is conditional on their number m: lost ~ Binomial(m, π), drop = m (2π - 1) / n, π's
-    Wilson interval carried over; drop_p is the exact McNemar test (binomtest(lost, m, 0.5))."""
+    exact (Clopper-Pearson) interval carried over; drop_p is the exact McNemar test (binomtest(lost, m, 0.5)). The
+    exact interval is the inversion of that test (two one-sided tails at 2.5%; the null π = 0.5 is symmetric), so
+    the interval excludes 0 exactly when drop_p < 0.05: a Wilson interval here excluded 0 at 4 lost of 4 (p 0.125)."""
     from scipy.stats import binomtest
 
     n = len(base)
@@ -63,7 +65,8 @@ def paired_drop(base: list[bool], other: list[bool]) -> dict:
     m = lost + sum(b and not a for a, b in zip(base, other))
     if m == 0:
         return {"lost": 0, "gained": 0, "drop_ci": [0.0, 0.0], "drop_p": 1.0}
-    lo, hi = wilson(lost, m)
+    ci = binomtest(lost, m).proportion_ci(0.95, method="exact")
+    lo, hi = float(ci.low), float(ci.high)
     return {"lost": lost, "gained": m - lost, "drop_ci": [m * (2 * lo - 1) / n, m * (2 * hi - 1) / n],
             "drop_p": float(binomtest(lost, m).pvalue)}
 
