@@ -284,7 +284,7 @@ def test_kill_during_prepare_takes_the_workers_along_and_a_rerun_finishes(tmp_pa
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert workers and not (out / "index.json").exists()
-    wait_for(lambda: not any(alive(w) for w in workers), timeout=10)  # no orphan goes on writing unit files
+    wait_for(lambda: not any(alive(w) for w in workers), timeout=30)  # no orphan goes on writing unit files
     code, err = run_main(capsys, *job)
     assert code == 0 and "resuming" in err, err
     prepare([str(raw)], tmp_path / "clean", tokenizer=str(tmp_path / "tok.json"), workers=1, progress=False,

@@ -180,14 +180,26 @@ class Stopped(Exception):
 
 def _exit_with_parent(parent: int) -> None:
     """A worker's watchdog: exit when the parent is gone (SIGKILL gives it no chance to stop its workers), so an
-    orphan never goes on writing unit files into a directory that a rerun now owns."""
+    orphan never goes on writing unit files into a directory that a rerun now owns. On Linux the kernel kills the
+    worker at once (PR_SET_PDEATHSIG, asked for here: the pool's workers are started by the thread that runs
+    prepare, which outlives them); this polling thread, which waits for the GIL (seconds on a loaded machine), stays
+    for other systems and for a parent gone before the request was made."""
+    with contextlib.suppress(OSError, AttributeError):  # no libc prctl: not Linux
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    threading.Thread(target=_poll_parent, args=(parent,), daemon=True).start()
+
+
+def _poll_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.2)
     os._exit(1)
 
 
 def _init_worker(tokenizer_json: str, progress_queue, stop, threads: int) -> None:
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    _exit_with_parent(os.getppid())
     if threads:  # read by the tokenizers thread pool on first use; keeps workers from oversubscribing the cores
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     _worker["tok"] = Tokenizer.from_str(tokenizer_json)
