@@ -150,3 +150,34 @@ def test_without_accelerate_the_flag_names_the_package(tmp_path, capsys, monkeyp
     assert main(["analyze", str(hf), "--device-map", "auto", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert "pip install accelerate" in err and len(err.splitlines()) == 1, err
+
+
+def test_eval_on_a_placed_model_prints_the_one_device_numbers(tmp_path, capsys):
+    """`depthlab eval` (perplexity and --tasks) and `eval --harness`'s loading take the same map."""
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    mc = write_mc(tmp_path / "mc.jsonl")
+    (tmp_path / "text.txt").write_text(TEXT)
+    (tmp_path / "map.json").write_text(json.dumps(MAP))
+    placed = ["--device-map", str(tmp_path / "map.json"), "--offload-folder", str(tmp_path / "offload")]
+    printed = {}
+    for name, where in (("one", ["--device", "cpu"]), ("placed", placed)):
+        for what in (["--data", str(tmp_path / "text.txt"), "--seq-len", "32"], ["--tasks", str(mc)]):
+            assert main(["eval", str(hf), "--no-progress", *what, *where]) == 0
+            printed[name, what[0]] = capsys.readouterr().out
+    for what in ("--data", "--tasks"):
+        assert printed["one", what] == printed["placed", what] and printed["one", what].strip()
+    gc.collect()
+    assert not any((tmp_path / "offload").iterdir())  # the offloaded weights went with the model
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--device-map", "auto", "--device", "cpu"], "--device puts it on one device"),
+    (["--device-map", "auto", "--commonsense", "{tmp}"], "--device-map places one model; --commonsense"),
+    (["--offload-folder", "{tmp}"], "--offload-folder has no effect without --device-map"),
+])
+def test_eval_refusals_are_one_line(tmp_path, capsys, argv, msg):
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["eval", str(hf), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1, err

@@ -141,17 +141,20 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from depthlab.device import resolve_device
-    from depthlab.loading import load_model
+    from depthlab.loading import PLACEMENT, load_model, placed_device, placement
 
     refuse_meaningless(args)
-    device = resolve_device(args.device, "--device")
+    device = placed_device(args)
     if args.commonsense or args.mmlu:
+        if args.device_map:
+            raise UserError(f"--device-map places one model; --{'commonsense' if args.commonsense else 'mmlu'} "
+                            "evaluates each of its models on one --device")
         return eval_commonsense(args, device)
     if len(args.checkpoint) > 1:
         raise UserError(f"several models ({len(args.checkpoint)}) are compared only with --commonsense DIR or "
                         "--mmlu DIR")
-    loaded = load_model(args.checkpoint[0], device=str(device))
+    loaded = load_model(args.checkpoint[0], device=device, **dict(zip(PLACEMENT, placement(args))))
+    device = loaded.device  # a placed model's inputs go to its main device
     if args.tasks:
         from depthlab.hf.mc_eval import evaluate_tasks, scorer_for
 
@@ -498,6 +501,7 @@ def argparse_without_out(args):
 
 def add_eval(sub) -> None:
     from depthlab.flags import at_least
+    from depthlab.loading import add_placement_options
 
     e = sub.add_parser("eval", help="validation loss and perplexity of a model",
                        description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
@@ -513,6 +517,7 @@ def add_eval(sub) -> None:
                    "context, at most 512)")
     e.add_argument("--batch-size", type=at_least(1), default=16)
     e.add_argument("--device", default="auto")
+    add_placement_options(e, "the evaluation gives the numbers of one device (not with --commonsense / --mmlu)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
                    "tokenizing --data, the evaluation)")
     e.set_defaults(func=cmd_eval)

@@ -150,6 +150,52 @@ def need_accelerate() -> None:
                         "accelerate)")
 
 
+def add_placement_options(p, same: str) -> None:
+    """--device-map, --max-memory and --offload-folder on a command's parser (`same`: what the user gets from a
+    placed model, said in the help)."""
+    from depthlab.flags import only_with
+
+    p.add_argument("--device-map", metavar="auto|balanced|sequential|FILE.json", help="place the model over several "
+                   "devices with accelerate (when one device is too small): a strategy, as transformers' "
+                   "from_pretrained takes it, or a JSON file {module name: device} (a GPU index, cpu, disk); the "
+                   f"model is read into host memory first; {same}")
+    p.add_argument("--max-memory", nargs="+", metavar="DEVICE=SIZE", help="with a --device-map strategy: what each "
+                   "device may hold, e.g. 0=20GiB 1=20GiB cpu=60GiB (default: their free memory)")
+    p.add_argument("--offload-folder", metavar="DIR", help="with --device-map: where the weights the map puts on "
+                   "disk are written (a fresh folder inside DIR, removed at exit)")
+    only_with(p, "--device-map", "--max-memory", "--offload-folder")
+
+
+def placed_device(args, other: str | None = None) -> str:
+    """--device as load_model takes it: "cpu" under --device-map (the model is read into host memory, then placed),
+    which refuses an explicit --device and `other` (a flag that keeps the model off a map) in one line."""
+    from depthlab.device import resolve_device
+
+    if args.device_map is None:
+        return str(resolve_device(args.device, "--device"))
+    for flag, given, what in (("--device", args.device != "auto", "puts it on one device"),
+                              (other, bool(other), "streams it one block at a time instead")):
+        if given:
+            raise UserError(f"--device-map places the whole model over devices; {flag} {what}: drop one of them")
+    return "cpu"
+
+
+PLACEMENT = ("device_map", "max_memory", "offload_folder")  # load_model's names for what `placement` returns
+
+
+def placement(args) -> tuple:
+    """(device map, max memory, offload folder) from the options, as load_model takes them, checked before any
+    model loads."""
+    if args.device_map is None:
+        return None, None, None
+    need_accelerate()
+    device_map = read_device_map(args.device_map)
+    if args.max_memory and isinstance(device_map, dict):
+        raise UserError(f"--max-memory sizes the devices of a --device-map strategy; the map {args.device_map} names "
+                        "each module's device itself: drop --max-memory")
+    return device_map, args.max_memory and read_max_memory(args.max_memory), args.offload_folder
+
+
 def read_device_map(text: str) -> str | dict:
     """--device-map's value: a strategy (DEVICE_MAPS), or a JSON file holding {module name: device}."""
     if text in DEVICE_MAPS:

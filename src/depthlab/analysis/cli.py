@@ -13,6 +13,7 @@ TOKENS, PROBES = 4096, 4  # defaults of --tokens and --probes
 
 def _add_model_args(p) -> None:
     from depthlab.flags import SEED, at_least, only_with, positive
+    from depthlab.loading import add_placement_options
 
     p.add_argument("--data", nargs="+", metavar="PATH", help="calibration text files or folders (default: the "
                    "built-in corpus); for a ViT one image source, whose validation split is used (default: the "
@@ -44,15 +45,7 @@ def _add_model_args(p) -> None:
                    help="curse index: leave out the first FIRST and the last LAST blocks (default 1 2)")
     p.add_argument("--probes", type=at_least(1), default=PROBES, help="random projections per Jacobian estimate")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    p.add_argument("--device-map", metavar="auto|balanced|sequential|FILE.json", help="place the model over several "
-                   "devices with accelerate (whole-model mode, when one device is too small): a strategy, as "
-                   "transformers' from_pretrained takes it, or a JSON file {module name: device} (a GPU index, cpu, "
-                   "disk); the model is read into host memory first, and the analysis gives the numbers of one device")
-    p.add_argument("--max-memory", nargs="+", metavar="DEVICE=SIZE", help="with a --device-map strategy: what each "
-                   "device may hold, e.g. 0=20GiB 1=20GiB cpu=60GiB (default: their free memory)")
-    p.add_argument("--offload-folder", metavar="DIR", help="with --device-map: where the weights the map puts on "
-                   "disk are written (a fresh folder inside DIR, removed at exit)")
-    only_with(p, "--device-map", "--max-memory", "--offload-folder")
+    add_placement_options(p, "the analysis gives the numbers of one device")
     p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
                    "the metrics are accumulated in fp32 either way")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
@@ -131,29 +124,15 @@ def _request(args, model: str):
 
 
 def _device(args) -> str:
-    from depthlab.device import resolve_device
+    from depthlab.loading import placed_device
 
-    if args.device_map is None:
-        return str(resolve_device(args.device, "--device"))
-    for flag, given, what in (("--device", args.device != "auto", "puts it on one device"),
-                              ("--layer-by-layer", args.layer_by_layer, "streams it one block at a time instead")):
-        if given:
-            raise UserError(f"--device-map places the whole model over devices; {flag} {what}: drop one of them")
-    return "cpu"  # the model is read into host memory, then placed
+    return placed_device(args, args.layer_by_layer and "--layer-by-layer")
 
 
 def _placement(args) -> tuple:
-    """(device map, max memory, offload folder) as load_model takes them, checked before any model loads."""
-    from depthlab.loading import need_accelerate, read_device_map, read_max_memory
+    from depthlab.loading import placement
 
-    if args.device_map is None:
-        return None, None, None
-    need_accelerate()
-    device_map = read_device_map(args.device_map)
-    if args.max_memory and isinstance(device_map, dict):
-        raise UserError(f"--max-memory sizes the devices of a --device-map strategy; the map {args.device_map} names "
-                        "each module's device itself: drop --max-memory")
-    return device_map, args.max_memory and read_max_memory(args.max_memory), args.offload_folder
+    return placement(args)
 
 
 def _results(args, model: str, log=lambda: None) -> dict:

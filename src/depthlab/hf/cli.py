@@ -80,8 +80,7 @@ def cmd_import(args) -> None:
 def cmd_harness(args) -> None:
     import importlib.util
 
-    from depthlab.device import resolve_device
-    from depthlab.loading import load_model
+    from depthlab.loading import PLACEMENT, load_model, placed_device, placement
 
     given = [name for name, value in (("--tasks", args.tasks), ("--data", args.data),
                                       ("--commonsense", args.commonsense), ("--seq-len", args.seq_len)) if value]
@@ -98,7 +97,7 @@ def cmd_harness(args) -> None:
 
     if len(args.checkpoint) > 1:
         raise UserError("--harness evaluates one model at a time (several models: --commonsense DIR)")
-    loaded = load_model(args.checkpoint[0], device=str(resolve_device(args.device, "--device")))
+    loaded = load_model(args.checkpoint[0], device=placed_device(args), **dict(zip(PLACEMENT, placement(args))))
     print(make_table(run_harness(scorer_for(loaded), args.harness, batch_size=args.batch_size)))
 
 
