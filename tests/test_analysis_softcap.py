@@ -162,34 +162,70 @@ def test_task_removal_equals_prune_then_eval_on_a_soft_capped_gemma2(tmp_path, c
         assert row["acc"] == t["acc"] and row["ll"] == pytest.approx(sum(s[0] for s in t["scores"]) / 4, abs=1e-4)
 
 
-def test_layer_by_layer_applies_the_cap_too(tmp_path):
-    """Layer-by-layer mode takes blocks of one kind: a Gemma-2 with full attention in every layer, capped."""
+def both_modes(tmp_path, seq_len: int, **kw) -> tuple[dict, dict]:
+    """Whole-model and layer-by-layer analyses of a saved Gemma-2 (kw: its config), with task removal on an MC file."""
     from depthlab.analysis.run import Request, run_request
     from depthlab.hf.commonsense import TaskSuite
 
-    hf = save_gemma2(tmp_path / "hf", layer_types=["full_attention"] * 4)
+    hf = save_gemma2(tmp_path / "hf", **kw)
     mc = write_mc(tmp_path / "mc.jsonl")
     (tmp_path / "t.txt").write_text(TEXT)
     opts = Options(jacobian=False, activation_mb=0)
-    runs = [run_request(Request(str(hf), [str(tmp_path / "t.txt")], tokens=64, seq_len=32, layerwise=lw,
-                                options=opts, tasks=TaskSuite.read([mc], None, 0))) for lw in (False, True)]
-    whole, layerwise = runs
-    assert layerwise["mode"] == "layer-by-layer" and layerwise["model"]["logits"] == "soft-capped at 2"
+    whole, layerwise = [run_request(Request(str(hf), [str(tmp_path / "t.txt")], tokens=64, seq_len=seq_len,
+                                            layerwise=lw, options=opts, tasks=TaskSuite.read([mc], None, 0)))
+                        for lw in (False, True)]
+    assert layerwise["mode"] == "layer-by-layer"
     assert layerwise["lens"]["ce"] == pytest.approx(whole["lens"]["ce"], rel=1e-5)
     for a, b in zip(whole["removal"]["single"], layerwise["removal"]["single"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     for a, b in zip(whole["task_removal"]["tasks"]["mc"]["single"],
                     layerwise["task_removal"]["tasks"]["mc"]["single"], strict=True):
         assert a["acc"] == b["acc"] and a["ll"] == pytest.approx(b["ll"], abs=1e-4)
+    return whole, layerwise
 
 
-def test_mixed_layer_types_are_refused_in_layer_by_layer_mode(tmp_path):
+def test_layer_by_layer_applies_the_cap_too(tmp_path):
+    """Layer-by-layer mode on a Gemma-2 with full attention in every layer, capped: whole-model mode's numbers."""
+    whole, layerwise = both_modes(tmp_path, 32, layer_types=["full_attention"] * 4)
+    assert layerwise["model"]["logits"] == "soft-capped at 2"
+
+
+def test_sliding_and_full_attention_differ_on_the_mixed_fixture():
+    """The alternating Gemma-2 below (window 4, 16 tokens): its sliding layers really see fewer keys, so replaying
+    every block with one kind's mask would move the logits."""
+    b = random_batches(300, n=1, T=16)[0]
+    with torch.no_grad():
+        mixed = gemma2(sliding_window=4)(input_ids=b.ids).logits
+        full = gemma2(sliding_window=4, layer_types=["full_attention"] * 4)(input_ids=b.ids).logits
+        sliding = gemma2(sliding_window=4, layer_types=["sliding_attention"] * 4)(input_ids=b.ids).logits
+    assert (mixed - full).abs().max() > 1 and (mixed - sliding).abs().max() > 1  # ~3.9 and ~4.0
+    assert (mixed[:, :4] - full[:, :4]).abs().max() < 1e-5  # the first 4 positions see the same keys in both
+
+
+def test_layer_by_layer_equals_whole_model_on_alternating_sliding_and_full_attention(tmp_path):
+    """Gemma-2's layer_types alternate sliding_attention and full_attention: layer-by-layer mode runs each block
+    with its own kind's mask and gives whole-model mode's lens, removal losses and task removal (both_modes), and
+    its states and base loss."""
+    whole, layerwise = both_modes(tmp_path, 16, sliding_window=4)
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    assert config.layer_types[:2] == ["sliding_attention", "full_attention"] and config.sliding_window == 4
+    assert layerwise["lens"]["kl"] == pytest.approx(whole["lens"]["kl"], rel=1e-4, abs=1e-6)
+    assert [s["variance"] for s in layerwise["states"]] == pytest.approx([s["variance"] for s in whole["states"]],
+                                                                          rel=1e-5)
+    assert layerwise["removal"]["base_loss"] == pytest.approx(whole["removal"]["base_loss"], rel=1e-5)
+
+
+def test_other_mixes_of_block_kinds_are_refused_in_layer_by_layer_mode(tmp_path):
     from depthlab.analysis.run import Request, run_request
 
     hf = save_gemma2(tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    config["layer_types"] = ["linear_attention", "full_attention"] * 2  # blocks of another make, not just a mask
+    (hf / "config.json").write_text(json.dumps(config))
     (tmp_path / "t.txt").write_text(TEXT)
-    with pytest.raises(UserError, match=r"blocks of different kinds \(full_attention, sliding_attention\); "
-                                        "layer-by-layer mode needs identical blocks, use whole-model mode"):
+    with pytest.raises(UserError, match=r"blocks of different kinds \(full_attention, linear_attention\); "
+                                        "layer-by-layer mode takes a mix of full_attention and sliding_attention "
+                                        "only, use whole-model mode"):
         run_request(Request(str(hf), [str(tmp_path / "t.txt")], tokens=64, seq_len=32, layerwise=True))
 
 

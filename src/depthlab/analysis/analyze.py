@@ -196,14 +196,14 @@ def whole_model_jacobians(lm: LayeredLM, b: Batch, opts: Options) -> dict:
                          for l in heatmap_blocks(L)]}
 
 
-def _units(lm: LayeredLM, L: int, store: ActivationStore, entries: list, prefix: str = "h0") -> list[Unit]:
-    """Units of layer-by-layer mode from (inputs, mask, score) entries: each traced through the skeleton's one
-    block (its embedding output and the arguments every block is called with)."""
+def _units(lm: LayeredLM, slots: list[int], store: ActivationStore, entries: list, prefix: str = "h0") -> list[Unit]:
+    """Units of layer-by-layer mode from (inputs, mask, score) entries: each traced through the skeleton (its
+    embedding output, and the arguments each slot is called with: block j gets those of its slot, `slots[j]`)."""
     units = []
     for k, (inputs, mask, score) in enumerate(entries):
         tr = lm.trace(inputs, mask)
         store.put((prefix, k), tr.hidden[0])
-        units.append(Unit([tr.calls[0]] * L, mask, score))
+        units.append(Unit([tr.calls[s] for s in slots], mask, score))
     return units
 
 
@@ -219,11 +219,12 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
         entries += [(q.ids, question_mask(q), lambda key, h, t=t, q=q: tsums.add(t, key, q, answer_logits(lm, q, h)))
                     for t, qs in (questions or {}).items() for q in qs]
     jac: dict = {"block_gain": [], "block_vs_identity": [], "heatmaps": [], "probes": opts.probes}
-    load = lambda j: skel.load_block(j) or 0  # noqa: E731
+    load = skel.load_block
     with tempfile.TemporaryDirectory(dir=spill_dir) as tmp:
         store = ActivationStore(tmp, opts.activation_mb * 2**20)
-        units = _units(lm, L, store, entries)
-        fit_units = _units(lm, L, store, [(b.inputs, b.mask, None) for b in fit], "fit0") if opts.linear else []
+        units = _units(lm, skel.slots, store, entries)
+        fits = [(b.inputs, b.mask, None) for b in fit] if opts.linear else []
+        fit_units = _units(lm, skel.slots, store, fits, "fit0")
         spills = _state_spills(Path(tmp), store, units, batches, acc)
         hook = _jacobian_hook(lm, units[0], batches[0], opts, jac) if opts.jacobian else None
         plans = first_plans(L, opts) if opts.removal else []

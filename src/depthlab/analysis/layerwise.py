@@ -1,8 +1,9 @@
 """The model with a single block slot, for layer-by-layer analysis of models larger than memory.
 
 The skeleton is the model built with one layer: embedding, final norm, head and position tables in memory, plus
-one block whose weights are swapped in from the safetensors files, block by block. The skeleton's own forward
-gives the embedding output and the arguments a block is called with; blocks are then applied to the
+one block whose weights are swapped in from the safetensors files, block by block (an HF model whose blocks mix
+sliding and full attention, Gemma-2's, is built with one layer of each kind: see `Skeleton`). The skeleton's own
+forward gives the embedding output and the arguments a block is called with; blocks are then applied to the
 calibration activations one at a time.
 
 Memory: the skeleton is built with its parameters on the meta device (no random weights drawn, nothing held
@@ -25,6 +26,9 @@ from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthl
 from depthlab.checkpoint import CONFIG, TOKENIZER, WEIGHTS, is_sharded, read_weights, weight_names
 from depthlab.loading import hf_context, load_hf_tokenizer, torch_dtype
 from depthlab.paths import Kind, model_path
+
+# Kinds of HF block that differ only in the attention mask they are given (same weights, same call otherwise).
+ATTENTION_KINDS = {"full_attention", "sliding_attention"}
 
 
 class TensorFiles:
@@ -63,15 +67,23 @@ class TensorFiles:
 
 
 class Skeleton:
-    def __init__(self, lm: LayeredLM, n_layers: int, files: TensorFiles, make_block=None):
+    """`slots[i]`: the slot block i runs in. One slot, or (an HF model whose blocks differ in kind: sliding and full
+    attention) one per kind, in the order the kinds first appear: the model's own forward then gives each slot the
+    mask of its kind, and block i is replayed in its kind's slot with that slot's recorded call."""
+
+    def __init__(self, lm: LayeredLM, n_layers: int, files: TensorFiles, make_block=None, slots=None):
         self.lm, self.n_layers, self.files, self.make_block = lm, n_layers, files, make_block
+        self.slots = list(slots or [0] * n_layers)
         p = next(lm.model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.file_prefix = lm.blocks_path + "."
 
-    def load_block(self, i: int) -> None:
-        """Put block i's weights (and, for depthlab schemes, block i itself: LNS scales by depth) in the slot."""
-        self.lm.blocks[0].to("meta")  # the previous block's weights go before the next one's are read
+    def load_block(self, i: int) -> int:
+        """Put block i's weights (and, for depthlab schemes, block i itself: LNS scales by depth) in the slot;
+        returns the slot block i runs in. Every slot is given the same tensors (held once), so the skeleton's own
+        forward runs whichever block is loaded."""
+        for blk in self.lm.blocks:  # the previous block's weights go before the next one's are read
+            blk.to("meta")
         state = self.files.with_prefix(f"{self.file_prefix}{i}.")
         if not state:
             raise UserError(f"no weights for block {i} ({self.file_prefix}{i}.*) in the checkpoint")
@@ -79,7 +91,11 @@ class Skeleton:
             with params_on_meta():
                 self.lm.blocks[0] = buffers_to(self.make_block(i), self.device, self.dtype)
             self.lm.mid_probes = depthlab_mid_probes(self.lm.model)
-        assign(self.lm.blocks[0], state, self.device, self.dtype)
+        state = {k: v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device)
+                 for k, v in state.items()}
+        for blk in self.lm.blocks:
+            assign(blk, state, self.device, self.dtype)
+        return self.slots[i]
 
 
 @contextlib.contextmanager
@@ -167,13 +183,14 @@ def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
 
     config = transformers.AutoConfig.from_pretrained(str(p), trust_remote_code=trust_remote_code)
     n_layers = config.num_hidden_layers
-    kinds = set(getattr(config, "layer_types", None) or [])
-    if len(kinds) > 1:
-        raise UserError(f"{p}: blocks of different kinds ({', '.join(sorted(kinds))}); layer-by-layer mode needs "
-                        "identical blocks, use whole-model mode")
-    config.num_hidden_layers = 1
+    types = list(getattr(config, "layer_types", None) or [])
+    kinds = list(dict.fromkeys(types))  # the skeleton's slots: one per kind, in order of first appearance
+    if len(kinds) > 1 and not set(kinds) <= ATTENTION_KINDS:
+        raise UserError(f"{p}: blocks of different kinds ({', '.join(sorted(kinds))}); layer-by-layer mode takes "
+                        f"a mix of {' and '.join(sorted(ATTENTION_KINDS))} only, use whole-model mode")
+    config.num_hidden_layers = max(1, len(kinds))
     if kinds:
-        config.layer_types = config.layer_types[:1]
+        config.layer_types = kinds
     with params_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code,
                                                               dtype=torch_dtype(dtype))
@@ -185,4 +202,6 @@ def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):
         model.tie_weights()
     lm = from_hf(buffers_to(model, device), p.name)
     tok, context = load_hf_tokenizer(p, trust_remote_code), hf_context(config)
-    return Skeleton(lm, n_layers, files), tok, min(512, context), {"model_type": config.model_type, "context": context}
+    slots = [kinds.index(t) for t in types] if kinds else None
+    info = {"model_type": config.model_type, "context": context}
+    return Skeleton(lm, n_layers, files, slots=slots), tok, min(512, context), info
