@@ -49,6 +49,32 @@ def _made_up(cell, optimum) -> dict:
             "status": "ok", "val_loss": loss, "test_loss": loss + 0.1}
 
 
+def test_run_plans_again_after_every_batch_of_jobs_cells(monkeypatch):
+    """A cell made known by a finished grid (pre's transferred cells) runs before deeper cells known earlier: run
+    hands the runner `jobs` cells at a time, the cheapest first, and plans again (the runner's training is
+    tests/test_study.py's; here it writes made-up records)."""
+    records, batches = {}, []
+
+    class Study:
+        def records(self):
+            return dict(records)
+
+    def run_cells(study, cells, jobs, **kw):
+        batches.append(cells)
+        records.update({c.key: _made_up(c, lambda v, L: 8) for c in cells})
+        return cells
+
+    monkeypatch.setattr(t, "run_cells", run_cells)
+    d = t.Design()
+    base = t.next_cells({}, d)  # the two base grids
+    records.update({c.key: _made_up(c, lambda v, L: 8) for c in base if c.variant == "lns"})
+    t.run(Study(), d, jobs=2)
+    assert all(len(b) <= 2 for b in batches) and not t.next_cells(records, d)
+    first_pre = next(i for i, b in enumerate(batches) if any(c.variant == "pre" and c.layers == 12 for c in b))
+    first_48 = next(i for i, b in enumerate(batches) if any(c.layers == 48 for c in b))
+    assert first_pre < first_48  # pre's N = 12 cells did not wait behind every lns cell down to N = 48
+
+
 def test_the_plan_walked_to_the_end_on_made_up_records():
     """Pre-LN's optimum falls one lattice step per doubling of depth (rate ∝ N^-1/2), CompleteP's holds: the plan
     trains the base grids of the two schemes only, transfers, widens pre's N = 48 grid to its optimum, centres the
