@@ -45,7 +45,8 @@ the one-run rule when every seed reads alike. The cell is
 "present" is the union of two one-sided tests, each at 2.5% (a two-sided 95% interval wholly on one side), so a cell
 whose curse is absent by both criteria reads "present" with probability at most 5% (Bonferroni); "absent" needs both
 intervals, so it is the stricter word. A claim that needs the curse is "not testable" unless its cell reads
-"present": absent, inconclusive, unreadable and unknown all leave the precondition unshown (DESIGN.md section 6).
+"present": absent, inconclusive, unreadable and unknown all leave the precondition unshown (docs/results.md, "The
+paper's claims, one rule").
 """
 
 from __future__ import annotations
