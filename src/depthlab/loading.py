@@ -166,15 +166,15 @@ def add_placement_options(p, same: str) -> None:
     only_with(p, "--device-map", "--max-memory", "--offload-folder")
 
 
-def placed_device(args, other: str | None = None) -> str:
+def placed_device(args, layer_by_layer: bool = False) -> str:
     """--device as load_model takes it: "cpu" under --device-map (the model is read into host memory, then placed),
-    which refuses an explicit --device and `other` (a flag that keeps the model off a map) in one line."""
+    which refuses an explicit --device and --layer-by-layer in one line."""
     from depthlab.device import resolve_device
 
     if args.device_map is None:
         return str(resolve_device(args.device, "--device"))
     for flag, given, what in (("--device", args.device != "auto", "puts it on one device"),
-                              (other, bool(other), "streams it one block at a time instead")):
+                              ("--layer-by-layer", layer_by_layer, "streams it one block at a time instead")):
         if given:
             raise UserError(f"--device-map places the whole model over devices; {flag} {what}: drop one of them")
     return "cpu"

@@ -104,6 +104,7 @@ def _request(args, model: str):
     from depthlab.analysis.analyze import Options
     from depthlab.analysis.curse import CurseSpec
     from depthlab.analysis.run import Request
+    from depthlab.loading import placed_device, placement
 
     removal = not args.no_removal
     off = args.no_removal and "--no-removal"
@@ -119,20 +120,9 @@ def _request(args, model: str):
                    drop_lowest=args.drop_lowest, activation_mb=args.activation_memory, jacobian=not args.no_jacobian,
                    probes=args.probes, curse=curse, progress=not args.no_progress)
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
-                   args.trust_remote_code, _device(args), args.dtype, opts, args.images, not args.no_init,
-                   args.windows, args.window_seed, args.tasks, args.linear_fit_tokens, *_placement(args))
-
-
-def _device(args) -> str:
-    from depthlab.loading import placed_device
-
-    return placed_device(args, args.layer_by_layer and "--layer-by-layer")
-
-
-def _placement(args) -> tuple:
-    from depthlab.loading import placement
-
-    return placement(args)
+                   args.trust_remote_code, placed_device(args, args.layer_by_layer), args.dtype, opts, args.images,
+                   not args.no_init, args.windows, args.window_seed, args.tasks, args.linear_fit_tokens,
+                   *placement(args))
 
 
 def _results(args, model: str, log=lambda: None) -> dict:
