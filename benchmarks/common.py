@@ -118,7 +118,10 @@ def best_ratio(num: list[float], den: list[float]) -> float:
     return min(num) / min(den)
 
 
-def environment() -> dict:
+def environment(**facts) -> dict:
+    """Where a benchmark ran: date, commit, versions, CPU, device, this process's torch threads and the load; `facts`
+    add or correct entries (a benchmark whose work ran in child processes with their own thread count says so:
+    environment(threads=1, processes=4))."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
                                 capture_output=True, text=True, timeout=5).stdout.strip()
@@ -138,7 +141,7 @@ def environment() -> dict:
     return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "git_commit": commit,
             "torch": torch.__version__, "transformers": tf_version, "cpu": cpu,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "threads": torch.get_num_threads(), "load_avg_1min": _loadavg()}
+            "threads": torch.get_num_threads(), "load_avg_1min": _loadavg(), **facts}
 
 
 def _loadavg() -> float | None:

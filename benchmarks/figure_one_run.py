@@ -197,7 +197,9 @@ def main(argv=None) -> None:
         subprocess.run([sys.executable, "-m", "depthlab", "compare", *(str(out / f"{v}{suffix}") for v in records),
                         "--labels", *records, "--no-progress", "--out", str(out / f"compare{suffix}")], env=env,
                        check=True)
-    record = {"command": recorded_command("benchmarks.figure_one_run", argv), "environment": environment(),
+    record = {"command": recorded_command("benchmarks.figure_one_run", argv),
+              "environment": environment(threads=1, processes=len(cmds), what="the analyses: one thread each, "
+                                         "side by side; training ran one thread per cell (train.threads=1)"),
               "settings": s.base, "task": {"file": "continuation.jsonl", "questions": len(task),
                                            "documents": sorted({q["document"] for q in task}),
                                            "choice_tokens": a.choice_tokens, "context_tokens": a.context_tokens,

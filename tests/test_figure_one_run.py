@@ -36,6 +36,7 @@ def test_figure_one_run_end_to_end(tmp_path):
 
     rec = json.loads(record.read_text())
     assert set(rec["models"]) == {"pre", "lns"} and rec["task"]["questions"] == 6
+    assert rec["environment"]["threads"] == 1 and rec["environment"]["processes"] == 4  # the analyses', not ours
     for m in rec["models"].values():
         assert m["questions"] == 6 and len(m["acc_drop"]) == 2 == len(m["delta_loss_linear"])
         assert 0 <= m["base_acc"] <= 1 and m["train"]["test_loss"] > 0

@@ -125,6 +125,17 @@ def test_nonfinite_weights_are_refused(tmp_path):
         import_to_checkpoint(tmp_path / "hf", tmp_path / "out")
 
 
+def test_weights_left_on_meta_are_one_line():
+    """A weight never read (left on the meta device, as a lazy load can leave it) is named, not a torch traceback."""
+    from depthlab.model.apply import verify_loaded
+
+    hf = tiny_hf("llama", n_layers=2)
+    hf.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(torch.empty(hf.model.layers[1].mlp.up_proj.weight
+                                                                            .shape, device="meta"))
+    with pytest.raises(UserError, match=r"never read .* model\.layers\.1\.mlp\.up_proj\.weight"):
+        verify_loaded(hf, {}, "hf")
+
+
 def test_a_truncated_weights_file_is_one_line(hf_dir, tmp_path):
     f = hf_dir / "model.safetensors"
     f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])

@@ -212,6 +212,11 @@ def verify_loaded(model: nn.Module, info: dict, path) -> None:
         layers = getattr(model.config, "num_hidden_layers", None)
         hint = f"; config.json says num_hidden_layers={layers}" if layers is not None else ""
         raise UserError(f"{where}: {'; '.join(parts)}{hint}")
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    state = model.state_dict()
+    unread = [name for name, t in state.items() if t.is_meta]
+    if unread:  # no values to check, and any use of them fails deep inside torch
+        raise UserError(f"{path}: {len(unread)} weight(s) were never read from the files (left on the meta "
+                        f"device): {_few(unread)}")
+    bad = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         raise UserError(f"{path}: {len(bad)} weight(s) hold NaN or inf: {_few(bad)}")
