@@ -200,9 +200,18 @@ def _curse_by_hand(ratios: list[float], inerts: list[float], interior: int) -> s
     return "present" if "present" in sides else "absent" if sides == {"absent"} else "inconclusive"
 
 
+def _deep_by_hand(c: dict) -> float | None:
+    """The deep half's inert fraction from a recorded index alone: the upper floor(k/2) of the k interior blocks
+    (None under 4 of them), and the share of those the record names inert."""
+    lo, hi = c["interior"]
+    deep = list(range(hi - (hi - lo + 1) // 2 + 1, hi + 1))
+    return sum(b in c["inert_blocks"] for b in deep) / len(deep) if len(deep) >= 4 else None
+
+
 def test_the_results_page_prints_pre_lns_curse_index_as_the_rule_reads_it():
     """On the page built from the committed records: the first screen, the own-best table and the claims table name,
-    at each depth, the word the across-seed rule gives for Pre-LN's per-seed index (recomputed here with scipy)."""
+    at each depth, the word the across-seed rule gives for Pre-LN's per-seed index (recomputed here with scipy, its
+    inert criterion on the deep half of the interior)."""
     import re
 
     from benchmarks import lns_study, report
@@ -220,13 +229,17 @@ def test_the_results_page_prints_pre_lns_curse_index_as_the_rule_reads_it():
         idx, L = d["pre"]["index"], d["layers"]
         per = list(idx["per_seed"].values())
         word = words[L] = _curse_by_hand([c["removal_deep_over_shallow"] for c in per],
-                                         [c["inert_fraction"] for c in per], idx["interior_blocks"])
+                                         [_deep_by_hand(c) for c in per], idx["interior_blocks"])
         assert L in groups[word]
         row = next(x for x in rows if x.startswith(f"| {L} |"))
         assert row.removesuffix(" |").split(" | ")[-1].startswith(word)
         for claim in (x for x in claims if x.startswith("| 1 |") and f"| N = {L} |" in x):
             assert claim.endswith("| **not testable** (Pre-LN's curse index " + word + ") |") == (word != "present")
     assert set(words.values()) != {"present"} and "present" in words.values()  # the records hold both cases
+    # N = 24: the whole interior's inert fraction 0.14 [-0.06, 0.35] held 1/3 (inconclusive); its deep half reads
+    # 0.07 [-0.08, 0.21] and the ratio 1.10 [0.78, 1.43]: absent
+    assert words[24] == "absent" and "| 0.07 [-0.08, 0.21] | 0.14 ± 0.08 / 0.05 ± 0.05 |" in next(
+        x for x in rows if x.startswith("| 24 |"))
 
 
 def test_the_first_screen_and_part_b_say_the_curse_words_with_their_intervals():
@@ -239,8 +252,8 @@ def test_the_first_screen_and_part_b_say_the_curse_words_with_their_intervals():
     screen = lns.index_by_depth(done)
     assert screen.startswith("reads present at N = 48 (deep/shallow removal ratio 0.40 [")
     assert "< 0.5, n = 2) only; inconclusive at N = 12 (deep/shallow removal ratio 0.55 [" in screen
-    assert screen.endswith("; one seed: no interval at N = 24 (deep/shallow removal ratio 0.90, inert fraction 0.00: "
-                           "reads absent)")
+    assert screen.endswith("; one seed: no interval at N = 24 (deep/shallow removal ratio 0.90, deep-half inert "
+                           "fraction 0.00: reads absent)")
     held = transfer._precondition(read([0.35, 0.70])["index"]["curse"])
     assert "holds 0.5, n = 2: *inconclusive*" in held and "*not testable*" in held
     assert "*not testable*" not in transfer._precondition(read([0.39, 0.40])["index"]["curse"])

@@ -7,6 +7,8 @@ last two left out). With cost(l) the loss increase (nats per scored token) when 
     inert_fraction        share of interior blocks with |cost(l)| < delta (default 0.005 nats); inert_blocks names
                           them (a block whose removal *lowers* the loss by more than delta is active, not inert)
     inert_fraction_rel    share with |cost(l)| < rel_delta * |cost(2)| (default 0.05): the same, relative to block 2
+    inert_fraction_deep   the same share over the deep half of the interior only (`deep_half`): the curse of depth
+                          is about deep blocks, and shallow inert blocks must not count towards it
     removal_deep_over_shallow
                           mean cost over the deep interior (N/2, N-2] over the mean over the shallow interior
                           [2, N/4 + 1]; < 1: deep blocks are cheaper to remove than shallow ones
@@ -19,8 +21,9 @@ last two left out). With cost(l) the loss increase (nats per scored token) when 
     contiguous            for n = 1 .. N/2, the run of n blocks whose ends are closest by last-token angular
                           distance (Gromov's protocol) and the loss increase when that run is removed
 
-inert_fraction, inert_fraction_rel and removal_deep_over_shallow carry 95% bootstrap intervals over calibration
-windows: windows are resampled with replacement (seeded) and every cost recomputed from the resampled sums.
+inert_fraction, inert_fraction_rel, inert_fraction_deep and removal_deep_over_shallow carry 95% bootstrap intervals
+over calibration windows: windows are resampled with replacement (seeded) and every cost recomputed from the
+resampled sums.
 """
 
 from __future__ import annotations
@@ -53,6 +56,21 @@ def shallow_deep(n_layers: int) -> tuple[list[int], list[int]]:
     return shallow, deep
 
 
+def deep_half(blocks: list[int]) -> list[int]:
+    """The deep half of an interior (its 1-based blocks, shallow first): the upper floor(k/2) of its k blocks. An odd
+    count's middle block stays with the shallow half, so under the default interior 2 .. N-2 the deep half is exactly
+    the deep interior (N/2, N-2] that removal_deep_over_shallow averages over."""
+    return blocks[len(blocks) - len(blocks) // 2:]
+
+
+def inert_share(costs, blocks: list[int], delta: float) -> np.ndarray:
+    """The share of `blocks` (1-based) whose removal cost is below delta in absolute value, along the last axis of
+    `costs` (a block whose removal lowers the loss by more than delta is active, not inert); nan for no blocks."""
+    if not blocks:
+        return np.full(np.shape(costs)[:-1], math.nan)
+    return (np.abs(np.asarray(costs)[..., [l - 1 for l in blocks]]) < delta).mean(-1)
+
+
 def _ratio(costs: np.ndarray, shallow: list[int], deep: list[int]) -> np.ndarray:
     """Deep-over-shallow mean cost along the last axis (1-based block lists); nan where undefined."""
     if not shallow or not deep:
@@ -63,10 +81,11 @@ def _ratio(costs: np.ndarray, shallow: list[int], deep: list[int]) -> np.ndarray
         return np.where(s > 0, d / np.where(s > 0, s, 1.0), math.nan)
 
 
-def _fractions(costs: np.ndarray, inner: list[int], spec: CurseSpec) -> tuple[np.ndarray, np.ndarray]:
+def _fractions(costs: np.ndarray, inner: list[int], spec: CurseSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     c = np.abs(costs[..., [l - 1 for l in inner]])
     ref = np.abs(costs[..., 1:2] if costs.shape[-1] > 1 else costs[..., :1])
-    return (c < spec.delta).mean(-1), (c < spec.rel_delta * ref).mean(-1)
+    return (inert_share(costs, inner, spec.delta), (c < spec.rel_delta * ref).mean(-1),
+            inert_share(costs, deep_half(inner), spec.delta))
 
 
 def _interval(samples: np.ndarray) -> list[float]:
@@ -88,11 +107,13 @@ def removal_index(windows: dict, n_layers: int, spec: CurseSpec = CurseSpec()) -
            "windows": W, "removal_cost": costs.tolist(),
            "shallow_interior": shallow, "deep_interior": deep}
     if inner:
-        frac, frac_rel = _fractions(costs, inner, spec)
-        bf, bf_rel = _fractions(boot, inner, spec)
+        frac, frac_rel, frac_deep = _fractions(costs, inner, spec)
+        bf, bf_rel, bf_deep = _fractions(boot, inner, spec)
         out.update(inert_fraction=float(frac), inert_fraction_ci=_interval(bf),
                    inert_fraction_rel=float(frac_rel), inert_fraction_rel_ci=_interval(bf_rel),
-                   inert_blocks=[l for l in inner if abs(costs[l - 1]) < spec.delta])
+                   inert_blocks=[l for l in inner if abs(costs[l - 1]) < spec.delta],
+                   inert_fraction_deep=float(frac_deep), inert_fraction_deep_ci=_interval(bf_deep),
+                   deep_half=deep_half(inner))
     ratio = float(_ratio(costs, shallow, deep))
     out.update(removal_deep_over_shallow=ratio, removal_deep_over_shallow_ci=_interval(_ratio(boot, shallow, deep)))
     return out
@@ -165,6 +186,11 @@ def index_lines(idx: dict, init: dict | None = None) -> list[str]:
                      f"{at0('inert_fraction', '.2f')} of blocks {lo}-{hi} (removal < {idx['delta']:g} nats; "
                      f"inert: {idx['inert_blocks'] or 'none'}); relative to block 2: "
                      f"{_fmt_ci(idx['inert_fraction_rel'], idx['inert_fraction_rel_ci'], '.2f')}")
+        if idx.get("deep_half"):  # an index written before the deep half was kept has no such key
+            d = idx["deep_half"]
+            lines.append(f"deep half of the interior (blocks {d[0]}-{d[-1]}): inert fraction "
+                         f"{_fmt_ci(idx['inert_fraction_deep'], idx['inert_fraction_deep_ci'], '.2f')}"
+                         f"{at0('inert_fraction_deep', '.2f')}")
     if "removal_deep_over_shallow" in idx:
         lines.append("depth profile: removal deep/shallow "
                      f"{_fmt_ci(idx['removal_deep_over_shallow'], idx['removal_deep_over_shallow_ci'], '.3g')}"

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from depthlab.study.records import final_probe
-from depthlab.study.verdicts import pooled
+from depthlab.study.verdicts import CURSE_RATIO, PRESENT, pooled
 
 
 def _plt():
@@ -37,23 +37,36 @@ def plot_depth(res: dict, records: dict, out: Path) -> None:
     a.axhline(0, color="k", lw=0.8)
     a.set(title="val loss, lns − pre at one shared rate per scheme\n(seeds grey, 95% t-interval)", ylabel="nats")
     for v, style in (("pre", "o-"), ("lns", "s--")):
-        b.errorbar(Ls, [d[v]["index"]["inert_fraction"]["mean"] for d in depths],
-                   yerr=[d[v]["index"]["inert_fraction"]["std"] for d in depths], fmt=style, capsize=3, label=v)
-        c.errorbar(Ls, [d[v]["index"]["removal_deep_over_shallow"]["mean"] for d in depths],
-                   yerr=[d[v]["index"]["removal_deep_over_shallow"]["std"] for d in depths], fmt=style, capsize=3,
-                   label=v)
-    b.set(title="curse index: interior inert fraction", ylim=(-0.05, 1.05))
-    c.set(title="removal cost, deep / shallow interior")
+        # the criteria the verdict reads, with the intervals it reads
+        line = _criterion(b, Ls, [d[v]["index"]["curse"]["inert"] for d in depths], style, f"{v}, deep half")
+        _criterion(c, Ls, [d[v]["index"]["curse"]["ratio"] for d in depths], style, v)
+        b.plot(Ls, [d[v]["index"]["inert_fraction"]["mean"] for d in depths], style[0], mfc="none", alpha=0.6,
+               color=line.get_color(), label=f"{v}, whole interior (mean; decides nothing)")
+    b.axhline(PRESENT, color="tab:red", ls=":", lw=1, label=f"present at or above {PRESENT:.2f}")
+    c.axhline(CURSE_RATIO, color="tab:red", ls=":", lw=1, label=f"present below {CURSE_RATIO}")
+    b.set(title="curse index: inert fraction of the deep half\n(mean, 95% t-interval across seeds)",
+          ylim=(-0.05, 1.05))
+    c.set(title="removal cost, deep / shallow interior\n(mean, 95% t-interval across seeds)")
     c.axhline(1, color="k", lw=0.8)
     for ax in axes:
         ax.set(xscale="log", xlabel="blocks N")
         ax.set_xticks(Ls, [str(x) for x in Ls])
         ax.xaxis.set_minor_locator(plt.NullLocator())  # minor log labels overlapped the depth ticks
-    b.legend(fontsize=8)
+    b.legend(fontsize=6)
+    c.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out / "delta_and_index_by_depth.png", dpi=110)
     plt.close(fig)
     plot_profiles(res, records, out, plt)
+
+
+def _criterion(ax, Ls: list[int], cells: list[dict], style: str, label: str):
+    """One curse criterion by depth as verdicts.curse_reading holds it: the mean with its 95% t-interval across
+    seeds (no bar where one seed gives no interval); returns the line."""
+    means = [c["mean"] if c["n"] else math.nan for c in cells]
+    err = [[m - c["ci"][0] if c["ci"] else 0 for m, c in zip(means, cells, strict=True)],
+           [c["ci"][1] - m if c["ci"] else 0 for m, c in zip(means, cells, strict=True)]]
+    return ax.errorbar(Ls, means, yerr=err, fmt=style, capsize=3, label=label).lines[0]
 
 
 def plot_profiles(res: dict, records: dict, out: Path, plt) -> None:

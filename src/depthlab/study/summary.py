@@ -14,7 +14,7 @@ from depthlab.analysis.curse import interior, shallow_deep
 from depthlab.study.records import cell_key, final_probe, upgrade
 from depthlab.study.runner import best_rates
 from depthlab.study.stats import binomial_se, mean_std
-from depthlab.study.verdicts import at_edge, claim, compare, curse_reading
+from depthlab.study.verdicts import at_edge, cell_reading, claim, compare, deep_inert_fraction, interior_size
 
 
 def _mean_at(values: list[float], blocks: list[int]) -> float:
@@ -80,16 +80,16 @@ def _runs(records: dict, variant: str, layers: int, lr: float | None, seeds: lis
 
 def index_reading(runs: dict[int, dict]) -> dict:
     """The curse index of each seed's final model, its mean ± std, and the cell's reading across seeds
-    (verdicts.curse_reading: "curse" holds both criteria's t-intervals, "reading" the word)."""
+    (verdicts.cell_reading: "curse" holds both criteria's t-intervals, the inert one on the deep half, "reading" the
+    word)."""
+    probes = [final_probe(r) for r in runs.values() if final_probe(r)]
     per = {s: final_probe(r)["curse"] for s, r in runs.items() if final_probe(r)}
     out = {"per_seed": per}
     for k in ("inert_fraction", "removal_deep_over_shallow", "update_slope"):
         out[k] = mean_std(c.get(k) for c in per.values())
-    sizes = [c["interior"][1] - c["interior"][0] + 1 if c.get("interior") else 0 for c in per.values()]
-    out["interior_blocks"] = min(sizes) if sizes else None
+    out["interior_blocks"] = min((interior_size(c) for c in per.values()), default=None)
     out["inert_fraction_rel"] = mean_std(c.get("inert_fraction_rel") for c in per.values())
-    out["curse"] = curse_reading([c.get("removal_deep_over_shallow") for c in per.values()],
-                                 [c.get("inert_fraction") for c in per.values()], out["interior_blocks"])
+    out["curse"] = cell_reading(probes)  # the deep half's inert fraction and the ratio, per run
     out["reading"] = out["curse"]["word"]
     init = [r["probes"][0]["curse"] for r in runs.values() if r.get("probes") and r["probes"][0]["tokens"] == 0]
     if init:  # the same models at initialisation (a probe at 0 tokens)
@@ -333,8 +333,9 @@ def along_pairs(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
 
 def matched_rates(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
     """Every (depth, rate) where a and b both trained seed 0 and were probed: both final models' curse index side
-    by side (absolute and relative inert fractions, deep/shallow removal ratio), and whether b's ratio is below a's
-    (b's deep blocks the cheaper to remove). The index at one rate, not at each scheme's best."""
+    by side (absolute and relative inert fractions, the deep half's inert fraction, deep/shallow removal ratio), and
+    whether b's ratio is below a's (b's deep blocks the cheaper to remove). The index at one rate, not at each
+    scheme's best."""
     records = {k: upgrade(r) for k, r in records.items()}
     rows = []
     for L, lr in sorted({(r["layers"], r["lr"]) for r in records.values() if r["variant"] == a and r.get("layers")}):
@@ -348,9 +349,10 @@ def matched_rates(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
                "val_loss": {a: ra["val_loss"], b: rb["val_loss"]}}
         for k in ("inert_fraction", "inert_fraction_rel", "removal_deep_over_shallow"):
             row[k] = {a: ca.get(k), b: cb.get(k)}
+        row["inert_fraction_deep"] = {a: deep_inert_fraction(final_probe(ra)), b: deep_inert_fraction(final_probe(rb))}
         x, y = row["removal_deep_over_shallow"][a], row["removal_deep_over_shallow"][b]
         row["b_ratio_lower"] = None if x is None or y is None else y < x
-        row["curse"] = curse_reading([x], [ca.get("inert_fraction")], row["interior_blocks"])  # one seed
+        row["curse"] = cell_reading([final_probe(ra)])  # one seed
         row["reading"] = row["curse"]["word"]
         rows.append(row)
     return rows

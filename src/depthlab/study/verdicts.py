@@ -22,13 +22,27 @@ Equivalence ("A matches B") is a TOST with EQUIVALENCE_MARGIN, declared here bef
 Divergence (claim 5) is the paper's: a run that ends within UNIGRAM_MARGIN of the unigram loss (token frequencies
 alone; the paper's ~1,400 PPL) while Pre-LN trains at that rate.
 
-The curse's precondition, from Pre-LN's final probe. One run reads (`precondition`):
+The curse's precondition, from Pre-LN's final probe. Its two criteria, each per run (`run_criteria`):
 
-    "present"   the interior inert fraction is at least PRESENT, or the deep/shallow removal cost ratio is below
+    ratio       the deep/shallow removal cost ratio: mean cost over the deep interior over that over the shallow
+                interior (depthlab.analysis.curse)
+    inert       the inert fraction of the deep half of the interior (`deep_inert_fraction`): the share of the upper
+                half of the interior's blocks whose removal changes the loss by less than the recorded delta (0.005
+                nats). The curse of depth says deep blocks degrade towards the identity, so inert shallow blocks do
+                not count: a run whose shallow interior is inert and whose deep blocks are active has no curse by
+                this criterion. The whole interior's inert fraction stays in the records and on the page, as a
+                description, never as a criterion.
+
+One run reads (`precondition`):
+
+    "present"   the deep half's inert fraction is at least PRESENT, or the deep/shallow removal cost ratio is below
                 CURSE_RATIO
     "absent"    neither
     "unreadable"  the interior has fewer than MIN_INTERIOR blocks: a fraction of 3 blocks moves in steps of 1/3
     "unknown"   no probe
+
+A deep half of fewer than MIN_DEEP blocks leaves the inert criterion unread (one inert block of 3 would already reach
+PRESENT); the ratio still reads.
 
 A (scheme, depth) cell of n seeds reads the same two criteria through their 95% t-intervals across seeds (df = n - 1,
 scipy.stats; `curse_reading`). Each criterion's interval lies on the present side (ratio: the whole interval below
@@ -53,6 +67,7 @@ from __future__ import annotations
 
 import math
 
+from depthlab.analysis.curse import CurseSpec, deep_half, inert_share
 from depthlab.study.stats import LEVEL, finite, holm, mean_std, proportion_ci, t_test, tost
 
 COMPARISONS = ("lower", "higher", "inconclusive", "one seed: no verdict", "no runs")
@@ -62,6 +77,7 @@ ONE_SEED_INDEX = "one seed: no interval"
 PRESENT = 1 / 3
 CURSE_RATIO = 0.5
 MIN_INTERIOR = 5  # interior blocks below which the index cannot be read (N = 6 has 3)
+MIN_DEEP = 4  # deep-half blocks below which the inert criterion is not read: one inert block of 4 stays below PRESENT
 MIN_CONTRADICT = 3  # seeds an interval on the other side needs before "contradicted"
 EQUIVALENCE_MARGIN = 0.01  # nats: two variants "match" when the TOST puts their mean difference inside ± this
 UNIGRAM_MARGIN = 0.1  # nats: a run ending this close to the unigram loss learned nothing beyond token frequencies
@@ -149,8 +165,45 @@ def less_stable(losses: dict[float, float], pre_losses: dict[float, float], unig
             "gap": {lr: losses[lr] - pre_losses[lr] for lr in bad if math.isfinite(losses[lr])}}
 
 
+def interior_size(curse: dict) -> int:
+    """The number of interior blocks a probe's index names (0 when it names none)."""
+    return curse["interior"][1] - curse["interior"][0] + 1 if curse.get("interior") else 0
+
+
+def deep_inert_fraction(probe: dict) -> float | None:
+    """The inert criterion of one run (the module docstring): the share of the deep half of the interior
+    (depthlab.analysis.curse.deep_half of the blocks the probe's curse["interior"] names; the middle block of an odd
+    count goes to the shallow half) whose removal cost (probe["removal"], nats, block 1 first) is below the recorded
+    delta in absolute value. None where the probe names no interior or the deep half has fewer than MIN_DEEP blocks."""
+    curse = probe.get("curse") or {}
+    if not curse.get("interior") or probe.get("removal") is None:
+        return None
+    lo, hi = curse["interior"]
+    deep = deep_half(list(range(lo, hi + 1)))
+    if len(deep) < MIN_DEEP:
+        return None
+    return float(inert_share(probe["removal"], deep, curse.get("delta", CurseSpec.delta)))
+
+
+def run_criteria(probe: dict) -> dict:
+    """One run's curse criteria from its final probe: "ratio" (deep/shallow removal ratio), "inert" (the deep half's
+    inert fraction, `deep_inert_fraction`) and "interior" (the interior's size)."""
+    curse = probe.get("curse") or {}
+    return {"ratio": curse.get("removal_deep_over_shallow"), "inert": deep_inert_fraction(probe),
+            "interior": interior_size(curse)}
+
+
+def cell_reading(probes: list[dict]) -> dict:
+    """curse_reading of one (scheme, depth) cell from its runs' final probes, each read by run_criteria; the cell's
+    interior is its smallest run's."""
+    runs = [run_criteria(p) for p in probes]
+    return curse_reading([r["ratio"] for r in runs], [r["inert"] for r in runs],
+                         min((r["interior"] for r in runs), default=None))
+
+
 def precondition(inert_fraction: float | None, removal_ratio: float | None, interior: int | None = None) -> str:
-    """Whether Pre-LN's interior is identity-like by the curse index (see the module docstring)."""
+    """Whether Pre-LN's interior is identity-like by the curse index (see the module docstring); `inert_fraction` is
+    the deep half's (deep_inert_fraction)."""
     if interior is not None and interior < MIN_INTERIOR:
         return "unreadable"
     inert, ratio = finite([inert_fraction]), finite([removal_ratio])
@@ -170,10 +223,11 @@ def _side(t: dict, threshold: float, present_below: bool) -> str:
 def curse_reading(ratios: list[float | None], inert_fractions: list[float | None] = (),
                   interior: int | None = None) -> dict:
     """The curse index of one (scheme, depth) cell across its seeds (the module docstring's rule): the word, n, and
-    per criterion ("ratio": deep/shallow removal ratio against CURSE_RATIO, "inert": interior inert fraction against
-    PRESENT) its mean, std, 95% t-interval and side. A criterion with fewer than two finite values is left out when
-    the other has two; with none having two, n = 1 gives the single run's reading ("single") and no word beyond
-    "one seed: no interval"."""
+    per criterion ("ratio": deep/shallow removal ratio against CURSE_RATIO, "inert": the deep half's inert fraction
+    against PRESENT, one value per run from deep_inert_fraction; cell_reading builds both from the probes) its mean,
+    std, 95% t-interval and side. A criterion with fewer than two finite values is left out when the other has two;
+    with none having two, n = 1 gives the single run's reading ("single") and no word beyond "one seed: no
+    interval"."""
     crit = {"ratio": (t_test(ratios), CURSE_RATIO, True), "inert": (t_test(inert_fractions), PRESENT, False)}
     out = {name: {"n": t["n"], "mean": t["mean"] if t["n"] else None, "std": t["std"] if t["n"] else None,
                   "ci": t["ci"] if t["n"] > 1 else None, "threshold": thr}  # no NaN in the results files
@@ -199,7 +253,7 @@ def at_edge(best: float | None, grid: list[float]) -> bool:
     return best is not None and len(grid) > 1 and best in (min(grid), max(grid))
 
 
-_CRITERION = {"ratio": "deep/shallow removal ratio", "inert": "inert fraction"}
+_CRITERION = {"ratio": "deep/shallow removal ratio", "inert": "deep-half inert fraction"}
 
 
 def ci_cell(t: dict, f: str = ".2f") -> str:

@@ -13,7 +13,7 @@ from depthlab.study.page.text import mechanism_table, number, said, settings_of
 from depthlab.study.records import load_records, upgrade
 from depthlab.study.stats import mean_std, spread
 from depthlab.study.summary import lm_study, vit_study
-from depthlab.study.verdicts import ci_cell, curse_word
+from depthlab.study.verdicts import ci_cell, curse_word, deep_inert_fraction
 
 
 # ---------------------------------------------------------------------------------------------------- depth study
@@ -72,19 +72,23 @@ def _grid_lines(res: dict) -> list[str]:
 
 def _depth_lines(res: dict) -> list[str]:
     lines = ["Each depth at the one rate per scheme chosen at the reference depth; Δ paired seed by seed with its 95% "
-             "t-interval (the page's one rule). The curse index of the final models: interior inert fraction "
-             "(blocks 2 .. N−2 whose removal changes the loss by < 0.005 nats) and removal cost deep / shallow "
-             "interior, each mean [95% t-interval across seeds]; Pre-LN's curse reads from those intervals (the rule "
-             "under the claims table).", "",
-             "| N | pre val loss (whole-split probe) | lns val loss (whole-split probe) | Δ lns − pre | pre inert | "
-             "lns inert | pre deep/shallow | lns deep/shallow | Pre-LN curse |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "t-interval (the page's one rule). The curse index of the final models: the deep half's inert "
+             "fraction (the upper half of blocks 2 .. N−2 whose removal changes the loss by < 0.005 nats) and "
+             "removal cost deep / shallow interior, each mean [95% t-interval across seeds]; Pre-LN's curse reads "
+             "from those intervals (the rule under the claims table). The whole interior's inert fraction (mean ± "
+             "std) describes the models and decides nothing.", "",
+             "| N | pre val loss (whole-split probe) | lns val loss (whole-split probe) | Δ lns − pre | pre inert, "
+             "deep half | lns inert, deep half | pre inert, whole interior | lns inert, whole interior | pre "
+             "deep/shallow | lns deep/shallow | Pre-LN curse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for d in res["depths"]:
         if not d["seeds"]:
-            lines.append(f"| {d['layers']} | not run |" + " |" * 7)
+            lines.append(f"| {d['layers']} | not run |" + " |" * 9)
             continue
         p, q, delta = d["pre"]["index"], d["lns"]["index"], d["delta_val_loss"]
-        index = [ci_cell((x.get("curse") or {}).get(k)) for k in ("inert", "ratio") for x in (p, q)]
+        index = ([ci_cell((x.get("curse") or {}).get("inert")) for x in (p, q)]
+                 + [spread(x.get("inert_fraction"), ".2f") for x in (p, q)]
+                 + [ci_cell((x.get("curse") or {}).get("ratio")) for x in (p, q)])
         own = {v: f"{spread(d[v]['val_loss'])} ({spread(d[v].get('probe_loss'), '.2f')})" for v in (PRE, LNS)}
         lines.append(f"| {d['layers']} | {own['pre']} | {own['lns']} | {said(delta)} | " + " | ".join(index)
                      + f" | {curse_word(p.get('curse'))} |")
@@ -179,19 +183,21 @@ def vit_section(out: Path, img: str) -> list[str]:
 
 def cell_tables(out: Path) -> list[str]:
     """One row per variant, depth and rate: final validation loss (mean and spread over seeds) and the final
-    model's curse index (interior inert fraction, deep/shallow removal ratio), from the records."""
+    model's curse index (the deep half's inert fraction, the whole interior's, the deep/shallow removal ratio), from
+    the records."""
     rows = {}
     for r in load_records(out / "runs.jsonl").values():
         rows.setdefault((r["variant"], r.get("layers"), r["lr"]), []).append(r)
-    lines = ["| variant | N | lr | seeds | val loss | diverged | inert fraction | removal deep/shallow |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | N | lr | seeds | val loss | diverged | inert fraction, deep half | inert fraction, whole "
+             "interior | removal deep/shallow |", "|---|---|---|---|---|---|---|---|---|"]
     for (v, L, lr), rs in sorted(rows.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0], kv[0][2])):
         ok = [r for r in rs if r["status"] == "ok"]
         curse = [r["probes"][-1]["curse"] for r in ok if r.get("probes")]
+        deep = _mean_of([{"x": deep_inert_fraction(r["probes"][-1])} for r in ok if r.get("probes")], "x")
         inert, ratio = (_mean_of(curse, k) for k in ("inert_fraction", "removal_deep_over_shallow"))
         lines.append(f"| {v} | {L} | {lr:g} | {len(rs)} | {spread(mean_std(r['val_loss'] for r in ok)) if ok else '-'}"
-                     f" | {len(rs) - len(ok)} | {spread(inert, '.2f') if inert else '-'} | "
-                     f"{spread(ratio, '.2f') if ratio else '-'} |")
+                     f" | {len(rs) - len(ok)} | {spread(deep, '.2f') if deep else '-'} | "
+                     f"{spread(inert, '.2f') if inert else '-'} | {spread(ratio, '.2f') if ratio else '-'} |")
     along = [r for r in load_records(out / "runs.jsonl").values() if len(r.get("probes", [])) > 2]
     if along:  # the curse along training: each probe's tokens, inert fraction, removal ratio, probe loss
         lines += ["", "| run | tokens | inert fraction | removal deep/shallow | probe loss |", "|---|---|---|---|---|"]

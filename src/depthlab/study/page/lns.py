@@ -14,6 +14,7 @@ from depthlab.study.verdicts import (
     CURSE_RATIO,
     EQUIVALENCE_MARGIN,
     MIN_CONTRADICT,
+    MIN_DEEP,
     MIN_INTERIOR,
     ONE_SEED_INDEX,
     PRESENT,
@@ -129,13 +130,15 @@ def claims_lines(table: dict) -> list[str]:
             f"rows) is below 0.05; *contradicted* needs the other side with ≥ {MIN_CONTRADICT} seeds; *not "
             "reproduced* otherwise; *not testable* where the claim needs Pre-LN's curse and its index does not read "
             f"present. The index reads *present* when the 95% t-interval across seeds of the deep/shallow removal "
-            f"ratio lies wholly below {CURSE_RATIO}, or that of the interior inert fraction wholly at or above "
-            f"{PRESENT:.2f}; *absent* when both lie wholly on the other side; *inconclusive* otherwise, and an "
-            "inconclusive index leaves the claim *not testable* like an absent one (its precondition is not shown). "
-            f"One seed gives the run's reading and no interval; an interior of fewer than {MIN_INTERIOR} blocks is "
-            "unreadable. Claim 5 is the paper's divergence (Table "
-            "1's ~1,400 PPL): a run ending at the unigram loss while Pre-LN trains at that rate; its interval is the "
-            "exact binomial interval of that share, and Pre-LN diverged at none of those rates.", ""]
+            f"ratio lies wholly below {CURSE_RATIO}, or that of the deep half's inert fraction (the share of the "
+            "upper half of the interior's blocks whose removal changes the loss by less than 0.005 nats; inert "
+            f"shallow blocks do not count) wholly at or above {PRESENT:.2f}; *absent* when both lie wholly on the "
+            "other side; *inconclusive* otherwise, and an inconclusive index leaves the claim *not testable* like an "
+            "absent one (its precondition is not shown). One seed gives the run's reading and no interval; an "
+            f"interior of fewer than {MIN_INTERIOR} blocks is unreadable, and a deep half of fewer than {MIN_DEEP} "
+            "leaves the inert criterion unread. Claim 5 is the paper's divergence (Table 1's ~1,400 PPL): a run "
+            "ending at the unigram loss while Pre-LN trains at that rate; its interval is the exact binomial interval "
+            "of that share, and Pre-LN diverged at none of those rates.", ""]
     return out
 
 
@@ -144,12 +147,13 @@ def own_best_lines(res: dict) -> list[str]:
            "Each scheme's seed-0 grid at that depth (best rate in bold), then both at their own best rate over every "
            "seed. Δ = lns − pre paired by seed: on the validation slice that selected the rates, and on the test "
            "split (where a record has none: the whole validation split, the probe's loss). The curse index is Pre-LN's "
-           "final models': the inert fraction (absolute threshold 0.005 nats, with its 95% t-interval across seeds, "
-           "beside the relative one, 5% of block 2's cost, mean ± std) and the deep/shallow removal ratio with its "
-           "95% t-interval; the reading comes from those two intervals (the rule under the claims table).", "",
-           "| N | pre grid | lns grid | Δ val loss | Δ test loss | Pre-LN inert (abs / rel) | "
-           "Pre-LN deep/shallow "
-           "| interior blocks | Pre-LN curse |", "|---|---|---|---|---|---|---|---|---|"]
+           "final models': the deep half's inert fraction (absolute threshold 0.005 nats) and the deep/shallow "
+           "removal ratio, each with its 95% t-interval across seeds; the reading comes from those two intervals (the "
+           "rule under the claims table). The whole interior's inert fraction, absolute and relative (5% of block "
+           "2's cost), mean ± std, describes the models and decides nothing.", "",
+           "| N | pre grid | lns grid | Δ val loss | Δ test loss | Pre-LN inert, deep half | Pre-LN inert, whole "
+           "interior (abs / rel) | Pre-LN deep/shallow | interior blocks | Pre-LN curse |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for d in res["depths"]:
         idx = d["pre"].get("index", {})
         cur, size = idx.get("curse") or {}, idx.get("interior_blocks")
@@ -158,7 +162,8 @@ def own_best_lines(res: dict) -> list[str]:
         out.append(f"| {d['layers']} | {grid(d['grids']['pre'])} | {grid(d['grids']['lns'])} | "
                    f"{said(d['delta_val_loss'])} | {said(d.get('delta_test_loss') or d.get('delta_probe_loss', {}))}"
                    f"{'' if d.get('delta_test_loss') else ' (whole split)'} | "
-                   f"{ci_cell(cur.get('inert'))} / {spread(idx.get('inert_fraction_rel'), '.2f')} | "
+                   f"{ci_cell(cur.get('inert'))} | {spread(idx.get('inert_fraction'), '.2f')} / "
+                   f"{spread(idx.get('inert_fraction_rel'), '.2f')} | "
                    f"{ci_cell(cur.get('ratio'))} | {flag} | {curse_word(idx.get('curse'))}{old} |")
     return out + ["", "![Δ at each scheme's own best rate, by depth, with 95% t-intervals](img/lns_own_best.png)", ""]
 
@@ -167,16 +172,19 @@ def matched_lines(matched: list[dict]) -> list[str]:
     lower = sum(bool(m["b_ratio_lower"]) for m in matched)
     out = ["## 2. The curse index at matched rates", "",
            "Both schemes at the same rate (seed 0, n = 1 per cell: read as a count, not a verdict; Pre-LN's curse is "
-           "each run's own reading, with no interval). LNS's "
+           "each run's own reading, with no interval; its inert criterion is the deep half's, the whole interior's "
+           "fractions are descriptive). LNS's "
            f"deep/shallow removal ratio is below Pre-LN's in **{share_said(lower, len(matched), 'cells')}**; "
            "Pre-LN's own reading moves with the rate, so an index read only at each scheme's best rate mixes the rate "
            "into the curse.", "",
-           "| N | lr | interior blocks | inert abs pre / lns | inert rel pre / lns | deep/shallow pre / lns | "
-           "Pre-LN curse | val loss pre / lns |", "|---|---|---|---|---|---|---|---|"]
+           "| N | lr | interior blocks | inert deep half pre / lns | inert whole interior, abs pre / lns | "
+           "inert whole interior, rel pre / lns | deep/shallow pre / lns | Pre-LN curse | val loss pre / lns |",
+           "|---|---|---|---|---|---|---|---|---|"]
     f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     for m in matched:
         pair = lambda k, m=m: f"{f(m[k]['pre'])} / {f(m[k]['lns'])}"  # noqa: E731
-        out.append(f"| {m['layers']} | {m['lr']:g} | {m['interior_blocks']} | {pair('inert_fraction')} | "
+        out.append(f"| {m['layers']} | {m['lr']:g} | {m['interior_blocks']} | {pair('inert_fraction_deep')} | "
+                   f"{pair('inert_fraction')} | "
                    f"{pair('inert_fraction_rel')} | {pair('removal_deep_over_shallow')} | {curse_word(m['curse'])}"
                    f"{' (64-window probe)' if m['old_probe'] else ''} | {m['val_loss']['pre']:.3f} / "
                    f"{m['val_loss']['lns']:.3f} |")
