@@ -104,7 +104,7 @@ class Oracle:
     block: Callable[[torch.Tensor, Parts], torch.Tensor]  # the block's output from its input h
     hf_export: str | None  # the stock HF class it exports to: "family" (the run's own), "gemma2"; None: refused
     vit_export: bool  # a ViT under it exports to a stock ViTForImageClassification
-    olmo2: bool  # it runs on OLMo-2's block (model.arch=olmo2); else validation refuses it
+    olmo2: bool  # it runs on OLMo-2's block (model.family=olmo2); else validation refuses it
     hf_patchable: bool  # depthlab.hf.apply_scheme patches it onto a stock HF decoder
 
 

@@ -104,7 +104,7 @@ def test_depthlab_gemma2_with_a_logit_cap():
     from tests.conftest import tiny_model_config
 
     torch.manual_seed(0)
-    cfg = tiny_model_config(arch="gemma2", norm_scheme="sandwich", logit_softcap=CAP, vocab_size=300)
+    cfg = tiny_model_config(family="gemma2", norm_scheme="sandwich", logit_softcap=CAP, vocab_size=300)
     model = spread(Transformer(cfg).eval())
     batches = random_batches(300)
     lm = from_depthlab(model, "g2")

@@ -223,7 +223,7 @@ def _stock_logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
     {"norm_scheme": "lns", "lns_placement": "branch", "depth_alpha": 1.0, "depth_base": 3},
     {"norm_scheme": "layerscale", "depth_alpha": 1.0, "depth_base": 2},
     {"norm_scheme": "sandwich", "depth_alpha": 1.0, "depth_base": 2},
-    {"norm_scheme": "pre", "arch": "olmo2", "depth_alpha": 1.0, "depth_base": 2, "norm_eps": 1e-6},
+    {"norm_scheme": "pre", "family": "olmo2", "depth_alpha": 1.0, "depth_base": 2, "norm_eps": 1e-6},
     {"norm_scheme": "pre", "prores_steps": 3},  # mid-schedule: the ramps where they stand fold too
 ])
 def test_export_folds_the_multiplier_into_a_stock_model(kw):

@@ -258,9 +258,9 @@ def _schemes():
 
     cases = [{"norm_scheme": s} for s in sorted(SCHEMES)]
     cases += [{"norm_scheme": "lns", "gpas": True}, {"norm_scheme": "lns", "tie_embeddings": True},
-              {"norm_scheme": "pre", "arch": "qwen2", "n_kv_heads": 2}, {"norm_scheme": "lns", "arch": "olmo"},
-              {"norm_scheme": "lns", "arch": "olmo2"}, {"norm_scheme": "deepnorm", "init": "scaled"},
-              {"norm_scheme": "lns", "arch": "vit", "image_size": 8, "patch_size": 2, "channels": 1,
+              {"norm_scheme": "pre", "family": "qwen2", "n_kv_heads": 2}, {"norm_scheme": "lns", "family": "olmo"},
+              {"norm_scheme": "lns", "family": "olmo2"}, {"norm_scheme": "deepnorm", "init": "scaled"},
+              {"norm_scheme": "lns", "family": "vit", "image_size": 8, "patch_size": 2, "channels": 1,
                "num_classes": 10, "lns_placement": "branch"}]
     return cases
 

@@ -1,4 +1,4 @@
-"""Settings that train but would be wrong later: arch defaults follow the arch, train warns (issue 24)."""
+"""Settings that train but would be wrong later: family defaults follow the family, train warns (issue 24)."""
 
 from depthlab.cli import main
 
@@ -12,7 +12,7 @@ def test_olmo_takes_its_norm_eps_and_warmup_beyond_the_run_warns(tmp_path, corpu
     from depthlab.config import Config
 
     assert main(["train", "--data", str(corpus), "--run-dir", str(tmp_path / "r"), *TINY,
-                 "--set", "model.arch=olmo", "--set", "train.warmup_steps=5"]) == 0
+                 "--set", "model.family=olmo", "--set", "train.warmup_steps=5"]) == 0
     out = capsys.readouterr()
     assert Config.load(tmp_path / "r" / "config.json").model.norm_eps == 1e-5
     assert "warmup_steps=5 is more than train.max_steps=2" in out.err
@@ -22,5 +22,5 @@ def test_olmo_takes_its_norm_eps_and_warmup_beyond_the_run_warns(tmp_path, corpu
 
 def test_an_explicit_norm_eps_for_olmo_warns_at_train(tmp_path, corpus, capsys):
     assert main(["train", "--data", str(corpus), "--run-dir", str(tmp_path / "r"), *TINY, "--set",
-                 "train.warmup_steps=1", "--set", "model.arch=olmo", "--set", "model.norm_eps=1e-6"]) == 0
+                 "train.warmup_steps=1", "--set", "model.family=olmo", "--set", "model.norm_eps=1e-6"]) == 0
     assert "will not export; set model.norm_eps=1e-05" in capsys.readouterr().err

@@ -55,7 +55,7 @@ def test_import_reads_every_gemma2_part_and_matches_the_logits(stock, tmp_path):
     stock.save_pretrained(tmp_path / "m")
     model, cfg = import_hf(tmp_path / "m")
     m = cfg.model
-    assert (m.arch, m.norm_scheme, m.head_size, m.sliding_window) == ("gemma2", "sandwich", 16, 5)
+    assert (m.family, m.norm_scheme, m.head_size, m.sliding_window) == ("gemma2", "sandwich", 16, 5)
     assert (m.attn_softcap, m.logit_softcap, m.query_pre_attn_scalar, m.tie_embeddings) == (0.5, 2.0, 12, True)
     ids = torch.randint(0, 97, (3, T))
     assert diff(model, stock, ids) < 1e-5
@@ -85,13 +85,13 @@ def test_each_part_acts(stock, part):
 
 
 def test_every_other_layer_slides():
-    model = Transformer(tiny_model_config(arch="gemma2", norm_scheme="sandwich", **GEMMA.ours))
+    model = Transformer(tiny_model_config(family="gemma2", norm_scheme="sandwich", **GEMMA.ours))
     assert [layer.attn.window for layer in model.layers] == [5, None, 5, None]
 
 
 @pytest.mark.parametrize("scheme,tie", [("sandwich", True), ("sandwich", False), ("lns", False)])
 def test_export_is_stock_gemma2_with_the_same_logits(scheme, tie, tmp_path):
-    mc = tiny_model_config(arch="gemma2", norm_scheme=scheme, tie_embeddings=tie, n_kv_heads=2, **GEMMA.ours)
+    mc = tiny_model_config(family="gemma2", norm_scheme=scheme, tie_embeddings=tie, n_kv_heads=2, **GEMMA.ours)
     torch.manual_seed(1)
     model = lively(Transformer(mc))
     save_as_checkpoint(tmp_path / "ckpt", model, Config(model=mc), {"step": 7}, tokenizer=word_tokenizer())
@@ -108,7 +108,7 @@ def test_export_is_stock_gemma2_with_the_same_logits(scheme, tie, tmp_path):
 
 
 def test_lns_scales_the_norms_after_the_branches():
-    model = Transformer(tiny_model_config(arch="gemma2", norm_scheme="lns", n_layers=4, **GEMMA.ours))
+    model = Transformer(tiny_model_config(family="gemma2", norm_scheme="lns", n_layers=4, **GEMMA.ours))
     layer = model.layers[3]
     assert (layer.attn_norm.scale, layer.mlp_norm.scale) == (1.0, 1.0)
     assert layer.attn_out_norm.scale == layer.mlp_out_norm.scale == pytest.approx(4 ** -0.5)
@@ -117,7 +117,7 @@ def test_lns_scales_the_norms_after_the_branches():
 def test_sandwich_with_lns_gains_at_init_is_lns():
     """model.norm_gain_init=depth puts LNS's l^(-p) into the gains where LNS's scale sits: the norms after the
     branches (the decomposition of docs/method.md, on Gemma-2's block)."""
-    kw = dict(arch="gemma2", n_layers=4, **GEMMA.ours)
+    kw = dict(family="gemma2", n_layers=4, **GEMMA.ours)
     torch.manual_seed(0)
     lns = Transformer(tiny_model_config(norm_scheme="lns", **kw)).eval()
     torch.manual_seed(0)
@@ -154,7 +154,7 @@ def _perplexity(capsys, *args) -> str:
 @pytest.mark.parametrize("scheme", ["sandwich", "lns"])
 def test_import_train_export_round_trip_with_the_same_perplexity(scheme, tmp_path, capsys):
     trained, out, text = _run_roundtrip(tmp_path, scheme)
-    assert trained.cfg.arch == "gemma2" and trained.cfg.norm_scheme == scheme
+    assert trained.cfg.family == "gemma2" and trained.cfg.norm_scheme == scheme
     stock = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(stock).__name__ == "Gemma2ForCausalLM"
     ids = torch.randint(0, 17, (2, 16))
@@ -194,7 +194,7 @@ def test_gemma2_fields_are_its_own_and_positive():
     with pytest.raises(UserError, match="model.attn_softcap is Gemma-2's attention soft-cap .*not llama's"):
         validate(Config(model=tiny_model_config(attn_softcap=50.0), data=DataConfig(seq_len=16)))
     with pytest.raises(UserError, match="model.logit_softcap must be positive"):
-        validate(Config(model=tiny_model_config(arch="gemma2", norm_scheme="sandwich", logit_softcap=0.0),
+        validate(Config(model=tiny_model_config(family="gemma2", norm_scheme="sandwich", logit_softcap=0.0),
                         data=DataConfig(seq_len=16)))
 
 
@@ -214,7 +214,7 @@ def test_llama_sandwich_still_exports_to_gemma2_with_its_embedding_folded(tmp_pa
 
 
 def test_flops_count_the_window_in_every_other_layer():
-    windowed = tiny_model_config(arch="gemma2", norm_scheme="sandwich", **GEMMA.ours)
+    windowed = tiny_model_config(family="gemma2", norm_scheme="sandwich", **GEMMA.ours)
     full = dataclasses.replace(windowed, sliding_window=None)
     attention_term = 12 * windowed.n_layers * windowed.n_heads * windowed.head_dim  # per attended key
     assert train_flops_per_token(windowed, 32) == train_flops_per_token(full, 32) - attention_term * (32 - 5) / 2

@@ -8,7 +8,7 @@ import pytest
 
 from depthlab.cli import main, make_parser
 from depthlab.hf.cli import FAMILY_NAMES
-from depthlab.model.families import FAMILIES as ARCHS
+from depthlab.model.families import FAMILIES
 from depthlab.model.schemes import SCHEMES
 from tests.scheme_oracles import names as oracle_names
 
@@ -38,7 +38,7 @@ def test_every_help_runs(command):
 
 
 def test_import_help_names_every_family_it_imports():
-    types = {t for a in ARCHS.values() for t in a.hf_model_types}
+    types = {t for a in FAMILIES.values() for t in a.hf_model_types}
     assert types <= set(FAMILY_NAMES)
     for text in (help_of("import"), help_of()):
         for t in types:
@@ -48,8 +48,8 @@ def test_import_help_names_every_family_it_imports():
 
 def test_export_help_names_every_class_and_every_exported_scheme():
     text = help_of("export")
-    for arch in ARCHS.values():
-        assert arch.hf_class in text
+    for family in FAMILIES.values():
+        assert family.hf_class in text
     for name, cls in SCHEMES.items():
         if cls.hf_export is not None:
             assert name in text, name
@@ -57,7 +57,7 @@ def test_export_help_names_every_class_and_every_exported_scheme():
             assert not re.search(rf"\b{name}\b", text), name
         if cls.hf_export == "gemma2":
             assert "Gemma2ForCausalLM" in text
-    vit = text[text.index("model.arch=vit:"):].split(")")[0]
+    vit = text[text.index("model.family=vit:"):].split(")")[0]
     assert set(re.findall(r"\w+", vit.split(":")[1])) - {"and"} == set(oracle_names(vit_export=True))
 
 

@@ -42,7 +42,7 @@ def test_qwen2_with_nonzero_biases_imports_them():
         hf.model.layers[1].self_attn.k_proj.bias.fill_(0.1)
     model, cfg = import_hf(hf)
     theirs = hf.model.layers[1].self_attn.k_proj.bias
-    assert cfg.model.arch == "qwen2" and torch.equal(model.layers[1].attn.k_proj.bias, theirs)
+    assert cfg.model.family == "qwen2" and torch.equal(model.layers[1].attn.k_proj.bias, theirs)
 
 
 @pytest.mark.parametrize("family,kw,match", [

@@ -31,9 +31,9 @@ def bpe():
     return train_bpe(CORPUS, 400)
 
 
-def _run(path, bpe, arch, **kw):
-    facts = FAMILIES[arch]
-    mc = tiny_model_config(norm_scheme=facts.own_scheme, arch=arch, vocab_size=512, **{**facts.ours, **kw})
+def _run(path, bpe, family, **kw):
+    facts = FAMILIES[family]
+    mc = tiny_model_config(norm_scheme=facts.own_scheme, family=family, vocab_size=512, **{**facts.ours, **kw})
     model = Transformer(mc).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -43,11 +43,11 @@ def _run(path, bpe, arch, **kw):
     return model
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
-def test_an_export_tokenizes_like_its_run_with_auto_tokenizer(tmp_path, bpe, arch):
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_an_export_tokenizes_like_its_run_with_auto_tokenizer(tmp_path, bpe, family):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = _run(tmp_path / "ckpt", bpe, arch)
+    model = _run(tmp_path / "ckpt", bpe, family)
     out = export(tmp_path / "ckpt", tmp_path / "hf")
     stock = AutoTokenizer.from_pretrained(out)
     for text in TEXTS:
@@ -68,15 +68,15 @@ def test_a_qwen2_run_with_qwen2s_own_tokenizer_exports_as_qwen2(tmp_path):
     assert type(AutoTokenizer.from_pretrained(out)).__name__ == "Qwen2Tokenizer"
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
-def test_import_of_an_export_is_the_run(tmp_path, bpe, arch):
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_import_of_an_export_is_the_run(tmp_path, bpe, family):
     from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash
 
-    model = _run(tmp_path / "ckpt", bpe, arch, tie_embeddings=arch == "llama")
+    model = _run(tmp_path / "ckpt", bpe, family, tie_embeddings=family == "llama")
     export(tmp_path / "ckpt", tmp_path / "hf")
     assert main(["import", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0  # no --scheme: the family's own
     back, cfg, _ = load_checkpoint(tmp_path / "back")
-    assert cfg.model.arch == arch and cfg.model.norm_scheme == FAMILIES[arch].own_scheme
+    assert cfg.model.family == family and cfg.model.norm_scheme == FAMILIES[family].own_scheme
     ours, theirs = model.state_dict(), back.state_dict()
     assert ours.keys() == theirs.keys()
     for k in ours:

@@ -40,11 +40,11 @@ def test_each_placement_follows_its_formula(placement, p):
         assert not torch.allclose(blk(h, rope), reference("norm", blk, h, rope, 4 ** -p), atol=1e-4)
 
 
-@pytest.mark.parametrize("placement,arch", [("branch", "llama"), ("attn_only", "llama"), ("mlp_only", "llama"),
+@pytest.mark.parametrize("placement,family", [("branch", "llama"), ("attn_only", "llama"), ("mlp_only", "llama"),
                                             ("branch", "qwen2"), ("branch", "olmo2"), ("attn_only", "olmo")])
-def test_each_placement_exports_to_a_stock_checkpoint_with_the_same_logits(tmp_path, placement, arch):
-    eps = {"norm_eps": 1e-5} if arch == "olmo" else {}  # OLMo-1's stock LayerNorm fixes its epsilon
-    model = make_checkpoint(tmp_path / "ckpt", "lns", lns_placement=placement, arch=arch, init_std=0.1, **eps)
+def test_each_placement_exports_to_a_stock_checkpoint_with_the_same_logits(tmp_path, placement, family):
+    eps = {"norm_eps": 1e-5} if family == "olmo" else {}  # OLMo-1's stock LayerNorm fixes its epsilon
+    model = make_checkpoint(tmp_path / "ckpt", "lns", lns_placement=placement, family=family, init_std=0.1, **eps)
     hf = transformers.AutoModelForCausalLM.from_pretrained(export(tmp_path / "ckpt", tmp_path / "hf")).eval()
     ids = torch.randint(0, model.cfg.vocab_size, (2, 13))
     with torch.no_grad():

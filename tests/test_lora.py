@@ -36,11 +36,11 @@ def constants(model) -> dict:
             if isinstance(getattr(m, a, None), float)}
 
 
-@pytest.mark.parametrize("scheme,arch", [(s, "llama") for s in SCHEMES] +
+@pytest.mark.parametrize("scheme,family", [(s, "llama") for s in SCHEMES] +
                          [("lns", a) for a in ("qwen2", "olmo", "olmo2")])
-def test_adapters_at_init_leave_the_model_as_it_was(scheme, arch):
+def test_adapters_at_init_leave_the_model_as_it_was(scheme, family):
     torch.manual_seed(0)
-    model = Transformer(tiny_model_config(norm_scheme=scheme, arch=arch)).eval()
+    model = Transformer(tiny_model_config(norm_scheme=scheme, family=family)).eval()
     x = torch.randint(0, 97, (2, 16))
     before, scales, shapes = model(x), constants(model), adapted_linears(model)
     n = L.add_adapters(model, LoraConfig(rank=4))
@@ -57,10 +57,10 @@ def bpe():
     return bpe_for_tests()
 
 
-def base_checkpoint(path, bpe, scheme="lns", arch="llama"):
+def base_checkpoint(path, bpe, scheme="lns", family="llama"):
     """A tiny pretrained-looking checkpoint (random weights) with a BPE tokenizer fitted to the test data."""
-    mc = tiny_model_config(vocab_size=400, n_layers=2, max_seq_len=256, norm_scheme=scheme, arch=arch,
-                           norm_eps=1e-5 if arch == "olmo" else 1e-6)  # OlmoForCausalLM fixes its epsilon
+    mc = tiny_model_config(vocab_size=400, n_layers=2, max_seq_len=256, norm_scheme=scheme, family=family,
+                           norm_eps=1e-5 if family == "olmo" else 1e-6)  # OlmoForCausalLM fixes its epsilon
     torch.manual_seed(0)
     save_as_checkpoint(path, Transformer(mc), Config(model=mc), {"step": 0}, tokenizer=bpe)
     return path
@@ -131,8 +131,8 @@ def adapted_model(ckpt):
     return model.eval()
 
 
-@pytest.mark.parametrize("scheme,arch", [("lns", "llama"), ("layerscale", "llama"), ("lns", "olmo")])
-def test_exports_give_the_adapted_models_logits(bpe, tmp_path, capsys, scheme, arch):
+@pytest.mark.parametrize("scheme,family", [("lns", "llama"), ("layerscale", "llama"), ("lns", "olmo")])
+def test_exports_give_the_adapted_models_logits(bpe, tmp_path, capsys, scheme, family):
     """lns (its scale folded into the norm weights), layerscale (gains into the rows of down_proj) and OLMo-1's
     lns (the scale into the columns of q, k, v and up): the merged export and the adapter on the base's export."""
     pytest.importorskip("transformers")
@@ -141,7 +141,7 @@ def test_exports_give_the_adapted_models_logits(bpe, tmp_path, capsys, scheme, a
 
     from depthlab.cli import main
 
-    base = base_checkpoint(tmp_path / "base", bpe, scheme, arch)
+    base = base_checkpoint(tmp_path / "base", bpe, scheme, family)
     run_dir = tmp_path / "ft"
     assert main(["finetune", str(base), "--data", str(TRAIN), "--run-dir", str(run_dir), "--no-progress",
                  "--seq-len", "200", "--lora", "--lora-rank", "4", "--set", "train.max_steps=4", "--set",
@@ -161,7 +161,7 @@ def test_exports_give_the_adapted_models_logits(bpe, tmp_path, capsys, scheme, a
         on_base = peft.PeftModel.from_pretrained(plain, str(tmp_path / "adapter")).eval()
         adapter = (ours - on_base(x).logits).abs().max().item()
     with capsys.disabled():
-        print(f"{scheme}/{arch}: adapters moved the logits by {moved:.3g}; max |logit difference| to the adapted "
+        print(f"{scheme}/{family}: adapters moved the logits by {moved:.3g}; max |logit difference| to the adapted "
               f"model: merged export {merged.item():.3g}, peft adapter on the base export {adapter:.3g}")
     assert moved > 1e-3 and merged < 1e-5 and adapter < 1e-5
 

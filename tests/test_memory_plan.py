@@ -81,7 +81,7 @@ def test_activation_checkpointing_keeps_less_and_as_planned():
 def test_measure_refuses_ranks_a_vit_and_a_plan_beyond_the_host():
     with pytest.raises(UserError, match="--measure runs one process, not 2 ranks"):
         measure_plan(tiny(), memory_plan(tiny(), 2))
-    vit = validate(apply_overrides(Config(), ["model.arch=vit", "model.norm_scheme=pre"]))
+    vit = validate(apply_overrides(Config(), ["model.family=vit", "model.norm_scheme=pre"]))
     with pytest.raises(UserError, match="takes a language model"):
         measure(vit)
     big = tiny("model.vocab_size=2000000", "model.dim=4096", "model.n_heads=32")

@@ -21,7 +21,7 @@ WINDOW, T = 5, 23  # the window matters: T > WINDOW
 
 
 def mistral(window=WINDOW, **kw):
-    return tiny_model_config(arch="mistral", n_kv_heads=2, sliding_window=window, **kw)
+    return tiny_model_config(family="mistral", n_kv_heads=2, sliding_window=window, **kw)
 
 
 def stock(model, attn_implementation):
@@ -66,7 +66,7 @@ def test_import_of_stock_mistral_keeps_the_window(impl, tmp_path):
     hf.set_attn_implementation(impl)
     hf.save_pretrained(tmp_path / "m")
     model, cfg = import_hf(tmp_path / "m")
-    assert cfg.model.arch == "mistral" and cfg.model.sliding_window == 6 and cfg.model.max_seq_len == 64
+    assert cfg.model.family == "mistral" and cfg.model.sliding_window == 6 and cfg.model.max_seq_len == 64
     ids = torch.randint(0, 97, (2, T))
     assert logits_diff(model, hf, ids) < 1e-5
 
@@ -75,14 +75,14 @@ def test_train_export_import_from_the_cli(tmp_path, corpus):
     from depthlab.cli import main
     from depthlab.loading import load_model
 
-    sets = [f"model.{k}={v}" for k, v in dict(arch="mistral", sliding_window=6, dim=32, n_layers=2, n_heads=4,
+    sets = [f"model.{k}={v}" for k, v in dict(family="mistral", sliding_window=6, dim=32, n_layers=2, n_heads=4,
                                                 n_kv_heads=2, ffn_dim=64, vocab_size=300, max_seq_len=64).items()]
     sets += ["data.seq_len=16", "train.batch_size=4", "train.eval_every=1000", "train.monitor_every=0",
              "train.warmup_steps=1"]
     assert main(["train", "--data", str(corpus), "--max-steps", "5", "--run-dir", str(tmp_path / "run"),
                  "--no-progress", *[a for s in sets for a in ("--set", s)]]) == 0
     trained = load_model(tmp_path / "run", hf=False).model.eval()
-    assert trained.cfg.arch == "mistral" and trained.cfg.sliding_window == 6
+    assert trained.cfg.family == "mistral" and trained.cfg.sliding_window == 6
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["architectures"] == ["MistralForCausalLM"] and config["sliding_window"] == 6
@@ -90,13 +90,14 @@ def test_train_export_import_from_the_cli(tmp_path, corpus):
     ids = torch.randint(0, trained.cfg.vocab_size, (2, 16))
     assert logits_diff(trained, hf, ids) < 1e-5
     back, cfg = import_hf(tmp_path / "out")
-    assert cfg.model.arch == "mistral" and cfg.model.sliding_window == 6
+    assert cfg.model.family == "mistral" and cfg.model.sliding_window == 6
     with torch.no_grad():  # the lns run's scales are in the export's weights: imported as pre, the same function
         assert (back(ids) - trained(ids)).abs().max() < 1e-5
 
 
 def test_the_window_is_mistrals_and_gemma2s_only_and_positive():
-    with pytest.raises(UserError, match=r"model.sliding_window is .*Mistral's attention window \(model.arch=mistral\)"):
+    window = r"model.sliding_window is .*Mistral's attention window \(model.family=mistral\)"
+    with pytest.raises(UserError, match=window):
         validate(Config(model=tiny_model_config(sliding_window=8), data=DataConfig(seq_len=16)))
     with pytest.raises(UserError, match="model.sliding_window must be a positive"):
         validate(Config(model=mistral(window=0), data=DataConfig(seq_len=16)))

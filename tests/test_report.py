@@ -24,7 +24,7 @@ def lm_result() -> dict:
 
 def vit_result() -> dict:
     torch.manual_seed(0)
-    cfg = ModelConfig(arch="vit", dim=16, n_layers=3, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
+    cfg = ModelConfig(family="vit", dim=16, n_layers=3, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
                       num_classes=5, norm_scheme="pre")
     batch = ImageBatch(torch.randn(6, 3, 8, 8), torch.randint(0, 5, (6,)), torch.ones(6, 5, dtype=torch.bool))
     return analyze(from_depthlab(ViT(cfg).eval(), "vit"), [batch], OPTS)

@@ -17,7 +17,7 @@ from depthlab.model.validate import validate
 from depthlab.model.vit import patchify
 from tests.scheme_oracles import ORACLES, Parts, norm_by_hand
 
-CFG = ModelConfig(arch="vit", dim=16, n_layers=4, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
+CFG = ModelConfig(family="vit", dim=16, n_layers=4, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
                   num_classes=5, norm_eps=1e-6, norm_scheme="pre")
 
 

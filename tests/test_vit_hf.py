@@ -22,7 +22,7 @@ from tests.scheme_oracles import names as oracle_names
 
 transformers = pytest.importorskip("transformers")
 
-BASE = dict(arch="vit", dim=16, n_layers=3, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
+BASE = dict(family="vit", dim=16, n_layers=3, n_heads=2, ffn_dim=32, image_size=8, patch_size=4, channels=3,
             num_classes=5, norm_eps=1e-6, norm_scheme="pre")
 EXPORTED = set(oracle_names(vit_export=True))
 CASES = {

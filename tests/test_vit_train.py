@@ -87,4 +87,4 @@ def test_vit_sigkill_then_resume_reproduces_losses_bitwise(tmp_path):
 def test_vit_needs_as_many_classes_as_the_data(tmp_path):
     cfg = apply_overrides(preset("vit-digits"), [*SMALL, "model.num_classes=5"])
     with pytest.raises(UserError, match="10 classes but model.num_classes is 5"):
-        Trainer(cfg, run_dir=tmp_path / "r")  # model.arch=vit: the image classification task
+        Trainer(cfg, run_dir=tmp_path / "r")  # model.family=vit: the image classification task

@@ -96,9 +96,9 @@ def follow_family(m, overrides: list[str]) -> None:
     otherwise the run trains with another epsilon and only export finds out."""
     from depthlab.model.families import FAMILIES
 
-    family = FAMILIES.get(m.arch)
+    family = FAMILIES.get(m.family)
     if family is not None and family.fixed_norm_eps is not None and \
-            any(o.startswith("model.arch=") for o in overrides) and \
+            any(o.startswith("model.family=") for o in overrides) and \
             not any(o.startswith("model.norm_eps=") for o in overrides):
         m.norm_eps = family.fixed_norm_eps
 

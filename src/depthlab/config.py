@@ -27,7 +27,7 @@ class ModelConfig:
     """The model: its family, shape, scheme and that scheme's constants, its init, and for a ViT its images.
     Data only; `depthlab.model.build_model` builds it and `depthlab.model.validate` checks it."""
 
-    arch: str = "llama"  # the model's family, one of depthlab.model.families.FAMILIES (llama, qwen2, olmo, vit, ...)
+    family: str = "llama"  # the model's family, one of depthlab.model.families.FAMILIES (llama, qwen2, olmo, vit, ...)
     vocab_size: int = 4096
     dim: int = 128
     n_layers: int = 8
@@ -67,7 +67,7 @@ class ModelConfig:
     depth_base: int = 0  # L_base, the depth whose tuned rate is to carry over (needed with depth_alpha)
     prores_steps: int = 0  # ProRes: block l's branches ramp linearly from 0 to 1 over its first l * prores_steps steps
     branch_scale: str = "none"  # none | 1/L | 1/sqrtL | 1/sqrtl: a fixed multiplier on every branch output
-    # model.arch=vit only: images in, classes out (depthlab.model.vit)
+    # model.family=vit only: images in, classes out (depthlab.model.vit)
     image_size: int = 224
     patch_size: int = 16
     channels: int = 3
@@ -87,7 +87,7 @@ class ModelConfig:
 
     @property
     def is_vit(self) -> bool:
-        return self.arch == "vit"
+        return self.family == "vit"
 
     @property
     def n_patches(self) -> int:
@@ -191,9 +191,21 @@ class Config:
         return cls.from_dict(d or {})
 
 
+# Keys renamed since depthlab began saving configs, old dotted name -> new. A saved config (a run's or a checkpoint's
+# config.json, a --config file) reads the old name as the new one, so what was written before still loads and
+# resumes; --set, where a person is typing, refuses the old name and says the new one.
+RENAMED = {"model.arch": "model.family"}
+
+
 def _build(cls, d: dict, prefix: str):
     if not isinstance(d, dict):
         raise UserError(f"config section '{prefix or 'root'}' must be a mapping, got {d!r}")
+    new = {k: RENAMED[prefix + k].rpartition(".")[2] for k in d if prefix + k in RENAMED}
+    both = [k for k in new if new[k] in d]
+    if both:
+        raise UserError(f"config has both {prefix + both[0]} and {RENAMED[prefix + both[0]]}, one key under its old "
+                        "and new names: keep the new one")
+    d = {new.get(k, k): v for k, v in d.items()}
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
@@ -261,6 +273,8 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise UserError(f"--set expects key=value, got {item!r}")
+        if new := RENAMED.get(key.strip()):
+            raise UserError(f"{key.strip()} is now {new}: --set {new}={raw}")
         node, *parts = key.strip().split(".")
         target = d
         path = [node, *parts]

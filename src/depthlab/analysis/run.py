@@ -85,7 +85,7 @@ def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float
                 "context": loaded.context}
         lm = from_depthlab(loaded.model, Path(path).name or str(path))
         if lm.classifier:
-            info = {**info, "arch": "vit", "pool": loaded.cfg.model.pool}
+            info = {**info, "family": "vit", "pool": loaded.cfg.model.pool}
         tok, cfg, meta = None if lm.classifier else loaded.fast_tokenizer(), loaded.cfg, loaded.meta
     if loaded.device_map is not None:
         lm.gather_on(loaded.device)

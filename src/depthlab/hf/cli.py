@@ -29,9 +29,9 @@ def cmd_export(args) -> None:
               "the stock export of the run's base model)")
         return
     out = export(args.source, args.out_dir, overwrite=args.overwrite)
-    arch = json.loads((out / CONFIG).read_text())["architectures"][0]
-    auto = "AutoModelForImageClassification" if arch == "ViTForImageClassification" else "AutoModelForCausalLM"
-    print(f"exported a stock {arch} to {out} (load with {auto}.from_pretrained)")
+    hf_class = json.loads((out / CONFIG).read_text())["architectures"][0]
+    auto = "AutoModelForImageClassification" if hf_class == "ViTForImageClassification" else "AutoModelForCausalLM"
+    print(f"exported a stock {hf_class} to {out} (load with {auto}.from_pretrained)")
 
 
 def cmd_prune(args) -> None:
@@ -155,7 +155,7 @@ def add_commands(sub) -> None:
                        "AutoModelForCausalLM.from_pretrained loads without depthlab or remote code: the run's family "
                        f"({classes}) for {family_schemes} (scales and gains folded into the "
                        "weights; a qwen2 run whose tokenizer is not Qwen2's as the Llama with attention biases it "
-                       f"equals), a Gemma2ForCausalLM for {gemma2_schemes}; a ViT (model.arch=vit: {family_schemes}) "
+                       f"equals), a Gemma2ForCausalLM for {gemma2_schemes}; a ViT (model.family=vit: {family_schemes}) "
                        "as a ViTForImageClassification with its image processor; the other schemes are "
                        "refused with the reason (docs/hf.md). A LoRA fine-tune exports with its adapters merged "
                        "into the weights.")

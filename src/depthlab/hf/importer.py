@@ -21,7 +21,7 @@ from depthlab.model import Transformer
 from depthlab.model.families import FAMILIES
 from depthlab.model.validate import validate
 
-MODEL_TYPES = {model_type: arch for arch in FAMILIES.values() for model_type in arch.hf_model_types}  # HF -> ours
+MODEL_TYPES = {model_type: family for family in FAMILIES.values() for model_type in family.hf_model_types}  # HF -> ours
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json")
 MAX_SEQ_LEN = 4096  # default cap: our RoPE table is precomputed, and 128k positions would cost memory for nothing
 
@@ -99,7 +99,7 @@ def import_hf(src, scheme: str | None = None, max_seq_len: int | None = None,
     # parameters the scheme adds (LayerScale gains, GPAS gates, ...) keep the values their modules start with
     missing = [k for k in missing if k not in allowed_missing and not k.endswith(("_gain", ".gate", ".alpha"))]
     if missing or unexpected:
-        raise UserError(f"scheme {mc.norm_scheme!r} does not fit {mc.arch}'s weights: missing {missing[:3]}, "
+        raise UserError(f"scheme {mc.norm_scheme!r} does not fit {mc.family}'s weights: missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}")
     return model.float(), cfg
 

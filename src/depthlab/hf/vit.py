@@ -1,4 +1,4 @@
-"""A depthlab ViT (model.arch=vit) as a stock transformers ViTForImageClassification, and back.
+"""A depthlab ViT (model.family=vit) as a stock transformers ViTForImageClassification, and back.
 
 The two models compute the same function (depthlab.model.vit follows the original ViT's layout), so export is a
 renaming plus exact folds of what is a constant or a gain in depthlab and a weight in the stock class:
@@ -212,7 +212,7 @@ def import_hf_vit(src, scheme: str = "pre") -> tuple[ViT, ModelConfig]:
         raise UserError(f"cannot import {type(hf).__name__} (activation {c.hidden_act}, image {c.image_size}, patch "
                         f"{c.patch_size}): only a {HF_CLASS} with exact GELU and square images and patches maps onto "
                         "depthlab's ViT")
-    cfg = ModelConfig(arch="vit", dim=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads,
+    cfg = ModelConfig(family="vit", dim=c.hidden_size, n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads,
                       ffn_dim=c.intermediate_size, norm_eps=c.layer_norm_eps, image_size=c.image_size,
                       patch_size=c.patch_size, channels=c.num_channels, num_classes=c.num_labels, pool="cls",
                       pos_embed="learned", norm_scheme=scheme)

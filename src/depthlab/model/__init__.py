@@ -5,7 +5,7 @@
                     everything else asks about it (norm scale, default init, GPAS, HF export / patching)
     init.py         weight initialisation methods by name (`model.init`), the default taken from the scheme
     transformer.py  Transformer: embedding -> blocks -> final norm -> LM head (logits, or the loss); loss_of(any LM);
-                    build_model(config): the Transformer, or the ViT for model.arch=vit
+                    build_model(config): the Transformer, or the ViT for model.family=vit
     vit.py          ViT: patches -> the same scheme blocks (vit family: LayerNorm, GELU, no RoPE) -> class head
     families/       the model families (llama, qwen2, olmo, olmo2, vit, ...), one module each: parts, HF
                     mapping, import rules, FLOPs, validation, presets (families/base.py: the spec)

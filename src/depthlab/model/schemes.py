@@ -49,7 +49,7 @@ model's final norm before the LM head, unscaled.
     + gpas (pre, lns)   after each (+): x (1 - SiLU(a)) forward, x 1 backward; a: one per block (the default,
                         model.gpas_gate=per_block, as GPAS's reference) or one per add (per_add)
 
-Model families (model.arch: llama, qwen2, olmo, olmo2, ...; depthlab.model.families) change the parts, not the
+Model families (model.family: llama, qwen2, olmo, olmo2, ...; depthlab.model.families) change the parts, not the
 wiring: the block asks its family for the norm (OLMo-1's LayerNorm without weight), the attention (biases, QK-norm)
 and the MLP. The exceptions are olmo2, whose block puts its norms on the branch outputs, and gemma2, whose block
 has a norm before and after each branch (Sandwich-LN); there the schemes that wire their own block are refused
@@ -112,13 +112,13 @@ GPAS_EXPORT_REFUSAL = ("gpas scales the residual stream after every add (and RMS
 _REWIRED = "stock Llama and Gemma-2 blocks keep norms on the branches and a plain residual add"
 
 
-def family_refusal(cls: type[PreLNBlock], arch: Family) -> str:
-    """Why scheme `cls` cannot run on family `arch`, or "" when it can. olmo2 and gemma2 fix where their norms sit
+def family_refusal(cls: type[PreLNBlock], family: Family) -> str:
+    """Why scheme `cls` cannot run on `family`, or "" when it can. olmo2 and gemma2 fix where their norms sit
     (OLMo-2: on the branch outputs, with QK-norm; Gemma-2: before and after each branch); there a scheme runs if
     it is the family's own block (hf_scheme: pre on olmo2, sandwich on gemma2) or takes the family's wiring as it
     is, changing only what the norms are (lns, dyt); pre, on a family whose block has another name, is refused."""
     def runs(c):
-        if not (arch.norms_after_branch or arch.norms_around_branch) or c.scheme == arch.hf_scheme:
+        if not (family.norms_after_branch or family.norms_around_branch) or c.scheme == family.hf_scheme:
             return True
         own_wiring = c.norms_after_branch or c.norms_around_branch or c.embed_norm
         return c.forward is PreLNBlock.forward and not own_wiring and c is not PreLNBlock
@@ -127,9 +127,9 @@ def family_refusal(cls: type[PreLNBlock], arch: Family) -> str:
         return ""
     ok = [name for name, c in SCHEMES.items() if runs(c)]
     what = (cls.__doc__ or "").split("\n")[0].split(". ")[0].rstrip(".")
-    wiring = "h + Norm(F(h))" if arch.norms_after_branch else "h + Norm(F(Norm(h)))"
-    return (f"model.arch={arch.name} fixes the block's wiring ({wiring}{', QK-norm' * arch.qk_norm}), and scheme "
-            f"{cls.scheme!r} wires its own ({what}); with {arch.name} use {', '.join(ok)}")
+    wiring = "h + Norm(F(h))" if family.norms_after_branch else "h + Norm(F(Norm(h)))"
+    return (f"model.family={family.name} fixes the block's wiring ({wiring}{', QK-norm' * family.qk_norm}), and scheme "
+            f"{cls.scheme!r} wires its own ({what}); with {family.name} use {', '.join(ok)}")
 
 
 @register("pre")
@@ -354,7 +354,7 @@ class ReorderedBlock(PreLNBlock):
     supports_gpas = hf_patchable = False
     hf_export = None
     hf_export_refusal = (f"its norms sit on the branch outputs, not the inputs (OLMo-2's own block also adds q/k "
-                         f"norms: model.arch=olmo2 with scheme pre is that block); {_REWIRED}")
+                         f"norms: model.family=olmo2 with scheme pre is that block); {_REWIRED}")
 
 
 @register("layerscale")

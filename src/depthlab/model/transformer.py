@@ -16,7 +16,7 @@ from depthlab.model.vit import ViT
 
 class Transformer(nn.Module):
     """The LLaMA-style decoder of config `cfg`: token embedding, cfg.n_layers blocks of scheme cfg.norm_scheme
-    (depthlab.model.schemes) built with the family's parts (cfg.arch), the final norm (never scaled), the LM head;
+    (depthlab.model.schemes) built with the family's parts (cfg.family), the final norm (never scaled), the LM head;
     the family may scale the embedding's output and soft-cap the logits (Gemma's). init=False leaves the weights
     undrawn (a meta-device build, or weights about to be loaded)."""
 
@@ -75,7 +75,7 @@ class Transformer(nn.Module):
 
 
 def build_model(cfg: ModelConfig, init: bool = True) -> Transformer | ViT:
-    """The model a config describes: a ViT for model.arch=vit, else the language model."""
+    """The model a config describes: a ViT for model.family=vit, else the language model."""
     return ViT(cfg, init) if cfg.is_vit else Transformer(cfg, init)
 
 

@@ -76,11 +76,11 @@ def train_warnings(cfg: Config) -> list[str]:
     """Settings that train but are probably not what was meant; `depthlab train` prints each."""
     out = []
     m, t = cfg.model, cfg.train
-    arch = family_of(m)
-    if arch.fixed_norm_eps is not None and m.norm_eps != arch.fixed_norm_eps and not m.is_vit:
-        out.append(f"model.norm_eps={m.norm_eps} with model.arch={arch.name}: {arch.hf_class} fixes its norm's "
-                   f"epsilon at {arch.fixed_norm_eps}, so this run will not export; set model.norm_eps="
-                   f"{arch.fixed_norm_eps}")
+    family = family_of(m)
+    if family.fixed_norm_eps is not None and m.norm_eps != family.fixed_norm_eps and not m.is_vit:
+        out.append(f"model.norm_eps={m.norm_eps} with model.family={family.name}: {family.hf_class} fixes its norm's "
+                   f"epsilon at {family.fixed_norm_eps}, so this run will not export; set model.norm_eps="
+                   f"{family.fixed_norm_eps}")
     if t.warmup_steps > t.max_steps:
         out.append(f"train.warmup_steps={t.warmup_steps} is more than train.max_steps={t.max_steps}: the learning "
                    f"rate never reaches train.lr={t.lr} (at most {t.lr * t.max_steps / t.warmup_steps:.3g})")
@@ -122,16 +122,16 @@ def _number(obj, section: str, name: str, ok, what: str) -> None:
 
 
 def _check_model(m: ModelConfig) -> None:
-    scheme, arch = scheme_class(m.norm_scheme), family_of(m)
-    refusal = family_refusal(scheme, arch)
+    scheme, family = scheme_class(m.norm_scheme), family_of(m)
+    refusal = family_refusal(scheme, family)
     require(not refusal, refusal)
     readers: dict[str, list[str]] = {}  # a family's own fields stay null under every family that does not read them
     for other in FAMILIES.values():
         for name, what in other.options.items():
-            readers.setdefault(name, []).append(f"{what} (model.arch={other.name})")
+            readers.setdefault(name, []).append(f"{what} (model.family={other.name})")
     for name, what in readers.items():
-        require(name in arch.options or getattr(m, name) is None,
-                f"model.{name} is {' and '.join(what)}, not {arch.name}'s")
+        require(name in family.options or getattr(m, name) is None,
+                f"model.{name} is {' and '.join(what)}, not {family.name}'s")
     require(m.init == "auto" or m.init in INITS, f"unknown init {m.init!r}; valid: auto, {', '.join(INITS)}")
     require(not m.gpas or scheme.supports_gpas,
             f"gpas combines with {' and '.join(gpas_schemes())} only, not {m.norm_scheme!r}")
@@ -144,7 +144,7 @@ def _check_model(m: ModelConfig) -> None:
     params = approx_params(m)  # PyTorch counts a tensor's bytes in int64: beyond that no device builds it
     require(4 * params < 2**63, f"a model of {params:.3g} parameters (model.dim={m.dim}, model.n_layers="
             f"{m.n_layers}, model.vocab_size={m.vocab_size}) has more fp32 bytes than any machine addresses (2^63)")
-    require(m.head_dim % 2 == 0 or not arch.causal,
+    require(m.head_dim % 2 == 0 or not family.causal,
             f"head dimension {m.head_dim} ({'model.head_size' if m.head_size else 'dim / n_heads'}) must be even "
             "for RoPE")
     kv = m.n_kv_heads or m.n_heads
@@ -162,7 +162,7 @@ def _check_model(m: ModelConfig) -> None:
     require(str(m.norm_gain_init) in (*GAIN_RULES, "uniform"),
             f"model.norm_gain_init must be {' or '.join(GAIN_RULES)} or uniform, got {m.norm_gain_init!r}")
     depth.check(m, scheme.depth_alpha_refusal, require)
-    arch.check(m)
+    family.check(m)
 
 
 LNS_PLACEMENTS = ("norm", "branch", "attn_only", "mlp_only")

@@ -1,4 +1,4 @@
-"""The Vision Transformer (model.arch=vit): patches -> blocks of the chosen scheme -> final norm -> class head.
+"""The Vision Transformer (model.family=vit): patches -> blocks of the chosen scheme -> final norm -> class head.
 
     image (B, C, H, W) ─ patches (B, P, C p p) ─ patch_embed ─ [class token] + positions ─ blocks ─ norm ─ pool ─ head
 
@@ -40,7 +40,7 @@ def sincos_positions(grid: int, dim: int) -> torch.Tensor:
 
 
 class ViT(nn.Module):
-    """The Vision Transformer of config `cfg` (cfg.arch == "vit"): patch embedding, class token (pool=cls) and
+    """The Vision Transformer of config `cfg` (cfg.family == "vit"): patch embedding, class token (pool=cls) and
     positions, cfg.n_layers blocks of scheme cfg.norm_scheme, the final norm, the class head on the pooled stream.
     init=False leaves the weights undrawn, as for Transformer."""
 

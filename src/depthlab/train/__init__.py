@@ -5,7 +5,7 @@ trainer.py      the loop: packed batches, gradient accumulation, bf16 autocast, 
                 directory it writes, its metrics log and resume rules: depthlab.runfolder)
 tasks.py        what a run trains on: the Task interface (data, sampler, validation, checkpoint meta) and
                 LanguageModelling; vision.py ImageClassification and finetune.py Finetuning are the others
-vision.py       image classification for model.arch=vit
+vision.py       image classification for model.family=vit
 runtime.py      the toolbox the loop shares with eval and the studies: seeding and RNG state, autocast,
                 per-token evaluation, environment record
 finetune.py     supervised fine-tuning on instruction data (loss on the response tokens only)

@@ -14,7 +14,7 @@ exact resume, callbacks, run directory -- and asks its task, passing what each q
     validation(cfg, model, data, env, device, progress)   the validation metrics ({'val_loss', ...})
 
 Three tasks: LanguageModelling (here, the default), ImageClassification (depthlab.train.vision, the default for
-model.arch=vit) and Finetuning (depthlab.train.finetune). Every sampler draws from one SeededOrder
+model.family=vit) and Finetuning (depthlab.train.finetune). Every sampler draws from one SeededOrder
 (depthlab.data.dataset), so each task's batches are seeded, per rank and resumable in the same way.
 """
 

@@ -89,7 +89,7 @@ class Trainer:
     task), model and optimizer from the config, then `train()` steps to train.max_steps, writing metrics.jsonl,
     validation and checkpoints and calling the callbacks. The task (depthlab.train.tasks) is what is trained on:
     data, sampler, validation and what a checkpoint records of the data; by default image classification for
-    model.arch=vit, else language modelling (fine-tuning passes its own). `train(cfg)` below runs one and
+    model.family=vit, else language modelling (fine-tuning passes its own). `train(cfg)` below runs one and
     releases the directory."""
 
     def __init__(self, cfg: Config, run_dir: str | Path | None = None, resume: str | None = None,

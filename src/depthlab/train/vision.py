@@ -1,6 +1,6 @@
-"""Training a ViT (model.arch=vit) with the same trainer: images and labels instead of token windows.
+"""Training a ViT (model.family=vit) with the same trainer: images and labels instead of token windows.
 
-ImageClassification is the Trainer's task for model.arch=vit (depthlab.train.tasks; the Trainer picks it from the
+ImageClassification is the Trainer's task for model.family=vit (depthlab.train.tasks; the Trainer picks it from the
 config): the data (depthlab.data.images: scikit-learn's digits when no path is given, an ImageFolder tree, a .npz,
 or CIFAR-10's pickles), the sampler (seeded, resumable exactly), and the
 validation metrics (mean loss and top-1 accuracy over every held-out image). Everything else (optimizer, schedule,

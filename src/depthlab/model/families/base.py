@@ -1,7 +1,7 @@
 """The family spec: everything depthlab knows about a model family, declared once, on one class in one module.
 
 Every family is a variant of the LLaMA block, so `Family` holds LLaMA's answers; a family's module subclasses it,
-overrides what differs and registers it with @register("name") (the name is `model.arch`). What a family declares,
+overrides what differs and registers it with @register("name") (the name is `model.family`). What a family declares,
 and who asks:
 
     parts and flags       qkv_bias, out_bias, norm, fixed_norm_eps,     the block (depthlab.model.schemes)
@@ -42,7 +42,7 @@ FAMILIES: dict[str, Family] = {}
 
 
 def register(name: str):
-    """Class decorator: make the Family subclass the family `name` (model.arch=name)."""
+    """Class decorator: make the Family subclass the family `name` (model.family=name)."""
 
     def deco(cls):
         if not cls.hf_class or not cls.hf_names:
@@ -56,9 +56,9 @@ def register(name: str):
 
 def family_of(cfg: ModelConfig) -> Family:
     """The family of a model config."""
-    if cfg.arch not in FAMILIES:
-        raise UserError(f"unknown model.arch {cfg.arch!r}; valid: {', '.join(FAMILIES)}")
-    return FAMILIES[cfg.arch]
+    if cfg.family not in FAMILIES:
+        raise UserError(f"unknown model.family {cfg.family!r}; valid: {', '.join(FAMILIES)}")
+    return FAMILIES[cfg.family]
 
 
 def require(ok: bool, message: str) -> None:
@@ -150,7 +150,7 @@ class Family:
                   "torch_dtype": "float32"}
         if self.fixed_norm_eps is not None:
             if cfg.norm_eps != self.fixed_norm_eps:
-                raise UserError(f"cannot export model.arch={self.name} with model.norm_eps={cfg.norm_eps}: "
+                raise UserError(f"cannot export model.family={self.name} with model.norm_eps={cfg.norm_eps}: "
                                 f"{self.hf_class} fixes its norm's epsilon at {self.fixed_norm_eps}")
             del fields["rms_norm_eps"]
         return fields
@@ -196,7 +196,7 @@ class Family:
             raise UserError(f"cannot import this {hf_cfg.model_type} model: {'; '.join(problems)}")
         head = getattr(hf_cfg, "head_dim", None)
         return dict(
-            arch=self.name, norm_scheme=self.hf_scheme, vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size,
+            family=self.name, norm_scheme=self.hf_scheme, vocab_size=hf_cfg.vocab_size, dim=hf_cfg.hidden_size,
             n_layers=hf_cfg.num_hidden_layers, n_heads=hf_cfg.num_attention_heads,
             n_kv_heads=hf_cfg.num_key_value_heads, ffn_dim=hf_cfg.intermediate_size,
             head_size=head if head and head * hf_cfg.num_attention_heads != hf_cfg.hidden_size else None,
@@ -274,11 +274,11 @@ def rename_from_hf(hf_state: dict[str, torch.Tensor], names: dict[str, str]) -> 
     return out
 
 
-def released_preset(name: str, arch: str, tokens: float, **shape) -> Config:
+def released_preset(name: str, family: str, tokens: float, **shape) -> Config:
     """A released model's shape (`shape`: ModelConfig fields) trained on `tokens` tokens with the paper's LLaMA
     recipe: sequence 256, global batch 512, cosine to 10%, wd 0, bf16, LNS, at the paper's lr for its largest models,
     5e-4 (the paper gives only the token budgets of its Qwen2.5 and OLMo runs: lr and schedule are our choice)."""
-    model = ModelConfig(arch=arch, **shape, norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
+    model = ModelConfig(family=family, **shape, norm_scheme="lns", embed_std=(2 / 5) ** 0.5)
     train = TrainConfig(max_steps=round(tokens / (512 * 256)), global_batch=512, batch_size=64, grad_accum=8,
                         lr=5e-4, warmup_steps=1000, dtype="bf16", eval_every=1000, log_every=10, ckpt_every=1000,
                         parallel="fsdp" if model.dim >= 2048 else "ddp")

@@ -85,8 +85,8 @@ class Gemma2(Family):
     def hf_config(self, cfg: ModelConfig) -> dict:
         source = family_of(cfg)  # the llama family's sandwich has Gemma-2's block with Gemma-2's extras off
         if source is not self and source.name != "llama":
-            raise UserError(f"only sandwich of model.arch=llama or {self.name}, without gpas, maps onto stock "
-                            f"Gemma-2, not model.arch={source.name}")
+            raise UserError(f"only sandwich of model.family=llama or {self.name}, without gpas, maps onto stock "
+                            f"Gemma-2, not model.family={source.name}")
         fields = {**super().hf_config(cfg), "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
                   "attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.logit_softcap,
                   "sliding_window": cfg.sliding_window or cfg.max_seq_len,  # unused without one, but required
@@ -101,7 +101,7 @@ class Gemma2(Family):
         source = family_of(cfg)
         fold = source.embed_scale(cfg) / self.embed_scale(cfg)
         if fold != 1.0 and cfg.tie_embeddings:
-            raise UserError(f"cannot export scheme {cfg.norm_scheme!r} of model.arch={source.name} with tied "
+            raise UserError(f"cannot export scheme {cfg.norm_scheme!r} of model.family={source.name} with tied "
                             "embeddings: its stock form, Gemma-2, scales the input embedding by sqrt(dim) but not "
                             "the LM head, so one shared matrix cannot carry both")
         hf = super().to_hf_weights(state, cfg)

@@ -19,7 +19,7 @@ SHAPES = {
 
 def imagenet_preset(name: str) -> Config:
     dim, layers, heads = SHAPES[name]
-    model = ModelConfig(arch="vit", dim=dim, n_layers=layers, n_heads=heads, ffn_dim=4 * dim, norm_eps=1e-6,
+    model = ModelConfig(family="vit", dim=dim, n_layers=layers, n_heads=heads, ffn_dim=4 * dim, norm_eps=1e-6,
                         norm_scheme="lns", lns_placement="branch")
     epoch = 1_281_167 // 1024
     train = TrainConfig(max_steps=300 * epoch, batch_size=128, grad_accum=8, lr=1e-3, warmup_steps=5 * epoch,
@@ -28,7 +28,7 @@ def imagenet_preset(name: str) -> Config:
 
 
 def digits_preset(name: str) -> Config:
-    model = ModelConfig(arch="vit", dim=64, n_layers=12, n_heads=4, ffn_dim=256, norm_eps=1e-6, image_size=8,
+    model = ModelConfig(family="vit", dim=64, n_layers=12, n_heads=4, ffn_dim=256, norm_eps=1e-6, image_size=8,
                         patch_size=2, channels=1, num_classes=10, norm_scheme="lns", lns_placement="branch")
     train = TrainConfig(max_steps=1500, batch_size=64, lr=1e-3, warmup_steps=150, weight_decay=0.05,
                         eval_every=250, log_every=50)
