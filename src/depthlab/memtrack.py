@@ -46,7 +46,7 @@ _TOTAL = "Total"  # the trackers' key of the total
 def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int, clip: bool):
     """STEPS optimizer steps of at most two micro-batches each, as the trainer takes them (clipping when `clip`);
     yields after each micro-batch's backward."""
-    from depthlab.train import distributed as D
+    from depthlab.train.distributed import grad_sync
     from depthlab.train.optim import clip_gradients
     from depthlab.train.runtime import autocast
 
@@ -56,7 +56,7 @@ def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int,
     x, y = (torch.randint(cfg.model.vocab_size, shape, generator=gen).to(device) for _ in range(2))
     for _ in range(STEPS):
         for i in range(micro):
-            with D.grad_sync(model, i == micro - 1), autocast(device, tc.dtype):
+            with grad_sync(model, i == micro - 1), autocast(device, tc.dtype):
                 loss = model(x, targets=y, loss_chunk=tc.loss_chunk) / tc.grad_accum
             loss.backward()
             yield
@@ -165,16 +165,16 @@ def _fake_rank(cfg: Config, world_size: int) -> dict[str, int]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from depthlab.model import build_model
-    from depthlab.train import distributed as D
+    from depthlab.train.distributed import apply_activation_checkpointing, mesh_shape
 
     cpu, tc = torch.device("cpu"), cfg.train
     if world_size == 1:
         with FakeTensorMode():
             model = build_model(cfg.model)
             if tc.activation_checkpointing:
-                D.apply_activation_checkpointing(model)
+                apply_activation_checkpointing(model)
             return _peak(cfg, (model, model), 1, cpu, fake=True)
-    if tc.parallel != "fsdp" or D.mesh_shape(tc, world_size)[0] > 1:
+    if tc.parallel != "fsdp" or mesh_shape(tc, world_size)[0] > 1:
         raise UserError("a fake rank of several is measured under plain FSDP only (train.parallel=fsdp, one replica)")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
@@ -183,7 +183,7 @@ def _fake_rank(cfg: Config, world_size: int) -> dict[str, int]:
             with torch.device("meta"):
                 model = build_model(cfg.model, init=False)
             if tc.activation_checkpointing:
-                D.apply_activation_checkpointing(model)
+                apply_activation_checkpointing(model)
             _fully_shard(model, cfg.model, tc, mesh)
             model.to_empty(device=cpu)
             return _peak(cfg, (model, model), world_size, cpu, fake=True)
@@ -219,18 +219,18 @@ def _spawn(cfg: Config, world_size: int) -> list[dict[str, int]]:
 
 
 def _rank_main(rank: int, world_size: int, port: int, cfg: dict, out: str) -> None:
-    from depthlab.train import distributed as D
+    from depthlab.train.distributed import build_parallel, init_distributed, shutdown
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    env = D.init_distributed(torch.device("cpu"), 300.0)
+    env = init_distributed(torch.device("cpu"), 300.0)
     try:
         cfg, cpu = Config.from_dict(cfg), torch.device("cpu")
-        peak = _peak(cfg, D.build_parallel(cfg.model, cfg.train, env, cpu), world_size, cpu)
+        peak = _peak(cfg, build_parallel(cfg.model, cfg.train, env, cpu), world_size, cpu)
         (Path(out) / f"{rank}.json").write_text(json.dumps(peak))
     finally:
-        D.shutdown(env)
+        shutdown(env)
 
 
 def measure_plan(cfg: Config, plan: dict) -> dict:
