@@ -38,25 +38,47 @@ def test_the_deep_half_is_the_upper_half_of_the_interior_and_an_odd_middle_block
         assert curse.deep_half(interior(N)) == shallow_deep(N)[1]
 
 
+def _n24(deep: list[float], jitter: float = 0.0) -> list[float]:
+    """N = 24: interior 2..22 (21 blocks), whose deep half is 13..22 (the middle block 12 counts as shallow)."""
+    return [3.0] + [ACTIVE + jitter] * 11 + [d + jitter for d in deep] + [0.2, 0.3]
+
+
 def test_shallow_inert_blocks_with_active_deep_ones_do_not_read_present():
     """Five of nine interior blocks inert (the whole interior's fraction 0.56, over 1/3), all of them shallow:
-    the old whole-interior criterion read this cell "present"; the deep half has no inert block, so it is absent."""
-    runs = {s: _record(_n12(INERT, [ACTIVE] * 4, jitter=s * 1e-4), seed=s) for s in (0, 1)}
+    the old whole-interior criterion read this cell "present"; the deep half has no inert block. Three seeds hold
+    0 inert of 12 deep blocks (pooled exact interval [0, 0.26]): absent."""
+    runs = {s: _record(_n12(INERT, [ACTIVE] * 4, jitter=s * 1e-4), seed=s) for s in (0, 1, 2)}
     idx = summary.index_reading(runs)
     assert idx["curse"]["word"] == "absent" and idx["curse"]["inert"]["mean"] == 0.0
+    assert idx["curse"]["inert"]["pooled"] == [0, 12] and idx["curse"]["inert"]["ci"][1] < verdicts.PRESENT
     assert idx["inert_fraction"]["mean"] == pytest.approx(5 / 9)  # still reported, as a description
     one = summary.matched_rates({r["key"]: r for r in (runs[0], _record(_n12(ACTIVE, [ACTIVE] * 4), variant="lns"))})
     assert one[0]["curse"]["single"] == "absent" and one[0]["inert_fraction_deep"] == {"pre": 0.0, "lns": 0.0}
-    assert [verdicts.deep_inert_fraction(final_probe(r)) for r in runs.values()] == [0.0, 0.0]
+    assert [verdicts.deep_inert_fraction(final_probe(r)) for r in runs.values()] == [0.0, 0.0, 0.0]
+
+
+def test_seeds_that_agree_on_a_count_do_not_make_a_point_interval():
+    """The inert fraction is a count: two seeds at 0 of 4 deep blocks give a t-interval of no spread, [0, 0], which
+    read "absent" with certainty; pooled, 0 of 8 has the exact interval [0, 0.37], which holds 1/3. Likewise two
+    seeds at exactly 8 of 22 (a committed depth-study cell) pool to 16 of 44, [0.22, 0.52], not [0.36, 0.36]."""
+    runs = {s: _record(_n12(INERT, [ACTIVE] * 4, jitter=s * 1e-4), seed=s) for s in (0, 1)}
+    c = summary.index_reading(runs)["curse"]
+    assert c["inert"]["std"] == 0 and c["inert"]["pooled"] == [0, 8]
+    assert c["inert"]["ci"][0] == 0 and c["inert"]["ci"][1] == pytest.approx(0.369, abs=1e-3)
+    assert c["inert"]["side"] == "inconclusive" and c["word"] == "inconclusive"
+    r = verdicts.curse_reading([1.2, 1.1], [8 / 22, 8 / 22], 45, [(8, 22), (8, 22)])
+    assert r["inert"]["ci"] == pytest.approx([0.224, 0.522], abs=1e-3) and r["word"] == "inconclusive"
+    assert verdicts.curse_reading([1.2, 1.1], [8 / 22, 8 / 22], 45)["word"] == "present"  # t alone: a point
 
 
 def test_inert_deep_blocks_read_present_by_the_inert_criterion_alone():
-    """Two of four deep-half blocks inert (0.5, over 1/3) while the deep/shallow ratio is far above 0.5 (the last
-    interior block is costly): present, by the inert criterion."""
-    runs = {s: _record(_n12(ACTIVE, [INERT, INERT, ACTIVE, 0.5], jitter=s * 1e-4), seed=s) for s in (0, 1)}
+    """Seven of ten deep-half blocks inert (0.7, over 1/3) in each of two seeds (pooled 14 of 20, exact interval
+    [0.46, 0.88]) while the deep/shallow ratio is far above 0.5 (three deep blocks are costly): present, by the
+    inert criterion."""
+    runs = {s: _record(_n24([INERT] * 7 + [0.5] * 3, jitter=s * 1e-4), seed=s) for s in (0, 1)}
     c = summary.index_reading(runs)["curse"]
-    assert c["word"] == "present" and c["by"] == ["inert"] and c["inert"]["mean"] == pytest.approx(0.5)
-    assert c["ratio"]["side"] == "absent"
+    assert c["word"] == "present" and c["by"] == ["inert"] and c["inert"]["mean"] == pytest.approx(0.7)
+    assert c["inert"]["pooled"] == [14, 20] and c["ratio"]["side"] == "absent"
 
 
 def test_a_deep_half_under_min_deep_blocks_leaves_the_inert_criterion_to_the_ratio():

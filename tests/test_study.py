@@ -180,9 +180,10 @@ def test_the_study_corpus_drops_planted_copies_and_holds_out_a_test_split_its_ce
     assert math.isfinite(r["test_loss"]) and r["test_loss"] != r["val_loss"]
 
 
-def _curse_by_hand(ratios: list[float], inerts: list[float], interior: int) -> str:
+def _curse_by_hand(ratios: list[float], counts: list[tuple[int, int]], interior: int) -> str:
     """The across-seed curse rule written out with scipy: each criterion's 95% t-interval (df = n - 1) against its
-    threshold; present if either lies on the present side, absent if both lie on the other."""
+    threshold, the inert fraction's widened to the exact binomial interval of its count pooled over seeds; present
+    if either lies on the present side, absent if both lie on the other."""
     from scipy import stats as st
 
     if interior < verdicts.MIN_INTERIOR:
@@ -194,18 +195,20 @@ def _curse_by_hand(ratios: list[float], inerts: list[float], interior: int) -> s
         c = st.ttest_1samp(xs, 0).confidence_interval(0.95)
         return c.low, c.high
 
-    (rlo, rhi), (ilo, ihi) = ci(ratios), ci(inerts)
+    (rlo, rhi), (ilo, ihi) = ci(ratios), ci([k / m for k, m in counts])
+    pooled = st.binomtest(sum(k for k, _ in counts), sum(m for _, m in counts)).proportion_ci(0.95, "exact")
+    ilo, ihi = min(ilo, pooled.low), max(ihi, pooled.high)
     sides = {"present" if rhi < 0.5 else "absent" if rlo >= 0.5 else "inconclusive",
              "present" if ilo >= 1 / 3 else "absent" if ihi < 1 / 3 else "inconclusive"}
     return "present" if "present" in sides else "absent" if sides == {"absent"} else "inconclusive"
 
 
-def _deep_by_hand(c: dict) -> float | None:
-    """The deep half's inert fraction from a recorded index alone: the upper floor(k/2) of the k interior blocks
-    (None under 4 of them), and the share of those the record names inert."""
+def _deep_by_hand(c: dict) -> tuple[int, int] | None:
+    """The deep half's inert count from a recorded index alone: the upper floor(k/2) of the k interior blocks
+    (None under 4 of them), and how many of those the record names inert."""
     lo, hi = c["interior"]
     deep = list(range(hi - (hi - lo + 1) // 2 + 1, hi + 1))
-    return sum(b in c["inert_blocks"] for b in deep) / len(deep) if len(deep) >= 4 else None
+    return (sum(b in c["inert_blocks"] for b in deep), len(deep)) if len(deep) >= 4 else None
 
 
 def test_the_results_page_prints_pre_lns_curse_index_as_the_rule_reads_it():
@@ -237,8 +240,9 @@ def test_the_results_page_prints_pre_lns_curse_index_as_the_rule_reads_it():
             assert claim.endswith("| **not testable** (Pre-LN's curse index " + word + ") |") == (word != "present")
     assert set(words.values()) != {"present"} and "present" in words.values()  # the records hold both cases
     # N = 24: the whole interior's inert fraction 0.14 [-0.06, 0.35] held 1/3 (inconclusive); its deep half reads
-    # 0.07 [-0.08, 0.21] and the ratio 1.10 [0.78, 1.43]: absent
-    assert words[24] == "absent" and "| 0.07 [-0.08, 0.21] | 0.14 ± 0.08 / 0.05 ± 0.05 |" in next(
+    # 0.07 [-0.08, 0.22] (the t-interval [-0.08, 0.21] widened by the pooled count's exact interval) and the ratio
+    # 1.10 [0.78, 1.43]: absent
+    assert words[24] == "absent" and "| 0.07 [-0.08, 0.22] | 0.14 ± 0.08 / 0.05 ± 0.05 |" in next(
         x for x in rows if x.startswith("| 24 |"))
 
 

@@ -47,8 +47,12 @@ PRESENT); the ratio still reads.
 A (scheme, depth) cell of n seeds reads the same two criteria through their 95% t-intervals across seeds (df = n - 1,
 scipy.stats; `curse_reading`). Each criterion's interval lies on the present side (ratio: the whole interval below
 CURSE_RATIO; inert fraction: the whole interval at or above PRESENT), on the absent side (the whole interval on the
-other side of its threshold), or holds its threshold; an interval of no spread is its point, so the cell reduces to
-the one-run rule when every seed reads alike. The cell is
+other side of its threshold), or holds its threshold. The inert fraction is a count (k of m deep blocks), so seeds
+often agree exactly (two seeds at 8 of 22), and a t-interval of no spread is a point: certainty from two runs. Its
+interval is therefore the wider envelope of the t-interval and the exact (Clopper-Pearson) interval of the pooled
+count (sum of k over sum of m, `inert_counts`): at 8 of 22 twice, 16 of 44, [0.22, 0.52], not [0.36, 0.36]; at 0
+inert blocks in every seed the pooled interval still lies below PRESENT once the seeds hold enough blocks (0 of 44:
+[0, 0.08]). The ratio is continuous, its t-interval as it is. The cell is
 
     "present"       when either criterion's interval lies on the present side
     "absent"        when both lie on the absent side (a criterion no seed measured is left out)
@@ -170,11 +174,8 @@ def interior_size(curse: dict) -> int:
     return curse["interior"][1] - curse["interior"][0] + 1 if curse.get("interior") else 0
 
 
-def deep_inert_fraction(probe: dict) -> float | None:
-    """The inert criterion of one run (the module docstring): the share of the deep half of the interior
-    (depthlab.analysis.curse.deep_half of the blocks the probe's curse["interior"] names; the middle block of an odd
-    count goes to the shallow half) whose removal cost (probe["removal"], nats, block 1 first) is below the recorded
-    delta in absolute value. None where the probe names no interior or the deep half has fewer than MIN_DEEP blocks."""
+def deep_inert_count(probe: dict) -> tuple[int, int] | None:
+    """(inert blocks, blocks) of the deep half of one run's interior: the count behind deep_inert_fraction."""
     curse = probe.get("curse") or {}
     if not curse.get("interior") or probe.get("removal") is None:
         return None
@@ -182,7 +183,16 @@ def deep_inert_fraction(probe: dict) -> float | None:
     deep = deep_half(list(range(lo, hi + 1)))
     if len(deep) < MIN_DEEP:
         return None
-    return float(inert_share(probe["removal"], deep, curse.get("delta", CurseSpec.delta)))
+    return round(float(inert_share(probe["removal"], deep, curse.get("delta", CurseSpec.delta))) * len(deep)), len(deep)
+
+
+def deep_inert_fraction(probe: dict) -> float | None:
+    """The inert criterion of one run (the module docstring): the share of the deep half of the interior
+    (depthlab.analysis.curse.deep_half of the blocks the probe's curse["interior"] names; the middle block of an odd
+    count goes to the shallow half) whose removal cost (probe["removal"], nats, block 1 first) is below the recorded
+    delta in absolute value. None where the probe names no interior or the deep half has fewer than MIN_DEEP blocks."""
+    count = deep_inert_count(probe)
+    return count[0] / count[1] if count else None
 
 
 def run_criteria(probe: dict) -> dict:
@@ -190,7 +200,7 @@ def run_criteria(probe: dict) -> dict:
     inert fraction, `deep_inert_fraction`) and "interior" (the interior's size)."""
     curse = probe.get("curse") or {}
     return {"ratio": curse.get("removal_deep_over_shallow"), "inert": deep_inert_fraction(probe),
-            "interior": interior_size(curse)}
+            "inert_count": deep_inert_count(probe), "interior": interior_size(curse)}
 
 
 def cell_reading(probes: list[dict]) -> dict:
@@ -198,7 +208,7 @@ def cell_reading(probes: list[dict]) -> dict:
     interior is its smallest run's."""
     runs = [run_criteria(p) for p in probes]
     return curse_reading([r["ratio"] for r in runs], [r["inert"] for r in runs],
-                         min((r["interior"] for r in runs), default=None))
+                         min((r["interior"] for r in runs), default=None), [r["inert_count"] for r in runs])
 
 
 def precondition(inert_fraction: float | None, removal_ratio: float | None, interior: int | None = None) -> str:
@@ -220,17 +230,31 @@ def _side(t: dict, threshold: float, present_below: bool) -> str:
     return "present" if lo >= threshold else "absent" if hi < threshold else "inconclusive"
 
 
+def _pooled(t: dict, counts) -> dict:
+    """The inert criterion's t_test() widened to the exact interval of the pooled count where every value has its
+    count (the module docstring); "pooled": [inert, blocks] beside it."""
+    counts = [c for c in counts if c]
+    if t["n"] < 2 or len(counts) != t["n"]:
+        return t
+    k, m = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    lo, hi = proportion_ci(k, m)
+    return {**t, "ci": [min(t["ci"][0], lo), max(t["ci"][1], hi)], "pooled": [k, m]}
+
+
 def curse_reading(ratios: list[float | None], inert_fractions: list[float | None] = (),
-                  interior: int | None = None) -> dict:
+                  interior: int | None = None, inert_counts=()) -> dict:
     """The curse index of one (scheme, depth) cell across its seeds (the module docstring's rule): the word, n, and
     per criterion ("ratio": deep/shallow removal ratio against CURSE_RATIO, "inert": the deep half's inert fraction
     against PRESENT, one value per run from deep_inert_fraction; cell_reading builds both from the probes) its mean,
     std, 95% t-interval and side. A criterion with fewer than two finite values is left out when the other has two;
     with none having two, n = 1 gives the single run's reading ("single") and no word beyond "one seed: no
-    interval"."""
-    crit = {"ratio": (t_test(ratios), CURSE_RATIO, True), "inert": (t_test(inert_fractions), PRESENT, False)}
+    interval". `inert_counts`: each run's (inert, blocks) of its deep half; the inert interval is widened to their
+    pooled exact interval (the module docstring)."""
+    crit = {"ratio": (t_test(ratios), CURSE_RATIO, True),
+            "inert": (_pooled(t_test(inert_fractions), inert_counts), PRESENT, False)}
     out = {name: {"n": t["n"], "mean": t["mean"] if t["n"] else None, "std": t["std"] if t["n"] else None,
-                  "ci": t["ci"] if t["n"] > 1 else None, "threshold": thr}  # no NaN in the results files
+                  "ci": t["ci"] if t["n"] > 1 else None, "threshold": thr,  # no NaN in the results files
+                  **({"pooled": t["pooled"]} if "pooled" in t else {})}
            for name, (t, thr, _) in crit.items()}
     out["n"] = max(t["n"] for t, _, _ in crit.values())
     if interior is not None and interior < MIN_INTERIOR:

@@ -74,7 +74,8 @@ def _depth_lines(res: dict) -> list[str]:
     lines = ["Each depth at the one rate per scheme chosen at the reference depth; Δ paired seed by seed with its 95% "
              "t-interval (the page's one rule). The curse index of the final models: the deep half's inert "
              "fraction (the upper half of blocks 2 .. N−2 whose removal changes the loss by < 0.005 nats) and "
-             "removal cost deep / shallow interior, each mean [95% t-interval across seeds]; Pre-LN's curse reads "
+             "removal cost deep / shallow interior, each mean [95% t-interval across seeds; the inert fraction's "
+             "widened to the exact interval of its count pooled over seeds]; Pre-LN's curse reads "
              "from those intervals (the rule under the claims table). The whole interior's inert fraction (mean ± "
              "std) describes the models and decides nothing.", "",
              "| N | pre val loss (whole-split probe) | lns val loss (whole-split probe) | Δ lns − pre | pre inert, "
