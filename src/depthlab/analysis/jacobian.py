@@ -25,9 +25,11 @@ def _probe(shape, gen, m):
 
 
 def block_jacobian(lm: LayeredLM, l: int, h: torch.Tensor, call, mask: torch.Tensor, probes: int = 4,
-                   seed: int = 0) -> tuple[float, float]:
-    """(block_gain, block_vs_identity) of block l at input h (one batch)."""
-    gen = torch.Generator().manual_seed(seed + l)
+                   seed: int | None = None) -> tuple[float, float]:
+    """(block_gain, block_vs_identity) of block l at input h (one batch). The probes are drawn from `seed`, by
+    default l; layer-by-layer mode runs block j in a slot l (one per kind of attention) and passes seed=j, so
+    block j gets whole-model mode's probes whatever its slot."""
+    gen = torch.Generator().manual_seed(l if seed is None else seed)
     m = mask[..., None].to(h.dtype)
     gain = dist = norm = 0.0
     with torch.enable_grad():
