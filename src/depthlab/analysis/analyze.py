@@ -270,6 +270,7 @@ def _observer(acc, spill, mask: torch.Tensor):
 def _jacobian_hook(lm: LayeredLM, unit: Unit, b: Batch, opts: Options, jac: dict):
     """Per block, as it is loaded: its Jacobian estimates on the first batch, and the heatmap of the chosen ones."""
     def hook(j: int, slot: int, h: torch.Tensor) -> None:
+        # the block runs in its kind's slot, but its probes are drawn from its own index j, as in whole-model mode
         g, d = block_jacobian(lm, slot, h, unit.calls[j], b.mask, opts.probes, seed=j)
         jac["block_gain"].append(g)
         jac["block_vs_identity"].append(d)
