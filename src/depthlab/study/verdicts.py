@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import math
 
-from depthlab.analysis.curse import CurseSpec, deep_half, inert_share
+from depthlab.analysis.curse import CurseSpec, deep_half
 from depthlab.study.stats import LEVEL, finite, holm, mean_std, proportion_ci, t_test, tost
 
 COMPARISONS = ("lower", "higher", "inconclusive", "one seed: no verdict", "no runs")
@@ -183,7 +183,8 @@ def deep_inert_count(probe: dict) -> tuple[int, int] | None:
     deep = deep_half(list(range(lo, hi + 1)))
     if len(deep) < MIN_DEEP:
         return None
-    return round(float(inert_share(probe["removal"], deep, curse.get("delta", CurseSpec.delta))) * len(deep)), len(deep)
+    delta = curse.get("delta", CurseSpec.delta)
+    return sum(abs(probe["removal"][l - 1]) < delta for l in deep), len(deep)
 
 
 def deep_inert_fraction(probe: dict) -> float | None:
