@@ -1,6 +1,7 @@
 """depthlab's multiple-choice evaluator against lm-evaluation-harness itself, question by question, on local files:
 lm-eval's `hf` backend on an export, and lm-eval through depthlab's adapter (`--harness`) on the checkpoint."""
 
+import gc
 import json
 import random
 from types import SimpleNamespace
@@ -160,3 +161,21 @@ def test_harness_input_errors_are_one_line(tmp_path, capsys):
         assert main(["eval", str(tmp_path / "ckpt"), *args, "--device", "cpu"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("depthlab: error:") and msg in err and err.count("\n") == 1, err
+
+
+def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(trained, tmp_path, capsys):
+    """`eval --harness` loads through the same map as `eval`: half the blocks on cpu, the rest offloaded to disk
+    and streamed in by accelerate's hooks; lm-eval's table is the one-device table, digit for digit."""
+    layout = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+              "model.layers.1": "disk", "model.layers.2": "disk", "model.norm": "disk", "lm_head": "disk"}
+    (tmp_path / "map.json").write_text(json.dumps(layout))
+    placed = ["--device-map", str(tmp_path / "map.json"), "--offload-folder", str(tmp_path / "offload")]
+    tables = []
+    for where in (["--device", "cpu"], placed):
+        assert main(["eval", str(trained.hf), "--harness", str(trained.yaml), "--batch-size", "4", *where]) == 0
+        tables.append(capsys.readouterr().out)
+    assert "depthlab_mc" in tables[0] and "acc_bytes" in tables[0]
+    assert tables[0] == tables[1]
+    assert (tmp_path / "offload").is_dir()  # the map was taken: its disk half was written there ...
+    gc.collect()
+    assert not any((tmp_path / "offload").iterdir())  # ... and went with the model
