@@ -50,3 +50,41 @@ def test_cli_writes_records_and_figures(corpus, tmp_path, capsys):
     assert names == {"pre", "lns " + " ".join(TINY)}
     assert (out / "coord_check.png").stat().st_size > 0 and (out / "coord_check_pre.png").is_file()
     assert main([*args, "--depths", "0"]) == 2  # a one-line refusal
+
+
+@pytest.mark.parametrize("where, extra, msg", [
+    ("file", [], "is a file; coord-check writes a directory there: choose another --out"),
+    ("data", [], "is inside coord-check's own input"),
+    ("foreign", [], "choose another --out, or pass --overwrite"),
+    ("new", ["--depths", "4", "4"], "--depths: give at least two depths (got 4)"),
+])
+def test_cli_refuses_an_out_it_may_not_write_before_any_training(corpus, tmp_path, capsys, monkeypatch, where,
+                                                                 extra, msg):
+    """--out is checked by the ownership rule every writer follows, before the first step: not a file, not inside
+    the data it reads, not a folder of other files (without --overwrite); a check of one depth draws no line."""
+    import depthlab.train.coordcheck as cc
+
+    monkeypatch.setattr(cc, "coord_check", lambda *a, **k: pytest.fail("trained before refusing"))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.txt").write_text(corpus.read_text())
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    out = {"file": tmp_path / "file", "data": data / "cc", "foreign": tmp_path / "foreign", "new": tmp_path / "new"}
+    assert main(["coord-check", "--data", str(data), "--out", str(out[where]), "--seeds", "1", "--steps", "1",
+                 *extra, *[a for s in TINY for a in ("--set", s)]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1, err
+    assert (tmp_path / "file").read_text() == "mine" and sorted(p.name for p in data.iterdir()) == ["corpus.txt"]
+    assert not (tmp_path / "new").exists()
+
+
+def test_cli_with_overwrite_writes_beside_other_files_and_keeps_them(corpus, tmp_path):
+    out = tmp_path / "foreign"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["coord-check", "--data", str(corpus), "--depths", "2", "3", "--seeds", "1", "--steps", "1",
+                 "--out", str(out), "--overwrite", *[a for s in TINY for a in ("--set", s)]]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / RECORDS).is_file()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file or lock left behind

@@ -476,20 +476,33 @@ def add_coord_check(sub) -> None:
     p.add_argument("--seeds", type=at_least(1), default=3, help="seeds per depth (default 3)")
     p.add_argument("--steps", type=at_least(1), default=5, help="Adam steps at a constant rate (default 5)")
     p.add_argument("--name", help="the parameterization's label (default: the scheme and --set overrides)")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for the records and figures")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the records and figures: new, "
+                   "empty, or an earlier coord-check's (its records under other names are kept)")
+    p.add_argument("--overwrite", action="store_true", help="write into a --out that holds other files (they are "
+                   "left as they are)")
     p.set_defaults(func=cmd_coord_check, resume=None, run_dir=None, max_steps=None, init_from=None)
 
 
 def cmd_coord_check(args) -> None:
-    from depthlab.train.coordcheck import coord_check, depth_slope, keep_records, plot, slug
+    from depthlab.owned import claim, input_paths, locked, refuse_own_input
+    from depthlab.train.coordcheck import RECORDS, coord_check, depth_slope, keep_records, plot, slug
 
+    depths = sorted(set(args.depths))
+    if len(depths) < 2:
+        raise UserError(f"--depths: give at least two depths (got {depths[0]}); the check draws each block's "
+                        "update against depth")
     out = Path(args.out)
     cfg = build_config(argparse_without_out(args))
     name = args.name or " ".join([cfg.model.norm_scheme, *(args.set or [])])
-    records = coord_check(cfg, sorted(set(args.depths)), args.seeds, args.steps, name)
-    kept = keep_records(out, name, records)
-    mine = plot(records, out / f"coord_check_{slug(name)}.png")
-    both = plot(kept, out / "coord_check.png")
+    inputs = input_paths(cfg.data.paths or [])
+    refuse_own_input(out, inputs, "coord-check")  # before the lock makes any folder
+    with locked(out, "coord-check"):  # held while training: the records are read, added to and rewritten
+        claim(out, lambda d: (d / RECORDS).is_file(), "coord-check", args.overwrite, inputs, choose="--out",
+              anyway="to write its records and figures there beside the files it holds")
+        records = coord_check(cfg, depths, args.seeds, args.steps, name)
+        kept = keep_records(out, name, records)
+        mine = plot(records, out / f"coord_check_{slug(name)}.png")
+        both = plot(kept, out / "coord_check.png")
     print(f"{name}: slope of log update against log depth {depth_slope(records):+.3f} (0 = flat); "
           f"figures {mine}, {both}")
 

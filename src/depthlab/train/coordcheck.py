@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -137,10 +138,13 @@ def read_records(directory: Path) -> list[dict]:
 
 
 def keep_records(out: Path, name: str, records: list[dict]) -> list[dict]:
-    """Write `records` to OUT/coord_check.jsonl in place of any earlier ones under `name`; all records kept."""
+    """Write `records` to OUT/coord_check.jsonl in place of any earlier ones under `name`; all records kept. The
+    file is replaced whole (a temporary sibling renamed over it): a crash mid-write leaves the old records."""
     out.mkdir(parents=True, exist_ok=True)
     kept = [r for r in read_records(out) if r["name"] != name] + records
-    (out / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp = out / f".{RECORDS}.tmp-{os.getpid()}"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, out / RECORDS)
     return kept
 
 
