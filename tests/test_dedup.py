@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from depthlab.data.dedup import dedup
 from depthlab.data.sources import Document
 
@@ -35,9 +37,39 @@ def test_depthlab_data_dedup_writes_the_kept_documents_for_prepare(tmp_path, cap
 
     from depthlab.cli import main
 
+    docs = tmp_path / "docs"
+    docs.mkdir()
     for i in range(6):
-        (tmp_path / f"d{i}.txt").write_text(_text(i))
-    (tmp_path / "d9.txt").write_text(_text(2))
-    main(["data", "dedup", str(tmp_path), "--out", str(tmp_path / "kept.jsonl")])
-    kept = [json.loads(x) for x in (tmp_path / "kept.jsonl").read_text().splitlines()]
-    assert len(kept) == 6 and "removed 1 exact and 0 near copies" in capsys.readouterr().out
+        (docs / f"d{i}.txt").write_text(_text(i))
+    (docs / "d9.txt").write_text(_text(2))
+    for _ in range(2):  # a second run replaces its own earlier file
+        assert main(["data", "dedup", str(docs), "--out", str(tmp_path / "kept.jsonl")]) == 0
+        kept = [json.loads(x) for x in (tmp_path / "kept.jsonl").read_text().splitlines()]
+        assert len(kept) == 6 and "removed 1 exact and 0 near copies" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "kept.jsonl"]  # no temporary file or lock left
+
+
+@pytest.mark.parametrize("inp, out, extra, msg", [
+    ("docs", "docs/kept.jsonl", [], "is inside data dedup's own input"),
+    ("docs/d0.txt", "docs/d0.txt", ["--overwrite"], "is data dedup's own input"),
+    ("docs", "notes.jsonl", [], "exists and is not data dedup output; choose another path, or pass --overwrite"),
+    ("docs", "docs", [], "is data dedup's own input"),
+])
+def test_depthlab_data_dedup_never_writes_over_its_input_or_a_file_it_did_not_write(tmp_path, capsys, inp, out,
+                                                                                     extra, msg):
+    """`data dedup X.jsonl --out X.jsonl` used to truncate its input to the kept documents; a kept file inside the
+    input folder would be read as more documents by the next `prepare` of that folder."""
+    from depthlab.cli import main
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(3):
+        (docs / f"d{i}.txt").write_text(_text(i))
+    (tmp_path / "notes.jsonl").write_text('{"mine": 1}\n')
+    before = {p: p.read_bytes() for p in [*docs.iterdir(), tmp_path / "notes.jsonl"]}
+    assert main(["data", "dedup", str(tmp_path / inp), "--out", str(tmp_path / out), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and len(err.splitlines()) == 1, err
+    assert {p: p.read_bytes() for p in [*docs.iterdir(), tmp_path / "notes.jsonl"]} == before
+    assert main(["data", "dedup", str(docs), "--out", str(tmp_path / "notes.jsonl"), "--overwrite"]) == 0
+    assert len((tmp_path / "notes.jsonl").read_text().splitlines()) == 3

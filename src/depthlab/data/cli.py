@@ -53,9 +53,16 @@ def cmd_info(args) -> None:
 
 
 def cmd_dedup(args) -> None:
-    from depthlab.data.dedup import dedup_files
+    from pathlib import Path
 
-    r = dedup_files(args.inputs, args.out, args.threshold, args.text_field)
+    from depthlab.data.dedup import dedup_files, is_dedup_output
+    from depthlab.owned import input_paths, writing_files
+
+    # never one of its inputs nor inside one (the next `prepare` of that folder would read the copies twice);
+    # written whole: a crash or a bad input leaves an earlier file as it was
+    with writing_files([Path(args.out)], is_dedup_output, "data dedup", args.overwrite,
+                       input_paths(args.inputs)) as (tmp,):
+        r = dedup_files(args.inputs, tmp, args.threshold, args.text_field)
     print(f"{args.out}: kept {r.kept} documents; removed {len(r.exact)} exact and {len(r.near)} near copies")
     for name, original in r.exact + r.near:
         print(f"  {name} (copies {original})")
@@ -91,7 +98,9 @@ def add_commands(sub) -> None:
 
     u = dsub.add_parser("dedup", help="drop exact and near-duplicate documents (MinHash), write the rest as JSONL")
     u.add_argument("inputs", nargs="*", metavar="INPUT", help="what `prepare` reads (none: the built-in corpus)")
-    u.add_argument("--out", required=True, help="a .jsonl file of the kept documents, for `data prepare`")
+    u.add_argument("--out", required=True, help="a .jsonl file of the kept documents, for `data prepare`: new, or "
+                   "an earlier dedup's (never inside an INPUT folder)")
+    u.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an earlier dedup's file")
     u.add_argument("--threshold", type=float, default=0.8, help="estimated Jaccard similarity of word 5-grams "
                    "at which two documents are copies (default 0.8)")
     u.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text")

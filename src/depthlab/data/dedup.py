@@ -69,6 +69,18 @@ def dedup(docs: list, threshold: float = 0.8, name=lambda d: d.name, text=lambda
     return kept, report
 
 
+def is_dedup_output(path) -> bool:
+    """A file `data dedup` wrote: JSON lines of exactly {"name", "text"} (the first line read)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = json.loads(f.readline())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(first, dict) and set(first) == {"name", "text"}
+
+
 def dedup_files(inputs: list[str], out: str, threshold: float = 0.8, text_field: str = "text") -> DedupReport:
     """`depthlab data dedup`: read `inputs` (what `data prepare` reads; none: the built-in corpus), drop exact and
     near copies, and write the kept documents to `out` as JSON lines ({"name", "text"}), for `data prepare OUT`."""
