@@ -147,3 +147,5 @@ def test_drop_lowest_refuses_a_missing_or_foreign_analysis(tmp_path, capsys):
     assert "--by goes with --drop-lowest" in capsys.readouterr().err
     assert main(["prune", str(hf), str(tmp_path / "o")]) == 2
     assert "one of --remove START:END and --drop-lowest K" in capsys.readouterr().err
+    assert main(["prune", str(tmp_path / "typo"), str(tmp_path / "o"), "--drop-lowest", "1"]) == 2
+    assert "model path" in (err := capsys.readouterr().err) and "does not exist" in err  # not its missing analysis

@@ -49,7 +49,9 @@ def cmd_prune(args) -> None:
         print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
         return
     from depthlab.hf.pruning import drop_layers
+    from depthlab.paths import model_path
 
+    model_path(args.model)  # a missing model is named before its missing analysis
     by = args.by or "loss"
     analysis = args.analysis or str(Path("analysis") / (Path(args.model).resolve().name or "model"))
     layers, measured = least_useful(args.model, analysis, args.drop_lowest, by)
