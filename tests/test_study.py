@@ -36,6 +36,26 @@ def test_old_record_is_read_in_the_new_schema():
     assert idx["removal_deep_over_shallow"] == pytest.approx(0.002 / 0.1)
 
 
+def test_a_last_line_cut_short_by_a_killed_writer_is_skipped_and_cut_before_the_next_record(tmp_path, capsys):
+    """A study killed mid-append leaves half a JSON line: the study still loads (that cell runs again), the next
+    record starts on a line of its own, and a broken line elsewhere is a one-line error, never silently dropped."""
+    from depthlab import UserError
+    from depthlab.study.records import append_record
+
+    runs = tmp_path / "runs.jsonl"
+    one, two = ({"key": f"pre-L6-lr0.008-seed{s}", "variant": "pre", "layers": 6, "lr": 8e-3, "seed": s,
+                 "val_loss": 2.5 + s} for s in (0, 1))
+    append_record(runs, one)
+    runs.write_text(runs.read_text() + '{"key": "pre-L6-lr0.008-seed1", "val_lo')  # killed mid-write
+    assert set(load_records(runs)) == {one["key"]} and "cut short" in capsys.readouterr().err
+    append_record(runs, two)
+    assert runs.read_text().splitlines() == [json.dumps(one), json.dumps(two)]
+    assert load_records(runs)[two["key"]]["val_loss"] == 3.5
+    runs.write_text('{"key": "x", "val_lo\n' + runs.read_text())  # broken, and not the last line: corruption
+    with pytest.raises(UserError, match="runs.jsonl, line 1: not a JSON record"):
+        load_records(runs)
+
+
 TINY = ["model.dim=32", "model.n_heads=2", "model.ffn_dim=64", "model.vocab_size=300", "model.max_seq_len=32",
         "model.init_std=auto", "data.seq_len=32", "train.batch_size=4", "train.max_steps=12", "train.warmup_steps=2",
         "train.eval_every=6", "train.log_every=2", "train.monitor_every=6", "train.device=cpu", "train.threads=1"]

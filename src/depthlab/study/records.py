@@ -17,6 +17,7 @@ the cell finishes, so an interrupted study keeps everything it finished:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -55,20 +56,45 @@ def record_key(r: dict) -> str:
 
 
 def load_records(path: Path) -> dict[str, dict]:
-    """Every record of a runs.jsonl by key (a later line for the same key wins); {} when there is no file."""
+    """Every record of a runs.jsonl by key (a later line for the same key wins); {} when there is no file. A last
+    line cut short (a writer killed mid-append: no newline, not JSON) is skipped with a warning; its cell runs again.
+    Any other line that is not JSON is an error naming the file and line."""
+    from depthlab import UserError
+
     out = {}
     if Path(path).exists():
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
+        text = Path(path).read_text()
+        lines = text.splitlines()
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
                 r = json.loads(line)
-                out[record_key(r)] = r
+            except ValueError:
+                if i == len(lines) and not text.endswith("\n"):
+                    print(f"warning: {path}: its last line was cut short (the writer was interrupted); skipped, "
+                          "its cell runs again", file=sys.stderr)
+                    continue
+                raise UserError(f"{path}, line {i}: not a JSON record") from None
+            out[record_key(r)] = r
     return out
 
 
 def append_record(path: Path, record: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+    """One line, written with one write and synced, after cutting off a last line that an interrupted writer left
+    without its newline (load_records skips it): the new record never joins a broken one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab+") as fh:
+        size = fh.seek(0, 2)
+        if size:
+            fh.seek(size - 1)
+            if fh.read(1) != b"\n":
+                fh.seek(0)
+                fh.truncate(fh.read().rfind(b"\n") + 1)
+        fh.write((json.dumps(record) + "\n").encode())
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def final_probe(r: dict) -> dict | None:

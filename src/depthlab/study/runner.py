@@ -203,9 +203,8 @@ class _ProbeAlong(Callback):
         if any(p["step"] == step for p in self.probes):
             return
         self.probes.append({"step": step, "tokens": step * self.tps, **probe_model(model, self.val, self.spec)})
-        if self.file:
-            with open(self.file, "a") as f:
-                f.write(json.dumps(self.probes[-1]) + "\n")
+        if self.file:  # after cutting off a line a killed writer left half-written (load_probes drops it)
+            append_record(self.file, self.probes[-1])
 
 
 def load_probes(file: Path) -> list[dict]:
