@@ -480,6 +480,7 @@ def add_coord_check(sub) -> None:
                    "empty, or an earlier coord-check's (its records under other names are kept)")
     p.add_argument("--overwrite", action="store_true", help="write into a --out that holds other files (they are "
                    "left as they are)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_coord_check, resume=None, run_dir=None, max_steps=None, init_from=None)
 
 
@@ -499,7 +500,7 @@ def cmd_coord_check(args) -> None:
     with locked(out, "coord-check"):  # held while training: the records are read, added to and rewritten
         claim(out, lambda d: (d / RECORDS).is_file(), "coord-check", args.overwrite, inputs, choose="--out",
               anyway="to write its records and figures there beside the files it holds")
-        records = coord_check(cfg, depths, args.seeds, args.steps, name)
+        records = coord_check(cfg, depths, args.seeds, args.steps, name, progress=not args.no_progress)
         kept = keep_records(out, name, records)
         mine = plot(records, out / f"coord_check_{slug(name)}.png")
         both = plot(kept, out / "coord_check.png")

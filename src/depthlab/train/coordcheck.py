@@ -33,12 +33,15 @@ QUANTITIES = {"update": "last block: change since init  RMS(h(t) - h(0))",
               "rms": "last block: activation RMS"}
 
 
-def coord_check(cfg, depths: list[int], seeds: int, steps: int, name: str, probe_batch: int = 8) -> list[dict]:
+def coord_check(cfg, depths: list[int], seeds: int, steps: int, name: str, probe_batch: int = 8,
+                progress: bool = False) -> list[dict]:
     """One record per (depth, seed, step 0..steps) for config `cfg` (depthlab.config.Config), each with the
-    per-block lists of QUANTITIES. The data is loaded once, for every depth."""
+    per-block lists of QUANTITIES. The data is loaded once, for every depth. `progress`: a bar over the steps of
+    all depths and seeds, weighted by depth (what a step costs)."""
     from depthlab.data.dataset import PackedSampler, build_token_data, gather_windows
     from depthlab.model import build_model
     from depthlab.model.validate import validate
+    from depthlab.progress import progress_bar
     from depthlab.train.optim import clip_gradients, make_optimizer
     from depthlab.train.runtime import seed_everything
 
@@ -49,6 +52,8 @@ def coord_check(cfg, depths: list[int], seeds: int, steps: int, name: str, probe
     n_probe = max(1, min(probe_batch, (len(data.val) - 1) // seq))
     probe, _ = gather_windows(data.val, torch.arange(n_probe).numpy(), seq)
     records = []
+    bar = progress_bar(total=sum(depths) * seeds * steps, enabled=progress, desc=f"coord-check {name}",
+                       unit="block-steps")
     for depth in depths:
         run = replace(cfg, model=replace(cfg.model, n_layers=depth))
         validate(run)
@@ -65,8 +70,10 @@ def coord_check(cfg, depths: list[int], seeds: int, steps: int, name: str, probe
                     clip_gradients(model, run.train, run.model.lns_power)
                     opt.step()
                     opt.zero_grad(set_to_none=True)
+                    bar.update(depth)
                 records.append({"name": name, "depth": depth, "seed": seed, "step": step,
                                 **_measure(start, _hidden(model, probe))})
+    bar.close()
     return records
 
 
