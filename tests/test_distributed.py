@@ -4,6 +4,7 @@ shared by every rank, sharded checkpoints that reshard, and the meta-device buil
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import traceback
 
@@ -402,3 +403,39 @@ def test_a_filesystem_without_flock_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="cannot lock run directory .* does not support file locks"):
         with locked(tmp_path / "run", "train", "run directory "):
             pass
+
+
+def _interrupt_one_rank_mid_step(rank, cfg, tmp):
+    from depthlab.checkpoint import list_checkpoints
+    from depthlab.train.trainer import Trainer
+
+    _train(cfg, tmp / "ref")
+    trainer = Trainer(cfg, run_dir=tmp / "run", progress=False)
+    if rank == 1:  # Ctrl-C reaches rank 1 alone, inside step 3 (between its backward and its optimizer step)
+        real = trainer.train_step
+
+        def train_step():
+            out = real()
+            if trainer.step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            return out
+
+        trainer.train_step = train_step
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+    finally:
+        trainer.close()
+    assert [c.name for c in list_checkpoints(tmp / "run")] == ["step_0000003"]  # both ranks stopped after step 3
+    _train(cfg, tmp / "run", resume="auto")
+
+
+def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step_with_one_checkpoint(tmp_path, corpus):
+    """The ranks agree on the step to stop at: no rank waits forever in a collective the others left, the sharded
+    checkpoint of that step is whole, and resuming it gives the uninterrupted run's losses bit for bit."""
+    from tests.test_trainer import losses, make_cfg
+
+    cfg = make_cfg(corpus, **{"train.max_steps": 5, "train.batch_size": 2, "train.parallel": "fsdp"})
+    run_ranks(_interrupt_one_rank_mid_step, cfg, tmp_path)
+    assert list(losses(tmp_path / "run")) == [1, 2, 3, 4, 5]
+    assert losses(tmp_path / "run") == losses(tmp_path / "ref")

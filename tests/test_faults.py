@@ -366,3 +366,45 @@ def test_a_failed_file_write_leaves_the_old_files_whole(tmp_path):
         md.write_text("new md")
         js.write_text("new json")
     assert [f.read_text() for f in old] == ["new md", "new json"]
+
+
+SIGNAL_MID_STEP = """
+    import os, signal, sys
+    from depthlab.train.trainer import Trainer
+    signum, times = getattr(signal, sys.argv[1]), int(sys.argv[2])
+    real = Trainer.train_step
+    def train_step(self):  # the signal lands inside step 5, between its backward and its optimizer step
+        out = real(self)
+        if self.step == 4:
+            for _ in range(times):
+                os.kill(os.getpid(), signum)
+        return out
+    Trainer.train_step = train_step
+    from depthlab.cli import main
+    sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("name, times", [("SIGTERM", 1), ("SIGINT", 1), ("SIGTERM", 2)])
+def test_a_signal_mid_step_finishes_the_step_saves_it_and_the_run_resumes_exactly(tmp_path, corpus, name, times):
+    """Ctrl-C or SIGTERM (preemption) in the middle of a step: that step completes, a checkpoint of it is saved
+    even with no checkpoint schedule (ckpt_every=0), the exit status is the signal's, and --resume auto continues
+    bit for bit. A second signal does not wait: it unwinds at once and saves nothing."""
+    args = [str(a) for a in ["--data", corpus, "--max-steps", 8, *TRAIN]]
+    depthlab = [sys.executable, "-m", "depthlab", "train"]
+    ref = subprocess.run([*depthlab, "--run-dir", str(tmp_path / "ref"), *args], env=ENV, capture_output=True)
+    assert ref.returncode == 0, ref.stderr
+    run = tmp_path / "run"
+    proc = spawn(SIGNAL_MID_STEP, name, times, "train", "--run-dir", run, *args)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + getattr(signal, name), err
+    assert err.strip().splitlines()[-1] == "depthlab: interrupted", err
+    if times == 2:
+        assert not list_checkpoints(run) and "interrupted after" not in err
+        return
+    assert f"interrupted after step 5; saved {run / 'checkpoints' / 'step_0000005'}" in err
+    assert [c.name for c in list_checkpoints(run)] == ["step_0000005"] and verify_checkpoint(list_checkpoints(run)[0])
+    res = subprocess.run([*depthlab, "--run-dir", str(run), "--resume", "auto", *args], env=ENV,
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "step 5" in res.stderr, res.stderr
+    assert losses(run) == losses(tmp_path / "ref")  # bitwise, each step once

@@ -1,5 +1,6 @@
 """The trainer's toolbox, shared with evaluation and the studies: seeding and RNG state, autocast, per-token
-evaluation and the environment record (a run directory's naming and rules are depthlab.runfolder's)."""
+evaluation, the environment record and signals deferred to a step's end (a run directory's naming and rules are
+depthlab.runfolder's)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import math
 import os
 import platform
 import random
+import signal
 import subprocess
+import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -99,3 +103,40 @@ def set_rng_state(state: dict) -> None:
     if "cuda" in state and torch.cuda.is_available():
         cuda = state["cuda"]  # checkpoints before per-rank states held every visible device's
         (torch.cuda.set_rng_state_all if isinstance(cuda, list | tuple) else torch.cuda.set_rng_state)(cuda)
+
+
+@contextlib.contextmanager
+def deferred_interrupts(env: DistEnv) -> Iterator[Callable[[], bool]]:
+    """Ctrl-C and SIGTERM while the block runs (the training loop) do not cut a step in half: the handler notes the
+    signal and puts back the handlers in place before, so that a second one unwinds at once. `stopping()`, called at
+    each step's end, is True on every rank at the same step once any rank got one (one all-reduce on several
+    ranks); the trainer then saves a checkpoint of that step and raises KeyboardInterrupt. Leaving the block, the
+    signal is sent again to the handler in place before (the CLI's: exit status 143 for SIGTERM). Outside the main
+    thread, and for a signal that is ignored (a background job's SIGINT), nothing is installed."""
+    got: list[int] = []
+    previous: dict[int, object] = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    pid = os.getpid()
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def note(signum, frame) -> None:
+        restore()
+        if os.getpid() != pid:  # a forked child inherited this handler: it ends as it would without it
+            os.kill(os.getpid(), signum)
+            return
+        got.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, note)
+    try:
+        yield lambda: all_reduce_sum([float(bool(got))], env)[0] > 0
+    finally:
+        restore()
+        if got:
+            os.kill(os.getpid(), got[0])

@@ -64,7 +64,7 @@ from depthlab.train.distributed import (
 )
 from depthlab.train.flops import Meter
 from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler
-from depthlab.train.runtime import autocast, environment, rng_state, seed_everything, set_rng_state
+from depthlab.train.runtime import autocast, deferred_interrupts, environment, rng_state, seed_everything, set_rng_state
 from depthlab.train.tasks import LanguageModelling, Task
 from depthlab.train.vision import ImageClassification
 
@@ -322,19 +322,23 @@ class Trainer:
                    disable=not on_terminal(self.progress), dynamic_ncols=True)
         self.model.train()
         val: dict = {}
-        while self.step < tc.max_steps:
-            for cb in self.callbacks:
-                cb.on_step_start(self, self.step + 1)
-            lr = self.sched.get_last_lr()[0]
-            loss, grad_norm = self.train_step()
-            if not self._finite(loss, grad_norm):
-                continue
-            self.opt.step()
-            self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
-            self.step += 1
-            val = self._after_step(loss, lr, grad_norm, meter, bar, log) or val
-            bar.update(1)
+        with deferred_interrupts(self.env) as stopping:  # Ctrl-C / SIGTERM: this step ends, is saved, then we stop
+            while self.step < tc.max_steps:
+                for cb in self.callbacks:
+                    cb.on_step_start(self, self.step + 1)
+                lr = self.sched.get_last_lr()[0]
+                loss, grad_norm = self.train_step()
+                if not self._finite(loss, grad_norm):
+                    continue
+                self.opt.step()
+                self.sched.step()
+                self.opt.zero_grad(set_to_none=True)
+                self.step += 1
+                val = self._after_step(loss, lr, grad_norm, meter, bar, log) or val
+                bar.update(1)
+                if stopping():
+                    bar.close()
+                    self._stop_interrupted()
         bar.close()
         for cb in self.callbacks:
             cb.on_train_end(self)
@@ -344,6 +348,16 @@ class Trainer:
             val = self.validation()
         return RunResult(self.run_dir, self.last_ckpt, val["val_loss"], val.get("val_ppl", math.nan), self.step,
                          time.time() - t0, val)
+
+    def _stop_interrupted(self) -> None:
+        """A signal came during the step just done: save it (unless this step was just saved) and unwind as Ctrl-C
+        does, saying how to continue."""
+        if self.last_ckpt is None or self.last_ckpt.name != step_dir(self.step):
+            self.save()
+        if self.env.is_main:
+            print(f"depthlab train: interrupted after step {self.step}; saved {self.last_ckpt}. Continue with "
+                  f"--run-dir {self.run_dir} --resume auto", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
 
     def _finite(self, loss: float, grad_norm: float) -> bool:
         """True for a usable step; a non-finite one stops the run, or with on_nonfinite=skip is dropped."""
