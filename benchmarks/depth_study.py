@@ -105,5 +105,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from depthlab.cli import one_line_errors
-    sys.exit(one_line_errors(main))
+    from depthlab.cli import run_script
+    sys.exit(run_script(main))

@@ -282,3 +282,52 @@ def test_the_first_screen_and_part_b_say_the_curse_words_with_their_intervals():
     assert "holds 0.5, n = 2: *inconclusive*" in held and "*not testable*" in held
     assert "*not testable*" not in transfer._precondition(read([0.39, 0.40])["index"]["curse"])
     assert "*not testable*" in transfer._precondition(None) and "*unknown*" in transfer._precondition(None)
+
+
+def _study_until_terminated(study, cells):  # a spawned process: a study script (the test sends it SIGTERM)
+    import sys
+
+    from depthlab.cli import run_script
+    from depthlab.study import runner
+
+    runner.STOP_GRACE_S = 1.0
+    sys.exit(run_script(runner.run_cells, study, cells, 2))
+
+
+def test_sigterm_to_a_study_stops_its_running_cells_where_they_are_and_starts_no_other(tmp_path, corpus):
+    """SIGTERM to the study's process alone (`kill PID`): the pool's own way out would have waited for every
+    queued cell and appended none of their records. Now the two running cells are sent SIGTERM, each saves the
+    step it was at and stops, the two queued cells never start, the study exits 143 at once, and the next run
+    resumes the two (tests above: a resumed cell's record is the uninterrupted one's)."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from depthlab.study.runner import Cell
+
+    base = [*TINY[:-6], "train.max_steps=4000", "train.warmup_steps=2", "train.eval_every=1000", "train.log_every=5",
+            "train.monitor_every=0", "train.device=cpu", "train.threads=1", f"data.paths=[{corpus}]"]
+    study = Study("stop", str(tmp_path / "stop"), {"pre": ["model.norm_scheme=pre"]}, base=base, ckpt_every=1000)
+    cells = [Cell("pre", lr, 0, 2) for lr in (1e-3, 2e-3, 4e-3, 8e-3)]
+    proc = multiprocessing.get_context("spawn").Process(target=_study_until_terminated, args=(study, cells))
+    proc.start()
+    runs = tmp_path / "stop" / "runs"
+    logs = [runs / f"stop-{c.key}" / "metrics.jsonl" for c in cells]
+    deadline = time.time() + 120
+    while sum(f.exists() and f.stat().st_size > 0 for f in logs) < 2:  # two cells are training
+        assert time.time() < deadline and proc.is_alive()
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.join(timeout=120)
+    assert proc.exitcode == 128 + signal.SIGTERM
+    started = sorted(p.name for p in runs.iterdir())
+    assert len(started) == 2 and not study.runs_file.exists()  # the queued two never started
+    steps = []
+    for name in started:
+        (ckpt,) = (runs / name / "checkpoints").iterdir()  # saved where it stopped, not at a scheduled step
+        steps.append(int(ckpt.name.split("_")[1]))
+        assert 0 < steps[-1] < 1000
+    sizes = [f.stat().st_size for f in logs if f.exists()]
+    time.sleep(1.0)
+    assert [f.stat().st_size for f in logs if f.exists()] == sizes  # no worker trains on behind our back

@@ -545,8 +545,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     warnings.formatwarning = lambda msg, cat, *a, **k: f"depthlab: warning: {msg}\n"
+    return run_script(args.func, args)
+
+
+def run_script(func, *args) -> int:
+    """func(*args) as a command runs: SIGTERM unwinds it as Ctrl-C does (sigterm_as_interrupt), every way out is
+    one line (one_line_errors); the exit status, 143 after SIGTERM. The CLI's and the study scripts' entry."""
     with sigterm_as_interrupt() as terminated:
-        code = one_line_errors(args.func, args)
+        code = one_line_errors(func, *args)
     return 128 + signal.SIGTERM if terminated and code == 130 else code  # the status a plain kill would give
 
 

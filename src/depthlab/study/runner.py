@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed, wait
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -164,8 +165,9 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
         return []
     log(f"{study.name}: {len(todo)} runs")
     records, failed = [], []
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:  # no inherited thread pools
-        futures = {pool.submit(train_cell, study, c): c for c in todo}
+    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))  # no inherited thread pools
+    futures = {pool.submit(_cell_in_worker, study, c): c for c in todo}
+    try:
         for f in as_completed(futures):
             try:
                 rec = f.result()
@@ -177,10 +179,48 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
             records.append(rec)
             log(f"  {rec['key']}: {study.select} {rec['val'].get(study.select, rec['val_loss']):.4f} "
                 f"({rec['wall_s']:.0f} s)")
+    except BaseException:  # Ctrl-C, SIGTERM, a bug: no cell is left training, none starts
+        _stop_cells(pool, futures, log)
+        raise
+    pool.shutdown()
     if failed:
         raise UserError(f"{len(failed)} of {len(todo)} runs of {study.name} failed ({'; '.join(failed)}); "
                         "the others are recorded")
     return records
+
+
+STOP_GRACE_S = 60.0  # how long the running cells get to stop by themselves before they are sent SIGTERM
+
+
+def _stop_cells(pool: ProcessPoolExecutor, futures: dict, log) -> None:
+    """The study stops: the cells not started never start, and no running cell is left training on its own (the
+    pool's way out would wait for every queued cell, and records nobody appends). A Ctrl-C at a terminal reached
+    the workers too, and each saves its step and stops by itself; a worker still training after STOP_GRACE_S (the
+    signal went to this process alone) gets SIGTERM, which makes it do the same. Waits for them: the checkpoints
+    they write are whole."""
+    workers = list((pool._processes or {}).values())  # the executor lists its processes nowhere public
+    pool.shutdown(wait=False, cancel_futures=True)
+    running = [f for f in futures if f.running()]
+    if running:
+        log("stopping: the running cells save their step and stop")
+    wait(running, timeout=STOP_GRACE_S)
+    for proc in workers:
+        if proc.is_alive() and any(not f.done() for f in running):
+            proc.terminate()
+    for proc in workers:
+        proc.join()
+
+
+def _cell_in_worker(study: Study, cell: Cell) -> dict:
+    """train_cell in a pool worker. A worker whose cell was interrupted ends there, after the cell's own cleanup
+    (its checkpoint saved, its lock released), instead of taking the cell queued next; the pool then counts itself
+    broken and nothing else starts."""
+    try:
+        return train_cell(study, cell)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
 
 
 # ---------------------------------------------------------------------------------------------------- one cell

@@ -108,11 +108,14 @@ def set_rng_state(state: dict) -> None:
 @contextlib.contextmanager
 def deferred_interrupts(env: DistEnv) -> Iterator[Callable[[], bool]]:
     """Ctrl-C and SIGTERM while the block runs (the training loop) do not cut a step in half: the handler notes the
-    signal and puts back the handlers in place before, so that a second one unwinds at once. `stopping()`, called at
-    each step's end, is True on every rank at the same step once any rank got one (one all-reduce on several
-    ranks); the trainer then saves a checkpoint of that step and raises KeyboardInterrupt. Leaving the block, the
-    signal is sent again to the handler in place before (the CLI's: exit status 143 for SIGTERM). Outside the main
-    thread, and for a signal that is ignored (a background job's SIGINT), nothing is installed."""
+    signal. `stopping()`, called at each step's end, is True on every rank at the same step once any rank got one
+    (one all-reduce on several ranks); the trainer then saves a checkpoint of that step and raises
+    KeyboardInterrupt. The same signal a second time unwinds at once (its handler from before is back); the other
+    one stays noted only, so that a SIGTERM that follows a Ctrl-C (a process pool stopping its workers) does not cut
+    the save short. Leaving the block, a noted signal whose handler from before is Python's (the CLI's: exit status
+    143 for SIGTERM; Python's own KeyboardInterrupt for Ctrl-C) is sent to it again; with the system's default
+    handler the KeyboardInterrupt stands, so that every cleanup runs. Outside the main thread, and for a signal
+    that is ignored (a background job's SIGINT), nothing is installed."""
     got: list[int] = []
     previous: dict[int, object] = {}
     if threading.current_thread() is not threading.main_thread():
@@ -120,12 +123,12 @@ def deferred_interrupts(env: DistEnv) -> Iterator[Callable[[], bool]]:
         return
     pid = os.getpid()
 
-    def restore() -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    def put_back(signum: int) -> None:
+        handler = previous[signum]
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def note(signum, frame) -> None:
-        restore()
+        put_back(signum)
         if os.getpid() != pid:  # a forked child inherited this handler: it ends as it would without it
             os.kill(os.getpid(), signum)
             return
@@ -137,6 +140,7 @@ def deferred_interrupts(env: DistEnv) -> Iterator[Callable[[], bool]]:
     try:
         yield lambda: all_reduce_sum([float(bool(got))], env)[0] > 0
     finally:
-        restore()
-        if got:
+        for signum in previous:
+            put_back(signum)
+        if got and callable(previous[got[0]]):
             os.kill(os.getpid(), got[0])
