@@ -412,6 +412,7 @@ def _interrupt_one_rank_mid_step(rank, cfg, tmp):
     _train(cfg, tmp / "ref")
     trainer = Trainer(cfg, run_dir=tmp / "run", progress=False)
     if rank == 1:  # Ctrl-C reaches rank 1 alone, inside step 3 (between its backward and its optimizer step)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal (a background job ignores it)
         real = trainer.train_step
 
         def train_step():

@@ -372,6 +372,7 @@ SIGNAL_MID_STEP = """
     import os, signal, sys
     from depthlab.train.trainer import Trainer
     signum, times = getattr(signal, sys.argv[1]), int(sys.argv[2])
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal (a background job ignores SIGINT)
     real = Trainer.train_step
     def train_step(self):  # the signal lands inside step 5, between its backward and its optimizer step
         out = real(self)
