@@ -32,6 +32,17 @@ def test_the_rate_lattice_and_the_exponent_fit_on_known_numbers():
     assert fit["ci"] == pytest.approx([slope - 4.302653 * se, slope + 4.302653 * se], rel=1e-5)
     assert fit["word"] == "falls with depth" and fit["n"] == 4
     assert t.exponent(depths, [0.016, 0.02, 0.012, 0.016])["word"] == "inconclusive"
+    # "holds its rate": a TOST against the slope that moves the rate one sqrt(2) step across 6-48 blocks (1/6), read
+    # as the 90% interval (t(0.95, df = 2) = 2.919986) inside the margin; a wide interval holds nothing
+    assert t.hold_margin(depths) == pytest.approx(1 / 6) and fit["tost_p"] > 0.05
+    flat = t.exponent(depths, [0.0127, 0.0131, 0.014, 0.0134])
+    lo, hi = flat["slope"] - 2.919986 * flat["se"], flat["slope"] + 2.919986 * flat["se"]
+    assert flat["tost_ci"] == pytest.approx([lo, hi], rel=1e-5) and -1 / 6 < lo < 0 < hi < 1 / 6
+    assert flat["ci"][0] < 0 < flat["ci"][1] and flat["tost_p"] < 0.05 and flat["word"] == "holds its rate"
+    wide = t.exponent(depths, [0.0127, 0.0101, 0.018, 0.0134])
+    assert wide["tost_ci"][0] < -1 / 6 and wide["tost_p"] > 0.05 and wide["word"] == "inconclusive"
+    small = t.exponent(depths, [0.016 * (L / 6) ** -0.05 for L in depths])
+    assert small["word"] == "falls with depth, within one grid step"
     two = t.exponent([6, 48], [0.016, 0.004])
     assert two["slope"] == pytest.approx(-2 / 3) and two["word"] == "two depths: no interval"
     # the vertex of a parabola in lattice units through the best rate and its neighbours

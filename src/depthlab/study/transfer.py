@@ -227,23 +227,41 @@ def vertex(recs: dict[int, dict], best: int) -> float:
     return best + (y[0] - y[2]) / (2 * curvature)
 
 
+def hold_margin(depths: list[int]) -> float:
+    """The slope inside which a rate "holds": the one that moves it by a single lattice step (a factor sqrt(2), the
+    grid's resolution) across the depths fitted, ln(sqrt 2) / ln(max / min); 1/6 over 6-48 blocks."""
+    return math.log(2) / 2 / math.log(max(depths) / min(depths))
+
+
 def exponent(depths: list[int], rates: list[float], level: float = 0.95) -> dict:
     """The slope of log(rate) on log(depth) (scipy.stats.linregress), its standard error and t-interval (df = n - 2)
-    and the word: "falls"/"rises" when the interval excludes 0, "inconclusive" otherwise, no interval at n = 2."""
+    and the word: "falls"/"rises" when the interval excludes 0; "holds its rate" when a TOST puts the slope inside
+    +-hold_margin (both one-sided t-tests at 1 - level: the (2 level - 1) interval inside the margin); "inconclusive"
+    otherwise; no interval at n = 2. A slope that is both shown nonzero and shown inside the margin says both."""
     from scipy import stats as st
 
     n = len(depths)
-    out = {"n": n, "slope": math.nan, "se": math.nan, "ci": [math.nan, math.nan], "word": "no fit (under 2 depths)"}
+    out = {"n": n, "slope": math.nan, "se": math.nan, "ci": [math.nan, math.nan], "word": "no fit (under 2 depths)",
+           "margin": hold_margin(depths) if n > 1 else math.nan, "tost_ci": [math.nan, math.nan], "tost_p": math.nan}
     if n < 2:
         return out
     fit = st.linregress([math.log(L) for L in depths], [math.log(r) for r in rates])
     out.update(slope=float(fit.slope))
     if n == 2:
         return {**out, "word": "two depths: no interval"}
-    half = float(st.t.ppf(0.5 + level / 2, n - 2)) * float(fit.stderr)
-    ci = [out["slope"] - half, out["slope"] + half]
-    word = "falls with depth" if ci[1] < 0 else "rises with depth" if ci[0] > 0 else "inconclusive"
-    return {**out, "se": float(fit.stderr), "ci": ci, "word": word}
+    slope, se, df, m = out["slope"], float(fit.stderr), n - 2, out["margin"]
+    half = float(st.t.ppf(0.5 + level / 2, df)) * se
+    ci = [slope - half, slope + half]
+    inner = float(st.t.ppf(level, df)) * se
+    p = max(float(st.t.sf((slope + m) / se, df)), float(st.t.cdf((slope - m) / se, df))) if se > 0 else (
+        0.0 if abs(slope) < m else 1.0)
+    holds = p < 1 - level
+    moves = "falls with depth" if ci[1] < 0 else "rises with depth" if ci[0] > 0 else None
+    if moves:
+        word = f"{moves}, within one grid step" if holds else moves
+    else:
+        word = "holds its rate" if holds else "inconclusive"
+    return {**out, "se": se, "ci": ci, "word": word, "tost_ci": [slope - inner, slope + inner], "tost_p": p}
 
 
 def _endpoint(records: dict, d: Design, v: str, L: int, k: int | None, seeds) -> dict[int, float]:
@@ -367,7 +385,9 @@ def _rate_lines(res: dict, d: Design) -> list[str]:
     out = ["**The best rate against depth.** Each depth's grid best (seed 0, validation; * at an edge of what ran) "
            "and, in brackets, the vertex of the parabola through it and its neighbours in log(rate), which the "
            "exponent fits: best rate ∝ N^slope (scipy.stats.linregress, 95% t-interval, df = depths − 2). A "
-           "parameterization that holds its rate has slope 0.", "",
+           "parameterization that holds its rate has slope 0: the reading is \"holds its rate\" when a TOST (its 90% "
+           "interval follows the reading) puts the slope inside ± the slope that moves the rate by one "
+           "√2 grid step across the depths fitted (1/6 over 6-48 blocks).", "",
            "| parameterization | " + " | ".join(f"N = {L}" for L in Ls) + " | slope (95% interval) | reading |",
            "|---" * (len(Ls) + 3) + "|"]
     for v, row in res["transfer"].items():
@@ -377,8 +397,10 @@ def _rate_lines(res: dict, d: Design) -> list[str]:
         slope = f"{e['slope']:+.2f}" if math.isfinite(e["slope"]) else "-"
         if math.isfinite(e["ci"][0]):
             slope += f" [{e['ci'][0]:+.2f}, {e['ci'][1]:+.2f}]"
-        out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {e['word']}"
-                   + (f" ({e['n']} depths)" if e["n"] > 1 else "") + " |")
+        word = e["word"] + (f" ({e['n']} depths)" if e["n"] > 1 else "")
+        if math.isfinite(e["tost_ci"][0]):
+            word += f"; 90% [{e['tost_ci'][0]:+.2f}, {e['tost_ci'][1]:+.2f}] against ±{e['margin']:.2f}"
+        out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {word} |")
     return out + [""]
 
 
