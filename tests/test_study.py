@@ -54,6 +54,16 @@ def test_a_last_line_cut_short_by_a_killed_writer_is_skipped_and_cut_before_the_
     runs.write_text('{"key": "x", "val_lo\n' + runs.read_text())  # broken, and not the last line: corruption
     with pytest.raises(UserError, match="runs.jsonl, line 1: not a JSON record"):
         load_records(runs)
+    # a resumable cell's probes.jsonl is read and appended the same way (its cut probe is made again on resume)
+    from depthlab.study.runner import load_probes
+
+    probes = tmp_path / "probes.jsonl"
+    assert load_probes(probes) == []
+    append_record(probes, {"step": 0, "loss": 3.0})
+    probes.write_text(probes.read_text() + '{"step": 4, "lo')
+    assert load_probes(probes) == [{"step": 0, "loss": 3.0}] and "that probe runs again" in capsys.readouterr().err
+    append_record(probes, {"step": 4, "loss": 2.0})
+    assert [p["step"] for p in load_probes(probes)] == [0, 4]
 
 
 TINY = ["model.dim=32", "model.n_heads=2", "model.ffn_dim=64", "model.vocab_size=300", "model.max_seq_len=32",

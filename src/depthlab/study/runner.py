@@ -26,7 +26,7 @@ from pathlib import Path
 
 from depthlab import UserError
 from depthlab.study.probe import ProbeSpec
-from depthlab.study.records import append_record, cell_key, load_records
+from depthlab.study.records import append_record, cell_key, load_records, read_jsonl
 from depthlab.train.callbacks import Callback
 
 
@@ -248,14 +248,8 @@ class _ProbeAlong(Callback):
 
 
 def load_probes(file: Path) -> list[dict]:
-    """The probes a killed cell left (its last line may be partial: it is dropped)."""
-    out = []
-    for line in file.read_text().splitlines() if file.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
+    """The probes a killed cell left (records.read_jsonl: a last line cut short is dropped)."""
+    return read_jsonl(file, "skipped, that probe runs again")
 
 
 def _data(study: Study):
