@@ -293,6 +293,34 @@ def test_kill_during_prepare_takes_the_workers_along_and_a_rerun_finishes(tmp_pa
         assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes()
 
 
+def test_kill_while_the_workers_start_up_leaves_no_orphan(tmp_path):
+    """A worker that is still importing when its parent dies is too late for the kernel's parent-death signal; it must
+    see that it has been reparented and exit (it used to wait forever for work, holding the rerun's lock open)."""
+    from tests.test_data_prepare import WORDS
+    from tests.test_data_sources import small_bpe
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(8):
+        (raw / f"{i}.txt").write_text(" ".join(np.random.default_rng(i).choice(WORDS, 4000)))
+    small_bpe().save(str(tmp_path / "tok.json"))
+    job = ["data", "prepare", raw, "--out", tmp_path / "out", "--tokenizer", tmp_path / "tok.json", "--workers", 2,
+           "--unit-mb", 0.01, "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "depthlab", *map(str, job)], env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+
+    def worker_started() -> bool:
+        pids = children.read_text().split()
+        return any(b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids if alive(int(p)))
+
+    wait_for(worker_started, proc=proc)
+    started = [int(p) for p in children.read_text().split()]
+    proc.send_signal(signal.SIGKILL)  # at once: the worker has not got as far as its initializer
+    proc.wait()
+    wait_for(lambda: not any(alive(p) for p in started), timeout=30)
+
+
 # ---------------------------------------------------------------- resuming elsewhere
 def test_resume_path_with_run_dir_branches_and_leaves_the_source_alone(tmp_path, corpus, capsys):
     args = ["--data", corpus, *TRAIN, "--set", "train.ckpt_every=2"]

@@ -182,13 +182,17 @@ def _exit_with_parent(parent: int) -> None:
     """A worker's watchdog: exit when the parent is gone (SIGKILL gives it no chance to stop its workers), so an
     orphan never goes on writing unit files into a directory that a rerun now owns. On Linux the kernel kills the
     worker at once (PR_SET_PDEATHSIG, asked for here: the pool's workers are started by the thread that runs
-    prepare, which outlives them); this polling thread, which waits for the GIL (seconds on a loaded machine), stays
-    for other systems and for a parent gone before the request was made."""
+    prepare, which outlives them). A parent killed while this worker was still starting up is gone before the
+    request was made: `parent` is the pid the parent gave, so the worker sees that it has been reparented and exits
+    (left running, it would wait forever for work on a queue that it holds open itself). The polling thread, which
+    waits for the GIL (seconds on a loaded machine), stays for other systems."""
     with contextlib.suppress(OSError, AttributeError):  # no libc prctl: not Linux
         import ctypes
         import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
     threading.Thread(target=_poll_parent, args=(parent,), daemon=True).start()
 
 
@@ -198,8 +202,8 @@ def _poll_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _init_worker(tokenizer_json: str, progress_queue, stop, threads: int) -> None:
-    _exit_with_parent(os.getppid())
+def _init_worker(parent: int, tokenizer_json: str, progress_queue, stop, threads: int) -> None:
+    _exit_with_parent(parent)
     if threads:  # read by the tokenizers thread pool on first use; keeps workers from oversubscribing the cores
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     _worker["tok"] = Tokenizer.from_str(tokenizer_json)
@@ -307,7 +311,8 @@ def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: 
         ctx = mp.get_context("spawn")
         progress_queue, stop = ctx.Queue(), ctx.Event()
         threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(workers, ctx, _init_worker, (tokenizer_json, progress_queue, stop, threads)) as pool:
+        with ProcessPoolExecutor(workers, ctx, _init_worker,
+                                 (os.getpid(), tokenizer_json, progress_queue, stop, threads)) as pool:
             running = set()
             try:
                 running = {pool.submit(run_unit, unit, settings) for unit in units}
