@@ -304,14 +304,9 @@ def _study_until_terminated(study, cells):  # a spawned process: a study script 
     sys.exit(run_script(runner.run_cells, study, cells, 2))
 
 
-def test_sigterm_to_a_study_stops_its_running_cells_where_they_are_and_starts_no_other(tmp_path, corpus):
-    """SIGTERM to the study's process alone (`kill PID`): the pool's own way out would have waited for every
-    queued cell and appended none of their records. Now the two running cells are sent SIGTERM, each saves the
-    step it was at and stops, the two queued cells never start, the study exits 143 at once, and the next run
-    resumes the two (tests above: a resumed cell's record is the uninterrupted one's)."""
+def _two_cells_training(tmp_path, corpus):
+    """A study of four long cells, two at a time, in a spawned process; returns once two cells are training."""
     import multiprocessing
-    import os
-    import signal
     import time
 
     from depthlab.study.runner import Cell
@@ -322,22 +317,65 @@ def test_sigterm_to_a_study_stops_its_running_cells_where_they_are_and_starts_no
     cells = [Cell("pre", lr, 0, 2) for lr in (1e-3, 2e-3, 4e-3, 8e-3)]
     proc = multiprocessing.get_context("spawn").Process(target=_study_until_terminated, args=(study, cells))
     proc.start()
-    runs = tmp_path / "stop" / "runs"
-    logs = [runs / f"stop-{c.key}" / "metrics.jsonl" for c in cells]
+    logs = [tmp_path / "stop" / "runs" / f"stop-{c.key}" / "metrics.jsonl" for c in cells]
     deadline = time.time() + 120
     while sum(f.exists() and f.stat().st_size > 0 for f in logs) < 2:  # two cells are training
         assert time.time() < deadline and proc.is_alive()
         time.sleep(0.05)
+    return proc, study, logs
+
+
+def _stopped_where_they_were(study, logs) -> None:
+    """The two started cells each saved the step it was at, and nothing trains on behind our back."""
+    import time
+
+    runs = Path(study.out) / "runs"
+    started = sorted(p.name for p in runs.iterdir())
+    assert len(started) == 2 and not study.runs_file.exists()  # the queued two never started
+    for name in started:
+        (ckpt,) = (runs / name / "checkpoints").iterdir()  # saved where it stopped, not at a scheduled step
+        assert 0 < int(ckpt.name.split("_")[1]) < 1000
+    sizes = [f.stat().st_size for f in logs if f.exists()]
+    time.sleep(1.0)
+    assert [f.stat().st_size for f in logs if f.exists()] == sizes
+
+
+def test_sigterm_to_a_study_stops_its_running_cells_where_they_are_and_starts_no_other(tmp_path, corpus):
+    """SIGTERM to the study's process alone (`kill PID`): the pool's own way out would have waited for every
+    queued cell and appended none of their records. Now the two running cells are sent SIGTERM, each saves the
+    step it was at and stops, the two queued cells never start, the study exits 143 at once, and the next run
+    resumes the two (tests above: a resumed cell's record is the uninterrupted one's)."""
+    import os
+    import signal
+
+    proc, study, logs = _two_cells_training(tmp_path, corpus)
     os.kill(proc.pid, signal.SIGTERM)
     proc.join(timeout=120)
     assert proc.exitcode == 128 + signal.SIGTERM
-    started = sorted(p.name for p in runs.iterdir())
-    assert len(started) == 2 and not study.runs_file.exists()  # the queued two never started
-    steps = []
-    for name in started:
-        (ckpt,) = (runs / name / "checkpoints").iterdir()  # saved where it stopped, not at a scheduled step
-        steps.append(int(ckpt.name.split("_")[1]))
-        assert 0 < steps[-1] < 1000
-    sizes = [f.stat().st_size for f in logs if f.exists()]
-    time.sleep(1.0)
-    assert [f.stat().st_size for f in logs if f.exists()] == sizes  # no worker trains on behind our back
+    _stopped_where_they_were(study, logs)
+
+
+def test_sigkill_to_a_study_still_stops_its_cells_where_they_are(tmp_path, corpus):
+    """SIGKILL to the study's process (the OOM killer, `kill -9`, a session torn down) gives it no chance to stop its
+    workers: the kernel sends each SIGTERM (depthlab.workers), so each running cell saves its step and exits instead
+    of training on alone, unrecorded, holding its run directory's lock from the rerun."""
+    import os
+    import signal
+    import time
+
+    proc, study, logs = _two_cells_training(tmp_path, corpus)
+    workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(timeout=10)
+    deadline = time.time() + 120
+    while any(Path(f"/proc/{w}").exists() and _running(w) for w in workers):
+        assert time.time() < deadline, "a worker outlived its study"
+        time.sleep(0.05)
+    _stopped_where_they_were(study, logs)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False

@@ -26,7 +26,6 @@ import os
 import queue as queue_lib
 import shutil
 import sys
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -60,6 +59,7 @@ from depthlab.paths import (
     Kind,
     what_is,
 )
+from depthlab.workers import exit_with_parent
 
 SPLITS = ("train", "val")
 BATCH_DOCS, BATCH_BYTES = 512, 4_000_000  # one encode_batch call per this many documents or bytes
@@ -178,32 +178,8 @@ class Stopped(Exception):
     """Another unit failed: this worker stops at its next batch instead of finishing work that will be discarded."""
 
 
-def _exit_with_parent(parent: int) -> None:
-    """A worker's watchdog: exit when the parent is gone (SIGKILL gives it no chance to stop its workers), so an
-    orphan never goes on writing unit files into a directory that a rerun now owns. On Linux the kernel kills the
-    worker at once (PR_SET_PDEATHSIG, asked for here: the pool's workers are started by the thread that runs
-    prepare, which outlives them). A parent killed while this worker was still starting up is gone before the
-    request was made: `parent` is the pid the parent gave, so the worker sees that it has been reparented and exits
-    (left running, it would wait forever for work on a queue that it holds open itself). The polling thread, which
-    waits for the GIL (seconds on a loaded machine), stays for other systems."""
-    with contextlib.suppress(OSError, AttributeError):  # no libc prctl: not Linux
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)
-    threading.Thread(target=_poll_parent, args=(parent,), daemon=True).start()
-
-
-def _poll_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    os._exit(1)
-
-
 def _init_worker(parent: int, tokenizer_json: str, progress_queue, stop, threads: int) -> None:
-    _exit_with_parent(parent)
+    exit_with_parent(parent)  # SIGKILL: a unit that is cut short is simply done again
     if threads:  # read by the tokenizers thread pool on first use; keeps workers from oversubscribing the cores
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     _worker["tok"] = Tokenizer.from_str(tokenizer_json)

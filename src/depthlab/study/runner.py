@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed, wait
@@ -28,6 +29,7 @@ from depthlab import UserError
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import append_record, cell_key, load_records, read_jsonl
 from depthlab.train.callbacks import Callback
+from depthlab.workers import exit_with_parent
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,10 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
         return []
     log(f"{study.name}: {len(todo)} runs")
     records, failed = [], []
-    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))  # no inherited thread pools
+    # spawn: no inherited thread pools. A study killed outright (SIGKILL) sends its workers SIGTERM: each running
+    # cell saves its step and stops, none trains on alone or holds its run directory from the rerun
+    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=exit_with_parent,
+                               initargs=(os.getpid(), signal.SIGTERM))
     futures = {pool.submit(_cell_in_worker, study, c): c for c in todo}
     try:
         for f in as_completed(futures):
