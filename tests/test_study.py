@@ -379,3 +379,20 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def test_a_study_whose_worker_is_killed_says_so_in_one_line(tmp_path, corpus, capfd):
+    """A worker killed on its own (SIGTERM to its pid, as the OOM killer's SIGKILL would be) breaks the pool: the study
+    stops its other cell, which saves its step, and ends in one line and exit status 2, not a traceback."""
+    import os
+    import signal
+
+    proc, study, logs = _two_cells_training(tmp_path, corpus)
+    workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+               if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    os.kill(workers[0], signal.SIGTERM)
+    proc.join(timeout=120)
+    err = capfd.readouterr().err
+    assert proc.exitcode == 2 and "Traceback" not in err, err
+    assert "depthlab: error: a worker process of stop died" in err and "rerun the same command" in err
+    _stopped_where_they_were(study, logs)

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -184,6 +185,11 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
             records.append(rec)
             log(f"  {rec['key']}: {study.select} {rec['val'].get(study.select, rec['val_loss']):.4f} "
                 f"({rec['wall_s']:.0f} s)")
+    except BrokenProcessPool:  # a worker killed on its own (the OOM killer, a signal sent to its pid)
+        _stop_cells(pool, futures, log)
+        raise UserError(f"a worker process of {study.name} died (out of memory? killed?); {len(records)} finished "
+                        "cells are recorded, the running ones saved what they could: rerun the same command to go "
+                        "on") from None
     except BaseException:  # Ctrl-C, SIGTERM, a bug: no cell is left training, none starts
         _stop_cells(pool, futures, log)
         raise
