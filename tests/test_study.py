@@ -294,17 +294,22 @@ def test_the_first_screen_and_part_b_say_the_curse_words_with_their_intervals():
     assert "*not testable*" in transfer._precondition(None) and "*unknown*" in transfer._precondition(None)
 
 
-def _study_until_terminated(study, cells):  # a spawned process: a study script (the test sends it SIGTERM)
+def _study_until_terminated(study, cells, terminal=False):  # a spawned process: a study script, to be stopped
+    import os
+    import signal
     import sys
 
     from depthlab.cli import run_script
     from depthlab.study import runner
 
-    runner.STOP_GRACE_S = 1.0
+    if terminal:  # a process group of its own, which gets Ctrl-C as a terminal sends it: study and workers at once
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # CI runs us in the background, SIGINT ignored
+    runner.STOP_GRACE_S = 600.0 if terminal else 1.0  # a terminal's Ctrl-C: the cells must stop by themselves
     sys.exit(run_script(runner.run_cells, study, cells, 2))
 
 
-def _two_cells_training(tmp_path, corpus):
+def _two_cells_training(tmp_path, corpus, terminal=False):
     """A study of four long cells, two at a time, in a spawned process; returns once two cells are training."""
     import multiprocessing
     import time
@@ -315,7 +320,8 @@ def _two_cells_training(tmp_path, corpus):
             "train.monitor_every=0", "train.device=cpu", "train.threads=1", f"data.paths=[{corpus}]"]
     study = Study("stop", str(tmp_path / "stop"), {"pre": ["model.norm_scheme=pre"]}, base=base, ckpt_every=1000)
     cells = [Cell("pre", lr, 0, 2) for lr in (1e-3, 2e-3, 4e-3, 8e-3)]
-    proc = multiprocessing.get_context("spawn").Process(target=_study_until_terminated, args=(study, cells))
+    proc = multiprocessing.get_context("spawn").Process(target=_study_until_terminated,
+                                                        args=(study, cells, terminal))
     proc.start()
     logs = [tmp_path / "stop" / "runs" / f"stop-{c.key}" / "metrics.jsonl" for c in cells]
     deadline = time.time() + 120
@@ -352,6 +358,19 @@ def test_sigterm_to_a_study_stops_its_running_cells_where_they_are_and_starts_no
     os.kill(proc.pid, signal.SIGTERM)
     proc.join(timeout=120)
     assert proc.exitcode == 128 + signal.SIGTERM
+    _stopped_where_they_were(study, logs)
+
+
+def test_ctrl_c_at_a_terminal_stops_a_study_and_its_cells_where_they_are(tmp_path, corpus):
+    """Ctrl-C at a terminal reaches the study and its workers at once: each running cell saves its step and stops by
+    itself (here well before the study would send SIGTERM), the queued cells never start, and the study exits 130."""
+    import os
+    import signal
+
+    proc, study, logs = _two_cells_training(tmp_path, corpus, terminal=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.join(timeout=300)  # well before the study's grace of 600 s runs out and it sends SIGTERM
+    assert proc.exitcode == 130
     _stopped_where_they_were(study, logs)
 
 
