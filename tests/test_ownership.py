@@ -265,3 +265,23 @@ def test_input_paths_stand_for_what_a_data_spec_can_read(tmp_path):
     assert owned.input_paths([f"{tmp_path}/c/*.txt", f"{tmp_path}/c/**/x?.json", f"{tmp_path}/none*", "a.txt",
                               f"hf:{tmp_path}/local:cfg", "hf:allenai/c4"]) == \
         [f"{tmp_path}/c/a.txt", f"{tmp_path}/c/d/x1.json", "a.txt", f"{tmp_path}/local"]
+
+
+def test_write_whole_leaves_the_old_file_when_the_write_dies(tmp_path, monkeypatch):
+    from depthlab.owned import write_whole
+
+    target = tmp_path / "settings.json"
+    write_whole(target, '{"old": 1}\n')
+    real = Path.write_text
+
+    def dies_halfway(self, text, *a, **k):  # a kill (or a full disk) mid-write: half the text, then gone
+        real(self, text[: len(text) // 2], *a, **k)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", dies_halfway)
+    with pytest.raises(OSError):
+        write_whole(target, '{"new": 2, "longer": "text"}\n')
+    monkeypatch.undo()
+    assert target.read_text() == '{"old": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]
+    write_whole(target, '{"new": 2}\n')
+    assert target.read_text() == '{"new": 2}\n'

@@ -327,6 +327,19 @@ def writing_files(outs: list[Path], own: Callable[[Path], bool], what: str, over
                     tmp.unlink()
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Write a small file whole: into a temporary sibling (`.NAME.tmp-PID`) renamed over it, so a kill mid-write
+    leaves the old file (or none), never a truncated one that the next reader chokes on."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
 def _swap_in(tmp: Path, out: Path) -> None:
     if not out.exists():
         os.replace(tmp, out)

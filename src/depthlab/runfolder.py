@@ -43,7 +43,7 @@ from depthlab.checkpoint import (
 )
 from depthlab.config import Config
 from depthlab.data.sources import resolved
-from depthlab.owned import InUse, claim, input_paths, lock_text, locked, refuse_own_input
+from depthlab.owned import InUse, claim, input_paths, lock_text, locked, refuse_own_input, write_whole
 from depthlab.paths import METRICS, Kind, model_path, run_of, what_is
 
 
@@ -105,9 +105,7 @@ class MetricsLog:
                 warn(f"depthlab: warning: {origin}: dropped {broken} unreadable line(s), a partial line left by a "
                      "killed run")
             if later or broken or origin != path:
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_text("".join(line + "\n" for line in keep))
-                os.replace(tmp, path)
+                write_whole(path, "".join(line + "\n" for line in keep))
         self.file = open(path, "a")
 
     def write(self, record: dict) -> None:

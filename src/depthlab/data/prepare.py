@@ -50,7 +50,7 @@ from depthlab.data.sources import (
 )
 from depthlab.data.tokenizer import eot_id, load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
-from depthlab.owned import claim, locked
+from depthlab.owned import claim, locked, write_whole
 from depthlab.paths import (
     PREPARED_FORMAT as FORMAT,
     PREPARED_INDEX as INDEX,
@@ -74,9 +74,7 @@ MIN_VOCAB = 257  # byte-level BPE: the 256 byte tokens and <|endoftext|>
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_whole(path, json.dumps(obj, indent=1) + "\n")
 
 
 def fingerprint(items: list[str]) -> list:

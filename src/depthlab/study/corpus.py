@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from depthlab.owned import write_whole
+
 # near-copy threshold of the study corpus: the built-in corpus's generated codec tables (encodings/*) share their
 # structure but not their values; at 0.8 MinHash catches 16 of its 104, at 0.5 64 (and 5 shims that re-export others)
 NEAR_COPY = 0.5
@@ -47,7 +49,7 @@ def build_corpus(cfg, folder: Path) -> dict:
             "dedup": {**report.summary(), "threshold": NEAR_COPY},
             **{f"{k}_tokens": int(len(v)) for k, v in streams.items()},
             "documents": {"train": len(train), "val": len(val), "test": len(test)}}
-    (folder / "corpus.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_whole(folder / "corpus.json", json.dumps(info, indent=2) + "\n")
     return info
 
 

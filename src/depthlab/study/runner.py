@@ -27,6 +27,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from depthlab import UserError
+from depthlab.owned import write_whole
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import append_record, cell_key, load_records, read_jsonl
 from depthlab.train.callbacks import Callback
@@ -161,7 +162,7 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
     out = Path(study.out)
     out.mkdir(parents=True, exist_ok=True)
     _same_corpus(study, out / "settings.json")
-    (out / "settings.json").write_text(json.dumps(study.settings(), indent=2) + "\n")
+    write_whole(out / "settings.json", json.dumps(study.settings(), indent=2) + "\n")  # read by every rerun
     done = study.records()
     todo = list(dict.fromkeys(c for c in cells if c.key not in done))
     if not todo:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+
+from depthlab.owned import write_whole
 
 RECORDS = "coord_check.jsonl"
 QUANTITIES = {"update": "last block: change since init  RMS(h(t) - h(0))",
@@ -149,9 +150,7 @@ def keep_records(out: Path, name: str, records: list[dict]) -> list[dict]:
     file is replaced whole (a temporary sibling renamed over it): a crash mid-write leaves the old records."""
     out.mkdir(parents=True, exist_ok=True)
     kept = [r for r in read_records(out) if r["name"] != name] + records
-    tmp = out / f".{RECORDS}.tmp-{os.getpid()}"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, out / RECORDS)
+    write_whole(out / RECORDS, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
 
