@@ -6,7 +6,8 @@ Every command that writes a run or an output directory holds its advisory lock (
 naming the holder's PID. Whether a command may write a directory is decided by `claim`, for every writer (train's
 run directory, `data prepare --out`, export, prune, import, every `--out`): never one of its inputs, never a file;
 a missing or empty directory, the command's own kind of output, or, with --overwrite, any directory. Outputs are
-written whole (`writing`): into a temporary sibling that replaces the target only when complete.
+written whole (`writing`, `writing_files`; `write_whole` for a small file such as a settings or
+records file): into a temporary sibling that replaces the target only when complete.
 
 Paths are compared as the filesystem sees them (`Path.resolve`: symlinks followed), so a lock, an ownership check
 or an own-input check cannot be walked around through a link. A writer killed before it could tidy up (SIGKILL,
