@@ -376,28 +376,19 @@ def test_ctrl_c_at_a_terminal_stops_a_study_and_its_cells_where_they_are(tmp_pat
 
 def test_sigkill_to_a_study_still_stops_its_cells_where_they_are(tmp_path, corpus):
     """SIGKILL to the study's process (the OOM killer, `kill -9`, a session torn down) gives it no chance to stop its
-    workers: the kernel sends each SIGTERM (depthlab.workers), so each running cell saves its step and exits instead
-    of training on alone, unrecorded, holding its run directory's lock from the rerun."""
+    workers: each gets one SIGTERM when it sees its parent gone (depthlab.workers), so each running cell saves its
+    step and exits instead of training on alone, unrecorded, holding its run directory's lock from the rerun."""
     import os
     import signal
-    import time
+
+    from tests.test_faults import alive, wait_for
 
     proc, study, logs = _two_cells_training(tmp_path, corpus)
     workers = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(timeout=10)
-    deadline = time.time() + 120
-    while any(Path(f"/proc/{w}").exists() and _running(w) for w in workers):
-        assert time.time() < deadline, "a worker outlived its study"
-        time.sleep(0.05)
+    wait_for(lambda: not any(alive(w) for w in workers), timeout=120)  # no worker outlives its study
     _stopped_where_they_were(study, logs)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
 
 
 def test_a_study_whose_worker_is_killed_says_so_in_one_line(tmp_path, corpus, capfd):
