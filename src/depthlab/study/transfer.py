@@ -315,7 +315,7 @@ def summarize(records: dict, d: Design) -> dict:
 
 
 def decomposition(records: dict, d: Design) -> dict:
-    """Part (B) at the parts depth: each part at its own best rate over the parts seeds (test loss, the curse
+    """Part (B) at the parts depth: each part at its own best rate over its seeds (test loss, the curse
     index), each against pre seed by seed, and the TOST of gain-init against LNS."""
     from depthlab.study.summary import index_reading
 
@@ -419,7 +419,7 @@ def _precondition(curse: dict | None) -> str:
 def _parts_lines(dec: dict) -> list[str]:
     P, rows = dec["layers"], dec["variants"]
     out = [f"**LNS taken apart at N = {P}.** Each part at its own best rate (its grid around pre's best; seed 0, "
-           "validation), test loss over the parts seeds, each against pre paired by seed; the curse index of the "
+           "validation), test loss (mean ± std over its seeds), each against pre paired by seed; the curse index of the "
            "final models (deep/shallow removal ratio, mean [95% t-interval across seeds], and its reading). "
            + _precondition((rows[PRE]["index"] or {}).get("curse")), "",
            "| variant | best lr | test loss (n) | − pre | deep/shallow removal | curse index |", "|---" * 6 + "|"]
