@@ -419,8 +419,8 @@ def _precondition(curse: dict | None) -> str:
 def _parts_lines(dec: dict) -> list[str]:
     P, rows = dec["layers"], dec["variants"]
     out = [f"**LNS taken apart at N = {P}.** Each part at its own best rate (its grid around pre's best; seed 0, "
-           "validation), test loss (mean ± std over its seeds), each against pre paired by seed; the curse index of the "
-           "final models (deep/shallow removal ratio, mean [95% t-interval across seeds], and its reading). "
+           "validation), test loss (mean ± std over its seeds), each against pre paired by seed; the curse index "
+           "of the final models (deep/shallow removal ratio, mean [95% t-interval across seeds], and its reading). "
            + _precondition((rows[PRE]["index"] or {}).get("curse")), "",
            "| variant | best lr | test loss (n) | − pre | deep/shallow removal | curse index |", "|---" * 6 + "|"]
     for v, r in rows.items():
