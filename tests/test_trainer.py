@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,105 @@ def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
     assert got == expect  # bitwise: same floats, step for step
     final = lambda d: verify_checkpoint(list_checkpoints(d)[-1]).val["val_loss"]  # noqa: E731
     assert final(run) == final(tmp_path / "ref")
+
+
+# What carries state from one optimizer step to the next besides the weights and the optimizer, by the config that
+# turns it on: the optimizer's step hooks (by the function that registers them) and the trainer's callbacks.
+STEP_STATE = {"advance_prores": {"model.prores_steps": 2}, "DepthMonitor": {"train.monitor_every": 2}}
+# callbacks that only read the run (loggers, golden's loss recorder, the study's probes of the live model): what they
+# see is the model at each step's start, which the resume test below compares too
+READERS = {"TensorBoardLogger", "WandbLogger", "Record", "_ProbeAlong"}
+
+
+class Fingerprint(Callback):
+    """The model's whole state (weights and buffers: a ProRes ramp) at the start of every step."""
+
+    def __init__(self):
+        self.seen: dict[int, list] = {}
+
+    def on_step_start(self, trainer, step: int) -> None:
+        self.seen[step] = [v.clone() for v in trainer.module.state_dict().values()]
+
+
+def _train_seen(cfg, run_dir, resume=None) -> dict[int, list]:
+    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, progress=False, callbacks=[seen := Fingerprint()])
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return seen.seen
+
+
+@pytest.mark.parametrize("extra", [{}, *STEP_STATE.values()], ids=["plain", *STEP_STATE])
+def test_a_run_resumed_in_one_process_is_the_run_it_continues(tmp_path, corpus, extra):
+    """Loading the optimizer takes a step at lr 0 (torch's set_optimizer_state_dict), which fires its step hooks:
+    whatever they keep must be the checkpoint's again, or the first resumed step is another run's (ProRes's ramps
+    were all reset to step 1)."""
+    cfg = make_cfg(corpus, **{"train.max_steps": 6, "train.ckpt_every": 3, "train.keep_last": 3, **extra})
+    ref = _train_seen(cfg, tmp_path / "ref")
+    resumed = _train_seen(cfg, tmp_path / "resumed", resume=str(list_checkpoints(tmp_path / "ref")[0]))
+    assert list(resumed) == [4, 5, 6]
+    for step, state in resumed.items():
+        assert all(torch.equal(a, b) for a, b in zip(state, ref[step], strict=True)), step
+    keep = lambda d: [{k: v for k, v in r.items() if k in ("loss", "grad_norm") or k.startswith("depth/")}  # noqa: E731
+                      for r in read_metrics(d)]
+    assert keep(tmp_path / "resumed") == keep(tmp_path / "ref")  # bitwise, step 4 included
+
+
+def test_every_step_hook_and_callback_has_a_resume_case():
+    """A new optimizer step hook or callback must join STEP_STATE (and so the resume test) or READERS."""
+    import ast
+    import re
+
+    import depthlab
+
+    found = set()
+    for path in Path(depthlab.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("Callback") for b in node.bases):
+                found.add(node.name)
+            elif isinstance(node, ast.FunctionDef) and any(
+                    isinstance(c, ast.Call) and re.search(r"register_(optimizer_)?step_(pre|post)_hook", ast.unparse(
+                        c.func)) for c in node.body for c in ast.walk(c)):
+                found.add(node.name)
+    assert "advance_prores" in found and "DepthMonitor" in found
+    assert found <= set(STEP_STATE) | READERS, found - set(STEP_STATE) - READERS
+
+
+def test_loading_the_optimizer_keeps_what_a_step_hook_keeps_in_the_model(tmp_path):
+    """The mechanism, for any step hook (here a step counter in a buffer), in both checkpoint formats."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from depthlab.checkpoint import SHARDS, load_sharded_state
+    from depthlab.train.distributed import full_optimizer_state, load_full_state
+    from depthlab.train.optim import make_optimizer
+
+    def counted():
+        torch.manual_seed(0)
+        model = Transformer(Config().model.__class__(vocab_size=50, dim=16, n_layers=2, n_heads=2, ffn_dim=32,
+                                                     max_seq_len=8))
+        model.register_buffer("steps_seen", torch.zeros(()))
+        opt = make_optimizer(model, Config().train)
+        opt.register_step_post_hook(lambda *_: model.steps_seen.add_(1))
+        return model, opt
+
+    model, opt = counted()
+    for _ in range(2):
+        model(torch.randint(0, 50, (2, 8)), targets=torch.randint(0, 50, (2, 8))).backward()
+        opt.step()
+        opt.zero_grad()
+    assert model.steps_seen.item() == 2
+    full = counted()
+    load_full_state(*full, model.state_dict(), full_optimizer_state(model, opt))
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(dict(zip(("model", "optim"), get_state_dict(model, opt))), checkpoint_id=str(tmp_path / SHARDS))
+    sharded = counted()
+    load_sharded_state(tmp_path, *sharded)
+    for again, opt_again in (full, sharded):
+        assert again.steps_seen.item() == 2
+        assert opt_again.state_dict()["state"][0]["step"].item() == 2
 
 
 def test_resume_refuses_a_different_config_and_lists_differences(tmp_path, corpus):

@@ -393,14 +393,30 @@ def load_sharded_state(ckpt: Path, model, opt=None) -> None:
     rank reads the parts of the files that its own shards need, whatever the world size that wrote them."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, opt or [])
     state = {"model": msd, **({"optim": osd} if opt is not None else {})}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(Path(ckpt) / SHARDS), no_dist=not dist.is_initialized())
-    set_state_dict(model, opt or [], model_state_dict=msd, optim_state_dict=osd if opt is not None else {})
+    load_states(model, opt, msd, osd if opt is not None else None, full=False)
+
+
+def load_states(model, opt, model_state: dict, optim_state: dict | None, full: bool) -> None:
+    """Load state dicts into a plain or FSDP-sharded model (not a DDP wrapper) and its optimizer: `full`, full
+    tensors present on every rank, else this rank's shards. The optimizer first: torch builds an empty optimizer's
+    state by one step at lr 0, which fires the optimizer's step hooks (ProRes's would set every ramp to step 1);
+    the weights loaded after it put back whatever a hook keeps in the model, so the model is the checkpoint's."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if opt is not None and optim_state is not None:
+        set_optimizer_state_dict(model, opt, optim_state, options=StateDictOptions(full_state_dict=full))
+    set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=full, strict=False))
 
 
 # ---------------------------------------------------------------- writing

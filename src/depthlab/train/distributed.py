@@ -25,13 +25,12 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
 )
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
 from depthlab import UserError
+from depthlab.checkpoint import load_states
 from depthlab.config import ModelConfig, TrainConfig
 from depthlab.model import build_model
 from depthlab.model.init import fill_
@@ -244,10 +243,8 @@ def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 def load_full_state(model: nn.Module, opt: torch.optim.Optimizer | None, model_state: dict,
                     optim_state: dict | None = None) -> None:
     """Load full state dicts (present on every rank) into a plain or FSDP-sharded model (not a DDP wrapper) and
-    its optimizer."""
-    set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True, strict=False))
-    if opt is not None and optim_state is not None:
-        set_optimizer_state_dict(model, opt, optim_state, options=StateDictOptions(full_state_dict=True))
+    its optimizer (checkpoint.load_states)."""
+    load_states(model, opt, model_state, optim_state, full=True)
 
 
 def broadcast_object(obj, env: DistEnv):
