@@ -172,6 +172,8 @@ CASES = [
     ("export-onto-users-hf", "export {run} {victim_user_hf}", "--overwrite"),
     ("export-missing-out", "export {run}", "required"),
     # --- prune
+    ("analyze-gguf-f64", "analyze {gguf_f64} --out {tmp}/o", "tensor type F64 cannot be dequantized"),
+    ("import-gguf-f64", "import {gguf_f64} {tmp}/o", "tensor type F64 cannot be dequantized"),
     ("prune-span-syntax", "prune {hf} --remove 5 {tmp}/o", "--remove expects START:END"),
     ("prune-span-letters", "prune {hf} --remove a:b {tmp}/o", "--remove expects START:END"),
     ("prune-span-too-far", "prune {hf} --remove 0:99 {tmp}/o", "cannot remove layers"),
@@ -541,6 +543,13 @@ def build_world(root: Path) -> dict[str, str]:
              text_npz=str(root / "text.npz"))
     (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     w["deep_json"] = str(root / "deep.json")
+    import numpy as np
+
+    from tests.gguf_fixtures import bpe_tokenizer, tiny_llama, write_gguf
+
+    tok = bpe_tokenizer()  # a GGUF file whose matrices are of a type no reader dequantizes (F64)
+    write_gguf(root / "f64.gguf", tiny_llama(tok.get_vocab_size(), n_layers=1), tok, matrix_dtype=np.float64)
+    w["gguf_f64"] = str(root / "f64.gguf")
     (root / "analysis").mkdir()
     (root / "analysis" / "metrics.json").write_text("{}\n")
     (root / "analysis" / "report.html").write_text("<html></html>\n")

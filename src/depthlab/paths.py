@@ -117,6 +117,11 @@ def model_path(path: str | Path, hf: bool = True, warn: Callable[[str], None] = 
     """(CHECKPOINT, checkpoint dir) or (HF, model dir) for what a user gave as a model; one error line otherwise.
     A run means its newest valid checkpoint, a directory holding one run that run. hf=False: only depthlab."""
     p, kind = Path(path), what_is(path)
+    if kind in (Kind.FILE, Kind.OTHER):  # a GGUF file, or a folder holding one: its dequantized HF directory
+        from depthlab.gguf import dequantized, gguf_file
+
+        if gguf_file(p) is not None:
+            p, kind = dequantized(p) if hf else p, Kind.HF
     if kind is Kind.RUNS:
         runs = runs_in(p)
         if len(runs) > 1:

@@ -113,6 +113,16 @@ def index_at_init(cfg, batches: list, opts: Options, device: str, device_map: di
     return {k: v for k, v in idx.items() if k not in ("angular_rows", "contiguous")}
 
 
+def _record_gguf(res: dict, path: str) -> None:
+    """A model read from a GGUF file: its file and quantization in the results, and a note in the report."""
+    from depthlab.gguf import note, source_of
+
+    info = source_of(path)
+    if info is not None:
+        res["model"]["gguf"] = info
+        res["notes"] = [*res.get("notes", []), note(info)]
+
+
 def task_of(path: str) -> str:
     """What a model path (or an earlier analysis folder) holds, as a result kind (depthlab.analysis.results): image
     classification for a depthlab ViT, else language modelling. Reads configs only; checks the path as `model_path`
@@ -242,6 +252,7 @@ def run_request(req: Request) -> dict:
         res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device,
                                                       loaded.device_map, req.offload_folder)
     res["model"] = {**lm.describe(), **info, "path": req.model}
+    _record_gguf(res, req.model)
     if req.layerwise:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
     if questions:

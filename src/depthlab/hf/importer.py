@@ -131,9 +131,13 @@ def import_to_checkpoint(src, out_dir, scheme: str | None = None, max_seq_len: i
     checkpoint-based tools run on it. An existing `out_dir` must be an earlier import, unless `overwrite`."""
     from pathlib import Path
 
+    from depthlab.gguf import dequantized, gguf_file
     from depthlab.owned import claim, locked
     from depthlab.paths import Kind, what_is
 
+    origin = src
+    if gguf_file(src) is not None:  # a GGUF file: its dequantized HF directory (depthlab.gguf)
+        src = dequantized(src)
     kind = what_is(src)
     if kind in (Kind.OTHER, Kind.EMPTY) and not (Path(src) / "config.json").is_file():
         raise UserError(f"cannot import {src}: it has no config.json, so it is not a Hugging Face model directory "
@@ -163,7 +167,8 @@ def import_to_checkpoint(src, out_dir, scheme: str | None = None, max_seq_len: i
             return save_as_checkpoint(out_dir, model, cfg, CheckpointMeta(step=0, imported_from=str(src),
                                                                           data=vit_data))
         model, cfg = import_hf(src, scheme=scheme, max_seq_len=max_seq_len)
-        return save_as_checkpoint(out_dir, model, cfg, CheckpointMeta(step=0, imported_from=str(src)), tokenizer=tok)
+        return save_as_checkpoint(out_dir, model, cfg, CheckpointMeta(step=0, imported_from=str(origin)),
+                                  tokenizer=tok)
 
 
 def _tokenizer_for(src, given):

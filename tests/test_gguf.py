@@ -1,0 +1,100 @@
+"""GGUF files as a model source (depthlab.gguf): a tiny GGUF written here goes through analyze, import, eval and
+prune with the numbers of its dequantized HF directory; an unreadable tensor type and a missing `gguf` package are
+one line each."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from depthlab.cli import main
+from depthlab.gguf import plain
+from tests.gguf_fixtures import TEXT, bpe_tokenizer, tiny_llama, write_gguf
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(the GGUF file, its dequantized HF directory made here by transformers, a text file)."""
+    root = tmp_path_factory.mktemp("gguf")
+    tok = bpe_tokenizer()
+    (root / "file").mkdir()
+    f = root / "file" / "tiny-F16.gguf"
+    write_gguf(f, tiny_llama(tok.get_vocab_size()), tok)
+    dense = root / "dense"
+    plain(transformers.AutoModelForCausalLM.from_pretrained(str(f.parent), gguf_file=f.name,
+                                                            dtype=torch.float32)).save_pretrained(dense)
+    transformers.AutoTokenizer.from_pretrained(str(f.parent), gguf_file=f.name).save_pretrained(dense)
+    text = root / "text.txt"
+    text.write_text(TEXT)
+    return f, dense, text
+
+
+def _numbers(res: dict) -> dict:
+    """The results without what names the model or times the run."""
+    return {k: v for k, v in res.items() if k not in ("model", "notes", "wall_s")}
+
+
+def test_analyze_of_the_file_is_analyze_of_its_dequantized_directory(tiny, tmp_path):
+    f, dense, text = tiny
+    got = {}
+    for name, model in (("file", f), ("folder", f.parent), ("dense", dense)):
+        assert main(["analyze", str(model), "--data", str(text), "--tokens", "128", "--seq-len", "32", "--probes", "1",
+                     "--sublayers", "--no-progress", "--out", str(tmp_path / name)]) == 0
+        got[name] = json.loads((tmp_path / name / "metrics.json").read_text())
+    assert _numbers(got["file"]) == _numbers(got["dense"]) == _numbers(got["folder"])
+    assert got["file"]["removal"]["base_ppl"] > 1 and len(got["file"]["removal"]["attn"]) == 4
+    src = got["file"]["model"]["gguf"]
+    assert src["quantization"] == "F16" and src["architecture"] == "llama"
+    assert src["tensor_types"] == {"F16": 30, "F32": 9}
+    assert "gguf" not in got["dense"]["model"]
+    assert "quantization F16" in (tmp_path / "file" / "report.html").read_text()
+
+
+def test_import_eval_and_prune_take_the_file(tiny, tmp_path, capsys):
+    f, dense, text = tiny
+    assert main(["import", str(f), str(tmp_path / "ck")]) == 0
+    assert main(["import", str(dense), str(tmp_path / "ck_dense")]) == 0
+    from depthlab.loading import load_checkpoint
+
+    a, b = load_checkpoint(tmp_path / "ck")[0].state_dict(), load_checkpoint(tmp_path / "ck_dense")[0].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    capsys.readouterr()
+    losses = []
+    for model in (f, dense, tmp_path / "ck"):
+        assert main(["eval", str(model), "--data", str(text), "--seq-len", "32", "--no-progress"]) == 0
+        losses.append(capsys.readouterr().out.split("loss")[1].split()[0])
+    assert losses[0] == losses[1], losses  # the file and its directory: the same printed loss
+    assert main(["prune", str(f), "--remove", "1:3", str(tmp_path / "pruned")]) == 0
+    small = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned")
+    assert small.config.num_hidden_layers == 2
+
+
+def test_a_tensor_type_no_reader_dequantizes_is_one_line(tmp_path, capsys):
+    tok = bpe_tokenizer()
+    write_gguf(tmp_path / "f64.gguf", tiny_llama(tok.get_vocab_size(), n_layers=1), tok, matrix_dtype=np.float64)
+    assert main(["analyze", str(tmp_path / "f64.gguf"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tensor type F64 cannot be dequantized" in err
+
+
+def test_a_missing_gguf_package_names_the_extra(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # how Python spells "not installed" to find_spec
+    shutil.copy(tiny[0], tmp_path / "m.gguf")
+    assert main(["eval", str(tmp_path / "m.gguf"), "--data", str(tiny[2])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "depthlab[gguf]" in err and "`gguf`" in err
+
+
+def test_a_folder_of_several_gguf_files_asks_for_one(tiny, tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        shutil.copy(tiny[0], tmp_path / "m" / name)
+    assert main(["analyze", str(tmp_path / "m"), "--out", str(tmp_path / "o")]) == 2
+    assert "holds 2 GGUF files" in capsys.readouterr().err
