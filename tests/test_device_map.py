@@ -6,7 +6,9 @@ and the analysis around them, not transfers between GPUs."""
 
 import gc
 import json
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -64,8 +66,8 @@ def test_cli_map_file_on_cpu_and_disk_gives_the_one_device_numbers(tmp_path):
     # metrics, Jacobians, removal losses (blocks and spans) and the task removal scores
     assert {"jacobian", "removal", "task_removal"} <= set(one)
     same_numbers(one, placed)
-    gc.collect()  # the offloaded weights go with the model
-    assert list((tmp_path / "offload").iterdir()) == []
+    gc.collect()  # the offloaded weights go with the model, and the folder the run made for them
+    assert not (tmp_path / "offload").exists()
 
 
 def test_strategy_with_max_memory_offloads_and_keeps_a_patched_scheme(tmp_path):
@@ -167,7 +169,36 @@ def test_eval_on_a_placed_model_prints_the_one_device_numbers(tmp_path, capsys):
     for what in ("--data", "--tasks"):
         assert printed["one", what] == printed["placed", what] and printed["one", what].strip()
     gc.collect()
-    assert not any((tmp_path / "offload").iterdir())  # the offloaded weights went with the model
+    assert not (tmp_path / "offload").exists()  # the offloaded weights went with the model
+
+
+def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys):
+    """SIGKILL leaves a run no chance to remove the copy of the weights it offloaded (as large as those weights):
+    the next run offloading into the same folder removes it, as the next writer removes a killed one's leftovers."""
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    (tmp_path / "long.txt").write_text(TEXT * 20)  # a run that lasts long enough to be killed
+    (tmp_path / "text.txt").write_text(TEXT)
+    (tmp_path / "map.json").write_text(json.dumps(MAP))
+    offload = tmp_path / "offload"
+
+    def argv(text):
+        return ["eval", str(hf), "--no-progress", "--data", str(tmp_path / text), "--seq-len", "32", "--device-map",
+                str(tmp_path / "map.json"), "--offload-folder", str(offload)]
+
+    proc = subprocess.Popen([sys.executable, "-m", "depthlab", *argv("long.txt")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (copies := [d for d in offload.iterdir() if (d / "index.json").is_file()] if offload.is_dir() else []):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"never saw the offloaded weights: {proc.communicate()[1]}")
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -9 and copies[0].is_dir()  # killed with its copy on disk
+    assert main(argv("text.txt")) == 0, capsys.readouterr().err
+    gc.collect()
+    assert list(offload.iterdir()) == []  # the folder itself is the user's: the killed run made it, not this one
 
 
 @pytest.mark.parametrize("argv, msg", [

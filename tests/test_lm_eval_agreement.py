@@ -176,6 +176,5 @@ def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(t
         tables.append(capsys.readouterr().out)
     assert "depthlab_mc" in tables[0] and "acc_bytes" in tables[0]
     assert tables[0] == tables[1]
-    assert (tmp_path / "offload").is_dir()  # the map was taken: its disk half was written there ...
     gc.collect()
-    assert not any((tmp_path / "offload").iterdir())  # ... and went with the model
+    assert not (tmp_path / "offload").exists()  # its disk half went with the model, and the folder made for it

@@ -10,11 +10,13 @@ A LoRA run's checkpoint stores the frozen base weights under their own names and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import itertools
 import json
 import logging
+import os
 import shutil
-import tempfile
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,7 +164,8 @@ def add_placement_options(p, same: str) -> None:
     p.add_argument("--max-memory", nargs="+", metavar="DEVICE=SIZE", help="with a --device-map strategy: what each "
                    "device may hold, e.g. 0=20GiB 1=20GiB cpu=60GiB (default: their free memory)")
     p.add_argument("--offload-folder", metavar="DIR", help="with --device-map: where the weights the map puts on "
-                   "disk are written (a fresh folder inside DIR, removed at exit)")
+                   "disk are written (a fresh folder inside DIR, removed at exit; a killed run's, by the next run "
+                   "offloading into DIR)")
     only_with(p, "--device-map", "--max-memory", "--offload-folder")
 
 
@@ -295,9 +298,7 @@ def place(model, device_map: str | dict, max_memory: dict | None = None,
 
     folder = None
     if "disk" in devices:  # a fresh folder of our own: accelerate would reuse any offloaded weights it finds
-        Path(offload_folder).mkdir(parents=True, exist_ok=True)
-        folder = tempfile.mkdtemp(prefix="depthlab-offload-", dir=offload_folder)
-        weakref.finalize(model, shutil.rmtree, folder, True)
+        folder = str(offload_copy(model, Path(offload_folder)))
         offload_state_dict(folder, part("disk"))
     said = logging.getLogger("accelerate.big_modeling")  # "some parameters are on the meta device": by design
     level, _ = said.level, said.setLevel(logging.ERROR)
@@ -310,6 +311,26 @@ def place(model, device_map: str | dict, max_memory: dict | None = None,
     finally:
         said.setLevel(level)
     return dict(device_map), torch.device(f"cuda:{main}" if isinstance(main, int) else main)
+
+
+_OFFLOADS = itertools.count()  # a process may place several models into one folder
+
+
+def offload_copy(model, parent: Path) -> Path:
+    """A fresh folder inside `parent` for the weights a device map puts on disk, as large as those weights; it goes
+    with `model` (or at exit). It is written as a writer's temporary sibling under its own lock (depthlab.owned):
+    a run killed before it could remove it (SIGKILL) leaves a dead writer's leftover, which the next run that
+    offloads into `parent` clears when it takes its lock, as every writer clears those beside its output."""
+    from depthlab.owned import locked
+
+    name = f"depthlab-offload-{os.getpid()}-{next(_OFFLOADS)}"
+    held = contextlib.ExitStack()
+    held.enter_context(locked(parent / name, "offloading", label="--offload-folder: "))
+    folder = parent.resolve() / f".{name}.tmp-{os.getpid()}"
+    held.callback(shutil.rmtree, folder, True)  # before the lock goes
+    weakref.finalize(model, held.close)
+    folder.mkdir()
+    return folder
 
 
 def quiet_transformers() -> None:
