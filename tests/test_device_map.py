@@ -172,6 +172,21 @@ def test_eval_on_a_placed_model_prints_the_one_device_numbers(tmp_path, capsys):
     assert not (tmp_path / "offload").exists()  # the offloaded weights went with the model
 
 
+def test_eval_with_every_weight_on_disk_reports_its_perplexity(tmp_path, capsys):
+    """A map putting the whole model on disk (the model's own device is then "meta"): transformers re-kernelizes
+    a model whose train mode changes, which fails on meta, so the evaluation must leave the mode as it found it."""
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    (tmp_path / "text.txt").write_text(TEXT)
+    (tmp_path / "disk.json").write_text(json.dumps({"": "disk"}))
+    printed = []
+    for where in (["--device", "cpu"], ["--device-map", str(tmp_path / "disk.json"), "--offload-folder",
+                                        str(tmp_path / "offload")]):
+        assert main(["eval", str(hf), "--no-progress", "--data", str(tmp_path / "text.txt"), "--seq-len", "32",
+                     *where]) == 0, capsys.readouterr().err
+        printed.append(capsys.readouterr().out)
+    assert "perplexity" in printed[0] and printed[0] == printed[1]
+
+
 def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys):
     """SIGKILL leaves a run no chance to remove the copy of the weights it offloaded (as large as those weights):
     the next run offloading into the same folder removes it, as the next writer removes a killed one's leftovers."""

@@ -107,6 +107,9 @@ class Logits(torch.nn.Module):
     def __init__(self, inner):
         super().__init__()
         self.inner = inner
+        # in the mode of the model it wraps, so that a caller restoring "its" mode (evaluate) changes nothing:
+        # transformers re-kernelizes a model at each change of mode, which fails on one offloaded to disk
+        self.training = inner.training
 
     def forward(self, ids):
         return self.inner(input_ids=ids, use_cache=False).logits
