@@ -71,6 +71,14 @@ study-transfer-gpu-prepare: install
 study-transfer-gpu:
 	$(BENCH).depth_transfer run --gpu --runs-dir runs/depth_transfer_gpu
 
+# Own-rate study (issue 50; docs/method.md section 5.3): LNS against Pre-LN, each at its own validation-selected rate,
+# on balanced held-out splits: N = 12 and 24 (24 cells, about 4 h on 2 cores), then N = 48 with gain-init and uniform
+# gain (24 more, about 7 h more); resumable, keep the runs dir. OUT/plan.json is committed before the first cell.
+OWN_RATE_RUNS ?= /tmp/depthlab_own_rate_runs
+.PHONY: study-own-rate
+study-own-rate: install
+	nice -n 19 $(BENCH).own_rate run --jobs 2 --runs-dir $(OWN_RATE_RUNS)
+
 # The paper's ViT row (docs/results.md, section 7): pre vs LNS after the norm vs LNS on the branch outputs, a
 # 12 x 64 ViT on scikit-learn's digits, 600 steps, a rate grid then 3 seeds at each best rate (about 45 min).
 study-vit: install

@@ -35,7 +35,9 @@ def study(a, command: str, name: str = "depth", variants: dict | None = None) ->
     warm = max(1, a.steps // 10)
     base = [f"model.dim={a.dim}", f"model.n_heads={a.heads}", f"model.ffn_dim={a.ffn}", f"model.vocab_size={a.vocab}",
             f"model.max_seq_len={a.seq}", "model.init_std=auto", f"model.embed_std={(2 / 5) ** 0.5}",
-            f"data.seq_len={a.seq}", f"data.builtin_mb={a.corpus_mb}", f"train.max_steps={a.steps}",
+            f"data.seq_len={a.seq}", f"data.builtin_mb={a.corpus_mb}",
+            *([f"data.val_fraction={a.val_fraction}"] if getattr(a, "val_fraction", None) else []),
+            f"train.max_steps={a.steps}",
             f"train.batch_size={a.batch}", f"train.warmup_steps={warm}", f"train.eval_every={a.eval_every}",
             "train.log_every=10", f"train.monitor_every={a.eval_every}", "train.threads=1", f"train.device={a.device}",
             *([f"train.dtype={a.dtype}"] if a.dtype != "fp32" else []), *(["train.compile=true"] if a.compile else [])]
@@ -46,7 +48,8 @@ def study(a, command: str, name: str = "depth", variants: dict | None = None) ->
               budgets=a.budgets, corpus=str(Path(runs) / "corpus"), val_tokens=a.val_tokens, command=command,
               ckpt_every=a.eval_every)  # 10 min to hours per cell: a killed cell resumes at its last evaluation
     s.meta.update({**meta, "init_std": "auto", "embed_std": (2 / 5) ** 0.5, "probe_windows": a.probe_windows,
-              "corpus": build_corpus(s.config(grid_cells(s, [1e-3], 2)[0]), Path(s.corpus))})
+              "corpus": build_corpus(s.config(grid_cells(s, [1e-3], 2)[0]), Path(s.corpus),
+                                     getattr(a, "held_out", "alternate"))})  # the rule of the studies before #50
     s.meta["unigram_loss"] = unigram_loss(Path(s.corpus), a.val_tokens)  # the validation loss of no context at all
     return s
 

@@ -150,7 +150,7 @@ def tiny_corpus(tmp_path_factory):
                                                                 for _ in range(30)))
     shutil.copy(root / "docs" / "doc07.txt", root / "docs" / "doc07_copy.txt")
     build_corpus(apply_overrides(preset("cpu-tiny"), ["model.vocab_size=300", f"data.paths=[{root / 'docs'}]"]),
-                 root / "corpus")
+                 root / "corpus", held_out="alternate")
     return root / "corpus"
 
 

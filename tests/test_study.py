@@ -199,7 +199,7 @@ def test_the_study_corpus_drops_planted_copies_and_holds_out_a_test_split_its_ce
     (src / "doc01_near.txt").write_text(texts[1].replace(texts[1].split()[5], "edited", 1))
     study = Study("c", str(tmp_path / "out"), {"pre": ["model.norm_scheme=pre"]},
                   base=[*TINY, f"data.paths=[{src}]"], corpus=str(tmp_path / "corpus"))
-    info = build_corpus(study.config(grid_cells(study, [1e-2], layers=2)[0]), tmp_path / "corpus")
+    info = build_corpus(study.config(grid_cells(study, [1e-2], layers=2)[0]), tmp_path / "corpus", "alternate")
     assert info["dedup"]["removed"] == 2
     assert {Path(n).name for n in info["dedup"]["removed_names"]} == {"doc00_copy.txt", "doc01_near.txt"}
     assert info["test_tokens"] > 0 and len(test_tokens(tmp_path / "corpus")) == info["test_tokens"]

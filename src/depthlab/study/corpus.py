@@ -3,7 +3,16 @@ a content hash in corpus.json), so every cell trains on the same tokens and the 
 
 The documents first lose their exact and near-duplicate copies (depthlab.data.dedup: a corpus of generated tables
 would otherwise fill the validation slice that selects rates), then the held-out documents are dealt alternately to
-validation (which selects) and test (which reports, and no selection reads).
+validation (which selects) and test (which reports, and no selection reads) by depthlab.data.dataset.held_out_split:
+generated files (tables, dumps) are never held out, a held-out document keeps at most a few chunks spread over it,
+and each held-out split must have Kish's effective number of documents >= 30 and no document over 10% of it, or
+the corpus is refused. corpus.json records each held-out split's make-up:
+
+    splits.val, splits.test   {"documents", "tokens", "effective", "max_share", "top": [[name, share], ...],
+                               "names": [each document, in stream order], "doc_tokens": [its tokens, EOTs included]}
+    generated                 the documents the generated-file rule kept out of the held-out splits
+
+A record's per-document losses (depthlab.study.runner) follow `names` in the same order.
 """
 
 from __future__ import annotations
@@ -21,10 +30,13 @@ from depthlab.owned import write_whole
 NEAR_COPY = 0.5
 
 
-def build_corpus(cfg, folder: Path) -> dict:
+def build_corpus(cfg, folder: Path, held_out: str = "balanced") -> dict:
     """Tokenize cfg's raw data (a BPE trained on its training documents) into `folder` once; its corpus.json. A
-    folder built before the test split existed is read as it is (no test.npy, no dedup entry)."""
-    from depthlab.data.dataset import load_text, split_documents
+    folder built before the test split (or the split composition) existed is read as it is. `held_out`: "balanced"
+    (held_out_split, checked: the rule of every new study), or "alternate" (every val_period-th document whole,
+    dealt to validation and test in turn: the rule the studies before issue 50 were built with, kept so that their
+    corpora rebuild to their recorded sha256)."""
+    from depthlab.data.dataset import check_composition, held_out_split, load_text, split_documents
     from depthlab.data.dedup import dedup
     from depthlab.data.tokenizer import tokenizer_hash, train_bpe
     from depthlab.data.tokens import pack
@@ -34,11 +46,19 @@ def build_corpus(cfg, folder: Path) -> dict:
         return json.loads((folder / "corpus.json").read_text())
     docs, source, _ = load_text(cfg)
     kept, report = dedup(docs, NEAR_COPY)
-    train, held = split_documents(kept, cfg.data.val_fraction)
-    val, test = held[0::2], held[1::2]
+    if held_out == "balanced":
+        train, held, skipped = held_out_split(kept, cfg.data.val_fraction)
+    else:
+        train, both = split_documents(kept, cfg.data.val_fraction)
+        held, skipped = {"val": [(d.name, [d.text]) for d in both[0::2]],
+                         "test": [(d.name, [d.text]) for d in both[1::2]]}, None
     tokenizer = train_bpe((d.text for d in train), cfg.model.vocab_size, False)
-    streams = {name: np.asarray(pack(tokenizer, part)) for name, part in (("train", train), ("val", val),
-                                                                          ("test", test))}
+    streams, splits = {"train": np.asarray(pack(tokenizer, train))}, {}
+    for name, part in held.items():
+        streams[name], splits[name] = _held_stream(tokenizer, part)
+    if held_out == "balanced":
+        for name, comp in splits.items():
+            check_composition(name, comp, "give more documents (data.builtin_mb) or a larger data.val_fraction")
     folder.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
     for name, arr in streams.items():
@@ -48,16 +68,33 @@ def build_corpus(cfg, folder: Path) -> dict:
     info = {"source": source, "sha256": h.hexdigest(), "tokenizer_hash": tokenizer_hash(tokenizer),
             "dedup": {**report.summary(), "threshold": NEAR_COPY},
             **{f"{k}_tokens": int(len(v)) for k, v in streams.items()},
-            "documents": {"train": len(train), "val": len(val), "test": len(test)}}
+            "documents": {"train": len(train), **{k: len(v) for k, v in held.items()}},
+            "held_out": held_out, "splits": splits, **({"generated": skipped} if skipped is not None else {})}
     write_whole(folder / "corpus.json", json.dumps(info, indent=2) + "\n")
     return info
+
+
+def _held_stream(tokenizer, part: list[tuple[str, list[str]]]) -> tuple[np.ndarray, dict]:
+    """A held-out split's packed stream (every chunk followed by EOT) and its make-up (composition, with each
+    document's name and tokens in stream order)."""
+    from depthlab.data.dataset import composition
+    from depthlab.data.tokenizer import eot_id
+    from depthlab.data.tokens import encode_texts, token_dtype
+
+    ids, lengths = encode_texts(tokenizer, [c for _, cs in part for c in cs], eot_id(tokenizer),
+                                token_dtype(tokenizer.get_vocab_size()))
+    ends = np.cumsum([len(cs) for _, cs in part])
+    doc_tokens = [int(x) for x in np.add.reduceat(lengths, np.r_[0, ends[:-1]])] if part else []
+    names = [n for n, _ in part]
+    return ids, {**composition(names, doc_tokens), "names": names, "doc_tokens": doc_tokens}
 
 
 def unigram_loss(folder: Path, val_tokens: int | None = None) -> float:
     """The loss (nats per token) on the first val_tokens of a built corpus's validation split of predicting every token
     from the training tokens' frequencies alone (add-one smoothed): what a model that learned nothing from context
     reaches."""
-    train, val = np.load(Path(folder) / "train.npy", mmap_mode="r"), np.load(Path(folder) / "val.npy")[:val_tokens]
+    train = np.load(Path(folder) / "train.npy", mmap_mode="r")
+    val = np.load(Path(folder) / "val.npy")[:val_tokens or None]
     counts = np.bincount(train, minlength=int(max(train.max(), val.max())) + 1).astype(np.float64) + 1.0
     return float(-np.log(counts[val] / counts.sum()).mean())
 
@@ -79,3 +116,39 @@ def load_corpus(folder: Path, val_tokens: int | None = None):
     data = TokenData(load_tokenizer(folder / "tokenizer.json"), np.load(folder / "train.npy", mmap_mode="r"),
                      val[:val_tokens] if val_tokens else val, info["source"])
     return data, val
+
+
+def held_out_units(folder: Path) -> dict[str, list[int]]:
+    """Each held-out split's per-document token counts (in stream order) of a built corpus; {} for one built before
+    splits recorded their make-up."""
+    info = json.loads((Path(folder) / "corpus.json").read_text())
+    return {name: s["doc_tokens"] for name, s in (info.get("splits") or {}).items()}
+
+
+def document_losses(model, tokens: np.ndarray, doc_tokens: list[int], seq_len: int, batch_size: int, device,
+                    dtype: str = "fp32") -> dict:
+    """Mean loss (nats per token) on each document of a held-out stream, over the windows `evaluate` scores
+    (non-overlapping windows of seq_len; a document's tokens past the last whole window are not scored), each token
+    counted for the document its target belongs to: {"loss": [per document, None where none scored], "tokens":
+    [scored targets per document]}. The token-weighted mean of "loss" is evaluate's val_loss."""
+    import torch
+
+    from depthlab.data.dataset import eval_batches
+    from depthlab.model.loss import lm_loss
+    from depthlab.train.runtime import autocast
+
+    starts = np.cumsum([0, *doc_tokens])  # target at stream position p belongs to document searchsorted(p) - 1
+    sums, counts, pos = np.zeros(len(doc_tokens)), np.zeros(len(doc_tokens), dtype=np.int64), 1
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for x, y in eval_batches(tokens, seq_len, batch_size):
+            with autocast(device, dtype):
+                per = lm_loss(model(x.to(device)), y.to(device), "none").double().cpu().numpy()
+            doc = np.searchsorted(starts, np.arange(pos, pos + per.size), side="right") - 1
+            np.add.at(sums, doc, per)
+            np.add.at(counts, doc, 1)
+            pos += per.size
+    model.train(was_training)
+    return {"loss": [float(s / c) if c else None for s, c in zip(sums, counts, strict=True)],
+            "tokens": [int(c) for c in counts]}

@@ -12,6 +12,12 @@ the cell finishes, so an interrupted study keeps everything it finished:
     probes         [{"step", "tokens", "probe_loss", "curse": <index>, per-block lists}, ...] along training and at
                    the end (depthlab.study.probe); the last one is the final model's
     probe          which probe made them ("windows", "seed", "jacobian", ...)
+    test_loss      final loss on the corpus's test split (which no selection reads), where the corpus has one
+    doc_losses     {"val": [...], "test": [...]}: the final model's mean loss on each held-out document, in the order of
+                   the corpus's corpus.json splits.<split>.names (settings.json meta.corpus.splits); None for a document
+                   with no scored token. doc_scored: the same shape, the tokens scored per document (weights: their
+                   weighted mean is val_loss / test_loss). Only in records of a corpus that records its splits' make-up
+                   (depthlab.study.corpus); older records lack both.
 """
 
 from __future__ import annotations

@@ -280,6 +280,21 @@ def _test(study: Study):
     return test_tokens(Path(study.corpus))
 
 
+def _document_losses(study: Study, trainer, cfg, streams: dict) -> dict:
+    """The record's per-document losses on each held-out split whose make-up the corpus recorded
+    (depthlab.study.corpus): {"doc_losses": {split: [...]}, "doc_scored": {split: [scored tokens per document]}},
+    in the order of corpus.json's splits.<split>.names; {} for a corpus without them."""
+    from depthlab.study.corpus import document_losses, held_out_units
+
+    units = held_out_units(Path(study.corpus))
+    out = {name: document_losses(trainer.module, streams[name], units[name], cfg.data.seq_len, cfg.train.batch_size,
+                                 trainer.device, cfg.train.dtype) for name in units if streams.get(name) is not None}
+    if not out:
+        return {}
+    return {"doc_losses": {k: v["loss"] for k, v in out.items()},
+            "doc_scored": {k: v["tokens"] for k, v in out.items()}}
+
+
 def train_cell(study: Study, cell: Cell) -> dict:
     """Train one cell, probe it, and return its record (depthlab.study.records)."""
     import shutil
@@ -325,6 +340,8 @@ def train_cell(study: Study, cell: Cell) -> dict:
 
             rec["test_loss"] = evaluate(trainer.module, test, cfg.data.seq_len, cfg.train.batch_size,
                                         trainer.device, cfg.train.dtype)["val_loss"]
+        if full_val is not None:
+            rec.update(_document_losses(study, trainer, cfg, {"val": full_val, "test": test}))
     except TrainingDiverged as e:
         rec.update(status="diverged", error=str(e), val_loss=math.inf, val={})
     finally:

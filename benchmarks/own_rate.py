@@ -1,0 +1,75 @@
+"""The own-rate study (issue 50): LNS against Pre-LN, each at its own validation-selected rate, at N = 12 and 24
+(then 48, and gain-init and uniform gain there), on balanced held-out splits. A thin entry over
+depthlab.study.own_rate (the design, the plan and the order of the cells).
+
+    python -m benchmarks.own_rate plan                              # OUT/plan.json (commit it before any cell)
+    python -m benchmarks.own_rate prepare --runs-dir DIR            # the corpus alone, and its splits' make-up
+    python -m benchmarks.own_rate run --jobs 2 --runs-dir DIR       # resumable; records in OUT/runs.jsonl
+    python -m benchmarks.own_rate status                            # cells done / missing
+
+Model, training and probe are the depth-transfer study's (width 64, 2,000 steps of 16 x 64 tokens, the final model
+probed on 256 windows without Jacobians); the corpus is the same 10 MB of the built-in corpus, deduplicated, with a
+held-out fraction of 0.2 and the whole validation split (not a slice of it) selecting rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from benchmarks.depth_study import add_arguments, study
+from depthlab.owned import write_whole
+from depthlab.study import own_rate as o, transfer as t
+from depthlab.study.records import load_records, recorded_command
+
+OUT = Path(__file__).parent / "results" / "own_rate"
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.own_rate", description=__doc__.split("\n")[0])
+    p.add_argument("cmd", choices=("plan", "prepare", "run", "status"))
+    p.add_argument("--deep", type=int, default=48, help="the deep stage's depth (0: none)")
+    p.add_argument("--deep-seeds", nargs="+", type=int, default=[0, 1, 2, 3])
+    p.add_argument("--val-fraction", type=float, default=0.2, help="share of (non-generated) documents held out")
+    add_arguments(p)
+    p.set_defaults(out=str(OUT), budgets=[], depths=[12, 24], seeds=[0, 1, 2, 3], val_tokens=0, held_out="balanced")
+    a = p.parse_args(argv)
+    d = o.Design(tuple(a.depths), tuple(a.seeds), a.deep or None, tuple(a.deep_seeds))
+    out = Path(a.out)
+    if a.cmd == "plan":  # with the corpus's make-up, where `prepare` has built it (no loss is read)
+        built = Path(a.runs_dir or out / "runs") / "corpus" / "corpus.json"
+        info = json.loads(built.read_text()) if built.exists() else {}
+        corpus = {"sha256": info.get("sha256"), "splits": {k: {f: v[f] for f in ("documents", "tokens", "effective",
+                                                                                 "max_share", "top")}
+                                                           for k, v in (info.get("splits") or {}).items()}}
+        out.mkdir(parents=True, exist_ok=True)
+        write_whole(out / "plan.json", json.dumps({**o.plan(d), "design": d.describe(), "corpus": corpus}, indent=2)
+                    + "\n")
+        print(out / "plan.json")
+        return
+    if a.cmd == "status":
+        print(json.dumps(o.counts(load_records(out / "runs.jsonl"), d)))
+        return
+    s = study(a, recorded_command("benchmarks.own_rate", argv), "own_rate",
+              {v: t.variants(6)[v] for v in (*d.pair, *d.parts)})
+    s.probe = replace(s.probe, jacobian=False)
+    corpus = s.meta["corpus"]
+    s.meta.update(design=d.describe(), dedup_removed=(corpus.get("dedup") or {}).get("removed"),
+                  test_tokens=corpus.get("test_tokens"), val_fraction=a.val_fraction)
+    from depthlab.data.dataset import describe_composition
+
+    for name, comp in (corpus.get("splits") or {}).items():
+        print(describe_composition(name, comp))
+    if a.cmd == "run":
+        if not (out / "plan.json").exists():
+            sys.exit(f"{out / 'plan.json'} is missing: write it (plan) and commit it before the first cell")
+        o.run(s, d, a.jobs)
+    print(json.dumps(o.counts(s.records(), d)))
+
+
+if __name__ == "__main__":
+    from depthlab.cli import run_script
+    sys.exit(run_script(main))
