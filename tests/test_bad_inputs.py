@@ -306,6 +306,8 @@ CASES = [
     ("data-info-missing", "data info {tmp}/missing", "not a prepared-data directory"),
     ("data-info-run", "data info {run}", "not a prepared-data directory"),
     ("data-no-subcommand", "data", "required"),
+    *[(f"dedup-threshold-{v}", f"data dedup {{docs}} --out {{tmp}}/k.jsonl --threshold {v}",
+       f"--threshold must be above 0 and at most 1, got '{v}'") for v in ("1.5", "-1", "0")],
     # --- the command line itself
     ("unknown-command", "bogus", "invalid choice"),
     ("schemes-extra-argument", "schemes extra", "unrecognized arguments"),

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from depthlab.data.dedup import dedup
+from depthlab.data.dedup import _minhash, _words, dedup
 from depthlab.data.sources import Document
 
 
@@ -22,7 +22,8 @@ def test_planted_exact_and_near_copies_are_removed_and_reported():
     docs = originals[:10] + [exact] + originals[10:] + [near]
     kept, report = dedup(docs)
     assert [d.name for d in kept] == [d.name for d in originals]  # the first of each group stays, in order
-    assert report.exact == [("copy_of_doc3.py", "doc3.py")] and report.near == [("near_doc7.py", "doc7.py")]
+    assert report.exact == [("copy_of_doc3.py", "doc3.py")]
+    assert [(a, b) for a, b, _ in report.near] == [("near_doc7.py", "doc7.py")] and report.near[0][2] > 0.9
     assert report.summary()["removed"] == 2 and report.kept == 20
 
 
@@ -30,6 +31,43 @@ def test_distinct_documents_are_all_kept():
     docs = [Document(f"d{i}", _text(100 + i)) for i in range(30)]
     kept, report = dedup(docs)
     assert len(kept) == 30 and report.removed == 0
+
+
+def _edited(seed: int, edits: int, words: int = 400) -> str:
+    """_text(seed) with `edits` words replaced at seeded places: each edit changes up to 5 of its 5-grams."""
+    rng, out = random.Random(1000 * seed + edits), _text(seed, words).split()
+    for k in rng.sample(range(words), edits):
+        out[k] = f"edit{k}"
+    return " ".join(out)
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.8, 0.95])
+def test_a_document_is_removed_exactly_when_its_estimated_similarity_reaches_the_threshold(threshold):
+    """Documents at every similarity to a few originals: no removed one is below the threshold against the kept
+    document it is reported to copy, and no two kept ones are at or above it. LSH's candidates used to be taken
+    unchecked (documents at 0.656 removed at 0.8) and its misses kept (pairs above the threshold kept)."""
+    docs = [Document(f"s{s}e{e}", _edited(s, e)) for s in range(6) for e in [0, *range(1, 40, 2)]]
+    random.Random(0).shuffle(docs)
+    kept, report = dedup(docs, threshold)
+    sig = {d.name: _minhash(_words(d.text)) for d in docs}
+    for removed, original, *reported in report.near:
+        similarity = sig[removed].jaccard(sig[original])
+        assert similarity >= threshold, (removed, original, similarity)
+        assert reported == [similarity] and original in {d.name for d in kept}
+    for i, a in enumerate(kept):
+        assert all(sig[a.name].jaccard(sig[b.name]) < threshold for b in kept[:i]), a.name
+    assert report.kept + report.removed == len(docs) and report.near  # some of them are near copies
+
+
+def test_threshold_one_removes_only_equal_signatures_and_zero_is_refused():
+    period = " ".join(_text(5, 6).split())  # a text that repeats: its copies longer by a period have its 5-grams
+    docs = [Document("a", " ".join([period] * 30)), Document("b", _edited(5, 3, 180)),
+            Document("c", " ".join([period] * 31))]
+    kept, report = dedup(docs, 1.0)
+    assert [d.name for d in kept] == ["a", "b"] and report.near == [("c", "a", 1.0)]
+    for bad in (0.0, -1.0, 1.5):
+        with pytest.raises(ValueError, match="threshold must be above 0 and at most 1"):
+            dedup(docs, bad)
 
 
 def test_depthlab_data_dedup_writes_the_kept_documents_for_prepare(tmp_path, capsys):

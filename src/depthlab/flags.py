@@ -3,8 +3,8 @@
 A value a flag cannot use (NaN, inf, 0 ranks, a negative seed) is refused before the command reads any model or
 data, in one line that names the flag. The CLI's parser gives every `type=float` flag `finite` (cli.Parser), so no
 float flag, whichever module adds it, takes NaN or inf; flags with a range take `at_least`, `positive`,
-`non_negative` or `fraction`. `only_with` declares flags that have no effect without another: a flag that changes
-nothing is never accepted silently.
+`non_negative`, `fraction` or `share`. `only_with` declares flags that have no effect without another: a flag that
+changes nothing is never accepted silently.
 
 Text that is not a number at all is argparse's own error. A number out of range parses as `Refused`, and
 `refusal` (called by cli.Parser once parsing is done) makes the first one the command itself: it raises the
@@ -58,6 +58,11 @@ def non_negative(text: str) -> float | Refused:
 def fraction(text: str) -> float | Refused:
     """A probability that is not certain: [0, 1) (dropout)."""
     return _float(text, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+def share(text: str) -> float | Refused:
+    """A part of a whole that may be all of it: (0, 1] (a similarity threshold)."""
+    return _float(text, lambda v: 0 < v <= 1, "above 0 and at most 1")
 
 
 def at_least(low: int, high: int | None = None):

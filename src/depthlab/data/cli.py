@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from depthlab.flags import at_least, positive
+from depthlab.flags import at_least, positive, share
 
 PREPARE_HELP = """Tokenize text once into memory-mappable token files (train.bin, val.bin), tokenizer.json and
 index.json. Inputs: text files, folders, globs, .jsonl/.json(.gz) (C4's format), .parquet, hf:PATH[:CONFIG[:SPLIT]]
@@ -64,8 +64,10 @@ def cmd_dedup(args) -> None:
                        input_paths(args.inputs)) as (tmp,):
         r = dedup_files(args.inputs, tmp, args.threshold, args.text_field)
     print(f"{args.out}: kept {r.kept} documents; removed {len(r.exact)} exact and {len(r.near)} near copies")
-    for name, original in r.exact + r.near:
+    for name, original in r.exact:
         print(f"  {name} (copies {original})")
+    for name, original, similarity in r.near:
+        print(f"  {name} (near copy of {original}, estimated similarity {similarity:.3f})")
 
 
 def add_commands(sub) -> None:
@@ -101,8 +103,8 @@ def add_commands(sub) -> None:
     u.add_argument("--out", required=True, help="a .jsonl file of the kept documents, for `data prepare`: new, or "
                    "an earlier dedup's (never inside an INPUT folder)")
     u.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an earlier dedup's file")
-    u.add_argument("--threshold", type=float, default=0.8, help="estimated Jaccard similarity of word 5-grams "
-                   "at which two documents are copies (default 0.8)")
+    u.add_argument("--threshold", type=share, default=0.8, help="estimated Jaccard similarity of word 5-grams "
+                   "at which two documents are copies, above 0 and at most 1 (default 0.8)")
     u.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text")
     u.set_defaults(func=cmd_dedup)
 
