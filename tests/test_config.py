@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from depthlab import UserError
@@ -99,9 +101,10 @@ def test_out_of_range_values_are_one_line_user_errors(override, msg):
 
 @pytest.mark.parametrize("override", ["train.beta1=0", "train.beta2=0.95", "train.min_lr_ratio=0",
                                       "train.min_lr_ratio=1", "train.grad_clip=0", "train.threads=0",
-                                      "model.lns_power=0", "model.gpas_gate=per_add", "model.skip_alpha_init=-0.5"])
+                                      "model.lns_power=0", "model.gpas_gate=per_add model.gpas=true",
+                                      "model.skip_alpha_init=-0.5 model.norm_scheme=skipinit"])
 def test_boundary_values_are_accepted(override):
-    validate(apply_overrides(preset("cpu-tiny"), [override]))
+    validate(apply_overrides(preset("cpu-tiny"), override.split()))
 
 
 @pytest.mark.parametrize("override", ["train.beta1=1.5", "train.lr=nan", "train.threads=-1", "model.norm_eps=0"])
@@ -112,3 +115,43 @@ def test_cli_reports_bad_values_in_one_line_with_exit_2(override, capsys, tmp_pa
     err = capsys.readouterr().err.strip()
     assert err.startswith("depthlab: error: " + override.split("=")[0]) and "\n" not in err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+# a value other than its default for every switch of COMPANIONS, and one with which each companion acts
+SWITCHED = {"model.depth_base": 6, "model.norm_gain_const": 0.3, "model.lns_power": 1.0,
+            "model.lns_placement": "branch", "model.mixln_ratio": 0.5, "model.layerscale_init": 0.01,
+            "model.skip_alpha_init": 0.5, "model.dyt_alpha_init": 1.0, "model.gpas_gate": "per_add",
+            "model.image_size": 32, "model.patch_size": 8, "model.channels": 1, "model.num_classes": 10,
+            "model.pool": "mean", "model.pos_embed": "sincos", "data.builtin_mb": 1.0, "train.max_skips": 3,
+            "train.dp_replicate": 2, "train.dp_shard": 2, "train.lora.alpha": 16.0, "train.lora.dropout": 0.1,
+            "train.lora.targets": "[q, v]"}
+COMPANION_SET = {"model.depth_alpha": 1.0, "train.lora.rank": 4}
+
+
+@pytest.mark.parametrize("switch", SWITCHED)
+def test_a_switch_without_its_companion_is_refused_in_one_line(switch):
+    """depth_base without depth_alpha, norm_gain_const without norm_gain_init=uniform, ...: each would train the
+    plain model; with (any one of) its companions it is accepted."""
+    from depthlab.config import COMPANIONS, SET
+
+    base = ["data.paths=[a.txt]", "model.norm_scheme=pre", f"{switch}={SWITCHED[switch]}"]
+    with pytest.raises(UserError, match=f"{switch}=.* has no effect with .*: it acts only with ") as e:
+        validate(apply_overrides(preset("cpu-tiny"), base))
+    assert "\n" not in str(e.value)
+    for key, values in COMPANIONS[switch].items():
+        companion = COMPANION_SET[key] if values == SET else values[0]
+        validate(apply_overrides(preset("cpu-tiny"), [*base, f"{key}={json.dumps(companion)}"]))
+
+
+def test_every_companion_switch_has_a_case():
+    from depthlab.config import COMPANIONS
+
+    assert set(SWITCHED) == set(COMPANIONS)
+
+
+def test_a_presets_own_setting_is_not_the_users():
+    """vit-digits puts LNS on the branches (model.lns_placement=branch): under --scheme pre that is the preset's
+    choice, not a switch the user set, so it is accepted; the user setting it (another way) is refused."""
+    validate(apply_overrides(preset("vit-digits"), ["model.norm_scheme=pre"]))
+    with pytest.raises(UserError, match="model.lns_placement=attn_only has no effect with model.norm_scheme=pre"):
+        validate(apply_overrides(preset("vit-digits"), ["model.norm_scheme=pre", "model.lns_placement=attn_only"]))

@@ -11,6 +11,7 @@ rebuilt exactly (the reference code kept the scheme in an environment variable a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -163,6 +164,32 @@ class TrainConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: only LoRA adapters train, the weights frozen
 
 
+# Switches that act only together with a companion setting: switch -> {companion: the companion's values with which
+# the switch acts} (any one of them; SET: any value but the companion's default). Set without one (away from the
+# value its preset gives it), a switch would be silently ignored and the run train the plain model, so validation
+# refuses it in one line (missing_companion), as depthlab.flags' only_with does for command-line flags.
+SET = "set"
+COMPANIONS: dict[str, dict[str, tuple | str]] = {
+    "model.depth_base": {"model.depth_alpha": SET},
+    "model.norm_gain_const": {"model.norm_gain_init": ("uniform",)},
+    "model.lns_power": {"model.norm_scheme": ("lns",), "model.norm_gain_init": ("depth", "uniform"),
+                        "train.norm_gain_lr": ("depth",), "train.block_lr": ("depth",)},
+    "model.lns_placement": {"model.norm_scheme": ("lns",)},
+    "model.mixln_ratio": {"model.norm_scheme": ("mixln",)},
+    "model.layerscale_init": {"model.norm_scheme": ("layerscale",)},
+    "model.skip_alpha_init": {"model.norm_scheme": ("skipinit", "rezero")},
+    "model.dyt_alpha_init": {"model.norm_scheme": ("dyt",)},
+    "model.gpas_gate": {"model.gpas": (True,)},
+    **{f"model.{name}": {"model.family": ("vit",)}
+       for name in ("image_size", "patch_size", "channels", "num_classes", "pool", "pos_embed")},
+    "data.builtin_mb": {"data.paths": ([],)},  # the built-in corpus
+    "train.max_skips": {"train.on_nonfinite": ("skip",)},
+    "train.dp_replicate": {"train.parallel": ("fsdp",)},
+    "train.dp_shard": {"train.parallel": ("fsdp",)},
+    **{f"train.lora.{name}": {"train.lora.rank": SET} for name in ("alpha", "dropout", "targets")},
+}
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -289,6 +316,33 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         except yaml.YAMLError:
             target[path[-1]] = raw
     return Config.from_dict(d)
+
+
+def value_of(cfg: Config, key: str):
+    """A dotted key's value (train.lora.rank)."""
+    return functools.reduce(getattr, key.split("."), cfg)
+
+
+def _shown(value) -> str:
+    return json.dumps(value) if isinstance(value, (bool, list)) else str(value)
+
+
+def missing_companion(cfg: Config, base: Config) -> str | None:
+    """Why a switch of COMPANIONS that cfg sets (to another value than `base`, the config it started from, gives
+    it) has no effect, in one line; None when every switch set has its companion."""
+    default = Config()
+    for switch, companions in COMPANIONS.items():
+        if value_of(cfg, switch) == value_of(base, switch) or any(
+                value_of(cfg, key) != value_of(default, key) if values == SET else value_of(cfg, key) in values
+                for key, values in companions.items()):
+            continue
+        now = ", ".join(f"{key}={_shown(value_of(cfg, key))}" for key in companions)
+        needs = [f"{key} set (not {_shown(value_of(default, key))})" if values == SET else
+                 f"{key}={'/'.join(map(_shown, values))}" for key, values in companions.items()]
+        needs = " or ".join(needs) if len(needs) < 3 else f"{', '.join(needs[:-1])} or {needs[-1]}"
+        return (f"{switch}={_shown(value_of(cfg, switch))} has no effect with {now}: it acts only with {needs} "
+                f"(set that too, or drop {switch})")
+    return None
 
 
 def per_rank_batch(t: TrainConfig, world_size: int) -> int:

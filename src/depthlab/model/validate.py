@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from depthlab.config import LORA_TARGETS, Config, DataConfig, LoraConfig, ModelConfig, TrainConfig
+from depthlab.config import LORA_TARGETS, Config, DataConfig, LoraConfig, ModelConfig, TrainConfig, missing_companion
 from depthlab.model import depth
-from depthlab.model.families import FAMILIES, family_of, require
+from depthlab.model.families import FAMILIES, PRESETS, family_of, require
 from depthlab.model.init import INITS
 from depthlab.model.llama import GPAS_GATES
 from depthlab.model.schemes import family_refusal, gpas_schemes, scheme_class
@@ -23,6 +23,8 @@ def validate(cfg: Config) -> Config:
     _check_data(cfg.data, cfg.model)
     _check_train(cfg.train)
     _check_lora(cfg)
+    problem = missing_companion(cfg, PRESETS[cfg.preset]() if cfg.preset in PRESETS else Config())
+    require(problem is None, problem)  # a switch without the setting it acts with (config.COMPANIONS)
     return cfg
 
 
@@ -193,10 +195,6 @@ def _check_train(t: TrainConfig) -> None:
     require(t.on_nonfinite in ("stop", "skip"), f"train.on_nonfinite must be stop or skip, got {t.on_nonfinite!r}")
     require(t.max_skips >= 0, f"train.max_skips must be >= 0, got {t.max_skips}")
     require(t.parallel in ("ddp", "fsdp"), f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
-    mesh = [f"train.{name}={getattr(t, name)}" for name in ("dp_replicate", "dp_shard")
-            if getattr(t, name) != getattr(TrainConfig, name)]
-    require(t.parallel == "fsdp" or not mesh, f"{mesh[0] if mesh else ''} shapes FSDP's device mesh and has no "
-            f"effect with train.parallel={t.parallel}; set train.parallel=fsdp or drop it")
     require(t.global_batch >= 0 and t.dp_replicate >= 1 and t.dp_shard >= 0,
             "train.global_batch and train.dp_shard must be >= 0, train.dp_replicate >= 1")
     require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
