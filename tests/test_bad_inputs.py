@@ -395,6 +395,11 @@ CASES = [
     ("eval-max-new-tokens-0", "eval {run} --commonsense {commonsense} --max-new-tokens 0",
      "--max-new-tokens must be at least 1"),
     ("eval-mmlu-shots-negative", "eval {run} --mmlu {commonsense} --mmlu-shots -1", "--mmlu-shots must be at least 0"),
+    # issue 48: --max-memory naming a GPU this machine lacks (no GPU here), or one device twice
+    ("eval-max-memory-gpu-absent", "eval {hf} --data {txt} --device-map auto --max-memory 0=1GiB",
+     "--max-memory cuda:0: this machine has no CUDA device"),
+    ("eval-max-memory-device-twice", "eval {hf} --data {txt} --device-map auto --max-memory cpu=1GiB cpu=2GiB",
+     "'cpu=1GiB' and 'cpu=2GiB' size the same device"),
     ("prepare-val-fraction-nan", "data prepare {docs} --out {tmp}/o --val-fraction nan --no-progress",
      "--val-fraction must be a finite number"),
     ("prepare-builtin-mb-inf", "data prepare --out {tmp}/o --builtin-mb inf --no-progress",

@@ -122,6 +122,8 @@ def test_task_scorer_of_a_placed_model(tmp_path):
     (["--max-memory", "cpu=1GiB"], "--max-memory has no effect without --device-map"),
     (["--device-map", "auto", "--max-memory", "cpu:1GiB"], "give DEVICE=SIZE"),
     (["--device-map", "auto", "--max-memory", "cpu=lots"], "'lots' is not a size"),
+    (["--device-map", "auto", "--max-memory", "0=1GiB"], "--max-memory cuda:0: this machine has no CUDA device"),
+    (["--device-map", "auto", "--max-memory", "cpu=1GiB", "cpu=2GiB"], "'cpu=1GiB' and 'cpu=2GiB' size the same"),
     (["--device-map", "{tmp}/nothing.json"], "neither auto, balanced, sequential nor a readable JSON file"),
     (["--device-map", "{tmp}/list.json"], "must hold a JSON object"),
     (["--device-map", "{tmp}/typo.json"], "has no module 'model.layer.0'"),
@@ -131,7 +133,7 @@ def test_task_scorer_of_a_placed_model(tmp_path):
     (["--device-map", "{tmp}/disk.json", "--max-memory", "cpu=1GiB"], "drop --max-memory"),
 ])
 def test_refusals_are_one_line(tmp_path, capsys, argv, msg):
-    if "{tmp}/gpu.json" in argv:
+    if "no CUDA device" in msg:
         import torch
 
         if torch.cuda.is_available():
@@ -140,6 +142,7 @@ def test_refusals_are_one_line(tmp_path, capsys, argv, msg):
     for name, value in (("list", []), ("typo", {**MAP, "model.layer.0": "cpu"}), ("gpu", {"": 0}),
                         ("partial", {"model.embed_tokens": "cpu"}), ("disk", MAP)):
         (tmp_path / f"{name}.json").write_text(json.dumps(value))
+    capsys.readouterr()  # what saving the model printed
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert main(["analyze", str(hf), "--out", str(tmp_path / "out"), "--no-progress", *argv]) == 2
     err = capsys.readouterr().err.strip()
@@ -220,9 +223,11 @@ def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys):
     (["--device-map", "auto", "--device", "cpu"], "--device puts it on one device"),
     (["--device-map", "auto", "--commonsense", "{tmp}"], "--device-map places one model; --commonsense"),
     (["--offload-folder", "{tmp}"], "--offload-folder has no effect without --device-map"),
+    (["--device-map", "auto", "--max-memory", "cpu=1GiB", "cpu=2GiB"], "size the same device"),
 ])
 def test_eval_refusals_are_one_line(tmp_path, capsys, argv, msg):
     hf = save_hf_model(tmp_path / "hf", "llama")
+    capsys.readouterr()  # what saving the model printed
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert main(["eval", str(hf), "--no-progress", *argv]) == 2
     err = capsys.readouterr().err.strip()

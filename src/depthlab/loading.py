@@ -218,10 +218,11 @@ def read_device_map(text: str) -> str | dict:
 
 
 def read_max_memory(items: list[str]) -> dict:
-    """--max-memory's DEVICE=SIZE items (0=20GiB cpu=60GiB) as accelerate's max_memory {0: "20GiB", "cpu": ...}."""
+    """--max-memory's DEVICE=SIZE items (0=20GiB cpu=60GiB) as accelerate's max_memory {0: "20GiB", "cpu": ...}:
+    each device once, each GPU one this machine has."""
     from accelerate.utils import convert_file_size_to_int
 
-    memory = {}
+    memory, given = {}, {}
     for item in items:
         key, eq, size = item.partition("=")
         key = key.removeprefix("cuda:")
@@ -234,7 +235,11 @@ def read_max_memory(items: list[str]) -> dict:
         except ValueError:
             raise UserError(f"--max-memory {item!r}: {size!r} is not a size (e.g. 20GiB, 500MB, 10**9 bytes as "
                             "1000000000)") from None
-        memory[int(key) if key.isdigit() else key] = size
+        device = _device(int(key), "--max-memory") if key.isdigit() else key
+        if device in given:
+            raise UserError(f"--max-memory: {given[device]!r} and {item!r} size the same device; give each device "
+                            "once")
+        memory[device], given[device] = size, item
     return memory
 
 
@@ -243,12 +248,12 @@ def _device(value, where: str):
     from depthlab.device import resolve_device
 
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        resolve_device(f"cuda:{value}", where)
+        resolve_device(f"cuda:{value}", where, "use cpu or disk")
         return value
     if value in ("cpu", "disk"):
         return value
     if isinstance(value, str) and value.split(":")[0] in ("cuda", "mps", "xpu"):
-        return str(resolve_device(value, where))
+        return str(resolve_device(value, where, "use cpu or disk"))
     raise UserError(f"{where}: {value!r} is not a device (a GPU index, cpu, disk, cuda:N)")
 
 
