@@ -48,6 +48,30 @@ def test_measure_prints_the_tracker_beside_each_estimate(overrides):
     assert float(act[-1]) == pytest.approx(measured["activations"] / 2**20, abs=0.01)
 
 
+def test_dry_run_measure_prints_the_plan_first_then_says_it_measures_with_progress(monkeypatch):
+    """The measurement takes minutes for a large model (in silence before): the estimate comes
+    first, then a line saying what is measured, then progress lines (here every few milliseconds), then the
+    measured table; the layout once. Into a pipe, so the estimate is flushed, not held until the end."""
+    import io
+    import sys
+
+    from depthlab import progress
+    from depthlab.cli import main
+
+    monkeypatch.setattr(progress, "START_S", 0.0)
+    monkeypatch.setattr(progress, "EVERY_S", 0.001)
+    both = io.StringIO()  # stdout and stderr in the order they were written
+    monkeypatch.setattr(sys, "stdout", both)
+    monkeypatch.setattr(sys, "stderr", both)
+    assert main(["train", "--dry-run", "--measure", "--no-progress", *(a for o in TINY for a in ("--set", o))]) == 0
+    out = both.getvalue()
+    order = [out.index("memory per rank (MiB):\n"), out.index("depthlab train: measuring the plan: 2 training steps"),
+             out.index("depthlab: measuring the plan: "), out.index("2/2 micro-batches, done"),
+             out.index("memory per rank (MiB):   estimate   measured")]
+    assert order == sorted(order), out
+    assert out.count("layout: ") == 1
+
+
 def test_a_fake_rank_measures_what_real_tensors_do():
     """FakeTensorMode allocates nothing, yet one process under it measures byte for byte what real tensors do;
     a fake rank of 2 under FSDP holds half the parameters and its plan's activations and total."""

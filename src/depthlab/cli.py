@@ -116,13 +116,13 @@ def cmd_train(args) -> None:
         if world < 1:
             raise UserError(f"--world-size must be >= 1, got {world}")
         plan = memory_plan(cfg, world)
+        if not int(os.environ.get("RANK", 0)):
+            print(format_plan(plan), flush=True)  # the estimate at once, before any measurement
+        check_fits(plan, args.gpu_memory)
         if args.measure:
             from depthlab.memtrack import measure_plan
 
-            plan = measure_plan(cfg, plan)
-        if not int(os.environ.get("RANK", 0)):
-            print(format_plan(plan))
-        check_fits(plan, args.gpu_memory)
+            print(format_plan(measure_plan(cfg, plan, progress=not args.no_progress), layout=False))
         return
     from depthlab.checkpoint import warn
     from depthlab.model.validate import train_warnings

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +34,7 @@ import torch
 
 from depthlab import UserError
 from depthlab.config import Config, per_rank_batch
+from depthlab.progress import progress_bar
 
 # the plan's categories, each from the trackers' own (MemTracker's and FSDPMemTracker's names)
 CATEGORIES = {"parameters": ("Parameter", "Buffer", "Sharded Param"), "gradients": ("Gradient", "Sharded Grad"),
@@ -43,6 +45,11 @@ STEPS = 2
 _TOTAL = "Total"  # the trackers' key of the total
 
 
+def micro_batches(cfg: Config) -> int:
+    """How many micro-batches the measured steps take: STEPS steps of at most two."""
+    return STEPS * min(cfg.train.grad_accum, 2)
+
+
 def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int, clip: bool):
     """STEPS optimizer steps of at most two micro-batches each, as the trainer takes them (clipping when `clip`);
     yields after each micro-batch's backward."""
@@ -50,7 +57,7 @@ def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int,
     from depthlab.train.optim import clip_gradients
     from depthlab.train.runtime import autocast
 
-    tc, micro = cfg.train, min(cfg.train.grad_accum, 2)
+    tc, micro = cfg.train, micro_batches(cfg) // STEPS
     gen = torch.Generator().manual_seed(0)
     shape = (per_rank_batch(tc, world_size), cfg.data.seq_len)
     x, y = (torch.randint(cfg.model.vocab_size, shape, generator=gen).to(device) for _ in range(2))
@@ -123,9 +130,11 @@ def _tracker(module, opt):
     return tracker
 
 
-def _peak(cfg: Config, built: tuple, world_size: int, device: torch.device, fake: bool = False) -> dict[str, int]:
+def _peak(cfg: Config, built: tuple, world_size: int, device: torch.device, fake: bool = False,
+          tick=lambda: None) -> dict[str, int]:
     """Bytes per plan category at the total's peak (the gradients and activations at their own), and the total,
-    over the steps of `cfg` on this rank, for the (model, what the step calls) that build_parallel returns. Fake
+    over the steps of `cfg` on this rank, for the (model, what the step calls) that build_parallel returns; `tick`
+    is called after every micro-batch (a progress bar's). Fake
     steps leave clipping out: under FakeTensorMode a sharded gradient's norm gathers the whole gradient (8 x the
     shard on 8 ranks), which real ranks do not (a peak 2 KiB over the gradients on 2 gloo ranks, against 7 MiB)."""
     from depthlab.train.optim import make_optimizer
@@ -136,13 +145,15 @@ def _peak(cfg: Config, built: tuple, world_size: int, device: torch.device, fake
     with tracker:
         for _ in _train_steps(cfg, model, opt, device, world_size, clip=not fake):
             tracker.reset_mod_stats()  # per-module statistics are per forward; the peaks are kept
+            tick()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     return {**_by_category(peak), **tracker.own_peak(), "total": peak[_TOTAL]}
 
 
-def measure(cfg: Config, world_size: int = 1, fake: bool = False) -> dict[str, int]:
+def measure(cfg: Config, world_size: int = 1, fake: bool = False, tick=lambda: None) -> dict[str, int]:
     """Peak bytes per plan category of one rank's training steps of `cfg` on `world_size` ranks: this process
-    (world_size 1), rank 0 of world_size spawned gloo processes, or (fake) rank 0 under FakeTensorMode."""
+    (world_size 1, `tick` called after each of its micro_batches(cfg)), rank 0 of world_size spawned gloo
+    processes, or (fake) rank 0 under FakeTensorMode."""
     if cfg.model.is_vit:
         raise UserError("measuring a step's memory takes a language model; a ViT's plan is an estimate only")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="cpu", compile=False))
@@ -152,7 +163,7 @@ def measure(cfg: Config, world_size: int = 1, fake: bool = False) -> dict[str, i
         from depthlab.train.distributed import DistEnv, build_parallel
 
         cpu = torch.device("cpu")
-        return _peak(cfg, build_parallel(cfg.model, cfg.train, DistEnv(), cpu), 1, cpu)
+        return _peak(cfg, build_parallel(cfg.model, cfg.train, DistEnv(), cpu), 1, cpu, tick=tick)
     return _spawn(cfg, world_size)[0]
 
 
@@ -233,9 +244,11 @@ def _rank_main(rank: int, world_size: int, port: int, cfg: dict, out: str) -> No
         shutdown(env)
 
 
-def measure_plan(cfg: Config, plan: dict) -> dict:
+def measure_plan(cfg: Config, plan: dict, progress: bool = True) -> dict:
     """`plan` (depthlab.train.plan.memory_plan) with the tracker's figure for each category: `depthlab train
-    --dry-run --measure`, two real training steps of `cfg` in this process, on the CPU."""
+    --dry-run --measure`, two real training steps of `cfg` in this process, on the CPU. A large model's take
+    minutes: it says on stderr that it measures, and shows its progress by micro-batch
+    (depthlab.progress: a bar on a terminal, else a line every few seconds)."""
     world = plan["layout"]["world_size"]
     if world > 1:
         raise UserError(f"--measure runs one process, not {world} ranks: drop --world-size (ranks and FakeTensorMode "
@@ -244,7 +257,12 @@ def measure_plan(cfg: Config, plan: dict) -> dict:
     if need > host / 2:
         raise UserError(f"--measure runs the step on this machine's CPU: the plan needs {need / 2**30:,.1f} GiB, more "
                         f"than half of its {host / 2**30:,.0f} GiB; measure a smaller config")
-    measured = measure(cfg)
+    tc, n = cfg.train, micro_batches(cfg)
+    print(f"depthlab train: measuring the plan: {STEPS} training steps of {n // STEPS} micro-batch(es) of "
+          f"{per_rank_batch(tc, 1)} x {cfg.data.seq_len} tokens on the CPU under PyTorch's MemTracker (minutes for a "
+          "large model)", file=sys.stderr, flush=True)
+    with progress_bar(total=n, enabled=progress, desc="measuring the plan", unit="micro-batches") as bar:
+        measured = measure(cfg, tick=bar.update)
     what = (f"PyTorch's MemTracker over {STEPS} training steps on the CPU (random tokens; the second holds AdamW's "
             "moments): each category at the total's peak, the gradients and activations at their own")
     return {**plan, "measured": {"bytes": measured, "what": what}}

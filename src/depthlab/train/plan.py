@@ -106,9 +106,10 @@ def memory_plan(cfg: Config, world_size: int) -> dict:
     return {"layout": layout, "bytes": plan}
 
 
-def format_plan(plan: dict) -> str:
+def format_plan(plan: dict, layout: bool = True) -> str:
     """The plan as `--dry-run` prints it: in GiB, or MiB below one GiB; with the tracker's figure beside each
-    estimate when the plan carries one (depthlab.memtrack.measure_plan)."""
+    estimate when the plan carries one (depthlab.memtrack.measure_plan); without its layout line when not
+    `layout` (the measured table, printed below the estimate's)."""
     lay, measured = plan["layout"], plan.get("measured", {}).get("bytes")
     unit, size = ("GiB", GIB) if plan["bytes"]["total"] >= GIB else ("MiB", 2**20)
     lines = [f"layout: {lay['world_size']} rank(s), {lay['parallel']}" + (f" ({lay['mesh']})" if lay["mesh"] else "")
@@ -120,7 +121,7 @@ def format_plan(plan: dict) -> str:
               for k, v in plan["bytes"].items()]
     if measured:
         lines.append(f"measured: {plan['measured']['what']}")
-    return "\n".join(lines)
+    return "\n".join(lines[0 if layout else 1:])
 
 
 def check_fits(plan: dict, gpu_memory_gib: float | None) -> None:
