@@ -83,7 +83,7 @@ def test_bad_spans_are_refused(span):
 
 
 def test_bad_span_syntax_on_the_cli(tmp_path, capsys):
-    assert main(["prune", str(tmp_path), "--remove", "3-4", str(tmp_path / "out")]) == 2
+    assert main(["prune", str(tmp_path / "model"), "--remove", "3-4", str(tmp_path / "out")]) == 2
     assert "START:END" in capsys.readouterr().err
 
 
@@ -141,7 +141,9 @@ def test_drop_lowest_refuses_a_missing_or_foreign_analysis(tmp_path, capsys):
     from tests.test_analysis_support import save_hf_model
 
     hf = save_hf_model(tmp_path / "hf", "llama")
-    assert main(["prune", str(hf), str(tmp_path / "o"), "--drop-lowest", "1", "--analysis", str(tmp_path)]) == 2
+    (tmp_path / "notes").mkdir()
+    assert main(["prune", str(hf), str(tmp_path / "o"), "--drop-lowest", "1", "--analysis", str(tmp_path / "notes")]) \
+        == 2
     assert "holds no analysis" in capsys.readouterr().err
     assert main(["prune", str(hf), str(tmp_path / "o"), "--remove", "1:2", "--by", "loss"]) == 2
     assert "--by goes with --drop-lowest" in capsys.readouterr().err

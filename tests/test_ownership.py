@@ -129,6 +129,53 @@ def test_analyze_and_compare_never_write_over_their_data(run, tmp_path, capsys):
     assert files(corpus) == before
 
 
+# ---------------------------------------------------------------- issue 48 items 1, 3, 5: every path a command reads
+def test_prune_never_deletes_the_analysis_it_ranks_by(tmp_path, monkeypatch, capsys):
+    """`prune M DIR --drop-lowest K --analysis DIR --overwrite` read DIR's ranking, then replaced DIR with the pruned
+    model: the analysis was gone. The analysis is prune's input, named with --analysis or by default."""
+    from tests.test_analysis_support import TEXT as CODE, save_hf_model
+
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    (tmp_path / "t.txt").write_text(CODE)
+    analysis = tmp_path / "analysis" / "hf"  # analyze's default for a model named hf, from tmp_path
+    assert main(["analyze", str(hf), "--data", str(tmp_path / "t.txt"), "--tokens", "64", "--seq-len", "32",
+                 "--no-jacobian", "--no-progress", "--out", str(analysis)]) == 0
+    before, _ = files(tmp_path / "analysis"), capsys.readouterr()
+    for out in (analysis, analysis.parent):
+        err = refused(capsys, "prune", hf, out, "--drop-lowest", 1, "--analysis", analysis, "--overwrite")
+        assert f"OUT_DIR {out}" in err and "prune's own input --analysis" in err
+    monkeypatch.chdir(tmp_path)
+    refused(capsys, "prune", hf, "analysis/hf", "--drop-lowest", 1, "--overwrite")  # the default analysis
+    assert files(tmp_path / "analysis") == before
+
+
+def test_import_never_writes_over_the_tokenizer_it_reads(tmp_path, capsys):
+    from tests.test_analysis_support import save_hf_model
+
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "tokenizer.json").write_bytes((hf / "tokenizer.json").read_bytes())
+    before, _ = files(tmp_path / "out"), capsys.readouterr()
+    err = refused(capsys, "import", hf, tmp_path / "out", "--tokenizer", tmp_path / "out" / "tokenizer.json",
+                  "--overwrite")
+    assert "import's own input --tokenizer" in err and files(tmp_path / "out") == before
+
+
+@pytest.mark.parametrize("command", ["analyze", "eval"])
+def test_an_offload_folder_is_never_the_model_nor_inside_what_the_command_reads(run, tmp_path, capsys, command):
+    """The weights a device map puts on disk are written into --offload-folder (and left there by a killed run):
+    never into the model's directory or its data; one line names the option and what the path is to the command."""
+    (tmp_path / "text.txt").write_text(TEXT)
+    before = files(run)
+    data = ["--data", tmp_path / "text.txt"]
+    for folder, role in ((run, f"is {command}'s own input MODEL"), (run / "offload", f"is inside {command}'s own "
+                         "input MODEL"), (tmp_path / "text.txt", f"is {command}'s own input --data")):
+        err = refused(capsys, command, run, *data, "--device-map", "auto", "--offload-folder", folder)
+        assert err.startswith(f"depthlab: error: --offload-folder {folder} {role}") and \
+            err.endswith("choose another --offload-folder"), err
+    assert files(run) == before and not (run / "offload").exists()
+
+
 # ---------------------------------------------------------------- item 2: the lock is the resolved path's
 def test_a_second_trainer_through_a_symlink_is_refused(run, tmp_path):
     link = tmp_path / "link"

@@ -303,18 +303,22 @@ def lora_settings(args):
 
 def add_commonsense_options(e) -> None:
     from depthlab.flags import at_least
+    from depthlab.owned import INPUT, PREFIX
 
-    e.add_argument("--commonsense", metavar="DIR", help="the eight commonsense tasks, DIR/<task>/test.json in "
+    e.add_argument("--commonsense", type=INPUT, metavar="DIR", help="the eight commonsense tasks, "
+                   "DIR/<task>/test.json in "
                    "LLM-Adapters' layout (boolq, piqa, social_i_qa, hellaswag, winogrande, ARC-Easy, ARC-Challenge, "
                    "openbookqa): greedy generation with answer extraction and log-likelihood, a table of every model "
                    "(docs/downstream.md)")
-    e.add_argument("--mmlu", metavar="DIR", help="MMLU from local files (cais/mmlu's SUBJECT/test-*.parquet and "
+    e.add_argument("--mmlu", type=INPUT, metavar="DIR", help="MMLU from local files (cais/mmlu's "
+                   "SUBJECT/test-*.parquet and "
                    "dev-*.parquet, or the original test/SUBJECT_test.csv and dev/SUBJECT_dev.csv), scored as "
                    "lm-evaluation-harness's mmlu task; with --commonsense the table gets the paper's columns (MMLU, "
                    "BoolQ, ARC-e, PIQA, HellaSwag, OBQA, WinoGrande)")
     e.add_argument("--mmlu-shots", type=at_least(0), default=0, metavar="K", help="with --mmlu: examples from each "
                    "subject's dev split in front of every question (0 or 5 as in the paper's harness; default 0)")
-    e.add_argument("--table", default="commonsense", metavar="PREFIX", help="with --commonsense / --mmlu: write "
+    e.add_argument("--table", type=PREFIX, default="commonsense", metavar="PREFIX", help="with --commonsense / "
+                   "--mmlu: write "
                    "PREFIX.md and PREFIX.json (default: commonsense); existing ones must be an earlier table")
     e.add_argument("--overwrite", action="store_true", help="with --commonsense: replace PREFIX.md / PREFIX.json "
                    "even if they are not an earlier table")
@@ -323,22 +327,27 @@ def add_commonsense_options(e) -> None:
 
 def add_finetune(sub) -> None:
     from depthlab.flags import at_least, fraction, positive
+    from depthlab.owned import CONTINUED, FOLDER, INPUT, OUTPUT
 
     f = sub.add_parser("finetune", help="supervised fine-tuning on Commonsense170K-format instruction data",
                        epilog=EPILOG, description="Full or LoRA fine-tuning of a depthlab checkpoint (a run, an "
                        "import of an HF model or of an export: `depthlab import`) on instruction / input / output "
                        "records, in LLM-Adapters' prompt template, with the loss on the response tokens only "
                        "(docs/downstream.md).")
-    f.add_argument("model", metavar="MODEL", help="a depthlab checkpoint or run directory")
-    f.add_argument("--data", required=True, metavar="FILE", help="a JSON array or JSON lines of records with "
+    f.add_argument("model", type=INPUT, metavar="MODEL", help="a depthlab checkpoint or run directory")
+    f.add_argument("--data", required=True, type=INPUT, metavar="FILE", help="a JSON array or JSON lines of records "
+                   "with "
                    "instruction, input, output (commonsense_170k.json)")
     f.add_argument("--seq-len", type=at_least(1), help="tokens per example, longer ones truncated (default: 256, "
                    "at most the model's context)")
-    f.add_argument("--out", help="parent directory for a new run directory (same as --set train.out_dir=...)")
-    f.add_argument("--run-dir", help="use exactly this run directory (with --resume auto: continue it)")
-    f.add_argument("--resume", metavar="auto|PATH", help="auto: the newest valid checkpoint in --run-dir")
+    f.add_argument("--out", type=FOLDER, help="parent directory for a new run directory (same as --set "
+                   "train.out_dir=...)")
+    f.add_argument("--run-dir", type=OUTPUT, help="use exactly this run directory (with --resume auto: continue it)")
+    f.add_argument("--resume", type=CONTINUED, metavar="auto|PATH", help="auto: the newest valid checkpoint in "
+                   "--run-dir")
     f.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field, e.g. "
+    f.add_argument("--set", action="append", type=str, default=[], metavar="KEY=VALUE", help="override a config "
+                   "field, e.g. "
                    "train.lr=1e-4 train.max_steps=1000 (defaults: lr 3e-4, 200 steps)")
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
     f.add_argument("--lora", action="store_true", help="LoRA through peft: train low-rank adapters only, the "
@@ -348,7 +357,8 @@ def add_finetune(sub) -> None:
                    "A / R (default 2 x R: 64 at rank 32)")
     f.add_argument("--lora-dropout", type=fraction, metavar="P", help="with --lora: dropout on the adapters' input "
                    "(default 0.05)")
-    f.add_argument("--lora-targets", metavar="LIST", help="with --lora: the projections to adapt, of q, k, v, o, "
+    f.add_argument("--lora-targets", type=str, metavar="LIST", help="with --lora: the projections to adapt, of q, k, "
+                   "v, o, "
                    "gate, up, down (default q,k,v,up,down)")
     f.set_defaults(func=cmd_finetune)
 
@@ -378,9 +388,11 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         from depthlab.flags import refusal, refuse
+        from depthlab.owned import path_refusal
 
         namespace, extras = super().parse_known_args(args, namespace)
-        if message := refusal(self, namespace):  # a value out of range, a flag without the one it acts with
+        # a value out of range, a flag without the one it acts with, an output where the command reads
+        if message := refusal(self, namespace) or path_refusal(self, namespace):
             namespace.func = refuse(message)  # the command is its refusal: one line, before anything is read
         return namespace, extras
 
@@ -419,25 +431,31 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Train a LLaMA-style model under a normalization scheme. With no arguments: "
                        "the cpu-tiny preset with LNS on the built-in corpus, a few minutes on 2 CPU cores.")
     from depthlab.model.families import PRESETS
+    from depthlab.owned import CONTINUED, FOLDER, INPUT, OUTPUT
 
-    t.add_argument("--preset", help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
-    t.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
-    t.add_argument("--scheme", help=scheme_help())
-    t.add_argument("--data", nargs="+", metavar="PATH", help="a prepared directory (`depthlab data prepare`), or "
+    t.add_argument("--preset", type=str, help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
+    t.add_argument("--config", type=INPUT, help="a JSON or YAML config file (instead of --preset)")
+    t.add_argument("--scheme", type=str, help=scheme_help())
+    t.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help="a prepared directory (`depthlab data "
+                   "prepare`), or "
                    "text / JSON lines (C4) / parquet files, folders, globs, hf:NAME datasets (default: built-in "
                    "corpus)")
-    t.add_argument("--out", help="parent directory for a new, timestamped run directory (default: runs)")
-    t.add_argument("--run-dir", help="use exactly this run directory (with --resume auto: continue it if it has a "
+    t.add_argument("--out", type=FOLDER, help="parent directory for a new, timestamped run directory (default: runs)")
+    t.add_argument("--run-dir", type=OUTPUT, help="use exactly this run directory (with --resume auto: continue it "
+                   "if it has a "
                    "valid checkpoint, else start it)")
-    t.add_argument("--resume", metavar="auto|PATH", help="auto: the newest valid checkpoint in --run-dir; or a "
+    t.add_argument("--resume", type=CONTINUED, metavar="auto|PATH", help="auto: the newest valid checkpoint in "
+                   "--run-dir; or a "
                    "checkpoint / run directory, continued in its own run, or with --run-dir in that directory (a "
                    "branch). The run's own config is used; --set may change only operational fields (logging, "
                    "checkpointing, device)")
     t.add_argument("--overwrite", action="store_true", help="use --run-dir even if it holds other files or another "
                    "run (whose checkpoints and metrics are then deleted)")
     t.add_argument("--max-steps", type=int, help="number of optimizer steps")
-    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable)")
-    t.add_argument("--init-from", metavar="CKPT", help="start from this checkpoint's weights and architecture (e.g. "
+    t.add_argument("--set", action="append", type=str, metavar="KEY=VALUE", help="override a config field "
+                   "(repeatable)")
+    t.add_argument("--init-from", type=INPUT, metavar="CKPT", help="start from this checkpoint's weights and "
+                   "architecture (e.g. "
                    "one made by `depthlab import`), with a fresh optimizer: continued pretraining, for example "
                    "with --scheme lns")
     t.add_argument("--no-progress", action="store_true", help="no progress bars (the steps' bar; and on a "
@@ -459,6 +477,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def add_coord_check(sub) -> None:
     from depthlab.flags import at_least
+    from depthlab.owned import INPUT, OUTPUT
 
     p = sub.add_parser("coord-check", help="depth coordinate check: a few steps at several depths, each block's "
                        "update and activation scale against depth (flat = the rate carries over)",
@@ -466,17 +485,20 @@ def add_coord_check(sub) -> None:
                        "record each block's update since init, its relative update and its activation RMS, and "
                        "draw them against depth. Records accumulate in OUT/coord_check.jsonl under --name, so "
                        "several parameterizations share one figure (OUT/coord_check.png).")
-    p.add_argument("--preset", help="starting config (default: cpu-tiny)")
-    p.add_argument("--config", help="a JSON or YAML config file (instead of --preset)")
-    p.add_argument("--scheme", help="model.norm_scheme")
-    p.add_argument("--data", nargs="+", metavar="PATH", help="text / prepared data (default: the built-in corpus)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field (repeatable), e.g. "
+    p.add_argument("--preset", type=str, help="starting config (default: cpu-tiny)")
+    p.add_argument("--config", type=INPUT, help="a JSON or YAML config file (instead of --preset)")
+    p.add_argument("--scheme", type=str, help="model.norm_scheme")
+    p.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help="text / prepared data (default: the "
+                   "built-in corpus)")
+    p.add_argument("--set", action="append", type=str, metavar="KEY=VALUE", help="override a config field "
+                   "(repeatable), e.g. "
                    "--set model.depth_alpha=1 --set model.depth_base=2")
     p.add_argument("--depths", nargs="+", type=at_least(1), default=[2, 4, 8, 16, 32, 64])
     p.add_argument("--seeds", type=at_least(1), default=3, help="seeds per depth (default 3)")
     p.add_argument("--steps", type=at_least(1), default=5, help="Adam steps at a constant rate (default 5)")
-    p.add_argument("--name", help="the parameterization's label (default: the scheme and --set overrides)")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for the records and figures: new, "
+    p.add_argument("--name", type=str, help="the parameterization's label (default: the scheme and --set overrides)")
+    p.add_argument("--out", required=True, type=OUTPUT, metavar="DIR", help="directory for the records and "
+                   "figures: new, "
                    "empty, or an earlier coord-check's (its records under other names are kept)")
     p.add_argument("--overwrite", action="store_true", help="write into a --out that holds other files (they are "
                    "left as they are)")
@@ -516,21 +538,24 @@ def argparse_without_out(args):
 def add_eval(sub) -> None:
     from depthlab.flags import at_least
     from depthlab.loading import add_placement_options
+    from depthlab.owned import INPUT
 
     e = sub.add_parser("eval", help="validation loss and perplexity of a model",
                        description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
                        "or a Hugging Face model directory), on --data or, by default, on the run's own validation "
                        "split.")
-    e.add_argument("checkpoint", metavar="MODEL", nargs="+", help=MODEL_HELP + " (several: with --commonsense)")
-    e.add_argument("--data", nargs="+", metavar="PATH", help="text files or folders to evaluate on, or a prepared "
+    e.add_argument("checkpoint", metavar="MODEL", nargs="+", type=INPUT, help=MODEL_HELP + " (several: with "
+                   "--commonsense)")
+    e.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help="text files or folders to evaluate on, or a "
+                   "prepared "
                    "directory (its validation split)")
-    e.add_argument("--tasks", nargs="+", metavar="FILE.jsonl", help="multiple-choice task files instead "
+    e.add_argument("--tasks", nargs="+", type=INPUT, metavar="FILE.jsonl", help="multiple-choice task files instead "
                    "(question, choices, answer index; docs/hf.md): accuracy and length-normalised accuracy")
     add_commonsense_options(e)
     e.add_argument("--seq-len", type=at_least(1), help="window length (default: the run's; HF models: their "
                    "context, at most 512)")
     e.add_argument("--batch-size", type=at_least(1), default=16)
-    e.add_argument("--device", default="auto")
+    e.add_argument("--device", type=str, default="auto")
     add_placement_options(e, "the evaluation gives the numbers of one device (not with --commonsense / --mmlu)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
                    "tokenizing --data, the evaluation)")

@@ -159,16 +159,19 @@ def add_placement_options(p, same: str) -> None:
     """--device-map, --max-memory and --offload-folder on a command's parser (`same`: what the user gets from a
     placed model, said in the help)."""
     from depthlab.flags import only_with
+    from depthlab.owned import FOLDER, INPUT
 
-    p.add_argument("--device-map", metavar="auto|balanced|sequential|FILE.json", help="place the model over several "
+    p.add_argument("--device-map", type=INPUT, metavar="auto|balanced|sequential|FILE.json", help="place the model "
+                   "over several "
                    "devices with accelerate (when one device is too small): a strategy, as transformers' "
                    "from_pretrained takes it, or a JSON file {module name: device} (a GPU index, cpu, disk); the "
                    f"model is read into host memory first; {same}")
-    p.add_argument("--max-memory", nargs="+", metavar="DEVICE=SIZE", help="with a --device-map strategy: what each "
+    p.add_argument("--max-memory", nargs="+", type=str, metavar="DEVICE=SIZE", help="with a --device-map strategy: "
+                   "what each "
                    "device may hold, e.g. 0=20GiB 1=20GiB cpu=60GiB (default: their free memory)")
-    p.add_argument("--offload-folder", metavar="DIR", help="with --device-map: where the weights the map puts on "
-                   "disk are written (a fresh folder inside DIR, removed at exit; a killed run's, by the next run "
-                   "offloading into DIR)")
+    p.add_argument("--offload-folder", type=FOLDER, metavar="DIR", help="with --device-map: where the weights the map "
+                   "puts on disk are written (a fresh folder inside DIR, removed at exit; a killed run's, by the next "
+                   "run offloading into DIR)")
     only_with(p, "--device-map", "--max-memory", "--offload-folder")
 
 

@@ -5,7 +5,10 @@ Every command that writes a run or an output directory holds its advisory lock (
 `.NAME.depthlab-lock`, released by the OS when the holder dies, even by SIGKILL), so a second writer fails at once
 naming the holder's PID. Whether a command may write a directory is decided by `claim`, for every writer (train's
 run directory, `data prepare --out`, export, prune, import, every `--out`): never one of its inputs, never a file;
-a missing or empty directory, the command's own kind of output, or, with --overwrite, any directory. Outputs are
+a missing or empty directory, the command's own kind of output, or, with --overwrite, any directory. What a command
+reads and writes is declared on its options (each path option's argparse type is a PathRole: INPUT, OUTPUT, FOLDER,
+PREFIX, CONTINUED), and the CLI's parser refuses a written path inside, above or at a read one before the command
+runs (`path_refusal`); commands check again what they only know later (a default path). Outputs are
 written whole (`writing`, `writing_files`; `write_whole` for a small file such as a settings or
 records file): into a temporary sibling that replaces the target only when complete.
 
@@ -230,14 +233,73 @@ def refuse_own_input(out: str | Path, inputs: Iterable[str | Path], what: str) -
     """A command never writes where it reads, --overwrite or not: `out` may not be one of its inputs, hold one
     (a directory above it) or sit inside one (a run written into its corpus is read as data by the next run on
     it). Paths are compared resolved, so a symlink or a relative path does not hide an input."""
-    o = Path(out).resolve()
     for inp in inputs:
-        i = Path(inp).resolve()
-        how = "is" if o == i else "holds" if o in i.parents else \
-            "is inside" if i in o.parents and not i.is_file() else None  # under a file: nothing can be written
-        if how:
-            named = "" if how == "is" and str(inp) == str(out) else f" ({inp})" if how == "is" else f" {inp}"
-            raise UserError(f"{out} {how} {what}'s own input{named}; write the output to another path")
+        if how := _relation(out, inp):
+            raise UserError(f"{out} {how} {what}'s own input{_named(out, inp, how)}; write the output to another path")
+
+
+def _relation(out: str | Path, inp: str | Path) -> str | None:
+    """How the written path `out` stands to the read path `inp`: "is", "holds" (a folder above it), "is inside",
+    or None; resolved, so a symlink or a relative path does not hide it."""
+    o, i = Path(out).resolve(), Path(inp).resolve()
+    return "is" if o == i else "holds" if o in i.parents else \
+        "is inside" if i in o.parents and not i.is_file() else None  # under a file: nothing can be written
+
+
+def _named(out, inp, how: str) -> str:
+    return "" if how == "is" and str(inp) == str(out) else f" ({inp})" if how == "is" else f" {inp}"
+
+
+class PathRole:
+    """What a command does with the path an option names, given as the option's argparse `type` (the value stays
+    the text given): it reads it, writes it, makes new things inside it, or writes files named after it.
+    `refuses` are the ways a path of this role may not stand to a path the command reads (`_relation`)."""
+
+    def __init__(self, name: str, refuses: tuple[str, ...] = ()):
+        self.__name__, self.refuses = name, refuses  # argparse names a type by its __name__
+
+    def __call__(self, text: str) -> str:
+        return text
+
+    def __repr__(self) -> str:
+        return f"PathRole({self.__name__})"
+
+
+INPUT = PathRole("input")  # read: what a command writes is never it, above it or inside it
+CONTINUED = PathRole("continued")  # a run the command continues, in place or as a branch: the run folder's rule
+OUTPUT = PathRole("output", ("is", "holds", "is inside"))  # written (replaced whole) at this path
+FOLDER = PathRole("folder", ("is", "is inside"))  # new things are made inside it: a run's parent, an offload folder
+PREFIX = PathRole("prefix", ("is inside",))  # files PREFIX.md, PREFIX.json are written beside it
+
+
+def path_refusal(parser, args) -> str | None:
+    """The one-line refusal of a path the command would write (an OUTPUT, FOLDER or PREFIX option given on the
+    command line) that stands to an existing path it reads (an INPUT option) as its role forbids, naming both
+    options; None when there is none. The CLI's parser asks it of every command before the command runs."""
+    what = parser.prog.removeprefix("depthlab").strip() or parser.prog
+    reads, writes = [], []
+    for action in parser._actions:
+        if not isinstance(action.type, PathRole):
+            continue
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        if action.type is INPUT:
+            reads += [(action, p) for p in input_paths(values) if os.path.lexists(p)]  # a missing one cannot be lost
+        elif action.type.refuses and value != action.default:  # a default (eval's --table) is the command's to check
+            writes += [(action, v) for v in values]
+    for w, out in writes:
+        for r, inp in reads:
+            how = _relation(out, inp)
+            if how in w.type.refuses:
+                return (f"{option_name(w)} {out} {how} {what}'s own input {option_name(r)}{_named(out, inp, how)}; "
+                        f"choose another {option_name(w)}")
+    return None
+
+
+def option_name(action) -> str:
+    """An option's first flag, or a positional's name as the usage line shows it (OUT_DIR, MODEL)."""
+    return action.option_strings[0] if action.option_strings else \
+        action.metavar if isinstance(action.metavar, str) else action.dest.upper()
 
 
 def input_paths(specs: Iterable[str | Path]) -> list[str]:

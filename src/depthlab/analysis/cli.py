@@ -14,8 +14,10 @@ TOKENS, PROBES = 4096, 4  # defaults of --tokens and --probes
 def _add_model_args(p) -> None:
     from depthlab.flags import SEED, at_least, only_with, positive
     from depthlab.loading import add_placement_options
+    from depthlab.owned import INPUT
 
-    p.add_argument("--data", nargs="+", metavar="PATH", help="calibration text files or folders (default: the "
+    p.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help="calibration text files or folders (default: "
+                   "the "
                    "built-in corpus); for a ViT one image source, whose validation split is used (default: the "
                    "run's own)")
     p.add_argument("--tokens", type=at_least(1), default=TOKENS, help="calibration tokens (default 4096; language "
@@ -44,9 +46,10 @@ def _add_model_args(p) -> None:
     p.add_argument("--interior", nargs=2, type=at_least(0), default=[1, 2], metavar=("FIRST", "LAST"),
                    help="curse index: leave out the first FIRST and the last LAST blocks (default 1 2)")
     p.add_argument("--probes", type=at_least(1), default=PROBES, help="random projections per Jacobian estimate")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    p.add_argument("--device", type=str, default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     add_placement_options(p, "the analysis gives the numbers of one device")
-    p.add_argument("--dtype", default="float32", help="model weights: float32 (default), bfloat16 or float16; "
+    p.add_argument("--dtype", type=str, default="float32", help="model weights: float32 (default), bfloat16 or "
+                   "float16; "
                    "the metrics are accumulated in fp32 either way")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the model's own code")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
@@ -55,16 +58,20 @@ def _add_model_args(p) -> None:
 
 def _add_removal_args(p) -> None:
     from depthlab.flags import at_least, only_with
+    from depthlab.owned import INPUT
 
-    p.add_argument("--removal-tasks", nargs="+", metavar="FILE.jsonl", help="also score each removal by these "
+    p.add_argument("--removal-tasks", nargs="+", type=INPUT, metavar="FILE.jsonl", help="also score each removal by "
+                   "these "
                    "multiple-choice files, as `eval --tasks` scores them (accuracy, with its 95%% Wilson interval, "
                    "and the log-likelihood of the correct answer)")
-    p.add_argument("--removal-mmlu", metavar="DIR", help="also score each removal by MMLU from local files, as "
+    p.add_argument("--removal-mmlu", type=INPUT, metavar="DIR", help="also score each removal by MMLU from local "
+                   "files, as "
                    "`eval --mmlu` scores it (the paper's Figure 1)")
     p.add_argument("--mmlu-shots", type=at_least(0), default=0, metavar="K", help="with --removal-mmlu: examples "
                    "from each subject's dev split (default 0)")
     only_with(p, "--removal-mmlu", "--mmlu-shots")
-    p.add_argument("--removal-commonsense", metavar="DIR", help="also score each removal by the commonsense tasks "
+    p.add_argument("--removal-commonsense", type=INPUT, metavar="DIR", help="also score each removal by the "
+                   "commonsense tasks "
                    "under DIR (DIR/<task>/test.json), in their log-likelihood form")
     p.add_argument("--task-limit", type=at_least(1), metavar="N", help="at most N questions of each task file, MMLU "
                    "subject and commonsense task (default: all)")
@@ -225,12 +232,15 @@ def cmd_theory(args) -> None:
 
 
 def add_commands(sub) -> None:
+    from depthlab.owned import INPUT, OUTPUT
+
     a = sub.add_parser("analyze", help="curse-of-depth diagnostics of a causal LM or a ViT, with plots and a report",
                        description="Variance, angular distance, block influence, logit lens, layer removal and "
                        "Jacobians of a depthlab run/checkpoint (language model or ViT) or any Hugging Face "
                        "causal-LM directory.")
-    a.add_argument("model", help="depthlab run or checkpoint directory, or an HF model directory")
-    a.add_argument("--out", help="output folder (default: analysis/<model name>); an existing one must be an "
+    a.add_argument("model", type=INPUT, help="depthlab run or checkpoint directory, or an HF model directory")
+    a.add_argument("--out", type=OUTPUT, help="output folder (default: analysis/<model name>); an existing one must "
+                   "be an "
                    "earlier report")
     a.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an analysis report")
     _add_model_args(a)
@@ -240,9 +250,10 @@ def add_commands(sub) -> None:
     c = sub.add_parser("compare", help="overlay the diagnostics of several models in one report",
                        description="Analyse several models (or reuse `analyze` output folders) and overlay "
                        "them against relative depth, e.g. the same model trained with pre and with lns.")
-    c.add_argument("models", nargs="+", help="model paths, or folders written by `depthlab analyze`")
-    c.add_argument("--labels", nargs="+", help="one label per model")
-    c.add_argument("--out", help="output folder (default: analysis/compare); an existing one must be an earlier "
+    c.add_argument("models", nargs="+", type=INPUT, help="model paths, or folders written by `depthlab analyze`")
+    c.add_argument("--labels", nargs="+", type=str, help="one label per model")
+    c.add_argument("--out", type=OUTPUT, help="output folder (default: analysis/compare); an existing one must be an "
+                   "earlier "
                    "comparison")
     c.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a comparison")
     _add_model_args(c)
@@ -257,7 +268,7 @@ def add_commands(sub) -> None:
     t.add_argument("--c", type=positive, default=1.0, help="the constant of the Θ-recursion (default 1)")
     t.add_argument("--sigma0", type=positive, default=1.0, help="standard deviation of the embedding output")
     t.add_argument("--power", type=non_negative, default=0.5, help="LNS exponent p in l^(-p) (default 0.5)")
-    t.add_argument("--out", default="analysis/theory", help="output folder (default: analysis/theory); an "
+    t.add_argument("--out", type=OUTPUT, default="analysis/theory", help="output folder (default: analysis/theory); an "
                    "existing one must be an earlier theory plot")
     t.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a theory plot")
     t.set_defaults(func=cmd_theory)

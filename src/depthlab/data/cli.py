@@ -71,20 +71,25 @@ def cmd_dedup(args) -> None:
 
 
 def add_commands(sub) -> None:
+    from depthlab.owned import INPUT, OUTPUT
+
     d = sub.add_parser("data", help="prepare token data", description="Prepare and inspect token data.")
     dsub = d.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
 
     p = dsub.add_parser("prepare", help="tokenize text into token files", description=PREPARE_HELP)
-    p.add_argument("inputs", nargs="*", metavar="INPUT", help="files, folders, globs or hf: specs")
-    p.add_argument("--out", required=True, help="output directory (locked while the job runs; an existing one must "
+    p.add_argument("inputs", nargs="*", type=INPUT, metavar="INPUT", help="files, folders, globs or hf: specs")
+    p.add_argument("--out", required=True, type=OUTPUT, help="output directory (locked while the job runs; an "
+                   "existing one must "
                    "hold prepared data)")
     p.add_argument("--overwrite", action="store_true", help="replace --out even if it holds other files or data "
                    "prepared from other inputs")
-    p.add_argument("--tokenizer", help="a tokenizer.json or a transformers tokenizer directory (default: train "
+    p.add_argument("--tokenizer", type=INPUT, help="a tokenizer.json or a transformers tokenizer directory (default: "
+                   "train "
                    "byte-level BPE on the data)")
     p.add_argument("--vocab-size", type=at_least(257), default=VOCAB_SIZE,
                    help="vocabulary of the trained BPE (default 32000, at least 257)")
-    p.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text (default text)")
+    p.add_argument("--text-field", type=str, default="text", help="JSON / parquet / hf field holding the text "
+                   "(default text)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for validation")
     p.add_argument("--workers", type=at_least(0), default=0, help="worker processes (default: one per CPU core)")
     p.add_argument("--fatal-bad-files", action="store_true", help="fail on an empty, binary or non-UTF-8 file "
@@ -99,16 +104,18 @@ def add_commands(sub) -> None:
     p.set_defaults(func=cmd_prepare)
 
     u = dsub.add_parser("dedup", help="drop exact and near-duplicate documents (MinHash), write the rest as JSONL")
-    u.add_argument("inputs", nargs="*", metavar="INPUT", help="what `prepare` reads (none: the built-in corpus)")
-    u.add_argument("--out", required=True, help="a .jsonl file of the kept documents, for `data prepare`: new, or "
+    u.add_argument("inputs", nargs="*", type=INPUT, metavar="INPUT", help="what `prepare` reads (none: the "
+                   "built-in corpus)")
+    u.add_argument("--out", required=True, type=OUTPUT, help="a .jsonl file of the kept documents, for `data "
+                   "prepare`: new, or "
                    "an earlier dedup's (never inside an INPUT folder)")
     u.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an earlier dedup's file")
     u.add_argument("--threshold", type=share, default=0.8, help="estimated Jaccard similarity of word 5-grams "
                    "at which two documents are copies, above 0 and at most 1 (default 0.8)")
-    u.add_argument("--text-field", default="text", help="JSON / parquet / hf field holding the text")
+    u.add_argument("--text-field", type=str, default="text", help="JSON / parquet / hf field holding the text")
     u.set_defaults(func=cmd_dedup)
 
     i = dsub.add_parser("info", help="describe a prepared-data directory")
-    i.add_argument("path")
+    i.add_argument("path", type=INPUT)
     i.add_argument("--json", action="store_true", help="the whole index as JSON")
     i.set_defaults(func=cmd_info)

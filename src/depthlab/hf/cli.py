@@ -57,7 +57,7 @@ def cmd_prune(args) -> None:
     layers, measured = least_useful(args.model, analysis, args.drop_lowest, by)
     out = prune_blocks(args.model, lambda model: drop_layers(model, layers), args.out_dir, args.overwrite,
                        {"removed_layers": sorted(layers), "note": f"the {len(layers)} least useful blocks by {by} "
-                        f"as ranked by {analysis}, the rest renumbered"})
+                        f"as ranked by {analysis}, the rest renumbered"}, reads=(analysis,))
     print(f"removed blocks {' '.join(str(i + 1) for i in sorted(layers))} (model.layers "
           f"{', '.join(map(str, sorted(layers)))}): the {len(layers)} least useful by {by} in {analysis}; "
           f"saved to {out}")
@@ -105,8 +105,11 @@ def cmd_harness(args) -> None:
 
 def add_harness_option(sub) -> None:
     """`depthlab eval --harness TASK...`: the eval command runs lm-eval's tasks instead when it is given."""
+    from depthlab.owned import INPUT
+
     e = sub.choices["eval"]
-    e.add_argument("--harness", nargs="+", metavar="TASK", help="run lm-evaluation-harness tasks on the model "
+    e.add_argument("--harness", nargs="+", type=INPUT, metavar="TASK", help="run lm-evaluation-harness tasks on the "
+                   "model "
                    "through depthlab's adapter (any scheme): lm-eval task names, YAML task files or folders of them "
                    "(needs depthlab[eval]; docs/hf.md)")
     plain = e.get_default("func")
@@ -150,6 +153,8 @@ def add_commands(sub) -> None:
     # analyze (added after this module, by depthlab.analysis.cli) scores removal by eval's tasks; analysis may not
     # import hf, so the reader waits for it on the subcommand table both modules are given
     sub.task_suite = task_suite
+    from depthlab.owned import INPUT, OUTPUT
+
     families, classes = _families()
     family_schemes, gemma2_schemes = _exported_schemes()
     e = sub.add_parser("export", help="export a checkpoint as a stock Hugging Face model directory",
@@ -161,9 +166,11 @@ def add_commands(sub) -> None:
                        "as a ViTForImageClassification with its image processor; the other schemes are "
                        "refused with the reason (docs/hf.md). A LoRA fine-tune exports with its adapters merged "
                        "into the weights.")
-    e.add_argument("source", help="checkpoint, run directory (its newest valid checkpoint) or a directory holding "
+    e.add_argument("source", type=INPUT, help="checkpoint, run directory (its newest valid checkpoint) or a directory "
+                   "holding "
                    "one run")
-    e.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export)")
+    e.add_argument("out_dir", type=OUTPUT, help="output directory (written whole; an existing one must be an "
+                   "earlier export)")
     e.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     e.add_argument("--adapter-only", action="store_true", help="for a LoRA fine-tune (`finetune --lora`): write "
                    "its adapters as a peft adapter directory, for the export of its base model, instead of the "
@@ -178,36 +185,42 @@ def add_commands(sub) -> None:
                        "same weights under LNS). The weights are checked against config.json (every tensor present, "
                        "of its shape, finite, none left over); a model whose computation depthlab's differs from "
                        "(RoPE scaling, other activations, sliding windows) is refused with the reason.")
-    i.add_argument("model", help="Hugging Face model directory")
-    i.add_argument("out_dir", help="checkpoint directory to write (an existing one must be an earlier import)")
+    i.add_argument("model", type=INPUT, help="Hugging Face model directory")
+    i.add_argument("out_dir", type=OUTPUT, help="checkpoint directory to write (an existing one must be an earlier "
+                   "import)")
     i.add_argument("--overwrite", action="store_true", help=OVERWRITE)
-    i.add_argument("--scheme", help="scheme of the depthlab model (default: the family's own block, an exact copy: "
+    i.add_argument("--scheme", type=str, help="scheme of the depthlab model (default: the family's own block, an "
+                   "exact copy: "
                    "pre, or sandwich for gemma2)")
     i.add_argument("--max-seq-len", type=int, help="context of the depthlab model (default: the HF model's, "
                    "at most 4096)")
-    i.add_argument("--tokenizer", metavar="FILE", help="the model's tokenizer (a tokenizer.json or a transformers "
+    i.add_argument("--tokenizer", type=INPUT, metavar="FILE", help="the model's tokenizer (a tokenizer.json or a "
+                   "transformers "
                    "tokenizer directory), for a model directory that holds none (default: the directory's own)")
     i.set_defaults(func=cmd_import)
 
 
 def _add_prune(sub) -> None:
     from depthlab.flags import at_least
+    from depthlab.owned import INPUT, OUTPUT
 
     p = sub.add_parser("prune", help="remove layers from a model and save the smaller HF model",
                        description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded), or the "
                        "k least useful blocks as `depthlab analyze` ranked them, and save a Hugging Face model with "
                        "the layers renumbered and the config consistent. MODEL is an HF model directory, or a "
                        "depthlab checkpoint / run (exported first).")
-    p.add_argument("model", help="HF model directory, depthlab checkpoint or run directory")
-    p.add_argument("--remove", metavar="START:END", help="layers to remove, e.g. 20:24")
+    p.add_argument("model", type=INPUT, help="HF model directory, depthlab checkpoint or run directory")
+    p.add_argument("--remove", type=str, metavar="START:END", help="layers to remove, e.g. 20:24")
     p.add_argument("--drop-lowest", type=at_least(1), metavar="K", help="remove the K blocks whose removal alone "
                    "costs least, as ranked by the analysis of MODEL (--analysis)")
     p.add_argument("--by", choices=("loss", "tasks"), help="with --drop-lowest: rank by the loss increase (default) "
                    "or by the task accuracy lost (an analysis with --removal-tasks / --removal-mmlu / "
                    "--removal-commonsense)")
-    p.add_argument("--analysis", metavar="DIR", help="with --drop-lowest: the `depthlab analyze` output of MODEL "
+    p.add_argument("--analysis", type=INPUT, metavar="DIR", help="with --drop-lowest: the `depthlab analyze` output "
+                   "of MODEL "
                    "(default: analysis/<model name>, analyze's default)")
-    p.add_argument("out_dir", help="output directory (written whole; an existing one must be an earlier export or "
+    p.add_argument("out_dir", type=OUTPUT, help="output directory (written whole; an existing one must be an earlier "
+                   "export or "
                    "prune)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     p.set_defaults(func=cmd_prune)

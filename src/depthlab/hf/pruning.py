@@ -110,10 +110,10 @@ def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite:
 
 
 def prune_blocks(src: str | Path, cut, out_dir: str | Path, overwrite: bool = False,
-                 provenance: dict | None = None) -> Path:
+                 provenance: dict | None = None, reads: tuple[str | Path, ...] = ()) -> Path:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
     first); `cut(model)` drops the blocks. `out_dir` is written whole (depthlab.owned.writing): an existing one must
-    be an earlier export or prune, unless `overwrite`."""
+    be an earlier export or prune, unless `overwrite`; never `src` nor what else the choice `reads` (an analysis)."""
     from transformers import AutoTokenizer
 
     from depthlab.hf.exporter import export
@@ -123,7 +123,7 @@ def prune_blocks(src: str | Path, cut, out_dir: str | Path, overwrite: bool = Fa
 
     kind, path = model_path(src)
     with tempfile.TemporaryDirectory() as tmp, writing(out_dir, is_depthlab_hf, "prune", overwrite,
-                                                             inputs=[src]) as out:
+                                                             inputs=[src, *reads]) as out:
         if kind is Kind.CHECKPOINT:
             path = export(path, Path(tmp) / "exported")
         refuse_non_causal(path, src)
