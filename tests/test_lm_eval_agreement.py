@@ -178,3 +178,22 @@ def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(t
     assert tables[0] == tables[1]
     gc.collect()
     assert not (tmp_path / "offload").exists()  # its disk half went with the model, and the folder made for it
+
+
+@pytest.mark.parametrize("progress", [[], ["--no-progress"]])
+def test_harness_prints_its_table_without_git_errors_or_bars_off_a_terminal(tmp_path, capfd, monkeypatch, progress):
+    """lm-eval records the working directory's git commit by running `git describe`, which outside a repository
+    printed "fatal: not a git repository" after a good run; its progress bars were drawn into logs and under
+    --no-progress. Now stderr holds neither (lm-eval's own log lines about the task file aside)."""
+    import subprocess
+
+    make_checkpoint(tmp_path / "ckpt", "lns")
+    _, yaml = write_task(tmp_path / "tasks")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above it either
+    assert subprocess.run(["git", "describe", "--always"], capture_output=True).returncode != 0
+    capfd.readouterr()
+    assert main(["eval", str(tmp_path / "ckpt"), "--harness", str(yaml), "--device", "cpu", *progress]) == 0
+    out, err = capfd.readouterr()
+    assert "depthlab_mc" in out and "acc_norm" in out
+    assert "fatal" not in err and "it/s" not in err and "Tokenizing" not in err, err

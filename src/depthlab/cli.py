@@ -558,7 +558,7 @@ def add_eval(sub) -> None:
     e.add_argument("--device", type=str, default="auto")
     add_placement_options(e, "the evaluation gives the numbers of one device (not with --commonsense / --mmlu)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
-                   "tokenizing --data, the evaluation)")
+                   "tokenizing --data, the evaluation, lm-eval's with --harness)")
     e.set_defaults(func=cmd_eval)
 
 

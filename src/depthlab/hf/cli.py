@@ -100,7 +100,8 @@ def cmd_harness(args) -> None:
     if len(args.checkpoint) > 1:
         raise UserError("--harness evaluates one model at a time (several models: --commonsense DIR)")
     loaded = load_model(args.checkpoint[0], device=placed_device(args), **dict(zip(PLACEMENT, placement(args))))
-    print(make_table(run_harness(scorer_for(loaded), args.harness, batch_size=args.batch_size)))
+    print(make_table(run_harness(scorer_for(loaded), args.harness, batch_size=args.batch_size,
+                                 progress=not args.no_progress)))
 
 
 def add_harness_option(sub) -> None:

@@ -17,8 +17,9 @@ Needs `pip install depthlab[eval]` (lm-eval); imported only when --harness is us
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from lm_eval.api.model import TemplateLM
 
 from depthlab import UserError
 from depthlab.hf.mc_eval import Scorer, score_pairs
+from depthlab.progress import on_terminal
 
 
 class DepthlabLM(TemplateLM):
@@ -142,17 +144,14 @@ def _yaml_task_names(path: Path) -> list[str]:
 
 
 def run_harness(scorer: Scorer, items: list[str], batch_size: int = 16, limit: int | None = None,
-                log_samples: bool = False) -> dict:
-    """lm_eval.simple_evaluate on the scorer's model; returns lm-eval's results dictionary."""
+                log_samples: bool = False, progress: bool = True) -> dict:
+    """lm_eval.simple_evaluate on the scorer's model; returns lm-eval's results dictionary. `progress`: lm-eval's
+    bars, on a terminal only (as depthlab's own)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local dataset files: never wait for a hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not sys.stderr.isatty():  # as depthlab's own bars: a log file gets no carriage-return updates
-        from datasets.utils.logging import disable_progress_bar
-
-        disable_progress_bar()
     names, include, defined = task_names_and_paths(items)
     local = len(names) - sum(1 for i in items if not _is_task_path(Path(i)))  # lm-eval's own tasks only if named
     manager = TaskManager(include_path=include or None, include_defaults=local < len(names))
@@ -164,9 +163,39 @@ def run_harness(scorer: Scorer, items: list[str], batch_size: int = 16, limit: i
     if unknown:
         raise UserError(f"lm-eval does not know task(s) {', '.join(unknown)}; give a task name, a YAML task file or "
                         "a folder of them")
-    tasks = [t for n in names for t in _built(manager, n, defined.get(n))]
-    return lm_eval.simple_evaluate(model=DepthlabLM(scorer, batch_size), tasks=tasks, task_manager=manager,
-                                   limit=limit, log_samples=log_samples, bootstrap_iters=0)
+    with _quiet(bars=on_terminal(progress)):
+        tasks = [t for n in names for t in _built(manager, n, defined.get(n))]
+        return lm_eval.simple_evaluate(model=DepthlabLM(scorer, batch_size), tasks=tasks, task_manager=manager,
+                                       limit=limit, log_samples=log_samples, bootstrap_iters=0)
+
+
+def _hidden(bar):
+    """tqdm that draws nothing, also where the caller passes disable=False (lm-eval's "Tokenizing inputs")."""
+    return lambda *args, **kwargs: bar(*args, **{**kwargs, "disable": True})
+
+
+@contextlib.contextmanager
+def _quiet(bars: bool) -> Iterator[None]:
+    """lm-eval without its noise on stderr: the commit of the working directory it records by running `git describe`
+    (outside a repository git prints "fatal: not a git repository"; depthlab prints the table, which does not show
+    it), and, unless `bars`, its progress bars (tqdm, imported by name into the modules that draw them) and those
+    of `datasets`, which reads the tasks' files."""
+    from unittest import mock
+
+    import lm_eval.api.model
+    import lm_eval.api.task
+    import lm_eval.evaluator
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None))
+        if not bars:
+            for module in (lm_eval.api.model, lm_eval.api.task):
+                stack.enter_context(mock.patch.object(module, "tqdm", _hidden(module.tqdm)))
+            if is_progress_bar_enabled():
+                disable_progress_bar()
+                stack.callback(enable_progress_bar)
+        yield
 
 
 def _built(manager, name: str, source: Path | None) -> list:
