@@ -295,6 +295,22 @@ def _document_losses(study: Study, trainer, cfg, streams: dict) -> dict:
             "doc_scored": {k: v["tokens"] for k, v in out.items()}}
 
 
+def _weighted(rec: dict, split: str) -> float | None:
+    """The split's loss from the record's per-document losses (their mean weighted by scored tokens: what
+    `evaluate` gives, without a second pass over the split); None without them."""
+    losses, scored = rec.get("doc_losses", {}).get(split), rec.get("doc_scored", {}).get(split)
+    if not losses or not sum(scored):
+        return None
+    return sum(x * n for x, n in zip(losses, scored, strict=True) if n) / sum(scored)
+
+
+def _evaluate(trainer, cfg, tokens) -> float:
+    from depthlab.train.runtime import evaluate
+
+    return evaluate(trainer.module, tokens, cfg.data.seq_len, cfg.train.batch_size, trainer.device,
+                    cfg.train.dtype)["val_loss"]
+
+
 def train_cell(study: Study, cell: Cell) -> dict:
     """Train one cell, probe it, and return its record (depthlab.study.records)."""
     import shutil
@@ -335,13 +351,10 @@ def train_cell(study: Study, cell: Cell) -> dict:
         if along:
             along.probe(trainer.module, result.steps)
         test = _test(study)
-        if test is not None and len(test) > cfg.data.seq_len:  # the split no selection reads: what the page reports
-            from depthlab.train.runtime import evaluate
-
-            rec["test_loss"] = evaluate(trainer.module, test, cfg.data.seq_len, cfg.train.batch_size,
-                                        trainer.device, cfg.train.dtype)["val_loss"]
         if full_val is not None:
             rec.update(_document_losses(study, trainer, cfg, {"val": full_val, "test": test}))
+        if test is not None and len(test) > cfg.data.seq_len:  # the split no selection reads: what the page reports
+            rec["test_loss"] = _weighted(rec, "test") or _evaluate(trainer, cfg, test)
     except TrainingDiverged as e:
         rec.update(status="diverged", error=str(e), val_loss=math.inf, val={})
     finally:
