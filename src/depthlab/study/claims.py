@@ -15,8 +15,9 @@ binomial interval.
 
 from __future__ import annotations
 
+from depthlab.study.declared import AFTER, BEFORE
 from depthlab.study.summary import MECHANISMS
-from depthlab.study.verdicts import equivalent, family, less_stable, pooled
+from depthlab.study.verdicts import EQUIVALENCE_MARGIN, equivalent, family, less_stable, pooled, reread
 
 CLAIM_TEXT = {
     "1": "LNS trains to a lower loss than Pre-LN",
@@ -41,8 +42,11 @@ def _done(res: dict) -> list[dict]:
 def loss_rows(res: dict) -> list[dict]:
     """Claim 1: pooled over depths (the loss, no precondition), then per depth (curse-lifting, gated)."""
     done = _done(res)
+    both = pooled([d["delta_val_loss"] for d in done])
+    if "val_loss" in res.get("noise", {}):
+        reread([both], res["noise"]["val_loss"])
     rows = [{"claim": "1", "where": "pooled, N = " + ", ".join(str(d["layers"]) for d in done) + ", own best rates",
-             "measure": "val loss, lns − pre (nats)", "comparison": pooled([d["delta_val_loss"] for d in done]),
+             "measure": "val loss, lns − pre (nats)", "comparison": both,
              "predicted": "lower", "condition": "present"}] if done else []
     for d in done:
         rows.append({"claim": "1c", "where": f"N = {d['layers']}", "measure": "val loss, lns − pre (nats)",
@@ -93,15 +97,24 @@ def claims_table(res: dict, unigram: float | None) -> dict:
     return {"family": family(rows), "stability": stability_rows(res, unigram)}
 
 
+def equivalence_margin(res: dict) -> dict:
+    """The equivalence margin the study's page uses (depthlab.study.declared.margin), or the code's with no plan."""
+    return res.get("margins", {}).get("equivalence") or {
+        "name": "equivalence_nats", "value": EQUIVALENCE_MARGIN, "status": AFTER, "declared": False,
+        "why": "set in code; no plan.json declares it before the records"}
+
+
 def decomposition(res: dict) -> list[dict]:
     """LNS taken apart, per (depth, rate): each part against pre (compare) and, for the gain initialisation alone,
-    a TOST against LNS itself (verdicts.equivalent)."""
-    out = []
+    a TOST against LNS itself (verdicts.equivalent) with the study's equivalence margin (res["margins"], else the
+    code's, set after the data: no word)."""
+    out, margin = [], equivalence_margin(res)
     for g in res.get("parts", []):
         v = g["variants"]
         lns, gi = (v.get(k, {}).get("delta_val_loss", {}) for k in (LNS, GAIN_INIT))
         seeds = sorted(set(lns.get("b", {})) & set(gi.get("b", {})))
-        eq = equivalent([gi["b"][s] - lns["b"][s] for s in seeds]) if seeds else None
+        eq = equivalent([gi["b"][s] - lns["b"][s] for s in seeds], margin["value"], res.get("noise", {}).get(
+            "val_loss"), margin["status"] == BEFORE) if seeds else None
         profile = {k: {"removal_deep_over_shallow": v[k].get("index", {}).get("removal_deep_over_shallow", {})
                        .get("mean"), "last_var": v[k].get("quantities", {}).get("last_var", {}).get("mean")}
                    for k in (PRE, LNS, GAIN_INIT) if k in v}
@@ -115,3 +128,11 @@ def decomposition(res: dict) -> list[dict]:
                                                                 if r.get("delta_val_loss", {}).get("n")},
                     "gain_init_vs_lns": eq})
     return out
+
+
+def against_paper(row: dict) -> str | None:
+    """The measured direction of a claims-table row where it contradicts the paper and the row's word does not say
+    so (not testable, not reproduced): the pooled interval lies on the other side of 0. None otherwise: gating never
+    hides a measurement that goes against the paper."""
+    c, opposite = row["comparison"], {"lower": "higher", "higher": "lower"}[row["predicted"]]
+    return opposite if c.get("verdict") == opposite and row["word"] != "contradicted" else None

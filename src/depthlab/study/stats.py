@@ -54,6 +54,53 @@ def tost(diffs: Sequence[float], margin: float, level: float = LEVEL) -> dict:
     return {**out, "ci": [float(ci.low), float(ci.high)], "p_lower": lower, "p_upper": upper, "p": max(lower, upper)}
 
 
+def pooled_noise(samples: Iterable[Sequence[float]], extra_var: float = 0.0) -> dict:
+    """Seed noise pooled across comparable cells: each cell's values (one per seed: paired differences, or one
+    variant's losses) deviate from their own cell mean; the pooled variance is the sum of squared deviations over the
+    summed degrees of freedom (sum of n - 1), as a one-way ANOVA's residual. `extra_var` (the rerun variance) is added
+    on top. {"sd", "df", "cells", "extra_var"}; sd nan where no cell has two values."""
+    cells = [v for v in (finite(x) for x in samples) if len(v) > 1]
+    df = sum(len(v) - 1 for v in cells)
+    ss = sum((x - statistics.fmean(v)) ** 2 for v in cells for x in v)
+    sd = math.sqrt(ss / df + extra_var) if df else math.nan
+    return {"sd": sd, "df": df, "cells": len(cells), "extra_var": extra_var}
+
+
+def rerun_variance(diffs: Sequence[float], arms: int = 2) -> float:
+    """The run-to-run variance that cells trained twice alike show (|differences| of one cell's two runs, each with
+    variance 2 s^2), scaled to a quantity of `arms` runs: a paired difference has 2, one loss 1."""
+    v = finite(diffs)
+    return arms * statistics.fmean(x * x for x in v) / 2 if v else 0.0
+
+
+def t_pooled(values: Sequence[float], noise: dict, level: float = LEVEL, null: float = 0.0) -> dict:
+    """t_test() of the mean of `values` against `null` with the pooled noise model (pooled_noise): standard error
+    sd / sqrt(n) and the t distribution at the pooled df (scipy.stats.t), so two seeds that happen to agree get the
+    spread every comparable cell shows. Interval and p nan for no values or no pooled df."""
+    v = finite(values)
+    out = {**mean_std(v), "se": math.nan, "ci": [math.nan, math.nan], "p": math.nan, "df": noise.get("df", 0)}
+    if not v or not noise.get("df") or not math.isfinite(noise["sd"]) or noise["sd"] == 0:
+        return out
+    se = noise["sd"] / math.sqrt(len(v))
+    dist = st.t(noise["df"], loc=out["mean"], scale=se)
+    lo, hi = dist.interval(level)
+    p = 2 * float(st.t.sf(abs(out["mean"] - null) / se, noise["df"]))
+    return {**out, "se": se, "ci": [float(lo), float(hi)], "p": p}
+
+
+def tost_pooled(values: Sequence[float], margin: float, noise: dict, level: float = LEVEL) -> dict:
+    """tost() with the pooled noise model: both one-sided t-tests at the pooled df, and the (2 level - 1)
+    interval."""
+    t = t_pooled(values, noise, 2 * level - 1)
+    out = {"margin": margin, "n": t["n"], "mean": t["mean"], "ci": t["ci"], "p_lower": math.nan,
+           "p_upper": math.nan, "p": math.nan, "df": t["df"]}
+    if not math.isfinite(t["se"]):
+        return out
+    lower = float(st.t.sf((t["mean"] + margin) / t["se"], t["df"]))
+    upper = float(st.t.cdf((t["mean"] - margin) / t["se"], t["df"]))
+    return {**out, "p_lower": lower, "p_upper": upper, "p": max(lower, upper)}
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values (statsmodels' multipletests); a nan p stays nan and is left out of the family."""
     from statsmodels.stats.multitest import multipletests

@@ -14,7 +14,18 @@ from depthlab.analysis.curse import interior, shallow_deep
 from depthlab.study.records import cell_key, final_probe, upgrade
 from depthlab.study.runner import best_rates
 from depthlab.study.stats import binomial_se, mean_std
-from depthlab.study.verdicts import at_edge, cell_reading, claim, compare, deep_inert_fraction, interior_size
+from depthlab.study.verdicts import (
+    at_edge,
+    cell_reading,
+    claim,
+    compare,
+    deep_inert_fraction,
+    holm_words,
+    interior_size,
+    noise_of,
+    ratio_noise,
+    reread,
+)
 
 
 def _mean_at(values: list[float], blocks: list[int]) -> float:
@@ -78,10 +89,10 @@ def _runs(records: dict, variant: str, layers: int, lr: float | None, seeds: lis
     return {s: r for s, r in found.items() if r and r.get("status") == "ok"}
 
 
-def index_reading(runs: dict[int, dict]) -> dict:
+def index_reading(runs: dict[int, dict], ratio_noise: dict | None = None) -> dict:
     """The curse index of each seed's final model, its mean ± std, and the cell's reading across seeds
     (verdicts.cell_reading: "curse" holds both criteria's t-intervals, the inert one on the deep half, "reading" the
-    word)."""
+    word; with `ratio_noise`, the ratio read with the seed noise pooled over comparable cells)."""
     probes = [final_probe(r) for r in runs.values() if final_probe(r)]
     per = {s: final_probe(r)["curse"] for s, r in runs.items() if final_probe(r)}
     out = {"per_seed": per}
@@ -89,7 +100,7 @@ def index_reading(runs: dict[int, dict]) -> dict:
         out[k] = mean_std(c.get(k) for c in per.values())
     out["interior_blocks"] = min((interior_size(c) for c in per.values()), default=None)
     out["inert_fraction_rel"] = mean_std(c.get("inert_fraction_rel") for c in per.values())
-    out["curse"] = cell_reading(probes)  # the deep half's inert fraction and the ratio, per run
+    out["curse"] = cell_reading(probes, ratio_noise)  # the deep half's inert fraction and the ratio, per run
     out["reading"] = out["curse"]["word"]
     init = [r["probes"][0]["curse"] for r in runs.values() if r.get("probes") and r["probes"][0]["tokens"] == 0]
     if init:  # the same models at initialisation (a probe at 0 tokens)
@@ -106,10 +117,10 @@ def paired(a: dict[int, dict], b: dict[int, dict], value) -> dict:
     return {**compare([vb[s] - va[s] for s in known]), "seeds": seeds, "a": va, "b": vb}
 
 
-def mechanisms(pre: dict[int, dict], lns: dict[int, dict], L: int) -> dict:
+def mechanisms(pre: dict[int, dict], lns: dict[int, dict], L: int, ratio_noise: dict | None = None) -> dict:
     """Every mechanism quantity lns - pre seed by seed, with its claim's word (gated claims read "not testable"
     unless Pre-LN's curse index is present)."""
-    reading = index_reading(pre)["reading"] if all(final_probe(r) for r in pre.values()) else "unknown"
+    reading = index_reading(pre, ratio_noise)["reading"] if all(final_probe(r) for r in pre.values()) else "unknown"
     out = {}
     for name, (what, fn, predicted, number, gated) in MECHANISMS.items():
         c = paired(pre, lns, lambda r, fn=fn: _quantity(fn, r, L))
@@ -165,12 +176,19 @@ def lm_study(raw: dict, settings: dict, a: str = "pre", b: str = "lns") -> dict:
     seeds = sorted({r["seed"] for r in records.values()})
     depths = [lm_depth(records, L, best, seeds, a, b) for L in sorted(settings["depths"])]
     same = equal_rate(records, ref, lrs, a, b)
+    groups = {"val_loss": ([d["delta_val_loss"] for d in depths], 0.0)}
+    groups.update({name: ([d["mechanisms"][name] for d in depths if name in d["mechanisms"]], 0.0)
+                   for name in MECHANISMS})
+    noise = read_pooled(groups)  # one noise model, and the section's comparisons one Holm family
+    holm_words([c for d in depths for c in (d["delta_val_loss"], *d["mechanisms"].values()) if c.get("n", 0) > 1])
+    for d in depths:
+        d["delta_val_loss"]["claim"] = claim(d["delta_val_loss"], "lower")
     at_ref = next((d for d in depths if d["layers"] == ref), None)
     sign = math.copysign(1, at_ref["delta_val_loss"]["mean"]) if at_ref and at_ref["seeds"] else 0
     for row in same:
         row["sign_differs"] = sign != 0 and math.copysign(1, row["delta"]) != sign
     return {"settings": settings, "best_lr": best, "edge": {v: at_edge(best[v], lrs) for v in variants},
-            "grid": grid, "equal_rate": same, "depths": depths, "runs": len(records),
+            "grid": grid, "equal_rate": same, "depths": depths, "runs": len(records), "noise": noise,
             "train_s": sum(r.get("wall_s", 0.0) for r in records.values())}
 
 
@@ -249,7 +267,8 @@ def _quantity(fn, record: dict, layers: int) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def variant_reading(records: dict, variant: str, layers: int | None, lr: float | None) -> dict:
+def variant_reading(records: dict, variant: str, layers: int | None, lr: float | None,
+                    ratio_noise: dict | None = None) -> dict:
     """One variant at one depth and rate over every seed that ran: loss, curse index and the final probe's
     mechanism quantities (mean ± std), and how many of its runs diverged."""
     seeds = sorted({r["seed"] for r in records.values()})
@@ -259,7 +278,7 @@ def variant_reading(records: dict, variant: str, layers: int | None, lr: float |
            "val_loss": mean_std(r["val_loss"] for r in runs.values()),
            "old_probe": any(r.get("probe", {}).get("old") for r in runs.values())}  # the earlier 64-window probe
     if runs and all(final_probe(r) for r in runs.values()):
-        out["index"] = index_reading(runs)
+        out["index"] = index_reading(runs, ratio_noise)
         out["quantities"] = {name: mean_std(x for r in runs.values() if (x := _quantity(fn, r, layers)) is not None)
                              for name, (_, fn, *_) in MECHANISMS.items()}
     return out
@@ -272,19 +291,65 @@ def against(records: dict, base: tuple[str, float | None], other: tuple[str, flo
                   lambda r: r["val_loss"])
 
 
+def ratio_noise_of(records: dict, variant: str) -> dict:
+    """The seed noise of `variant`'s deep/shallow removal ratio pooled over its probed cells of two or more seeds
+    (every depth and rate of the records): the noise model its curse index is read with."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in records.values():
+        if r["variant"] == variant and r.get("status") == "ok" and final_probe(r):
+            cells.setdefault((r.get("layers"), r["lr"]), []).append(final_probe(r))
+    return ratio_noise(list(cells.values()))
+
+
+def pool(res: dict, rerun_var: float = 0.0) -> dict:
+    """The LNS study's one noise model: every comparison read again (verdicts.reread) with the seed noise pooled
+    over the comparable cells of its measure: validation-loss differences (each depth's, each part's against pre,
+    each stability scheme's; plus the rerun variance), the whole-split and test-split differences, and each
+    mechanism quantity over depths. Returns {measure: noise}."""
+    val = [d["delta_val_loss"] for d in res["depths"]]
+    val += [v["delta_val_loss"] for g in res["parts"] for v in g["variants"].values() if "delta_val_loss" in v]
+    val += [c for s in res["stability"].values() for c in s["against"].values()]
+    groups = {"val_loss": (val, rerun_var),
+              "probe_loss": ([d["delta_probe_loss"] for d in res["depths"]], rerun_var),
+              "test_loss": ([d["delta_test_loss"] for d in res["depths"]], rerun_var)}
+    for name in MECHANISMS:
+        groups[name] = ([d["mechanisms"][name] for d in res["depths"] if name in d["mechanisms"]], 0.0)
+    noise = read_pooled(groups)
+    sections = {"1": [d[k] for d in res["depths"] for k in ("delta_val_loss", "delta_test_loss", "delta_probe_loss")],
+                "3": [m for d in res["depths"] for m in d["mechanisms"].values()],
+                "4": [v["delta_val_loss"] for g in res["parts"] for v in g["variants"].values()
+                      if "delta_val_loss" in v],
+                "5": [c for s in res["stability"].values() for c in s["against"].values()]}
+    for family in sections.values():  # each section's family, Holm-adjusted within it
+        holm_words([c for c in family if c and c.get("n", 0) > 1])
+    return noise
+
+
+def read_pooled(groups: dict[str, tuple[list[dict], float]]) -> dict:
+    """Each measure's comparisons (measure -> (compare() results, extra variance)) read again with the seed noise
+    pooled over them (verdicts.reread); {measure: its noise}."""
+    noise = {}
+    for measure, (cs, extra) in groups.items():
+        cs = [c for c in cs if c and c.get("n")]
+        if cs:
+            noise[measure] = noise_of(cs, extra)
+            reread(cs, noise[measure])
+    return noise
+
+
 def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: int, a: str = "pre",
-              b: str = "lns") -> dict:
+              b: str = "lns", rerun_var: float = 0.0) -> dict:
     """The LNS study's results from its records (merged with the depth study's, whose N = 24 grid it shares):
     depths  per depth, pre and lns each at its own best rate: loss, Δ seed by seed, the curse index
     parts   per (depth, rate) where LNS's parts ran: each part beside pre, Δ seed by seed, index and quantities
     stability  per scheme at ref_depth: its grid (diverged rates listed) and its best rate over seeds.
     (a and b: the pair compared by depth, pre and lns.)"""
     records = {k: upgrade(r) for k, r in records.items()}
-    depths = []
+    depths, ratio = [], ratio_noise_of(records, a)
     for L in sorted({r["layers"] for r in records.values() if r["variant"] in (a, b) and r.get("layers")}):
         grids = {v: own_rate_grid(records, v, L) for v in (a, b)}
         best = {v: g["best_lr"] for v, g in grids.items()}
-        row = {"layers": L, "grids": grids, **{v: variant_reading(records, v, L, best[v]) for v in best}}
+        row = {"layers": L, "grids": grids, **{v: variant_reading(records, v, L, best[v], ratio) for v in best}}
         row["delta_val_loss"] = against(records, (a, best[a]), (b, best[b]), L)
         seeds = sorted({r["seed"] for r in records.values()})
         ra, rb = (_runs(records, v, L, best[v], seeds) for v in (a, b))
@@ -292,11 +357,11 @@ def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: i
         row["delta_probe_loss"] = paired(ra, rb, lambda r: final_probe(r)["probe_loss"]) if probed else {}
         tested = ra and rb and all("test_loss" in r for r in [*ra.values(), *rb.values()])
         row["delta_test_loss"] = paired(ra, rb, lambda r: r["test_loss"]) if tested else {}  # the unselected split
-        row["mechanisms"] = mechanisms(ra, rb, L) if probed else {}
+        row["mechanisms"] = mechanisms(ra, rb, L, ratio) if probed else {}
         depths.append(row)
     groups = sorted({(r["layers"], r["lr"]) for r in records.values() if r["variant"] in parts[2:]})
     decomposition = [{"layers": L, "lr": lr, "variants": {
-        v: {**variant_reading(records, v, L, lr),
+        v: {**variant_reading(records, v, L, lr, ratio),
             **({"delta_val_loss": against(records, ("pre", lr), (v, lr), L)} if v != "pre" else {})}
         for v in parts}} for L, lr in groups]
     stability, ref = {}, {d_["layers"]: d_["grids"] for d_ in depths}.get(ref_depth, {})
@@ -305,9 +370,11 @@ def lns_study(records: dict, parts: list[str], unstable: list[str], ref_depth: i
         if g["grid"]:  # against pre, and a variant of lns (lns+scaled) against lns, each at its own best rate
             base = {w: against(records, (w, ref[w]["best_lr"]), (v, g["best_lr"]), ref_depth)
                     for w in (a, b) if w in ref and (w == a or v.startswith(f"{b}+"))}
-            stability[v] = {**g, "at_best": variant_reading(records, v, ref_depth, g["best_lr"]), "against": base}
-    return {"depths": depths, "parts": decomposition, "stability": stability, "ref_depth": ref_depth,
-            "runs": len(records), "train_s": sum(r.get("wall_s", 0.0) for r in records.values())}
+            stability[v] = {**g, "at_best": variant_reading(records, v, ref_depth, g["best_lr"], ratio),
+                            "against": base}
+    res = {"depths": depths, "parts": decomposition, "stability": stability, "ref_depth": ref_depth,
+           "runs": len(records), "train_s": sum(r.get("wall_s", 0.0) for r in records.values()), "ratio_noise": ratio}
+    return {**res, "noise": pool(res, rerun_var)}
 
 
 def along_pairs(records: dict, a: str = "pre", b: str = "lns") -> list[dict]:
@@ -368,3 +435,17 @@ def rerun_spread(*runs_files: dict) -> dict:
                 if x[k].get("status") == y[k].get("status") == "ok":
                     pairs.append({"key": k, "diff": abs(x[k]["val_loss"] - y[k]["val_loss"])})
     return {"pairs": pairs, "n": len(pairs), "max": max((p["diff"] for p in pairs), default=None)}
+
+
+def reruns(results) -> dict:
+    """The cells trained twice under `results` (a folder of studies): the depth study's and the LNS study's copies,
+    "again": the back-to-back check (rerun_a, rerun_b), and "variance": the run-to-run variance of a paired
+    difference they show (stats.rerun_variance over every pair), which the page's noise model adds."""
+    from pathlib import Path
+
+    from depthlab.study.records import load_records
+    from depthlab.study.stats import rerun_variance
+
+    of = lambda name: load_records(Path(results) / name / "runs.jsonl")  # noqa: E731
+    out = {**rerun_spread(of("depth_study"), of("lns_study")), "again": rerun_spread(of("rerun_a"), of("rerun_b"))}
+    return {**out, "variance": rerun_variance([p["diff"] for p in out["pairs"] + out["again"]["pairs"]])}

@@ -28,10 +28,22 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from depthlab.study import declared
+from depthlab.study.page.text import said
 from depthlab.study.records import cell_key, final_probe
 from depthlab.study.runner import Cell, run_cells, selection_value
-from depthlab.study.stats import interval, mean_std, pvalue, spread
-from depthlab.study.verdicts import EQUIVALENCE_MARGIN, ci_cell, compare, curse_said, curse_word, equivalent
+from depthlab.study.stats import interval, mean_std, pooled_noise, pvalue, spread
+from depthlab.study.verdicts import (
+    EQUIVALENCE_MARGIN,
+    ci_cell,
+    compare,
+    curse_said,
+    curse_word,
+    equivalent,
+    pooled_family,
+)
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository this file is in (src/depthlab/study/transfer.py)
 OUT = ROOT / "benchmarks" / "results" / "depth_transfer"
@@ -220,11 +232,72 @@ def run(study, d: Design, jobs: int = 1, log=None) -> None:
 def vertex(recs: dict[int, dict], best: int) -> float:
     """The lattice position of the parabola's vertex through the best rate and its neighbours (log-rate), or the
     best itself where a neighbour is missing or diverged."""
-    y = [selection_value(recs[k]) if k in recs else math.inf for k in (best - 1, best, best + 1)]
-    curvature = y[0] - 2 * y[1] + y[2]
-    if not all(math.isfinite(x) for x in y) or curvature <= 0:
-        return float(best)
-    return best + (y[0] - y[2]) / (2 * curvature)
+    return float(vertices(np.array([best]), *(np.array([[selection_value(recs[k]) if k in recs else math.inf]])
+                                               for k in (best - 1, best, best + 1)))[0])
+
+
+def vertices(best, below, at, above):
+    """vertex() for arrays: the best lattice index and the losses at best - 1, best, best + 1 (each an array)."""
+    curvature = below - 2 * at + above
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shift = (below - above) / (2 * curvature)
+    ok = np.isfinite(below) & np.isfinite(at) & np.isfinite(above) & (curvature > 0)
+    return best + np.where(ok, shift, 0.0).reshape(best.shape)
+
+
+BOOTSTRAP = 2000  # replicates of the grid noise
+
+
+def grid_bootstrap(grids: dict[int, dict[int, float]], sd: float, argmin: bool = False, replicates: int = BOOTSTRAP,
+                   seed: int = 0) -> np.ndarray:
+    """The rate exponent refitted on grids made again with their noise: each grid point's loss (depth -> {lattice
+    index: seed-0 validation loss}) plus N(0, sd) (sd: one loss's seed noise, pooled), each depth's best read again
+    (its vertex, or with `argmin` the grid's best; an edge is its own best), and the slope of log(rate) on log(N)
+    refitted (numpy.polyfit). Returns the replicates' slopes."""
+    rng = np.random.default_rng(seed)
+    depths = sorted(grids)
+    est = []
+    for L in depths:
+        ks = np.array(sorted(grids[L]))
+        y = np.array([grids[L][k] for k in ks])[None, :] + rng.normal(0.0, sd, (replicates, len(ks)))
+        i = np.argmin(np.where(np.isnan(y), np.inf, y), axis=1)
+        k = ks[i].astype(float)
+        if argmin or len(ks) < 3:
+            est.append(k)
+            continue
+        j = np.clip(i, 1, len(ks) - 2)  # the inner best's neighbours (the grid's lattice indices are consecutive)
+        around = [np.take_along_axis(y, (j + o)[:, None], 1)[:, 0] for o in (-1, 0, 1)]
+        est.append(np.where((i > 0) & (i < len(ks) - 1), vertices(ks[j], *around), k))
+    logs = math.log(ANCHOR) + np.array(est) * math.log(2) / 2
+    return np.polyfit(np.log(depths), logs, 1)[0]
+
+
+def exponent_reading(grids: dict[int, dict[int, float]], sd: float, margin: dict, level: float = 0.95) -> dict:
+    """The exponent's word from its bootstrap over grid noise (grid_bootstrap): "falls with depth" / "rises with
+    depth" where the 95% percentile interval excludes 0; "holds its rate" where the 90% interval lies inside ±
+    the margin and that margin was declared before the data (depthlab.study.declared; a margin set after gives
+    no word, its numbers stay); "inconclusive" otherwise. The word stands only where the grids' argmin and each
+    drop-one-depth fit read the same (each bootstrapped alike); else "inconclusive", with what moved it."""
+    def read(slopes: np.ndarray) -> dict:
+        lo, hi = (float(x) for x in np.quantile(slopes, [(1 - level) / 2, (1 + level) / 2]))
+        tlo, thi = (float(x) for x in np.quantile(slopes, [1 - level, level]))
+        inside = -margin["value"] < tlo and thi < margin["value"]
+        word = ("falls with depth" if hi < 0 else "rises with depth" if lo > 0 else
+                "holds its rate" if inside and margin.get("declared") else "inconclusive")
+        return {"ci": [lo, hi], "tost_ci": [tlo, thi], "inside": inside, "word": word}
+
+    if len(grids) < 3 or not math.isfinite(sd):
+        return {"word": "no bootstrap (under 3 depths)", "ci": [math.nan] * 2, "tost_ci": [math.nan] * 2,
+                "margin": margin, "checks": {}}
+    main = read(grid_bootstrap(grids, sd))
+    checks = {"argmin": read(grid_bootstrap(grids, sd, argmin=True))}
+    if len(grids) > 3:
+        for L in sorted(grids):
+            checks[f"without N = {L}"] = read(grid_bootstrap({k: g for k, g in grids.items() if k != L}, sd))
+    moved = [name for name, c in checks.items() if c["word"] != main["word"]]
+    word = main["word"] if not moved else "inconclusive"
+    return {**main, "word": word, "bootstrap_word": main["word"], "moved_by": moved, "checks": checks,
+            "margin": margin, "sd": sd, "replicates": BOOTSTRAP}
 
 
 def hold_margin(depths: list[int]) -> float:
@@ -289,35 +362,72 @@ def rates_by_depth(records: dict, d: Design, v: str) -> dict[int, dict]:
             continue
         est = vertex(g["records"], g["best"]) if not g["edge"] else float(g["best"])
         out[L] = {"grid": {rate(k): g["records"][k]["val_loss"] for k in g["ks"]}, "best": rate(g["best"]),
+                  "losses": {k: selection_value(g["records"][k]) for k in g["ks"]},
                   "best_k": g["best"], "estimate": ANCHOR * 2 ** (est / 2), "edge": g["edge"],
                   "moved": g["best"] - k}
     return out
 
 
-def summarize(records: dict, d: Design) -> dict:
-    """Everything the page says, computed from the records."""
-    res = {"design": d.describe(), "transfer": {}, "decomposition": None}
+def loss_noise(records: dict, extra_var: float = 0.0) -> dict:
+    """The seed noise of one final validation loss, pooled over every cell (variant, depth, rate) that ran two or
+    more seeds (stats.pooled_noise), plus `extra_var` (one run's rerun variance): the noise the exponent's bootstrap
+    puts on each grid point."""
+    cells: dict[tuple, list[float]] = {}
+    for r in records.values():
+        if r.get("status") == "ok":
+            cells.setdefault((r["variant"], r.get("layers"), r["lr"]), []).append(r["val_loss"])
+    return pooled_noise(cells.values(), extra_var)
+
+
+def margins(study: Path | None, records: dict, d: Design) -> dict:
+    """The study's two margins (depthlab.study.declared): the slope inside which a rate holds, and gain-init's
+    equivalence with LNS; each from its plan.json where that declares it, else the code's (set after the data)."""
+    depths = sorted({d.base_depth, *d.grid_depths})
+    return {"hold": declared.margin(study, "hold_slope", hold_margin(depths), records),
+            "equivalence": declared.margin(study, "equivalence_nats", EQUIVALENCE_MARGIN, records)}
+
+
+def summarize(records: dict, d: Design, study: Path | None = None, rerun_var: float = 0.0) -> dict:
+    """Everything the page says, computed from the records (`study`: their folder, where a plan.json may declare
+    the margins; `rerun_var`: the run-to-run variance of a paired difference, summary.reruns). Every paired
+    comparison of the section is one family: read with their pooled seed noise and Holm-adjusted together."""
+    m = margins(study, records, d)
+    res = {"design": d.describe(), "transfer": {}, "decomposition": None, "margins": m,
+           "loss_noise": loss_noise(records, rerun_var / 2)}
+    pre_k = rates_by_depth(records, d, PRE).get(d.base_depth, {}).get("best_k")
     for v in d.transfer:
         rates = rates_by_depth(records, d, v)
         k = rates.get(d.base_depth, {}).get("best_k")
         loss = {L: _endpoint(records, d, v, L, k, d.seeds) for L in d.depths}
         row = {"transferred": rate(k) if k is not None else None, "rates": rates,
                "loss": {L: {"per_seed": x, **mean_std(x.values())} for L, x in loss.items()},
-               "exponent": exponent(list(rates), [r["estimate"] for r in rates.values()])}
-        if v != PRE:
-            pre_k = rates_by_depth(records, d, PRE).get(d.base_depth, {}).get("best_k")
-            row["vs_pre"] = {L: _paired(_endpoint(records, d, PRE, L, pre_k, d.seeds), x) for L, x in loss.items()
+               "exponent": exponent(list(rates), [r["estimate"] for r in rates.values()]),
+               "bootstrap": exponent_reading({L: r["losses"] for L, r in rates.items()}, res["loss_noise"]["sd"],
+                                             m["hold"])}
+        if v != PRE:  # at the base depth a twin's comparison is its scheme's, the same test (counted once)
+            row["vs_pre"] = {L: res["transfer"][own(v, L, d)]["vs_pre"][L] if own(v, L, d) in res["transfer"] else
+                             _paired(_endpoint(records, d, PRE, L, pre_k, d.seeds), x) for L, x in loss.items()
                              if not (L == d.base_depth and own(v, L, d) == PRE)}
         res["transfer"][v] = row
+    tests = [c for row in res["transfer"].values() for c in row.get("vs_pre", {}).values()]
     if d.parts_depth:
-        res["decomposition"] = decomposition(records, d)
+        dec = res["decomposition"] = decomposition(records, d)
+        tests += [r["vs_pre"] for r in dec["variants"].values() if "vs_pre" in r]
+        tests += [dec["tost"]["comparison"], dec.get("uniform_vs_gain_init")]
+    res["noise"] = pooled_family(list({id(c): c for c in tests if c and c.get("n")}.values()), rerun_var)
+    if d.parts_depth:
+        gi, ln = (dec["variants"].get(v, {}).get("per_seed", {}) for v in (GAIN_INIT, LNS))
+        seeds = sorted(set(gi) & set(ln))
+        c = dec["tost"]["comparison"]
+        dec["tost"] = {**equivalent([gi[s] - ln[s] for s in seeds], m["equivalence"]["value"], res["noise"],
+                                    m["equivalence"]["status"] == declared.BEFORE), "comparison": c}
     return res
 
 
 def decomposition(records: dict, d: Design) -> dict:
     """Part (B) at the parts depth: each part at its own best rate over its seeds (test loss, the curse
     index), each against pre seed by seed, and the TOST of gain-init against LNS."""
-    from depthlab.study.summary import index_reading
+    from depthlab.study.summary import index_reading, ratio_noise_of
 
     P, rows = d.parts_depth, {}
     for v, g in part_grids(records, d).items():
@@ -326,7 +436,8 @@ def decomposition(records: dict, d: Design) -> dict:
         runs = {s: r for s in d.parts_seeds if k is not None and (r := find(records, d, v, P, k, s))
                 and r.get("status") == "ok" and final_probe(r)}
         rows[v] = {"lr": rate(k) if k is not None else None, "edge": bool(g and g["edge"]), "per_seed": loss,
-                   **mean_std(loss.values()), "index": index_reading(runs) if runs else None}
+                   **mean_std(loss.values()),
+                   "index": index_reading(runs, ratio_noise_of(records, v)) if runs else None}
     for v in d.parts[1:]:
         rows[v]["vs_pre"] = _paired(rows[PRE]["per_seed"], rows[v]["per_seed"])
     gi, ln = rows.get(GAIN_INIT, {}).get("per_seed", {}), rows.get(LNS, {}).get("per_seed", {})
@@ -340,14 +451,6 @@ def decomposition(records: dict, d: Design) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- the page
-def _said(c: dict, f: str = ".3f") -> str:
-    """A paired comparison: mean, 95% interval, p, n and the word."""
-    if not c or not c.get("n"):
-        return "-"
-    tail = f"{interval(c, f)}, p {pvalue(c['p'])}, " if c["n"] > 1 else ""
-    return f"{c['mean']:+{f}} {tail}n = {c['n']}: *{c['verdict']}*"
-
-
 def _setup(settings: dict, d: Design) -> str:
     m = settings.get("meta", {})
     corpus = m.get("corpus") or {}
@@ -370,37 +473,56 @@ def _transfer_lines(res: dict, d: Design) -> list[str]:
         lr = f"{row['transferred']:g}" if row["transferred"] else "not yet"
         out.append(f"| {v} | {lr} | " + " | ".join(
             f"{spread(row['loss'][L])} ({row['loss'][L]['n']})" if row["loss"][L]["n"] else "-" for L in Ls) + " |")
-    out += ["", "Each against pre at pre's transferred rate, paired by seed (test loss, nats; 95% t-interval; at "
-            f"N = {d.base_depth} pre + CompleteP and pre + depth-μP are pre's model):", "",
+    noise = res["noise"]
+    out += ["", "Each against pre at pre's transferred rate, paired by seed (test loss, nats; at "
+            f"N = {d.base_depth} pre + CompleteP and pre + depth-μP are pre's model). *One noise model:* this "
+            f"section's {noise['cells']} paired test-loss comparisons with two or more seeds (these, part B's against "
+            "pre, gain-init against LNS, uniform against gain-init) are one family: each interval and p uses the "
+            f"seed noise pooled over them (sd {noise['sd']:.4f} nats, df = {noise['df']}, the rerun spread added), "
+            "p is Holm-adjusted over the family, and a word needs the adjusted p below 0.05; the per-cell reading "
+            "(df = n − 1) is printed beside it where the two differ.", "",
             "| parameterization − pre " + head, "|---" * (len(Ls) + 1) + "|"]
     for v, row in res["transfer"].items():
         if "vs_pre" in row:
-            out.append(f"| {v} | " + " | ".join(_said(row["vs_pre"][L]) if L in row["vs_pre"] else "same model"
+            out.append(f"| {v} | " + " | ".join(said(row["vs_pre"][L]) if L in row["vs_pre"] else "same model"
                                                  for L in Ls) + " |")
     return out + [""]
 
 
 def _rate_lines(res: dict, d: Design) -> list[str]:
     Ls = sorted({d.base_depth, *d.grid_depths})
+    hold, noise = res["margins"]["hold"], res["loss_noise"]
     out = ["**The best rate against depth.** Each depth's grid best (seed 0, validation; * at an edge of what ran) "
-           "and, in brackets, the vertex of the parabola through it and its neighbours in log(rate), which the "
-           "exponent fits: best rate ∝ N^slope (scipy.stats.linregress, 95% t-interval, df = depths − 2). A "
-           "parameterization that holds its rate has slope 0: the reading is \"holds its rate\" when a TOST (its 90% "
-           "interval follows the reading) puts the slope inside ± the slope that moves the rate by one "
-           "√2 grid step across the depths fitted (1/6 over 6-48 blocks).", "",
-           "| parameterization | " + " | ".join(f"N = {L}" for L in Ls) + " | slope (95% interval) | reading |",
-           "|---" * (len(Ls) + 3) + "|"]
+           "and, in brackets, the vertex of the parabola through it and its neighbours in log(rate): best rate ∝ "
+           "N^slope, the least-squares fit of the vertices (its own 95% t-interval, df = depths − 2, beside). The "
+           "reading comes from a bootstrap over grid noise: every grid point's loss redrawn "
+           f"{BOOTSTRAP:,} times with one loss's seed noise (sd {noise['sd']:.4f} nats, pooled over the "
+           f"{noise['cells']} cells of two or more seeds, df = {noise['df']}, with the rerun spread), each depth's "
+           "vertex found again and the slope refitted; *falls*/*rises with depth* where its 95% percentile interval "
+           "excludes 0. It stands only where the same bootstrap on the grids' argmin and with each depth left out "
+           "reads alike. \"Holds its rate\" needs the 90% interval inside a margin declared before the data; this "
+           f"one, ±{hold['value']:.3f} (the slope that moves the rate one √2 grid step across the depths fitted), "
+           f"was {hold['status']} ({hold['why']}): whether the 90% interval lies inside is printed, and a margin "
+           "set after the data gives no word.", "",
+           "| parameterization | " + " | ".join(f"N = {L}" for L in Ls) + " | slope (fit's 95% t) | bootstrap 95% "
+           "(90%) | 90% inside ±margin | argmin; each depth left out | reading |", "|---" * (len(Ls) + 6) + "|"]
     for v, row in res["transfer"].items():
-        r, e = row["rates"], row["exponent"]
+        r, e, b = row["rates"], row["exponent"], row["bootstrap"]
         cells = [f"{r[L]['best']:g}{'*' if r[L]['edge'] else ''} ({r[L]['estimate']:.3g})" if L in r else "-"
                  for L in Ls]
         slope = f"{e['slope']:+.2f}" if math.isfinite(e["slope"]) else "-"
         if math.isfinite(e["ci"][0]):
             slope += f" [{e['ci'][0]:+.2f}, {e['ci'][1]:+.2f}]"
-        word = e["word"] + (f" ({e['n']} depths)" if e["n"] > 1 else "")
-        if math.isfinite(e["tost_ci"][0]):
-            word += f"; 90% [{e['tost_ci'][0]:+.2f}, {e['tost_ci'][1]:+.2f}] against ±{e['margin']:.2f}"
-        out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {word} |")
+        if not b.get("checks"):
+            out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | - | - | - | {b['word']} |")
+            continue
+        boot = f"[{b['ci'][0]:+.2f}, {b['ci'][1]:+.2f}] ([{b['tost_ci'][0]:+.2f}, {b['tost_ci'][1]:+.2f}])"
+        checks = "; ".join(f"{name} [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] {c['word']}" for name, c in
+                           b["checks"].items())
+        word = b["word"] + (f" (the bootstrap's *{b['bootstrap_word']}* moves with {', '.join(b['moved_by'])})"
+                            if b["moved_by"] else "")
+        out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {boot} | {'yes' if b['inside'] else 'no'} | "
+                   f"{checks} | *{word}* |")
     return out + [""]
 
 
@@ -416,7 +538,7 @@ def _precondition(curse: dict | None) -> str:
             "of LNS lifts the curse is *not testable* here; the losses below still compare the parts.")
 
 
-def _parts_lines(dec: dict) -> list[str]:
+def _parts_lines(dec: dict, margin: dict) -> list[str]:
     P, rows = dec["layers"], dec["variants"]
     out = [f"**LNS taken apart at N = {P}.** Each part at its own best rate (its grid around pre's best; seed 0, "
            "validation), test loss (mean ± std over its seeds), each against pre paired by seed; the curse index "
@@ -426,15 +548,14 @@ def _parts_lines(dec: dict) -> list[str]:
     for v, r in rows.items():
         cur = (r["index"] or {}).get("curse")
         lr = f"{r['lr']:g}{'*' if r['edge'] else ''}" if r["lr"] else "not yet"
-        out.append(f"| {v} | {lr} | {spread(r)} ({r['n']}) | {_said(r.get('vs_pre', {})) if v != PRE else ''} | "
+        out.append(f"| {v} | {lr} | {spread(r)} ({r['n']}) | {said(r.get('vs_pre', {})) if v != PRE else ''} | "
                    f"{ci_cell(cur['ratio']) if cur else '-'} | {curse_word(cur) if cur else '-'} |")
     t = dec["tost"]
-    out += ["", f"Gain-init − LNS, each at its best rate: {_said(t['comparison'])}; TOST against ± "
-            f"{EQUIVALENCE_MARGIN} nats (declared in depthlab.study.verdicts before the numbers): p {pvalue(t['p'])}, "
-            f"*{t['verdict']}*."]
+    out += ["", f"Gain-init − LNS, each at its best rate: {said(t['comparison'])}; TOST against "
+            f"{declared.said(margin)} nats: 90% {interval(t)}, p {pvalue(t['p'])}, *{t['verdict']}*."]
     if dec.get("uniform_vs_gain_init"):
         out.append(f"Uniform gains − gain-init l^-p (does the depth profile matter, or any damping?): "
-                   f"{_said(dec['uniform_vs_gain_init'])}.")
+                   f"{said(dec['uniform_vs_gain_init'])}.")
     return out + [""]
 
 
@@ -453,24 +574,35 @@ def not_run_lines(records: dict, d: Design) -> list[str]:
              *[f"- {r}" for r in rows], ""] if rows else ["Every cell of the plan has run.", ""])
 
 
-def page_lines(out: Path | None = None, img: Path | None = IMG) -> list[str]:
-    """The results page's section on the depth-transfer study, from the records in `out` (the CPU study's by
-    default; its GPU study's below it where they exist); [] when there are none. Draws the figure to `img`."""
+def study_summary(out: Path | None = None) -> tuple[dict, Design, dict, dict] | None:
+    """(summarize()'s result, the design, settings.json, the records) of the study whose records are in `out`;
+    None when it has none."""
     import json
 
     from depthlab.study.records import load_records
+    from depthlab.study.summary import reruns
 
     out = Path(out or OUT)
     records = load_records(out / "runs.jsonl")
     if not records:
-        return []
+        return None
     settings = json.loads((out / "settings.json").read_text())
     d = Design.of(settings["meta"]["design"])
-    res = summarize(records, d)
+    return summarize(records, d, out, reruns(out.parent)["variance"]), d, settings, records
+
+
+def page_lines(out: Path | None = None, img: Path | None = IMG) -> list[str]:
+    """The results page's section on the depth-transfer study, from the records in `out` (the CPU study's by
+    default; its GPU study's below it where they exist); [] when there are none. Draws the figure to `img`."""
+    out = Path(out or OUT)
+    study = study_summary(out)
+    if study is None:
+        return []
+    res, d, settings, records = study
     lines = ["## Depth transfer: which parameterization carries its rate across depth", "", _setup(settings, d), "",
              *_transfer_lines(res, d), *_rate_lines(res, d)]
     if res["decomposition"]:
-        lines += _parts_lines(res["decomposition"])
+        lines += _parts_lines(res["decomposition"], res["margins"]["equivalence"])
     lines += not_run_lines(records, d)
     if img and plot(res, d, Path(img)):
         lines += [f"![Loss against depth at the transferred rate; best rate against depth]"

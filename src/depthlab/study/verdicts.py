@@ -72,7 +72,18 @@ from __future__ import annotations
 import math
 
 from depthlab.analysis.curse import CurseSpec, deep_half
-from depthlab.study.stats import LEVEL, finite, holm, mean_std, proportion_ci, t_test, tost
+from depthlab.study.stats import (
+    LEVEL,
+    finite,
+    holm,
+    mean_std,
+    pooled_noise,
+    proportion_ci,
+    t_pooled,
+    t_test,
+    tost,
+    tost_pooled,
+)
 
 COMPARISONS = ("lower", "higher", "inconclusive", "one seed: no verdict", "no runs")
 CLAIMS = ("supported", "not reproduced", "contradicted", "not testable", "one seed: no verdict")
@@ -88,20 +99,61 @@ UNIGRAM_MARGIN = 0.1  # nats: a run ending this close to the unigram loss learne
 ALPHA = 1 - LEVEL
 
 
+def _word(t: dict) -> str:
+    """The comparison's word from a t_test() / t_pooled() result (the module docstring)."""
+    if t["n"] == 0:
+        return "no runs"
+    if t["n"] == 1:  # a pooled model gives one seed an interval; the rule still gives it no word
+        return "one seed: no verdict"
+    if not math.isfinite(t["ci"][0]):
+        return "inconclusive"
+    return "higher" if t["ci"][0] > 0 else "lower" if t["ci"][1] < 0 else "inconclusive"
+
+
 def compare(diffs: list[float]) -> dict:
     """The reading of paired differences b - a: the word, n, mean ± std, the t-interval and p."""
     t = t_test(diffs)
-    if t["n"] == 0:
-        word = "no runs"
-    elif t["n"] == 1:
-        word = "one seed: no verdict"
-    elif t["ci"][0] > 0:
-        word = "higher"
-    elif t["ci"][1] < 0:
-        word = "lower"
-    else:
-        word = "inconclusive"
-    return {"verdict": word, **t, "per_seed": list(diffs)}
+    return {"verdict": _word(t), **t, "per_seed": list(diffs)}
+
+
+def noise_of(comparisons: list[dict], rerun_var: float = 0.0) -> dict:
+    """The pooled noise model of a family of comparable compare() results (stats.pooled_noise of their per-seed
+    differences, plus the rerun variance)."""
+    return pooled_noise([c.get("per_seed", []) for c in comparisons if c], rerun_var)
+
+
+def reread(comparisons: list[dict], noise: dict) -> list[dict]:
+    """Each compare() result read again, in place, with the pooled noise model (stats.t_pooled): its word, interval
+    and p become the pooled ones; the per-cell reading (df = n - 1) stays beside it as "cell". Returns them."""
+    for c in comparisons:
+        if not c or "cell" in c:
+            continue
+        cell = {k: c[k] for k in ("verdict", "ci", "p", "se") if k in c}
+        t = t_pooled(c.get("per_seed", []), noise)
+        c.update({**t, "std": c.get("std", t["std"]), "verdict": _word(t), "cell": cell, "noise": noise})
+    return comparisons
+
+
+def pooled_family(comparisons: list[dict], rerun_var: float = 0.0) -> dict:
+    """One section's family of comparable comparisons: read again with their pooled noise (reread), then each
+    given its Holm-adjusted p over the family ("p_holm") and a word that survives it ("word": lower / higher only
+    where the adjusted p is below ALPHA, else inconclusive). Returns the noise model."""
+    cs = [c for c in comparisons if c]
+    noise = noise_of(cs, rerun_var)
+    holm_words(reread(cs, noise))
+    return noise
+
+
+def holm_words(comparisons: list[dict]) -> list[dict]:
+    """A section's family: each comparison (in place) with its Holm-adjusted p over the family ("p_holm") and the
+    word that survives it ("word": its lower / higher only where the adjusted p is below ALPHA, else
+    inconclusive)."""
+    cs = [c for c in comparisons if c]
+    for c, p in zip(cs, holm([c.get("p", math.nan) for c in cs]), strict=True):
+        directed = c["verdict"] in ("lower", "higher")
+        c["p_holm"] = p
+        c["word"] = c["verdict"] if not directed else c["verdict"] if p < ALPHA else "inconclusive"
+    return comparisons
 
 
 def pooled(comparisons: list[dict]) -> dict:
@@ -142,13 +194,25 @@ def family(rows: list[dict]) -> list[dict]:
     return out
 
 
-def equivalent(diffs: list[float], margin: float = EQUIVALENCE_MARGIN) -> dict:
-    """TOST of paired differences against ± margin: "equivalent" when both one-sided tests reject at ALPHA (the 90%
-    interval inside the margin), "not shown equivalent" otherwise; one seed gives no verdict, none "no runs"."""
-    t = tost(diffs, margin)
+NO_WORD = "no word: margin set after the data"
+
+
+def equivalent(diffs: list[float], margin: float = EQUIVALENCE_MARGIN, noise: dict | None = None,
+               declared: bool = False, p_adjusted: float | None = None) -> dict:
+    """TOST of paired differences against ± margin (with the pooled noise model where `noise` is given):
+    "equivalent" when both one-sided tests reject at ALPHA (the 90% interval inside the margin) and, inside a
+    family, the Holm-adjusted p does too; "not shown equivalent" otherwise; one seed gives no verdict, none "no
+    runs". A margin not `declared` before the data (depthlab.study.declared) gives NO_WORD: the numbers stand, the
+    word does not."""
+    t = tost_pooled(diffs, margin, noise) if noise else tost(diffs, margin)
+    p = t["p"] if p_adjusted is None else p_adjusted
     word = ("no runs" if t["n"] == 0 else "one seed: no verdict" if t["n"] == 1 else
-            "equivalent" if math.isfinite(t["p"]) and t["p"] < ALPHA else "not shown equivalent")
-    return {**t, "verdict": word, "comparison": compare(diffs)}
+            NO_WORD if not declared else
+            "equivalent" if math.isfinite(p) and p < ALPHA else "not shown equivalent")
+    c = compare(diffs)
+    if noise:
+        reread([c], noise)
+    return {**t, "verdict": word, "declared": declared, "comparison": c}
 
 
 def diverged(loss: float | None, unigram: float) -> bool:
@@ -204,12 +268,19 @@ def run_criteria(probe: dict) -> dict:
             "inert_count": deep_inert_count(probe), "interior": interior_size(curse)}
 
 
-def cell_reading(probes: list[dict]) -> dict:
+def cell_reading(probes: list[dict], ratio_noise: dict | None = None) -> dict:
     """curse_reading of one (scheme, depth) cell from its runs' final probes, each read by run_criteria; the cell's
     interior is its smallest run's."""
     runs = [run_criteria(p) for p in probes]
     return curse_reading([r["ratio"] for r in runs], [r["inert"] for r in runs],
-                         min((r["interior"] for r in runs), default=None), [r["inert_count"] for r in runs])
+                         min((r["interior"] for r in runs), default=None), [r["inert_count"] for r in runs],
+                         ratio_noise)
+
+
+def ratio_noise(cells: list[list[dict]]) -> dict:
+    """The pooled seed noise of the deep/shallow removal ratio over comparable cells (each a list of final
+    probes): the noise model curse_reading reads the ratio with."""
+    return pooled_noise([[run_criteria(p)["ratio"] for p in probes] for probes in cells])
 
 
 def precondition(inert_fraction: float | None, removal_ratio: float | None, interior: int | None = None) -> str:
@@ -243,15 +314,17 @@ def _pooled(t: dict, counts) -> dict:
 
 
 def curse_reading(ratios: list[float | None], inert_fractions: list[float | None] = (),
-                  interior: int | None = None, inert_counts=()) -> dict:
+                  interior: int | None = None, inert_counts=(), ratio_noise: dict | None = None) -> dict:
     """The curse index of one (scheme, depth) cell across its seeds (the module docstring's rule): the word, n, and
     per criterion ("ratio": deep/shallow removal ratio against CURSE_RATIO, "inert": the deep half's inert fraction
     against PRESENT, one value per run from deep_inert_fraction; cell_reading builds both from the probes) its mean,
     std, 95% t-interval and side. A criterion with fewer than two finite values is left out when the other has two;
     with none having two, n = 1 gives the single run's reading ("single") and no word beyond "one seed: no
     interval". `inert_counts`: each run's (inert, blocks) of its deep half; the inert interval is widened to their
-    pooled exact interval (the module docstring)."""
-    crit = {"ratio": (t_test(ratios), CURSE_RATIO, True),
+    pooled exact interval (the module docstring). `ratio_noise` (ratio_noise()): the ratio's interval from the seed
+    noise pooled over comparable cells, so that two seeds agreeing by chance do not make a point."""
+    ratio = t_pooled(ratios, ratio_noise) if ratio_noise and len(finite(ratios)) > 1 else t_test(ratios)
+    crit = {"ratio": (ratio, CURSE_RATIO, True),
             "inert": (_pooled(t_test(inert_fractions), inert_counts), PRESENT, False)}
     out = {name: {"n": t["n"], "mean": t["mean"] if t["n"] else None, "std": t["std"] if t["n"] else None,
                   "ci": t["ci"] if t["n"] > 1 else None, "threshold": thr,  # no NaN in the results files

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from depthlab.study import figures
-from depthlab.study.claims import CLAIM_TEXT, claims_table, decomposition
+from depthlab.study.claims import CLAIM_TEXT, against_paper, claims_table, decomposition
+from depthlab.study.page import screen
 from depthlab.study.page.text import grid, mechanism_table, said
 from depthlab.study.stats import interval, proportion_ci, pvalue, spread
 from depthlab.study.verdicts import (
@@ -22,7 +23,6 @@ from depthlab.study.verdicts import (
     ci_cell,
     curse_said,
     curse_word,
-    pooled,
 )
 
 
@@ -56,63 +56,19 @@ def index_by_depth(done: list[dict]) -> str:
     return "reads " + ("; ".join(said_at(w, words[w]) for w in order if w in words) or "nothing: no depth ran")
 
 
-def first_screen(res: dict, table: dict, matched: list[dict], parts: list[dict], equal_rate: list[dict],
-                 rerun: dict, tpp: dict[int, float], val_tokens: int) -> list[str]:
-    """At most ten short lines: does LNS help (at whose rate, by how much, over how many seeds), what the data say
-    about why, and what this scale cannot say."""
-    loss = next(r for r in table["family"] if r["claim"] == "1")
-    c = loss["comparison"]
-    done = [d for d in res["depths"] if d["delta_val_loss"].get("n")]
-    seeds = "–".join(map(str, sorted({d["delta_val_loss"]["n"] for d in done})))
-    lines = [f"**Does LNS help? Yes, at each scheme's own best rate: LNS − Pre-LN validation loss {c['mean']:+.3f} "
-             f"nats, 95% CI {interval(c)}, p {pvalue(c['p'])}, n = {c['n']}** (depth, seed) pairs pooled over N = "
-             f"{_Ns(d['layers'] for d in done)} ({seeds} seeds each; Holm p {pvalue(loss['p_holm'])}): "
-             f"*{loss['word']}*, the best-supported finding here.",
-             "- By depth, each at its own rates: " + ", ".join(
-                 f"N = {d['layers']} {d['delta_val_loss']['mean']:+.3f}" for d in done) + " (intervals: section 1)."]
-    ahead, behind = ([r for r in equal_rate if (r["delta"] < 0) == s] for s in (True, False))
-    if behind:
-        rows = lambda rs: ", ".join(f"{r['lr']:g} ({r['delta']:+.3f})" for r in rs)  # noqa: E731
-        lines.append(f"- **At whose rate?** Each scheme's own. At one shared rate (N = {behind[0]['layers']}, seed 0, "
-                     f"n = 1 each: no verdict) LNS trails at {rows(behind)} and leads at {rows(ahead)}; the paper "
-                     "shares 1e-3.")
-    lower = sum(bool(m["b_ratio_lower"]) for m in matched)
-    lines.append(f"- **Why? Not shown to be the curse.** Pre-LN's curse index {index_by_depth(done)}; at matched "
-                 "rates LNS's deep blocks are the *cheaper* to remove: its deep/shallow removal ratio is below "
-                 f"Pre-LN's in {share_said(lower, len(matched), 'cells')}, seed 0 each.")
-    eq = [p for p in parts if p["gain_init_vs_lns"]]
-    if eq:
-        depths = {p["layers"] for p in eq}
-        where = (lambda p: f"lr {p['lr']:g}") if len(depths) == 1 else (lambda p: f"N = {p['layers']}, lr {p['lr']:g}")
-        lines.append(f"- Gain init alone (Pre-LN, norm gains started at l^-p) against LNS, TOST ±{EQUIVALENCE_MARGIN} "
-                     f"nats{f' at N = {min(depths)}' if len(depths) == 1 else ''}: "
-                     + "; ".join(f"{where(p)} {tost_said(p['gain_init_vs_lns'])}" for p in eq) + ".")
-        if all(p["gain_init_nearer_lns"] for p in eq):
-            lines.append("- Its deep/shallow removal ratio sits nearer LNS's than Pre-LN's, so loss alone cannot tell "
-                         "an optimisation effect from curse-lifting (section 4).")
-    tested = [d["delta_test_loss"] for d in done if d.get("delta_test_loss")]
-    probe = pooled(tested or [d["delta_probe_loss"] for d in done if d.get("delta_probe_loss")])
-    lines += [f"- **What this scale cannot say.** Width {res.get('dim', 64)}, {min(tpp.values()):.1f}–"
-              f"{max(tpp.values()):.1f} training tokens per parameter, Python source (the paper: width ≥ 768, ~20 "
-              "tokens per parameter, C4): nothing here speaks for 130M–1B models.",
-              f"- Rates were selected, and Δ measured, on one {val_tokens:,}-token validation slice; "
-              + (f"on the test split no selection read ({len(tested)} of {len(done)} depths)" if tested else
-                 "on the whole validation split (these records have no test split)") + f" Δ is {said(probe)}.",
-              f"- Cells trained twice alike differ by up to {rerun['max']:.4f} nats ({rerun['n']} reruns"
-              + (f"; {rerun['again']['n']} run back to back: bitwise equal" if rerun.get("again", {}).get("n")
-                 and rerun["again"]["max"] == 0 else "")
-              + "); each cell counts once, inside the seed-to-seed spread (section 9)."]
-    return lines + [""]
+CLAIMS_HEAD = "## The paper's claims, one rule"
 
 
 def claims_lines(table: dict) -> list[str]:
     """The claims table: the paper's claim, where, our measurement, n, interval, p (and Holm's), the word."""
-    out = ["## The paper's claims, one rule", "",
+    out = [CLAIMS_HEAD, "",
            "| # | the paper's claim | where | our measurement | n | 95% interval | p (Holm) | word |",
            "|---|---|---|---|---|---|---|---|"]
     for r in table["family"]:
         c = r["comparison"]
         cond = "" if r["condition"] == "present" else f" (Pre-LN's curse index {r['condition']})"
+        if against_paper(r):
+            cond += f"; measured *{against_paper(r)}*, against the paper"
         out.append(f"| {r['claim'][0]} | {CLAIM_TEXT[r['claim']]} | {r['where']} | {r['measure']}: "
                    f"{spread(c, '.3g', signed=True)} | {c['n']} | {interval(c, '.3g')} | {pvalue(c['p'])} "
                    f"({pvalue(r['p_holm'])}) | **{r['word']}**{cond} |")
@@ -122,9 +78,13 @@ def claims_lines(table: dict) -> list[str]:
                    f"{UNIGRAM_MARGIN} nats of the unigram loss {r['unigram']:.2f}: {len(r['diverged'])} of {r['n']}"
                    f"{': ' + runs if runs else ''} | {r['n']} | [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] (exact) | - | "
                    f"**{r['word']}** |")
-    out += ["", f"*The rule* (depthlab/study/verdicts.py): every difference is paired by seed, with its 95% "
-            "t-interval (df = n − 1) and p from scipy.stats. A comparison reads *lower*/*higher* only when the "
-            "interval "
+    out += ["", f"*The rule* (depthlab/study/verdicts.py): every difference is paired by seed. *One noise model:* "
+            "its 95% t-interval and p (scipy.stats) use the seed noise pooled over the comparable cells of its "
+            "measure (every validation-loss difference of the study, with the rerun spread added; each mechanism "
+            "quantity over depths; Pre-LN's deep/shallow removal ratio over its cells), not df = n − 1 per cell, "
+            "which rewards two seeds that happen to agree; sections print the per-cell reading beside it where the "
+            "two differ. *The family* of this table is its testable t-test rows, Holm-adjusted (statsmodels). A "
+            "comparison reads *lower*/*higher* only when the interval "
             "excludes 0, *inconclusive* when it holds 0, and one seed gives no verdict. A claim is *supported* when "
             "the interval excludes 0 on the predicted side and its Holm-adjusted p (over the table's testable t-test "
             f"rows) is below 0.05; *contradicted* needs the other side with ≥ {MIN_CONTRADICT} seeds; *not "
@@ -140,7 +100,8 @@ def claims_lines(table: dict) -> list[str]:
             f"interior of fewer than {MIN_INTERIOR} blocks is unreadable, and a deep half of fewer than {MIN_DEEP} "
             "leaves the inert criterion unread. Claim 5 is the paper's divergence (Table 1's ~1,400 PPL): a run "
             "ending at the unigram loss while Pre-LN trains at that rate; its interval is the exact binomial interval "
-            "of that share, and Pre-LN diverged at none of those rates.", ""]
+            "of that share, and Pre-LN diverged at none of those rates. Where a row is not testable or not "
+            "reproduced but its interval lies on the side the paper does not predict, the row says so.", ""]
     return out
 
 
@@ -229,11 +190,14 @@ def decomposition_lines(res: dict, parts: list[dict]) -> list[str]:
 
 
 def science(res: dict, unigram: float | None, matched: list[dict], equal_rate: list[dict], rerun: dict,
-            tpp: dict[int, float], val_tokens: int, img: Path) -> list[str]:
-    """The first screen, the claims table and sections 1-4 (figures written into img)."""
+            tpp: dict[int, float], val_tokens: int, img: Path, transfer: tuple | None = None) -> list[str]:
+    """The first screen (from this study and the depth-transfer study's summary, `transfer`: (result, settings)),
+    the claims table and sections 1-4 (figures written into img)."""
     table, parts = claims_table(res, unigram), decomposition(res)
     img.mkdir(parents=True, exist_ok=True)
     figures.plot_own_best(res, img / "lns_own_best.png")
     figures.plot_decomposition(res, parts, img / "lns_decomposition.png")
-    return (first_screen(res, table, matched, parts, equal_rate, rerun, tpp, val_tokens) + claims_lines(table)
-            + own_best_lines(res) + matched_lines(matched) + mechanism_lines(res) + decomposition_lines(res, parts))
+    tres, tsettings = transfer or (None, None)
+    return (screen.first_screen(res, table, tres, tsettings, equal_rate, rerun, tpp, val_tokens)
+            + claims_lines(table) + own_best_lines(res) + matched_lines(matched) + mechanism_lines(res)
+            + decomposition_lines(res, parts))

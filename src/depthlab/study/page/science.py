@@ -8,12 +8,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from depthlab.study import figures
+from depthlab.study import declared, figures
 from depthlab.study.claims import LNS, PRE
-from depthlab.study.page import depth, lns
+from depthlab.study.page import depth, lns, screen
 from depthlab.study.page.text import grid, load, rate, said
 from depthlab.study.records import load_records
-from depthlab.study.summary import along_pairs, lns_study, matched_rates, rerun_spread
+from depthlab.study.summary import along_pairs, lns_study, matched_rates, reruns
+from depthlab.study.verdicts import EQUIVALENCE_MARGIN
 
 Pairs = list[tuple[int, float]]
 
@@ -36,9 +37,11 @@ def lns_summary(results: Path, parts: list[str], unstable: list[str]) -> dict | 
     """lns_study() of the LNS study's records (with the depth study's underneath), or None before it ran."""
     if not (results / "lns_study" / "runs.jsonl").exists():
         return None
-    meta = meta_of(results, "lns_study")
-    res = lns_study(lns_records(results), list(parts), list(unstable), meta.get("ref_depth", 24))
-    return {**res, **{k: meta.get(k) for k in ("dim", "val_tokens")}, "unigram_loss": meta.get("unigram_loss")}
+    meta, records = meta_of(results, "lns_study"), lns_records(results)
+    res = lns_study(records, list(parts), list(unstable), meta.get("ref_depth", 24),
+                    rerun_var=reruns(results)["variance"])
+    margins = {"equivalence": declared.margin(results / "lns_study", "equivalence_nats", EQUIVALENCE_MARGIN, records)}
+    return {**res, **{k: meta.get(k) for k in ("dim", "val_tokens", "corpus", "unigram_loss")}, "margins": margins}
 
 
 def stability_lines(res: dict, vocab: int, img: Path) -> list[str]:
@@ -133,13 +136,8 @@ def transfer_lines(results: Path, img: Path) -> list[str]:
     return list(page_lines(out=results / "depth_transfer", img=img / "depth_transfer.png")) if page_lines else []
 
 
-def reruns(results: Path) -> dict:
-    """The cells trained twice: the depth study's and the LNS study's copies, and the back-to-back check."""
-    return {**rerun_spread(records_of(results, "depth_study"), records_of(results, "lns_study")),
-            "again": rerun_spread(records_of(results, "rerun_a"), records_of(results, "rerun_b"))}
-
-
-def lns_lines(results: Path, res: dict, rerun: dict, planned: Pairs, img: Path) -> list[str]:
+def lns_lines(results: Path, res: dict, rerun: dict, planned: Pairs, img: Path,
+              transfer: tuple | None = None) -> list[str]:
     """The first screen, the claims table and sections 1-6 (the LNS study)."""
     from depthlab.study.runner import tokens_per_parameter
 
@@ -148,7 +146,7 @@ def lns_lines(results: Path, res: dict, rerun: dict, planned: Pairs, img: Path) 
     equal = [{**r, "layers": shared["settings"]["ref_depth"]} for r in shared.get("equal_rate", [])]
     vocab = meta_of(results, "lns_study").get("vocab", 2048)
     return (lns.science(res, res["unigram_loss"], matched_rates(lns_records(results)), equal, rerun, tpp,
-                        res["val_tokens"] or 0, img)
+                        res["val_tokens"] or 0, img, transfer)
             + stability_lines(res, vocab, img) + along_lines(results, planned, img))
 
 
@@ -168,8 +166,12 @@ def write(results: Path, docs: Path, parts: list[str], unstable: list[str], plan
         lines += ["The LNS study has not been run yet (`make study-lns`): this page cannot yet say whether LNS "
                   "helps.", ""]
     else:
-        rerun = reruns(results)
-        lines += lns_lines(results, res, rerun, planned, img)
+        from depthlab.study.transfer import study_summary
+
+        rerun, tstudy = reruns(results), study_summary(results / "depth_transfer")
+        part = lns_lines(results, res, rerun, planned, img, (tstudy[0], tstudy[2]) if tstudy else None)
+        screen.write_readme(docs.parent / "README.md", part[:part.index(lns.CLAIMS_HEAD)])
+        lines += part
     lines += ["## 7. Vision Transformers: where LNS goes", ""] + depth.vit_section(vit, "img/vit_study.png")
     lines += ["## 8. One rate per scheme at every depth (the depth study)", ""]
     lines += depth.depth_section(study, "depth_study_") + depth.along_section(results / "depth_study_n6")

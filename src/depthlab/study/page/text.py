@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from depthlab.study.stats import interval, pvalue
@@ -23,12 +24,20 @@ def settings_of(out: Path) -> dict | None:
 
 
 def said(c: dict, f: str = ".3f") -> str:
-    """A comparison as the page prints it everywhere: mean, its interval, p and n, then the word."""
+    """A comparison as the page prints it everywhere: mean, its interval, p (and, inside a family, Holm's) and n, then
+    the word (the family's, where it has one); under the pooled noise model the per-cell reading (df = n − 1) beside
+    it where the two words differ."""
     if not c or not c.get("n"):
         return "no runs"
     n = f"n = {c['n']}"
-    return (f"{c['mean']:+{f}} {interval(c, f)}, p {pvalue(c['p'])}, {n}: *{c['verdict']}*"
-            if c["n"] > 1 else f"{c['mean']:+{f}} ({n}: *{c['verdict']}*)")
+    if c["n"] < 2 or not math.isfinite(c["ci"][0]):
+        return f"{c['mean']:+{f}} ({n}: *{c['verdict']}*)"
+    holm = f" (Holm {pvalue(c['p_holm'])})" if "p_holm" in c else ""
+    word, cell = c.get("word", c["verdict"]), c.get("cell")
+    moved = f" (unadjusted: {c['verdict']})" if word != c["verdict"] else ""
+    beside = (f"; per cell (df = {c['n'] - 1}) {interval(cell, f)}: *{cell['verdict']}*"
+              if cell and cell["verdict"] != word else "")
+    return f"{c['mean']:+{f}} {interval(c, f)}, p {pvalue(c['p'])}{holm}, {n}: *{word}*{moved}{beside}"
 
 
 def grid(g: dict) -> str:
@@ -59,3 +68,14 @@ def mechanism_table(res: dict, claims: bool = False) -> list[str]:
             out.append(f"| {d['layers']} | {MECHANISMS[name][0]} | {seeds[0]} | {seeds[1]} | {said(m, '.3g')} | "
                        f"lns {m['predicted']} |" + (f" {m['paper_claim']} |" if claims else ""))
     return out
+
+
+def composition_said(corpus: dict, whose: str = "its") -> str:
+    """A study corpus's held-out splits as the page prints them: each split's documents, Kish's effective number of
+    documents and its largest document's share, from the corpus record's "splits"; where the record has none, that
+    it is not recorded."""
+    splits = corpus.get("splits") or {}
+    if not splits:
+        return f"{whose} held-out splits' composition (documents, largest share, effective count) is not recorded"
+    return f"{whose} " + "; ".join(f"{name} split {s['documents']} documents, Kish effective {s['effective']:g}, "
+                                   f"largest {s['top'][0][0]} {s['top'][0][1]:.0%}" for name, s in splits.items())
