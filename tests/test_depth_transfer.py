@@ -193,8 +193,9 @@ def test_a_tiny_study_end_to_end_resumes_and_writes_its_page_section(tmp_path, t
     capsys.readouterr()
     depth_transfer.main(["summarize", "--out", str(out), "--img", str(tmp_path / "img" / "depth_transfer.png")])
     text = capsys.readouterr().out
-    assert "| pre+completep | 0.0" in text and "same model" in text and "TOST against ± 0.01 nats" in text
-    assert "slope (95% interval)" in text and "two depths: no interval" in text
+    assert "| pre+completep | 0.0" in text and "same model" in text
+    assert "TOST against ±0.01 nats (set after the data" in text and "no word: margin set after the data" in text
+    assert "slope (fit's 95% t)" in text and "no bootstrap (under 3 depths)" in text
     assert (tmp_path / "img" / "depth_transfer.png").stat().st_size > 10_000
     assert t.page_lines(tmp_path / "nothing", None) == []
 

@@ -50,8 +50,8 @@ def test_tost_matches_scipys_one_sided_tests():
     ci = st.ttest_1samp(d, 0).confidence_interval(0.90)  # TOST at 5% <=> the 90% interval inside the margin
     assert t["ci"] == pytest.approx([ci.low, ci.high]) and -0.01 < t["ci"][0] < t["ci"][1] < 0.01
     assert t["mean"] == pytest.approx(sum(d) / len(d))
-    assert verdicts.equivalent(d, 0.01)["verdict"] == "equivalent"
-    assert verdicts.equivalent([0.002, 0.03], 0.01)["verdict"] == "not shown equivalent"
+    assert verdicts.equivalent(d, 0.01, declared=True)["verdict"] == "equivalent"
+    assert verdicts.equivalent([0.002, 0.03], 0.01, declared=True)["verdict"] == "not shown equivalent"
     assert verdicts.equivalent([0.002], 0.01)["verdict"] == "one seed: no verdict"
     assert verdicts.equivalent([], 0.01)["verdict"] == "no runs"
 

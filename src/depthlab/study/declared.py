@@ -85,6 +85,6 @@ def margin(study: Path | None, name: str, default: float, records: dict | None =
     return {"name": name, "value": float(value), "declared": order["status"] == BEFORE, **order}
 
 
-def said(m: dict, f: str = ".3g") -> str:
-    """A margin as the page prints it: its value and whether it was declared before the data."""
-    return f"±{m['value']:{f}} ({m['status']}: {m['why']})"
+def said(m: dict, unit: str = "", f: str = ".3g") -> str:
+    """A margin as the page prints it: its value (and unit) and whether it was declared before the data."""
+    return f"±{m['value']:{f}}{unit} ({m['status']}: {m['why']})"

@@ -171,7 +171,7 @@ def plot_own_best(res: dict, path: Path) -> bool:
     err = [[m - (d["delta_val_loss"]["ci"][0] if math.isfinite(d["delta_val_loss"]["ci"][0]) else m) for m, d in
             zip(ms, done, strict=True)], [(d["delta_val_loss"]["ci"][1] if math.isfinite(d["delta_val_loss"]["ci"][1])
                                            else m) - m for m, d in zip(ms, done, strict=True)]]
-    ax.errorbar(Ls, ms, yerr=err, fmt="o", capsize=4, color="k", label="mean, 95% t-interval")
+    ax.errorbar(Ls, ms, yerr=err, fmt="o", capsize=4, color="k", label="mean, 95% interval (pooled seed noise)")
     p = pooled([d["delta_val_loss"] for d in done])
     ax.axhspan(*p["ci"], color="tab:orange", alpha=0.25, label=f"pooled {p['mean']:+.3f}, n = {p['n']}")
     ax.axhline(0, color="k", lw=0.8)

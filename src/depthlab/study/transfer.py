@@ -269,7 +269,7 @@ def grid_bootstrap(grids: dict[int, dict[int, float]], sd: float, argmin: bool =
         around = [np.take_along_axis(y, (j + o)[:, None], 1)[:, 0] for o in (-1, 0, 1)]
         est.append(np.where((i > 0) & (i < len(ks) - 1), vertices(ks[j], *around), k))
     logs = math.log(ANCHOR) + np.array(est) * math.log(2) / 2
-    return np.polyfit(np.log(depths), logs, 1)[0]
+    return np.round(np.polyfit(np.log(depths), logs, 1)[0], 12)  # an equal best everywhere: 0, not 1e-16
 
 
 def exponent_reading(grids: dict[int, dict[int, float]], sd: float, margin: dict, level: float = 0.95) -> dict:
@@ -383,7 +383,8 @@ def margins(study: Path | None, records: dict, d: Design) -> dict:
     """The study's two margins (depthlab.study.declared): the slope inside which a rate holds, and gain-init's
     equivalence with LNS; each from its plan.json where that declares it, else the code's (set after the data)."""
     depths = sorted({d.base_depth, *d.grid_depths})
-    return {"hold": declared.margin(study, "hold_slope", hold_margin(depths), records),
+    return {"hold": declared.margin(study, "hold_slope", hold_margin(depths) if len(depths) > 1 else math.nan,
+                                    records),
             "equivalence": declared.margin(study, "equivalence_nats", EQUIVALENCE_MARGIN, records)}
 
 
@@ -519,8 +520,8 @@ def _rate_lines(res: dict, d: Design) -> list[str]:
         boot = f"[{b['ci'][0]:+.2f}, {b['ci'][1]:+.2f}] ([{b['tost_ci'][0]:+.2f}, {b['tost_ci'][1]:+.2f}])"
         checks = "; ".join(f"{name} [{c['ci'][0]:+.2f}, {c['ci'][1]:+.2f}] {c['word']}" for name, c in
                            b["checks"].items())
-        word = b["word"] + (f" (the bootstrap's *{b['bootstrap_word']}* moves with {', '.join(b['moved_by'])})"
-                            if b["moved_by"] else "")
+        word = b["word"] + (f" (the bootstrap reads {b['bootstrap_word']}; {', '.join(b['moved_by'])} does not)"
+                            if b["bootstrap_word"] != b["word"] else "")
         out.append(f"| {v} | " + " | ".join(cells) + f" | {slope} | {boot} | {'yes' if b['inside'] else 'no'} | "
                    f"{checks} | *{word}* |")
     return out + [""]
@@ -552,7 +553,7 @@ def _parts_lines(dec: dict, margin: dict) -> list[str]:
                    f"{ci_cell(cur['ratio']) if cur else '-'} | {curse_word(cur) if cur else '-'} |")
     t = dec["tost"]
     out += ["", f"Gain-init − LNS, each at its best rate: {said(t['comparison'])}; TOST against "
-            f"{declared.said(margin)} nats: 90% {interval(t)}, p {pvalue(t['p'])}, *{t['verdict']}*."]
+            f"{declared.said(margin, ' nats')}: 90% {interval(t)}, p {pvalue(t['p'])}, *{t['verdict']}*."]
     if dec.get("uniform_vs_gain_init"):
         out.append(f"Uniform gains − gain-init l^-p (does the depth profile matter, or any damping?): "
                    f"{said(dec['uniform_vs_gain_init'])}.")

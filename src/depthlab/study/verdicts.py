@@ -9,6 +9,12 @@ A comparison of two variants on one metric reads, from paired differences d = b 
 
 At n = 2 the interval is mean ± 12.7 standard errors: two seeds rarely decide anything, and the page says so.
 
+The results page reads every comparison once more with one noise model (`reread`, `pooled_family`): the seed noise
+pooled over the comparable cells of its measure (stats.pooled_noise, plus the rerun variance) replaces each cell's
+own df = n - 1 spread, so two seeds that agree by chance get the spread the other cells show; the per-cell reading
+stays beside it ("cell"). Each section's comparisons are one family (`holm_words`): a direction word needs its
+Holm-adjusted p below ALPHA.
+
 A claim of the paper is read from a comparison, the direction the paper predicts and its precondition:
 
     "not testable"     the claim's precondition does not hold (Pre-LN's curse index is not "present": absent, or
@@ -18,7 +24,9 @@ A claim of the paper is read from a comparison, the direction the paper predicts
     "contradicted"     the interval excludes 0 on the other side, with at least MIN_CONTRADICT seeds
     "not reproduced"   otherwise: the interval holds 0 (or excludes it on the other side with fewer seeds)
 
-Equivalence ("A matches B") is a TOST with EQUIVALENCE_MARGIN, declared here before the numbers were read.
+Equivalence ("A matches B") is a TOST against a margin; it gives a word only for a margin declared before the data
+(depthlab.study.declared: a committed plan.json older than the records), else NO_WORD beside its numbers.
+EQUIVALENCE_MARGIN was written here after the LNS study's records, so it gives no word.
 Divergence (claim 5) is the paper's: a run that ends within UNIGRAM_MARGIN of the unigram loss (token frequencies
 alone; the paper's ~1,400 PPL) while Pre-LN trains at that rate.
 

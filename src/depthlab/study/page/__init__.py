@@ -3,6 +3,7 @@
     science.py   docs/results.md: does LNS help and why (lns.py: first screen, claims table, sections 1-4;
                  depth.py: the depth study and the ViT study), every word from depthlab.study.claims / verdicts
     systems.py   docs/benchmarks.md: speed, what LNS costs, the GPU run, memory, scale-out
+    screen.py    docs/results.md's first screen from both studies, and the README's results bullets (the same lines)
     text.py      what every section prints alike: a comparison with n and its interval, a rate grid, a result file
 
 Formatting only: every number is computed from the runs (depthlab.study.summary, claims, verdicts); nothing is

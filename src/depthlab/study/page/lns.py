@@ -17,7 +17,6 @@ from depthlab.study.verdicts import (
     MIN_CONTRADICT,
     MIN_DEEP,
     MIN_INTERIOR,
-    ONE_SEED_INDEX,
     PRESENT,
     UNIGRAM_MARGIN,
     ci_cell,
@@ -40,20 +39,6 @@ def share_said(k: int, n: int, what: str) -> str:
     """A count k of n `what` with the exact 95% interval of its share."""
     lo, hi = proportion_ci(k, n)
     return f"{k} of {n} {what} (exact 95% interval of the share [{lo:.2f}, {hi:.2f}])"
-
-
-def index_by_depth(done: list[dict]) -> str:
-    """Pre-LN's curse reading at each depth, grouped by word ("present" first), each depth with the interval its
-    word rests on (verdicts.curse_reading)."""
-    order = ["present", "inconclusive", "absent", ONE_SEED_INDEX, "unreadable", "unknown"]
-    words: dict[str, list[dict]] = {}
-    for d in done:
-        r = d["pre"].get("index", {}).get("curse")
-        words.setdefault(r["word"] if r else "unknown", []).append({"layers": d["layers"], "curse": r})
-    said_at = lambda w, ds: (f"{w} at N = " + ", ".join(  # noqa: E731
-        str(x["layers"]) + ("" if w in ("unreadable", "unknown") else f" ({curse_said(x['curse'], word=False)})")
-        for x in ds) + (" only" if w == "present" else ""))
-    return "reads " + ("; ".join(said_at(w, words[w]) for w in order if w in words) or "nothing: no depth ran")
 
 
 CLAIMS_HEAD = "## The paper's claims, one rule"

@@ -1,0 +1,165 @@
+"""The results page's words survive a second look (issue 50): one noise model (seed noise pooled over comparable cells,
+per-cell reading beside), Holm within each section's family, margins that give a word only when a committed plan
+declared them before the records (checked with git), the rate exponent's word from a bootstrap over grid noise, gated
+rows that still say when a measurement goes against the paper, and a README whose results bullets are the page's
+first screen word for word."""
+
+import math
+import subprocess
+
+import pytest
+from scipy import stats as st
+
+from depthlab.study import declared, stats, transfer as t, verdicts
+
+NOISY = [[-0.01, -0.05], [-0.02, -0.07, -0.03], [0.01, -0.04], [-0.06, -0.01]]  # seeds disagree by ~0.04 nats
+
+
+def test_two_seeds_that_agree_closely_give_no_word_under_the_pooled_noise():
+    close = verdicts.compare([-0.0400, -0.0402])  # df = 1: a tiny spread makes a tight interval
+    assert close["verdict"] == "lower"
+    others = [verdicts.compare(x) for x in NOISY]
+    noise = verdicts.pooled_family([close, *others])
+    # the pooled sd: every cell's deviations from its own mean over the summed df (a one-way ANOVA's residual)
+    devs = [x - sum(c) / len(c) for c in [[-0.0400, -0.0402], *NOISY] for x in c]
+    df = 1 + 1 + 2 + 1 + 1
+    assert noise["df"] == df and noise["sd"] == pytest.approx(math.sqrt(sum(d * d for d in devs) / df))
+    se = noise["sd"] / math.sqrt(2)
+    assert close["ci"] == pytest.approx([-0.0401 - st.t.ppf(0.975, df) * se, -0.0401 + st.t.ppf(0.975, df) * se])
+    assert close["verdict"] == "inconclusive" and close["cell"]["verdict"] == "lower"
+    # the page prints the per-cell reading beside the pooled one where they differ
+    from depthlab.study.page.text import said
+
+    assert "*inconclusive*" in said(close) and "per cell (df = 1)" in said(close) and "*lower*" in said(close)
+    # the curse index: two seeds at 0.39 and 0.40 read "present" alone, not with the ratio's pooled seed noise
+    alone = verdicts.curse_reading([0.39, 0.40], [0.0, 0.0], 45)
+    pooled = verdicts.curse_reading([0.39, 0.40], [0.0, 0.0], 45,
+                                    ratio_noise=stats.pooled_noise([[0.39, 0.40], [1.1, 1.3], [0.9, 1.2, 1.0]]))
+    assert alone["word"] == "present" and pooled["word"] == "inconclusive"
+
+
+def test_a_holm_adjusted_p_above_alpha_gives_no_word():
+    from depthlab.study.page.text import said
+
+    weak, strong = verdicts.compare([-0.10, -0.20, -0.12]), verdicts.compare([-0.30, -0.31, -0.29])
+    assert weak["verdict"] == "lower" and 0.025 < weak["p"] < 0.05  # alone, a word
+    verdicts.holm_words([weak, verdicts.compare([0.01, -0.02, 0.015]), strong])
+    assert weak["p_holm"] == pytest.approx(min(1, 2 * weak["p"])) and weak["p_holm"] > 0.05
+    assert weak["word"] == "inconclusive" and strong["word"] == "lower"
+    text = said(weak)
+    assert f"p {stats.pvalue(weak['p'])} (Holm {stats.pvalue(weak['p_holm'])})" in text
+    assert "*inconclusive* (unadjusted: lower)" in text
+    # a claim inside its family: the interval excludes 0, the adjusted p does not
+    assert verdicts.claim(weak, "lower", p_adjusted=weak["p_holm"]) == "not reproduced"
+
+
+def test_a_margin_set_after_the_data_gives_no_word():
+    d = [0.002, -0.003, 0.001, 0.004, -0.001]
+    assert verdicts.equivalent(d, 0.01, declared=True)["verdict"] == "equivalent"
+    after = verdicts.equivalent(d, 0.01)  # a margin is not declared unless shown to be
+    assert after["verdict"] == verdicts.NO_WORD and after["p"] < 0.05  # the numbers stay
+    # the rate exponent: flat grids whose bootstrap interval lies inside ±1/6 hold their rate only under a margin
+    # declared before the data
+    grids = {L: {k: 2 + 0.01 * (k - 7.2) ** 2 for k in (6, 7, 8)} for L in (6, 12, 24, 48)}
+    before = {"value": 1 / 6, "declared": True}
+    assert t.exponent_reading(grids, 0.0005, before)["word"] == "holds its rate"
+    late = t.exponent_reading(grids, 0.0005, {"value": 1 / 6, "declared": False})
+    assert late["word"] == "inconclusive" and late["inside"]
+
+
+def _commit(repo, name: str, text: str, when: int) -> None:
+    """Commit `name` with `text` at unix time `when` (author and committer dates)."""
+    (repo / name).write_text(text)
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "GIT_AUTHOR_DATE": f"@{when} +0000", "GIT_COMMITTER_DATE": f"@{when} +0000", "PATH": "/usr/bin:/bin",
+           "HOME": str(repo)}
+    for args in (["add", name], ["commit", "-q", "-m", name]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, env=env)
+
+
+@pytest.mark.parametrize("order", ["plan first", "records first", "plan edited after"])
+def test_a_margin_is_declared_before_only_when_its_plan_commit_precedes_the_records(tmp_path, order):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    plan = '{"margins": {"hold_slope": 0.1}}\n'
+    steps = {"plan first": [("plan.json", plan), ("runs.jsonl", "{}\n")],
+             "records first": [("runs.jsonl", "{}\n"), ("plan.json", plan)],
+             "plan edited after": [("plan.json", plan), ("runs.jsonl", "{}\n"),
+                                   ("plan.json", '{"margins": {"hold_slope": 0.2}}\n')]}[order]
+    for i, (name, text) in enumerate(steps):
+        _commit(repo, name, text, 1_700_000_000 + 100 * i)
+    m = declared.margin(repo, "hold_slope", 1 / 6)
+    assert m["status"] == (declared.BEFORE if order == "plan first" else declared.AFTER)
+    assert m["declared"] == (order == "plan first") and m["value"] in (0.1, 0.2)
+    # not in the plan: the code's value, set after the data
+    assert declared.margin(repo, "equivalence_nats", 0.01)["status"] == declared.AFTER
+    # the plan edited in the working tree is not the committed one
+    if order == "plan first":
+        (repo / "plan.json").write_text('{"margins": {"hold_slope": 0.3}}\n')
+        assert declared.margin(repo, "hold_slope", 1 / 6)["status"] == declared.AFTER
+
+
+def test_without_git_the_order_is_not_verifiable_and_gives_no_word(tmp_path, monkeypatch):
+    (tmp_path / "plan.json").write_text('{"margins": {"equivalence_nats": 0.01}}\n')
+    monkeypatch.setattr(declared, "_git", lambda *a: None)
+    m = declared.margin(tmp_path, "equivalence_nats", 0.02)
+    assert m["status"] == declared.UNKNOWN and not m["declared"] and m["value"] == 0.01
+    assert declared.said(m).startswith("±0.01 (not verifiable")
+
+
+def test_the_exponent_reads_from_a_bootstrap_over_grid_noise_and_its_sensitivity():
+    depths = (6, 12, 24, 48)
+    # the optimum moves half a lattice step per doubling of depth: rate ∝ N^(-1/4)... in lattice units k = 2 log2
+    grids = {L: {k: 2 + 0.02 * (k - (9 - 0.5 * i)) ** 2 for k in range(5, 11)} for i, L in enumerate(depths)}
+    quiet = t.exponent_reading(grids, 0.0005, {"value": 1 / 6, "declared": True})
+    assert quiet["word"] == "falls with depth" and quiet["ci"][1] < 0 and set(quiet["checks"]) == {
+        "argmin", "without N = 6", "without N = 12", "without N = 24", "without N = 48"}
+    slopes = t.grid_bootstrap(grids, 0.0005)
+    assert len(slopes) == t.BOOTSTRAP and float(slopes.mean()) == pytest.approx(-0.25, abs=0.02)
+    loud = t.exponent_reading(grids, 0.05, {"value": 1 / 6, "declared": True})
+    assert loud["word"] == "inconclusive" and loud["ci"][0] < -0.25 < loud["ci"][1]
+    # the vertex of one grid, as vertex() reads it, is what the bootstrap reads with no noise
+    recs = {k: {"status": "ok", "val_loss": v} for k, v in grids[6].items()}
+    assert t.vertex(recs, 9) == pytest.approx(9.0)
+
+
+def test_a_gated_row_still_says_when_its_measurement_goes_against_the_paper():
+    from depthlab.study.claims import against_paper
+
+    lower = verdicts.compare([-0.010, -0.011, -0.012])
+    row = {"comparison": lower, "predicted": "higher", "condition": "absent"}
+    (read,) = verdicts.family([row])
+    assert read["word"] == "not testable" and against_paper(read) == "lower"
+    assert against_paper({**read, "predicted": "lower"}) is None
+
+
+def test_the_readme_results_bullets_are_the_pages_first_screen_word_for_word():
+    from pathlib import Path
+
+    from depthlab.study.page import screen
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "results.md").read_text().splitlines()
+    first = page[4:page.index("## The paper's claims, one rule")]
+    lines = [x for x in first if x]
+    readme = (root / "README.md").read_text()
+    block = readme.split(screen.START, 1)[1].split(screen.END, 1)[0]
+    assert [x for x in block.splitlines() if x] == lines and 0 < len(lines) <= screen.MAX_LINES
+
+
+def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails():
+    """On the committed records: no margin set after the data gives a word (no "holds its rate", no "equivalent"),
+    Pre-LN's N = 48 index is not "present" on two closely agreeing seeds, and every word in the depth-transfer
+    section's family survives Holm."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "results.md").read_text()
+    first = page.split("## The paper's claims, one rule")[0]
+    assert "holds its rate*" not in first and "*equivalent*" not in first
+    assert "no word: margin set after the data" in first and "reads present at N = 48" not in first
+    res = t.study_summary(root / "benchmarks" / "results" / "depth_transfer")[0]
+    family = [c for row in res["transfer"].values() for c in row.get("vs_pre", {}).values()]
+    assert family and all(c["word"] == "inconclusive" or c["p_holm"] < 0.05 for c in family)
+    assert res["transfer"]["lns"]["bootstrap"]["word"] != "holds its rate"
