@@ -82,22 +82,23 @@ def test_a_margin_is_declared_before_only_when_its_plan_commit_precedes_the_reco
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    plan = '{"margins": {"hold_slope": 0.1}}\n'
+    plan = '{"margins": {"holds_its_rate_slope": {"12-48": 0.1}}}\n'
     steps = {"plan first": [("plan.json", plan), ("runs.jsonl", "{}\n")],
              "records first": [("runs.jsonl", "{}\n"), ("plan.json", plan)],
              "plan edited after": [("plan.json", plan), ("runs.jsonl", "{}\n"),
-                                   ("plan.json", '{"margins": {"hold_slope": 0.2}}\n')]}[order]
+                                   ("plan.json", '{"margins": {"holds_its_rate_slope": {"12-48": 0.2}}}\n')]}[order]
     for i, (name, text) in enumerate(steps):
         _commit(repo, name, text, 1_700_000_000 + 100 * i)
-    m = declared.margin(repo, "hold_slope", 1 / 6)
+    m = declared.margin(repo, "holds_its_rate_slope", 1 / 6, key="12-48")
     assert m["status"] == (declared.BEFORE if order == "plan first" else declared.AFTER)
     assert m["declared"] == (order == "plan first") and m["value"] in (0.1, 0.2)
-    # not in the plan: the code's value, set after the data
+    # not in the plan (or not for these depths): the code's value, set after the data
     assert declared.margin(repo, "equivalence_nats", 0.01)["status"] == declared.AFTER
+    assert declared.margin(repo, "holds_its_rate_slope", 1 / 6, key="6-48")["value"] == 1 / 6
     # the plan edited in the working tree is not the committed one
     if order == "plan first":
-        (repo / "plan.json").write_text('{"margins": {"hold_slope": 0.3}}\n')
-        assert declared.margin(repo, "hold_slope", 1 / 6)["status"] == declared.AFTER
+        (repo / "plan.json").write_text('{"margins": {"holds_its_rate_slope": {"12-48": 0.3}}}\n')
+        assert declared.margin(repo, "holds_its_rate_slope", 1 / 6, key="12-48")["status"] == declared.AFTER
 
 
 def test_without_git_the_order_is_not_verifiable_and_gives_no_word(tmp_path, monkeypatch):

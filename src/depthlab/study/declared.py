@@ -3,9 +3,11 @@ before the data").
 
 A study declares its plan in `plan.json` beside its records (benchmarks/results/<study>/plan.json):
 
-    {"endpoint": "test_loss", "seeds": [0, 1, 2, 3],
-     "margins": {"hold_slope": 0.1667, "equivalence_nats": 0.01},
-     "families": {"transfer": "every paired test-loss comparison of the section"}}
+    {"primary_endpoint": "...", "seeds": {...}, "families": {...},
+     "margins": {"equivalence_nats": 0.01, "holds_its_rate_slope": {"12-48": 0.25, "12-24": 0.5}}}
+
+(benchmarks/results/own_rate/plan.json is one). A margin is a number, or a number per range of depths fitted
+("min-max") where it depends on them.
 
 A margin is *declared before* the data when the plan names it and the plan's last commit precedes the first commit
 of the study's runs.jsonl (both read with `git log`), the plan in the working tree is the committed one, and no
@@ -73,11 +75,14 @@ def plan_order(study: Path, records: dict | None = None) -> dict:
     return {"status": BEFORE, "why": f"{PLAN}'s commit precedes every record"}
 
 
-def margin(study: Path | None, name: str, default: float, records: dict | None = None) -> dict:
-    """The margin `name` the study's page uses: the plan's value where its plan declares it (with plan_order's
-    status), else `default` (set in code) with status AFTER. {"name", "value", "status", "why", "declared"}."""
+def margin(study: Path | None, name: str, default: float, records: dict | None = None, key: str | None = None) -> dict:
+    """The margin `name` the study's page uses: the plan's value (its entry `key` where the plan gives one per range
+    of depths) where its plan declares it, with plan_order's status; else `default` (set in code) with status
+    AFTER. {"name", "value", "status", "why", "declared"}."""
     plan = (plan_of(study) if study else None) or {}
     value = (plan.get("margins") or {}).get(name)
+    if isinstance(value, dict):
+        value = value.get(key)
     if value is None:
         return {"name": name, "value": default, "status": AFTER, "declared": False,
                 "why": f"set in code; no {PLAN} declares it before the records"}

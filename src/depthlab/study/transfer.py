@@ -383,8 +383,8 @@ def margins(study: Path | None, records: dict, d: Design) -> dict:
     """The study's two margins (depthlab.study.declared): the slope inside which a rate holds, and gain-init's
     equivalence with LNS; each from its plan.json where that declares it, else the code's (set after the data)."""
     depths = sorted({d.base_depth, *d.grid_depths})
-    return {"hold": declared.margin(study, "hold_slope", hold_margin(depths) if len(depths) > 1 else math.nan,
-                                    records),
+    return {"hold": declared.margin(study, "holds_its_rate_slope", hold_margin(depths) if len(depths) > 1 else
+                                    math.nan, records, f"{min(depths)}-{max(depths)}"),
             "equivalence": declared.margin(study, "equivalence_nats", EQUIVALENCE_MARGIN, records)}
 
 
