@@ -178,3 +178,25 @@ def test_the_own_rate_plan_walks_grids_then_seeds_then_the_deep_stage():
     assert plan["margins"]["equivalence_nats"] == 0.01 and plan["margins"]["holds_its_rate_slope"]["12-48"] == 0.25
     assert plan["families"]["primary"]["tests"] == ["lns - pre at N = 12", "lns - pre at N = 24",
                                                     "lns - pre at N = 48"]
+
+
+def test_data_prepare_writes_and_prints_the_validation_make_up(tmp_path, capsys):
+    from depthlab.data.cli import print_info
+    from depthlab.data.prepare import prepare
+    from depthlab.data.prepared import load_prepared
+
+    docs = _docs(60)
+    docs[10] = Document("doc010.txt", docs[10].text * 40)  # position 10: held out (every 20th, from the 10th)
+    _write(tmp_path / "docs", docs)
+    idx = prepare([str(tmp_path / "docs")], tmp_path / "out", vocab_size=300, workers=1, progress=False,
+                  log=lambda m: None)
+    comp, val = idx["splits"]["val"]["composition"], idx["splits"]["val"]
+    assert comp["documents"] == val["documents"] == 3 and comp["tokens"] == val["tokens"]
+    _, tok, arrays = load_prepared(tmp_path / "out")
+    sizes = np.diff(np.r_[0, np.flatnonzero(arrays["val"] == idx["eot_id"]) + 1])
+    assert comp["effective"] == round(sizes.sum() ** 2 / (sizes ** 2).sum(), 1) < 3
+    assert Path(comp["top"][0][0]).name == "doc010.txt" and comp["top"][0][1] == comp["max_share"] > 0.5
+    print_info(tmp_path / "out", idx)
+    out, err = capsys.readouterr()
+    assert "validation make-up: 3 documents" in out and "doc010.txt" in out
+    assert err.startswith("warning: a validation split of fewer than 30 effective documents")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from depthlab.flags import at_least, positive, share
 
@@ -40,6 +41,14 @@ def print_info(path, index: dict) -> None:
     print(f"train {t['documents']} documents, {t['tokens']} tokens; validation {v['documents']} documents, "
           f"{v['tokens']} tokens")
     print(f"tokenizer {index['tokenizer_hash']}, vocabulary {index['vocab_size']}, {index['dtype']} tokens")
+    if comp := v.get("composition"):  # data prepared before issue 50 has none
+        from depthlab.data.tokens import MAX_SHARE, MIN_EFFECTIVE, describe_composition
+
+        print(describe_composition("validation make-up", comp))
+        if comp["effective"] < MIN_EFFECTIVE or comp["max_share"] > MAX_SHARE:
+            print(f"warning: a validation split of fewer than {MIN_EFFECTIVE:g} effective documents, or with one "
+                  f"over {MAX_SHARE:.0%} of it, measures those documents more than the corpus; hold out more "
+                  "documents (--val-fraction) or give more text", file=sys.stderr)
 
 
 def cmd_info(args) -> None:

@@ -24,7 +24,7 @@ from depthlab.data.prepare import bounded, check_line_lengths
 from depthlab.data.prepared import is_prepared, load_prepared
 from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, expand, read_documents
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
-from depthlab.data.tokens import is_val, pack, val_period
+from depthlab.data.tokens import MAX_SHARE, MIN_EFFECTIVE, composition, is_val, pack, val_period
 from depthlab.paths import VAL_TOKENS
 
 __all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "SeededOrder", "eval_batches", "pack",
@@ -74,8 +74,6 @@ GENERATED_SHARE = 0.5  # a document at least this share of whose code lines are 
 HELD_CHUNK_BYTES = 2000  # a held-out document is cut at line breaks into chunks of at most this many characters
 HELD_CHUNKS = 4  # and keeps at most this many of them, spread evenly from its first to its last
 HELD_CAP_SHARE = 0.05  # and fewer where it would otherwise hold more than this share of its split's characters
-MIN_EFFECTIVE = 30.0  # Kish's effective number of documents every held-out split must reach
-MAX_SHARE = 0.10  # the largest share of a held-out split's tokens one document may hold
 _LITERAL = "|".join((r"""[rbuRBU]{0,2}'(?:[^'\\]|\\.)*'""", r'[rbuRBU]{0,2}"(?:[^"\\]|\\.)*"', r"0[xX][0-9a-fA-F]+",
                      r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?", "None", "True", "False"))  # one literal
 _DATA_LINE = re.compile(rf"\s*(?:(?:{_LITERAL})\s*[,:;()\[\]{{}}]*\s*)+(?:#.*)?")
@@ -171,17 +169,6 @@ def held_out_split(docs: list[Document], val_fraction: float, splits: tuple[str,
     return train, {s: rebalance(part) for s, part in held.items()}, skipped
 
 
-def composition(names: list[str], sizes: list[int], top: int = 3) -> dict:
-    """A held-out split's make-up: documents, tokens, Kish's effective number of documents (sum w)^2 / sum w^2
-    with w each document's tokens, the largest share and the `top` largest documents with their shares."""
-    total = sum(sizes)
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    effective = total ** 2 / sum(s * s for s in sizes) if total else 0.0
-    return {"documents": len(sizes), "tokens": int(total), "effective": round(effective, 1),
-            "max_share": round(sizes[order[0]] / total, 4) if total else 0.0,
-            "top": [[names[i], round(sizes[i] / total, 4)] for i in order[:top]]}
-
-
 def check_composition(split: str, comp: dict, remedy: str) -> None:
     """Refuse a held-out split too few documents make, or one document fills (MIN_EFFECTIVE, MAX_SHARE)."""
     if comp["effective"] < MIN_EFFECTIVE:
@@ -190,13 +177,6 @@ def check_composition(split: str, comp: dict, remedy: str) -> None:
     if comp["max_share"] > MAX_SHARE:
         name, share = comp["top"][0]
         raise UserError(f"{name} is {share:.0%} of the {split} split, more than {MAX_SHARE:.0%}: {remedy}")
-
-
-def describe_composition(split: str, comp: dict) -> str:
-    """One line: documents, tokens, effective number and the largest documents."""
-    top = ", ".join(f"{name} {share:.1%}" for name, share in comp["top"])
-    return (f"{split}: {comp['documents']} documents, {comp['tokens']:,} tokens, Kish effective "
-            f"{comp['effective']:g}; largest {top}")
 
 
 def load_text(cfg: Config) -> tuple[list[Document], str, ReadReport | None]:

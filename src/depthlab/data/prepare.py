@@ -308,7 +308,7 @@ def _run_units(units: list[dict], settings: dict, tokenizer_json: str, workers: 
         bar.close()
 
 
-def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, period: int) -> dict:
+def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, settings: dict) -> dict:
     """Route every document to train or val by its index in the whole input, and write the split files."""
     records = [json.loads(_unit_path(work, u["index"], "json").read_text()) for u in plan["units"]]
     skipped = [s for r in records for s in r["skipped"]]
@@ -317,6 +317,7 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
         raise UserError(f"no usable text in {source}; skipped {len(skipped)}: "
                         + ", ".join(f"{p} ({why})" for p, why in skipped[:3]))
     n_docs = sum(r["documents"] for r in records)
+    period = settings["period"]
     n_val = held_out_count(n_docs, period)
     if not n_val or n_val == n_docs:
         raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by whole "
@@ -324,6 +325,7 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
                         f"`depthlab train --data {source}` (which cuts fewer than 20 documents into pieces at lines)")
     dtype = token_dtype(tok.get_vocab_size())
     docs, tokens, first = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0
+    held_sizes, held_at = [], []  # each validation document's tokens, and (unit, index in it)
     digests = {s: hashlib.sha256() for s in SPLITS}  # recorded in the index, checked whenever the data is opened
     with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:
         for r in records:
@@ -331,6 +333,8 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
             lengths = np.fromfile(_unit_path(work, r["index"], "lengths"), dtype=np.int64)
             held_out = is_val(np.arange(first, first + len(lengths)), period)
             in_val = np.repeat(held_out, lengths)
+            held_sizes.append(lengths[held_out])
+            held_at += [(r["index"], int(i)) for i in np.flatnonzero(held_out)]
             for split, f, part in (("train", train, ids[~in_val]), ("val", val, ids[in_val])):
                 part.tofile(f)
                 digests[split].update(part.tobytes())
@@ -341,6 +345,7 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
             first += len(lengths)
     for s in SPLITS:
         os.replace(out / f"{s}.bin.tmp", out / f"{s}.bin")
+    make_up = _make_up(np.concatenate(held_sizes), held_at, plan, settings)
     tok.save(str(out / TOKENIZER_FILE))
     summary = f"{files_read} file(s), {n_docs} documents"
     if skipped:
@@ -349,11 +354,49 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, pe
              "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size(), "eot_id": eot_id(tok),
              "dtype": np.dtype(dtype).name, "files_read": files_read, "skipped": skipped,
              "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s],
-                            "sha256": digests[s].hexdigest()} for s in SPLITS},
+                            "sha256": digests[s].hexdigest(), **({"composition": make_up} if s == "val" else {})}
+                        for s in SPLITS},
              "request": plan["request"]}
     write_json_atomic(out / INDEX, index)
     shutil.rmtree(work)
     return index
+
+
+def _make_up(sizes: np.ndarray, at: list[tuple[int, int]], plan: dict, settings: dict, top: int = 3) -> dict:
+    """The validation split's composition (depthlab.data.tokens.composition: documents, tokens, Kish's effective
+    number, the largest shares), its largest documents named by reading their units' files again."""
+    sizes = sizes.astype(np.float64)
+    total, order = float(sizes.sum()), np.argsort(-sizes, kind="stable")[:top]
+    units = {u["index"]: u for u in plan["units"]}
+    wanted: dict[int, set[int]] = {}
+    for i in order:
+        wanted.setdefault(at[i][0], set()).add(at[i][1])
+    names = {(k, j): name for k, js in wanted.items() for j, name in _unit_names(units[k], settings, js).items()}
+    return {"documents": int(len(sizes)), "tokens": int(total),
+            "effective": round(total ** 2 / float((sizes ** 2).sum()), 1) if total else 0.0,
+            "max_share": round(float(sizes[order[0]]) / total, 4) if total else 0.0,
+            "top": [[names.get(at[i], f"document {at[i][1]} of unit {at[i][0]}"), round(float(sizes[i]) / total, 4)]
+                    for i in order]}
+
+
+def _unit_names(unit: dict, settings: dict, wanted: set[int]) -> dict[int, str]:
+    """The names of a unit's documents at positions `wanted`, counted as run_unit counts them (a bad file's
+    documents do not count)."""
+    out, n = {}, 0
+    for path, shard, shards in unit["sources"]:
+        mine, start = {}, n
+        try:
+            for doc in documents(path, settings, (shard, shards)):
+                if n in wanted:
+                    mine[n] = doc.name
+                n += 1
+        except BadFile:
+            n = start
+            continue
+        out.update(mine)
+        if len(out) == len(wanted):
+            break
+    return out
 
 
 def _check_settings(val_fraction: float, vocab_size: int, workers: int, tokenizer: str | None) -> None:
@@ -447,7 +490,7 @@ def _run_job(out: Path, job: dict, settings: dict, log) -> dict:
             log(f"{out}: resuming, {len(plan['units']) - len(todo)} of {len(plan['units'])} units already done")
         if todo:
             _run_units(todo, settings, tok.to_str(), min(job["workers"], len(todo)), job["progress"])
-        return _finalize(out, work, plan, tok, job["source"], settings["period"])
+        return _finalize(out, work, plan, tok, job["source"], settings)
     except UserError as e:
         if not isinstance(e, WorkerDied):  # bad input: leave nothing half-written behind
             shutil.rmtree(work, ignore_errors=True)

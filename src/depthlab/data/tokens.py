@@ -11,6 +11,9 @@ from tokenizers import Tokenizer
 from depthlab.data.tokenizer import eot_id
 from depthlab.progress import progress_bar
 
+MIN_EFFECTIVE = 30.0  # Kish's effective number of documents every held-out split must reach (study corpora)
+MAX_SHARE = 0.10  # the largest share of a held-out split's tokens one document may hold
+
 
 def token_dtype(vocab_size: int) -> type:
     return np.uint16 if vocab_size <= 2**16 else np.uint32
@@ -53,3 +56,21 @@ def pack(tok: Tokenizer, docs, batch: int = 256, progress: bool = False, desc: s
             parts.append(encode_texts(tok, texts[i:i + batch], eot, dtype)[0])
             bar.update(len(texts[i:i + batch]))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def composition(names: list[str], sizes: list[int], top: int = 3) -> dict:
+    """A held-out split's make-up: documents, tokens, Kish's effective number of documents (sum w)^2 / sum w^2
+    with w each document's tokens, the largest share and the `top` largest documents with their shares."""
+    total = sum(sizes)
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    effective = total ** 2 / sum(s * s for s in sizes) if total else 0.0
+    return {"documents": len(sizes), "tokens": int(total), "effective": round(effective, 1),
+            "max_share": round(sizes[order[0]] / total, 4) if total else 0.0,
+            "top": [[names[i], round(sizes[i] / total, 4)] for i in order[:top]]}
+
+
+def describe_composition(split: str, comp: dict) -> str:
+    """One line: documents, tokens, effective number and the largest documents."""
+    top = ", ".join(f"{name} {share:.1%}" for name, share in comp["top"])
+    return (f"{split}: {comp['documents']} documents, {comp['tokens']:,} tokens, Kish effective "
+            f"{comp['effective']:g}; largest {top}")
