@@ -190,6 +190,8 @@ CASES = [
     ("prune-span-too-far", "prune {hf} --remove 0:99 {tmp}/o", "cannot remove layers"),
     ("prune-span-reversed", "prune {hf} --remove 2:1 {tmp}/o", "cannot remove layers"),
     ("prune-every-layer", "prune {hf} --remove 0:2 {tmp}/o", "keeping at least one"),
+    ("prune-span-from-beyond-the-end", "prune {hf} --remove -3: {tmp}/o", "cannot remove layers -3: of a 2-layer"),
+    ("prune-span-every-layer-open", "prune {hf} --remove : {tmp}/o", "keeping at least one"),
     ("prune-missing", "prune {tmp}/missing --remove 0:1 {tmp}/o", "does not exist"),
     ("prune-prepared", "prune {prep} --remove 0:1 {tmp}/o", "prepared-data directory"),
     ("prune-several-runs", "prune {runs2} --remove 0:1 {tmp}/o", "holds 2 runs"),

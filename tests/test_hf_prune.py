@@ -76,10 +76,22 @@ def test_prune_a_depthlab_checkpoint_through_export(tmp_path, capsys):
     assert cfg["num_hidden_layers"] == 3 and (tmp_path / "out" / "tokenizer.json").is_file()
 
 
-@pytest.mark.parametrize("span", ["2:2", "0:4", "3:9", "-1:2"])
+@pytest.mark.parametrize("span", ["2:2", "0:4", "3:9", "-1:2", "-5:", ":", "-4:"])
 def test_bad_spans_are_refused(span):
     with pytest.raises(UserError, match="cannot remove"):
         prune_layers(tiny_hf("llama"), *parse_span(span))
+
+
+@pytest.mark.parametrize("spelled, removed", [(["--remove", "-1:"], [3]), (["--remove=-1:"], [3]),
+                                              (["--remove", "-3:-1"], [1, 2]), (["--remove", ":1"], [0])])
+def test_spans_counted_from_the_end_or_left_open_prune_those_layers(tmp_path, capsys, spelled, removed):
+    """START:END is a Python slice of the layers: `--remove -1:` drops the last one (argparse read -1: as an option
+    and said "expected one argument"), `:1` the first."""
+    tiny_hf("llama", n_layers=4).save_pretrained(tmp_path / "src")
+    assert main(["prune", str(tmp_path / "src"), *spelled, str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert f"removed model.layers.{removed[0]}..{removed[-1]} " in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "depthlab_export.json").read_text())["removed_layers"] == removed
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["num_hidden_layers"] == 4 - len(removed)
 
 
 def test_bad_span_syntax_on_the_cli(tmp_path, capsys):

@@ -390,11 +390,23 @@ class Parser(argparse.ArgumentParser):
         from depthlab.flags import refusal, refuse
         from depthlab.owned import path_refusal
 
-        namespace, extras = super().parse_known_args(args, namespace)
+        namespace, extras = super().parse_known_args(None if args is None else self._dash_values(args), namespace)
         # a value out of range, a flag without the one it acts with, an output where the command reads
         if message := refusal(self, namespace) or path_refusal(self, namespace):
             namespace.func = refuse(message)  # the command is its refusal: one line, before anything is read
         return namespace, extras
+
+    def _dash_values(self, args) -> list[str]:
+        """`--remove -1:` as `--remove=-1:`: argparse takes a value that starts with a dash for an option unless it
+        is a plain number, and a minus followed by a digit (a span counted from the end) never starts one here."""
+        out: list[str] = []
+        for arg in args:
+            action = self._option_string_actions.get(out[-1]) if out else None
+            if action is not None and action.nargs is None and arg[:1] == "-" and arg[1:2].isdigit():
+                out[-1] += f"={arg}"
+            else:
+                out.append(arg)
+        return out
 
 
 MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a directory holding one run, or a " \

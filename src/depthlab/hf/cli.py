@@ -35,7 +35,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_prune(args) -> None:
-    from depthlab.hf.pruning import least_useful, parse_span, prune, prune_blocks
+    from depthlab.hf.pruning import layer_span, least_useful, parse_span, prune_blocks
     from depthlab.loading import quiet_transformers
 
     if (args.remove is None) == (args.drop_lowest is None):
@@ -44,20 +44,19 @@ def cmd_prune(args) -> None:
     if args.remove is not None:
         if args.analysis or args.by:
             raise UserError(f"{'--analysis' if args.analysis else '--by'} goes with --drop-lowest, not --remove")
-        start, end = parse_span(args.remove)
-        out = prune(args.model, start, end, args.out_dir, overwrite=args.overwrite)
-        print(f"removed model.layers.{start}..{end - 1} (blocks {start + 1}-{end} counted from 1); saved to {out}")
+        span = parse_span(args.remove)
+        out, layers = prune_blocks(args.model, lambda n: layer_span(*span, n), args.out_dir, args.overwrite)
+        print(f"removed model.layers.{layers[0]}..{layers[-1]} (blocks {layers[0] + 1}-{layers[-1] + 1} counted from "
+              f"1); saved to {out}")
         return
-    from depthlab.hf.pruning import drop_layers
     from depthlab.paths import model_path
 
     model_path(args.model)  # a missing model is named before its missing analysis
     by = args.by or "loss"
     analysis = args.analysis or str(Path("analysis") / (Path(args.model).resolve().name or "model"))
     layers, measured = least_useful(args.model, analysis, args.drop_lowest, by)
-    out = prune_blocks(args.model, lambda model: drop_layers(model, layers), args.out_dir, args.overwrite,
-                       {"removed_layers": sorted(layers), "note": f"the {len(layers)} least useful blocks by {by} "
-                        f"as ranked by {analysis}, the rest renumbered"}, reads=(analysis,))
+    out, _ = prune_blocks(args.model, lambda n: layers, args.out_dir, args.overwrite, f", the {len(layers)} least "
+                          f"useful blocks by {by} as ranked by {analysis}", reads=(analysis,))
     print(f"removed blocks {' '.join(str(i + 1) for i in sorted(layers))} (model.layers "
           f"{', '.join(map(str, sorted(layers)))}): the {len(layers)} least useful by {by} in {analysis}; "
           f"saved to {out}")
@@ -211,7 +210,8 @@ def _add_prune(sub) -> None:
                        "the layers renumbered and the config consistent. MODEL is an HF model directory, or a "
                        "depthlab checkpoint / run (exported first).")
     p.add_argument("model", type=INPUT, help="HF model directory, depthlab checkpoint or run directory")
-    p.add_argument("--remove", type=str, metavar="START:END", help="layers to remove, e.g. 20:24")
+    p.add_argument("--remove", type=str, metavar="START:END", help="layers to remove, as a Python slice: 20:24, "
+                   "-1: (the last), :2 (the first two)")
     p.add_argument("--drop-lowest", type=at_least(1), metavar="K", help="remove the K blocks whose removal alone "
                    "costs least, as ranked by the analysis of MODEL (--analysis)")
     p.add_argument("--by", choices=("loss", "tasks"), help="with --drop-lowest: rank by the loss increase (default) "

@@ -1,8 +1,9 @@
 """Remove decoder blocks from a Hugging Face model and save the smaller model: a contiguous span, or the k least
 useful blocks as an analysis ranked them (`depthlab analyze`'s metrics.json, `usefulness`).
 
-Layers are counted as in the HF weight names (`model.layers.{i}`): from 0, the span START:END half-open like a
-Python slice, so `--remove 20:24` drops model.layers.20 .. model.layers.23 (blocks 21-24 counted from 1). The kept
+Layers are counted as in the HF weight names (`model.layers.{i}`): from 0, the span START:END a Python slice, so
+`--remove 20:24` drops model.layers.20 .. model.layers.23 (blocks 21-24 counted from 1), `-1:` the last layer and
+`:2` the first two. The kept
 blocks are renumbered (weights, and each attention's `layer_idx`, which indexes the KV cache), and the config is
 made consistent: `num_hidden_layers`, every per-layer list (`layer_types`, ...) and `max_window_layers`.
 """
@@ -22,23 +23,36 @@ from depthlab import UserError
 from depthlab.model.blocks import find_blocks
 
 
-def parse_span(text: str) -> tuple[int, int]:
+def parse_span(text: str) -> tuple[int | None, int | None]:
+    """--remove's START:END as (start, end), either None where left out."""
     start, sep, end = text.partition(":")
     try:
         if not sep:
             raise ValueError
-        return int(start), int(end)
+        return _bound(start), _bound(end)
     except ValueError:
-        raise UserError(f"--remove expects START:END (0-based, END excluded, e.g. 20:24), got {text!r}") from None
+        raise UserError(f"--remove expects START:END (0-based, END excluded, e.g. 20:24; -1: is the last layer), got "
+                        f"{text!r}") from None
 
 
-def prune_layers(model: nn.Module, start: int, end: int) -> nn.Module:
-    """Drop blocks start..end-1 in place; returns the model."""
-    n = len(find_blocks(model)[1])
-    if not 0 <= start < end <= n or end - start == n:
-        raise UserError(f"cannot remove layers {start}:{end} of a {n}-layer model: need 0 <= START < END <= {n}, "
-                        "keeping at least one layer")
-    return drop_layers(model, range(start, end))
+def _bound(text: str) -> int | None:
+    return int(text) if text.strip() else None
+
+
+def layer_span(start: int | None, end: int | None, n: int) -> range:
+    """The layers START:END names in a model of n layers, sliced as Python slices (negative: counted from the end,
+    None: open); refused unless both bounds are within -n..n and the span leaves at least one layer of n."""
+    span = range(n)[start:end]
+    if any(b is not None and not -n <= b <= n for b in (start, end)) or not 0 < len(span) < n:
+        raise UserError(f"cannot remove layers {'' if start is None else start}:{'' if end is None else end} of a "
+                        f"{n}-layer model: need START < END within -{n}..{n} (negative: from the end), keeping at "
+                        "least one layer")
+    return span
+
+
+def prune_layers(model: nn.Module, start: int | None, end: int | None) -> nn.Module:
+    """Drop blocks start..end-1 (a slice: `layer_span`) in place; returns the model."""
+    return drop_layers(model, layer_span(start, end, len(find_blocks(model)[1])))
 
 
 def drop_layers(model: nn.Module, removed) -> nn.Module:
@@ -102,17 +116,16 @@ def refuse_non_causal(path: Path, src) -> None:
         raise UserError(f"prune removes decoder blocks of a causal language model, and {src} is {what}")
 
 
-def prune(src: str | Path, start: int, end: int, out_dir: str | Path, overwrite: bool = False) -> Path:
-    """Prune layers start..end-1 of any model path: see `prune_blocks`."""
-    return prune_blocks(src, lambda model: prune_layers(model, start, end), out_dir, overwrite,
-                        {"removed_layers": f"{start}:{end}",
-                         "note": f"model.layers.{start}..{end - 1} removed, the rest renumbered"})
+def prune(src: str | Path, start: int | None, end: int | None, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Prune layers start..end-1 (a slice: `layer_span`) of any model path: see `prune_blocks`."""
+    return prune_blocks(src, lambda n: layer_span(start, end, n), out_dir, overwrite)[0]
 
 
-def prune_blocks(src: str | Path, cut, out_dir: str | Path, overwrite: bool = False,
-                 provenance: dict | None = None, reads: tuple[str | Path, ...] = ()) -> Path:
+def prune_blocks(src: str | Path, choose, out_dir: str | Path, overwrite: bool = False, why: str = "",
+                 reads: tuple[str | Path, ...] = ()) -> tuple[Path, list[int]]:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
-    first); `cut(model)` drops the blocks. `out_dir` is written whole (depthlab.owned.writing): an existing one must
+    first); `choose(n)` names the 0-based blocks to remove of its n, `why` says why in the provenance file. Returns
+    the output and the removed blocks. `out_dir` is written whole (depthlab.owned.writing): an existing one must
     be an earlier export or prune, unless `overwrite`; never `src` nor what else the choice `reads` (an analysis)."""
     from transformers import AutoTokenizer
 
@@ -131,15 +144,18 @@ def prune_blocks(src: str | Path, cut, out_dir: str | Path, overwrite: bool = Fa
             model = load_pretrained(path)  # a patched (LNS) model keeps each kept layer's own scale
         except UserError as e:  # name the user's model, not the temporary export it was loaded from
             raise UserError(str(e).replace(str(path), str(src))) from None
-        cut(model)
+        removed = sorted(choose(len(find_blocks(model)[1])))
+        drop_layers(model, removed)
         with safetensors_os_errors(out_dir):
             model.save_pretrained(out)
         try:
             AutoTokenizer.from_pretrained(path).save_pretrained(out)
         except (OSError, ValueError, TypeError, KeyError):
             pass  # a model directory without tokenizer files: the pruned one has none either
-        (out / EXPORT_INFO).write_text(json.dumps({"source": str(src), **(provenance or {})}, indent=2) + "\n")
-    return Path(out_dir)
+        note = f"model.layers {', '.join(map(str, removed))} removed{why}, the rest renumbered"
+        info = {"source": str(src), "removed_layers": removed, "note": note}
+        (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return Path(out_dir), removed
 
 
 def least_useful(src: str | Path, analysis: str | Path, k: int, by: str) -> tuple[list[int], list[str]]:
