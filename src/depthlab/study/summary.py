@@ -231,10 +231,18 @@ def vit_study(raw: dict, settings: dict, base: str = "pre", paper_direction: dic
         if v == base:
             continue
         loss, acc = paired(runs[base], runs[v], lambda r: r["val_loss"]), accuracy_comparison(runs[base], runs[v])
-        want = (paper_direction or {}).get(v)  # "better" or "worse" than base, as the paper found
-        out["comparisons"][v] = {"loss": {**loss, "claim": claim(loss, "lower" if want == "better" else "higher")},
-                                 "acc": {**acc, "claim": claim(acc, "higher" if want == "better" else "lower")},
-                                 "paper": want}
+        # "better" or "worse" than base, as the paper found
+        out["comparisons"][v] = {"loss": loss, "acc": acc, "paper": (paper_direction or {}).get(v)}
+    cs = out["comparisons"].values()  # one noise model per metric, and the section's four tests one Holm family
+    out["noise"] = read_pooled({m: ([c[m] for c in cs], 0.0) for m in ("loss", "acc")})
+    for c in cs:
+        if abs(c["acc"].get("mean", 0.0)) <= 2 * c["acc"].get("binomial_se", 0.0):
+            c["acc"]["verdict"] = "inconclusive"
+    holm_words([c[m] for c in cs for m in ("loss", "acc") if c[m].get("n", 0) > 1])
+    for c in cs:
+        better = c["paper"] == "better"
+        for m, predicted in (("loss", "lower" if better else "higher"), ("acc", "higher" if better else "lower")):
+            c[m]["claim"] = claim(c[m], predicted, p_adjusted=c[m].get("p_holm"))
     return out
 
 
