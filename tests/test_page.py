@@ -101,6 +101,20 @@ def test_a_margin_is_declared_before_only_when_its_plan_commit_precedes_the_reco
         assert declared.margin(repo, "holds_its_rate_slope", 1 / 6, key="12-48")["status"] == declared.AFTER
 
 
+def test_the_page_names_each_plans_margins_and_whether_they_precede_its_records(tmp_path):
+    from depthlab.study.page import screen
+
+    study = tmp_path / "s"
+    study.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=study, check=True)
+    _commit(study, "plan.json", '{"margins": {"equivalence_nats": 0.01, "equivalence_rule": "TOST", '
+            '"holds_its_rate_slope": {"12-48": 0.25}}}\n', 1_700_000_000)
+    (plan,) = declared.plans(tmp_path)
+    assert plan["study"] == "s" and plan["status"] == declared.BEFORE and "equivalence_rule" not in plan["margins"]
+    assert [screen._margin(m) for m in plan["margins"].items()] == ["equivalence_nats ±0.01",
+                                                                     "holds_its_rate_slope ±0.25 over 12-48"]
+
+
 def test_without_git_the_order_is_not_verifiable_and_gives_no_word(tmp_path, monkeypatch):
     (tmp_path / "plan.json").write_text('{"margins": {"equivalence_nats": 0.01}}\n')
     monkeypatch.setattr(declared, "_git", lambda *a: None)

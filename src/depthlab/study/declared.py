@@ -93,3 +93,13 @@ def margin(study: Path | None, name: str, default: float, records: dict | None =
 def said(m: dict, unit: str = "", f: str = ".3g") -> str:
     """A margin as the page prints it: its value (and unit) and whether it was declared before the data."""
     return f"±{m['value']:{f}}{unit} ({m['status']}: {m['why']})"
+
+
+def plans(results: Path) -> list[dict]:
+    """Every study under `results` with a plan.json: its name, the margins it declares and plan_order's status
+    ({"study", "margins", "status", "why"}), for the page to say which margins were declared before the data."""
+    out = []
+    for plan in sorted(Path(results).glob(f"*/{PLAN}")):
+        margins = {k: v for k, v in (plan_of(plan.parent).get("margins") or {}).items() if not k.endswith("_rule")}
+        out.append({"study": plan.parent.name, "margins": margins, **plan_order(plan.parent)})
+    return out

@@ -40,7 +40,8 @@ def lns_summary(results: Path, parts: list[str], unstable: list[str]) -> dict | 
     meta, records = meta_of(results, "lns_study"), lns_records(results)
     res = lns_study(records, list(parts), list(unstable), meta.get("ref_depth", 24),
                     rerun_var=reruns(results)["variance"])
-    margins = {"equivalence": declared.margin(results / "lns_study", "equivalence_nats", EQUIVALENCE_MARGIN, records)}
+    margins = {"equivalence": declared.margin(results / "lns_study", "equivalence_nats", EQUIVALENCE_MARGIN, records),
+               "plans": declared.plans(results)}
     return {**res, **{k: meta.get(k) for k in ("dim", "val_tokens", "corpus", "unigram_loss")}, "margins": margins}
 
 

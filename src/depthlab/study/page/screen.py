@@ -50,6 +50,14 @@ def _against(table: dict) -> str:
                      for (claim, what, side, predicted), Ls in rows.items())
 
 
+def _margin(item: tuple[str, float | dict]) -> str:
+    """A plan's margin: "name ±value", or "name ±value over min-max, ..." where it gives one per range of depths."""
+    name, value = item
+    if isinstance(value, dict):
+        return f"{name} " + ", ".join(f"±{v:g} over {k}" for k, v in value.items())
+    return f"{name} ±{value:g}"
+
+
 def _rates(tres: dict) -> str:
     out = []
     for v, row in tres["transfer"].items():
@@ -78,8 +86,10 @@ def first_screen(res: dict, table: dict, tres: dict | None, tsettings: dict | No
                      f"{_rates(tres)}. \"Holds its rate\" needs a margin declared before the data; "
                      f"±{hold['value']:.3f} was {hold['status']}: no such word.")
     if eq := res.get("margins", {}).get("equivalence"):
+        planned = "".join(f"; the {p['study']} study's plan ({', '.join(map(_margin, p['margins'].items()))}) was "
+                          f"{p['status']} ({p['why']})" for p in res["margins"].get("plans", []))
         lines.append(f"- Margins: gain-init ≈ LNS within ±{eq['value']:g} nats (LNS study) was {eq['status']} "
-                     f"({eq['why']}); a margin set after the data prints its numbers, never a word.")
+                     f"({eq['why']}){planned}; a margin set after the data prints its numbers, never a word.")
     lines = lines + _stability(res, table) + _limits(res, done, tsettings, rerun, tpp, val_tokens)
     assert len(lines) <= MAX_LINES, f"the first screen has {len(lines)} lines, more than {MAX_LINES}"
     return lines + [""]
