@@ -18,6 +18,7 @@ from depthlab.hf.exporter import export
 from depthlab.hf.harness import DepthlabLM, run_harness
 from depthlab.hf.mc_eval import evaluate_tasks, load_scorer, score_pairs
 from depthlab.train.trainer import train
+from tests.test_device_map import nothing_in
 from tests.test_hf_fixtures import make_checkpoint
 
 WORDS = "the quick brown fox jumps over lazy dog and cat sat on mat while birds sing in green trees".split()
@@ -177,7 +178,7 @@ def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(t
     assert "depthlab_mc" in tables[0] and "acc_bytes" in tables[0]
     assert tables[0] == tables[1]
     gc.collect()
-    assert not (tmp_path / "offload").exists()  # its disk half went with the model, and the folder made for it
+    assert nothing_in(tmp_path / "offload")  # its disk half went with the model
 
 
 @pytest.mark.parametrize("progress", [[], ["--no-progress"]])
