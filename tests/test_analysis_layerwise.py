@@ -1,5 +1,7 @@
 """Layer-by-layer mode gives the numbers of whole-model mode while holding one block at a time."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -84,3 +86,29 @@ def test_layerwise_removal_equals_whole_model(tmp_path, kind, budget):
     assert _close([r["fit_residual"] for r in a["linear"]], [r["fit_residual"] for r in b["linear"]], 1e-5)
     assert _close([d["loss"] for d in a["drop"]["loss"]], [d["loss"] for d in b["drop"]["loss"]], 1e-5)
     assert (b["streams"]["on_disk_mb"] > 0) == (budget == 0)
+
+
+def test_layer_by_layer_reports_the_step_and_the_index_at_initialisation_as_whole_model_mode(tmp_path, monkeypatch):
+    """Layer-by-layer mode used to leave out the model's step and its curse index at initialisation without a word.
+    The initial model is drawn as whole-model mode draws it, into files (here every tensor over 4 KiB), and read
+    block by block: the same index."""
+    import numpy as np
+
+    from depthlab.analysis import layerwise
+    from depthlab.analysis.run import Request, run_request
+
+    monkeypatch.setattr(layerwise, "IN_MEMORY_BYTES", 4096)
+    drawn, open_memmap = [], np.lib.format.open_memmap
+    monkeypatch.setattr(np.lib.format, "open_memmap", lambda path, *a, **k: drawn.append(path) or open_memmap(path,
+                                                                                                              *a, **k))
+    ck = save_depthlab_checkpoint(tmp_path / "ck", "lns", 5, step=7)
+    (tmp_path / "t.txt").write_text(TEXT)
+    whole, lw = [run_request(Request(str(ck), [str(tmp_path / "t.txt")], tokens=96, seq_len=24, layerwise=x,
+                                     options=Options(probes=1, jacobian=False))) for x in (False, True)]
+    assert whole["model"]["step"] == lw["model"]["step"] == 7
+    a, b = whole["curse_index"]["at_init"], lw["curse_index"]["at_init"]
+    assert a.keys() == b.keys() and a["inert_blocks"] == b["inert_blocks"]
+    assert _close(a["removal_cost"], b["removal_cost"]) and _close(a["update_slope"], b["update_slope"])
+    assert _close(a["adjacent_angular"]["last_token"], b["adjacent_angular"]["last_token"])
+    assert not _close(a["removal_cost"], whole["curse_index"]["removal_cost"])  # not the trained model's
+    assert sum(p.name.endswith(".npy") and p.stem.isdigit() for p in map(Path, drawn)) >= 5 * 7  # weights in files

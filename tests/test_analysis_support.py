@@ -38,7 +38,7 @@ def write_checkpoint(path: Path, model, cfg: Config, meta: dict, tokenizer) -> P
 
 
 def save_depthlab_checkpoint(path: Path, scheme: str = "pre", n_layers: int = 4, zero: int | None = None,
-                             **model) -> Path:
+                             step: int = 0, **model) -> Path:
     from depthlab.model import Transformer
 
     tok = tiny_tokenizer()
@@ -53,7 +53,7 @@ def save_depthlab_checkpoint(path: Path, scheme: str = "pre", n_layers: int = 4,
                 p.mul_(10)
     if zero is not None:
         zero_block(model, zero)
-    return write_checkpoint(path, model, cfg, {"step": 0}, tok)
+    return write_checkpoint(path, model, cfg, {"step": step}, tok)
 
 
 HF_FAMILIES = ("llama", "mistral", "qwen2", "gpt2", "olmo2")

@@ -9,29 +9,62 @@ calibration activations one at a time.
 Memory: the skeleton is built with its parameters on the meta device (no random weights drawn, nothing held
 twice), then given the tensors read from the files as they are; a block's old weights are let go before the next
 block's are read. At most one block's weights, the embedding and head, and the activations are held.
+
+The same model at initialisation (`init_skeleton`: what the trained model's curse index is read against) is drawn
+as whole-model mode draws it, into memory-mapped files, and read from them block by block in the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 
+import numpy as np
+import torch
 from safetensors import safe_open
 from torch import nn
 
 from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM, depthlab_mid_probes, from_depthlab, from_hf
-from depthlab.checkpoint import CONFIG, TOKENIZER, WEIGHTS, is_sharded, read_weights, weight_names
+from depthlab.checkpoint import CONFIG, TOKENIZER, WEIGHTS, is_sharded, load_verified, read_weights, weight_names
 from depthlab.loading import hf_context, load_hf_tokenizer, torch_dtype
 from depthlab.paths import Kind, model_path
 
 # Kinds of HF block that differ only in the attention mask they are given (same weights, same call otherwise).
 ATTENTION_KINDS = {"full_attention", "sliding_attention"}
+IN_MEMORY_BYTES = 2**20  # init_skeleton: smaller tensors stay in memory, larger ones go to files
 
 
-class TensorFiles:
+class Tensors:
+    """Tensors by name (`where`: name -> where it is), read a block at a time by `with_prefix`."""
+
+    where: dict
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.where
+
+    def get_many(self, keys: list[str]) -> dict:
+        raise NotImplementedError
+
+    def with_prefix(self, prefix: str) -> dict:
+        got = self.get_many([k for k in self.where if k.startswith(prefix)])
+        return {k[len(prefix):]: v for k, v in got.items()}
+
+
+class ModuleTensors(Tensors):
+    """A model's own tensors (its state dict), read as a checkpoint's are."""
+
+    def __init__(self, model: nn.Module):
+        self.where = model.state_dict()
+
+    def get_many(self, keys: list[str]) -> dict:
+        return {k: self.where[k] for k in keys}
+
+
+class TensorFiles(Tensors):
     """Read tensors by name from a depthlab checkpoint (full or sharded: depthlab.checkpoint reads either) or from
     Hugging Face safetensors (one file or a sharded set, model.safetensors.index.json)."""
 
@@ -49,9 +82,6 @@ class TensorFiles:
         else:
             raise UserError(f"layer-by-layer mode needs safetensors weights or a sharded checkpoint; none in {folder}")
 
-    def __contains__(self, key: str) -> bool:
-        return key in self.where
-
     def get_many(self, keys: list[str]) -> dict:
         if self.ckpt is not None:  # one read of the rank files' parts that hold these tensors
             return read_weights(self.ckpt, keys)
@@ -61,18 +91,15 @@ class TensorFiles:
                 out.update({k: f.get_tensor(k) for k in keys if self.where[k] == path})
         return out
 
-    def with_prefix(self, prefix: str) -> dict:
-        got = self.get_many([k for k in self.where if k.startswith(prefix)])
-        return {k[len(prefix):]: v for k, v in got.items()}
-
 
 class Skeleton:
     """`slots[i]`: the slot block i runs in. One slot, or (an HF model whose blocks differ in kind: sliding and full
     attention) one per kind, in the order the kinds first appear: the model's own forward then gives each slot the
-    mask of its kind, and block i is replayed in its kind's slot with that slot's recorded call."""
+    mask of its kind, and block i is replayed in its kind's slot with that slot's recorded call. `cfg`: a depthlab
+    model's Config (None for HF)."""
 
-    def __init__(self, lm: LayeredLM, n_layers: int, files: TensorFiles, make_block=None, slots=None):
-        self.lm, self.n_layers, self.files, self.make_block = lm, n_layers, files, make_block
+    def __init__(self, lm: LayeredLM, n_layers: int, files: Tensors, make_block=None, slots=None, cfg=None):
+        self.lm, self.n_layers, self.files, self.make_block, self.cfg = lm, n_layers, files, make_block, cfg
         self.slots = list(slots or [0] * n_layers)
         p = next(lm.model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -132,7 +159,7 @@ def assign(module: nn.Module, state: dict, device, dtype, strict: bool = True) -
     module.load_state_dict(state, strict=strict, assign=True)
 
 
-def load_non_block(model, files: TensorFiles, blocks_path: str, tied: bool, device, dtype) -> None:
+def load_non_block(model, files: Tensors, blocks_path: str, tied: bool, device, dtype) -> None:
     wanted = []
     for k in model.state_dict():
         if k.startswith(blocks_path + "."):
@@ -153,8 +180,6 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
         return _hf_skeleton(ckpt, trust_remote_code, dtype, device)
     from depthlab.config import Config
     from depthlab.data.tokenizer import load_tokenizer
-    from depthlab.model import Transformer
-    from depthlab.model.schemes import build_block
 
     cfg = Config.load(ckpt / CONFIG)
     if cfg.model.is_vit:
@@ -164,16 +189,43 @@ def load_skeleton(path: str, trust_remote_code: bool = False, dtype: str = "floa
         raise UserError(f"{ckpt} is a LoRA fine-tune, whose adapters are stored beside the weights they adapt; "
                         "layer-by-layer mode reads the weights as stored: analyse it in whole-model mode (the "
                         "adapters merged) or its export (`depthlab export`)")
-    files = TensorFiles(ckpt)
+    skel = depthlab_skeleton(cfg, TensorFiles(ckpt), device, torch_dtype(dtype), p.name or str(p))
+    info = {"scheme": cfg.model.norm_scheme, "step": load_verified(ckpt).step, "checkpoint": str(ckpt),
+            "context": cfg.model.max_seq_len}
+    return skel, load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len, info
+
+
+def depthlab_skeleton(cfg, files: Tensors, device, dtype: torch.dtype, name: str) -> Skeleton:
+    """The skeleton of a depthlab model of config `cfg` whose tensors `files` gives."""
+    from depthlab.model import Transformer
+    from depthlab.model.schemes import build_block
+
     with params_on_meta():
         model = Transformer(dataclasses.replace(cfg.model, n_layers=1), init=False)
-    load_non_block(model, files, "layers", cfg.model.tie_embeddings, device, torch_dtype(dtype))
+    load_non_block(model, files, "layers", cfg.model.tie_embeddings, device, dtype)
     if cfg.model.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    lm = from_depthlab(buffers_to(model, device, torch_dtype(dtype)), p.name or str(p))  # as load_model
-    skel = Skeleton(lm, cfg.model.n_layers, files, lambda i: build_block(cfg.model, i + 1))
-    info = {"scheme": cfg.model.norm_scheme, "checkpoint": str(ckpt), "context": cfg.model.max_seq_len}
-    return skel, load_tokenizer(ckpt / TOKENIZER), cfg.data.seq_len, info
+    lm = from_depthlab(buffers_to(model, device, dtype), name)  # as load_model
+    return Skeleton(lm, cfg.model.n_layers, files, lambda i: build_block(cfg.model, i + 1), cfg=cfg)
+
+
+def init_skeleton(cfg, folder: Path, device) -> Skeleton:
+    """The model of config `cfg` at initialisation, in float32, drawn from the generator's state as build_model(cfg)
+    would draw it (bitwise: depthlab.train.distributed.build_on_meta), each tensor of IN_MEMORY_BYTES or more into
+    a memory-mapped file in `folder`: the whole model is never held in memory, only the pages being read."""
+    from depthlab.train.distributed import build_on_meta, materialize
+
+    names = itertools.count()
+
+    def storage(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() * t.element_size() < IN_MEMORY_BYTES:
+            return torch.empty_like(t, device="cpu")
+        dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+        return torch.from_numpy(np.lib.format.open_memmap(folder / f"{next(names)}.npy", "w+", dtype, tuple(t.shape)))
+
+    model, constants = build_on_meta(cfg.model)
+    materialize(model, torch.device("cpu"), constants, storage)
+    return depthlab_skeleton(cfg, ModuleTensors(model.eval()), device, torch.float32, "init")
 
 
 def _hf_skeleton(p: Path, trust_remote_code: bool, dtype: str, device: str):

@@ -93,10 +93,12 @@ def load_layered(path: str, trust_remote_code: bool = False, dtype: str = "float
 
 
 def index_at_init(cfg, batches: list, opts: Options, device: str, device_map: dict | None = None,
-                  offload_folder: str | None = None) -> dict:
+                  offload_folder: str | None = None, layerwise: bool = False) -> dict:
     """The curse index of a depthlab model rebuilt from its config at initialisation (the run's seed), on the same
     batches: what the trained model's index is to be read against; placed by the trained model's device map when
-    that one was."""
+    that one was, or (layerwise) drawn into files and read block by block as layer-by-layer mode reads a model."""
+    import tempfile
+
     import torch
 
     from depthlab.analysis.layers import from_depthlab
@@ -104,12 +106,18 @@ def index_at_init(cfg, batches: list, opts: Options, device: str, device_map: di
     from depthlab.model import build_model
 
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model).eval()
-    lm = from_depthlab(model if device_map is not None else model.to(device), "init")
-    if device_map is not None:
-        lm.gather_on(place(model, device_map, offload_folder=offload_folder)[1])
     index_only = dataclasses.replace(opts, sublayers=False, linear=False, drop_lowest=0)  # it reads block removal
-    idx = analyze(lm, batches, index_only)["curse_index"]
+    if layerwise:
+        from depthlab.analysis.layerwise import init_skeleton
+
+        with tempfile.TemporaryDirectory() as tmp:
+            idx = analyze_layerwise(init_skeleton(cfg, Path(tmp), device), batches, index_only)["curse_index"]
+    else:
+        model = build_model(cfg.model).eval()
+        lm = from_depthlab(model if device_map is not None else model.to(device), "init")
+        if device_map is not None:
+            lm.gather_on(place(model, device_map, offload_folder=offload_folder)[1])
+        idx = analyze(lm, batches, index_only)["curse_index"]
     return {k: v for k, v in idx.items() if k not in ("angular_rows", "contiguous")}
 
 
@@ -248,9 +256,10 @@ def run_request(req: Request) -> dict:
         res = analyze_layerwise(skel, batches, req.options, questions=questions, fit=fit)
     else:
         res = analyze(lm, batches, req.options, questions, fit)
-    if req.at_init and not req.layerwise and loaded.cfg is not None:
-        res["curse_index"]["at_init"] = index_at_init(loaded.cfg, batches, req.options, req.device,
-                                                      loaded.device_map, req.offload_folder)
+    cfg = skel.cfg if req.layerwise else loaded.cfg
+    if req.at_init and cfg is not None:
+        res["curse_index"]["at_init"] = index_at_init(cfg, batches, req.options, req.device, None if req.layerwise
+                                                      else loaded.device_map, req.offload_folder, req.layerwise)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     _record_gguf(res, req.model)
     if req.layerwise:

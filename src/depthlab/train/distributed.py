@@ -135,13 +135,14 @@ def build_on_meta(cfg: ModelConfig) -> tuple[nn.Module, dict[str, torch.Tensor]]
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, device: torch.device, constants: dict[str, torch.Tensor]) -> None:
+def materialize(model: nn.Module, device: torch.device, constants: dict[str, torch.Tensor], storage=None) -> None:
     """Give a meta-built (and perhaps sharded) model storage on `device` (each rank only its shards), put the
     constructed constants back and draw the weights: init_weights draws each parameter whole on the CPU and keeps
-    this rank's part (model.init.fill_), so the values do not depend on the world size."""
+    this rank's part (model.init.fill_), so the values do not depend on the world size. `storage(t)`: an empty
+    tensor for meta tensor t, instead of one on `device` (files: depthlab.analysis.layerwise.init_skeleton)."""
     first: dict[int, str] = {}
     ties = [(name, first.setdefault(id(p), name)) for name, p in model.named_parameters(remove_duplicate=False)]
-    model.to_empty(device=device)
+    model._apply(storage or (lambda t: torch.empty_like(t, device=device)))  # model.to_empty(device=device)
     for name, same in ties:  # to_empty gives each name its own storage: tie them again (tied embeddings)
         if name != same:
             owner, _, leaf = name.rpartition(".")
