@@ -94,7 +94,7 @@ class Accumulator:
         self.ang_all, self.ang_last = z(S, S), z(S, S)
         self.n_last = 0
         self.kl, self.ce = z(S), z(S)
-        self.n_pred = 0
+        self.n_pred = self.n_lens = 0  # n_lens: positions of a subsampled lens (lens_at); 0: every token
 
     # --- per stream state ------------------------------------------------------------------------------------
     def stream(self, s: int, h: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None) -> None:
@@ -153,6 +153,18 @@ class Accumulator:
         if s == 0:
             self.n_pred += int(pred.sum())
 
+    def lens_at(self, s: int, logits: torch.Tensor, final_logits: torch.Tensor, next_ids: torch.Tensor,
+                has_next: torch.Tensor) -> None:
+        """The lens at chosen positions only, (N, V) logits each: `next_ids` the token after each, `has_next`
+        whether there is one (a real token) to score."""
+        logp = torch.log_softmax(logits.float(), -1)
+        logq = torch.log_softmax(final_logits.float(), -1)
+        self.kl[s] += float((logq.exp() * (logq - logp)).sum())
+        self.ce[s] += float(-logp[has_next].gather(-1, next_ids[has_next, None]).sum())
+        if s == 0:
+            self.n_pred += int(has_next.sum())
+            self.n_lens += logits.shape[0]
+
     # --- results ---------------------------------------------------------------------------------------------
     def results(self) -> dict:
         S, L, N = self.L + 1, self.L, max(self.tokens, 1)
@@ -188,7 +200,8 @@ class Accumulator:
         out = {"states": states, "final_normed": state(S), "blocks": blocks,
                "angular": {"last_token": ang_last, "all_tokens": ang_all, "best_block": best}}
         if self.n_pred:
-            out["lens"] = {"kl": (self.kl / N).tolist(), "ce": (self.ce / self.n_pred).tolist(),
+            out["lens"] = {"kl": (self.kl / (self.n_lens or N)).tolist(), "positions": self.n_lens or N,
+                           "ce": (self.ce / self.n_pred).tolist(),
                            "ppl": [math.exp(min(c, 50.0)) for c in (self.ce / self.n_pred).tolist()]}
         out["tokens"], out["sequences"] = self.tokens, self.n_last
         return out

@@ -62,6 +62,8 @@ class Options:
     probes: int = 4
     heatmap_channels: int = 48
     token_chunk: int = 1024
+    lens_tokens: int | None = 512  # the logit lens at this many positions, a seeded sample spread over all the
+    # windows (its cost is (L + 1) heads per position); None: at every position, the exact lens
     curse: CurseSpec = CurseSpec()  # the index's thresholds and interior
     progress: bool = False  # a bar per pass on a terminal
 
@@ -71,10 +73,39 @@ def heatmap_blocks(n_layers: int) -> list[int]:
     return sorted({0, n_layers // 2, n_layers - 1})
 
 
+def lens_quota(batches: list, opts: Options) -> int | None:
+    """The lens positions each batch reads (None: all of them): opts.lens_tokens spread over the batches in
+    proportion to their real tokens; None also when the windows hold no more than that."""
+    total = sum(int(b.mask.sum()) for b in batches if isinstance(b, Batch))
+    if opts.lens_tokens is None or total <= opts.lens_tokens:
+        return None
+    return -(-opts.lens_tokens // len(batches))
+
+
+def lens_positions(mask: torch.Tensor, quota: int, seed: int) -> torch.Tensor:
+    """`quota` of the real tokens in `mask`, drawn without replacement (seeded by the batch's index), as a mask."""
+    real = mask.flatten().nonzero().squeeze(1)
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+    keep[real[torch.randperm(len(real), generator=g)[:quota].to(real.device)]] = True
+    return keep.view(mask.shape)
+
+
+def subsampled_lens(lm: LayeredLM, acc: Accumulator, states: list[torch.Tensor], b: Batch, keep: torch.Tensor):
+    """The logit lens at the positions `keep` marks: each state's logits there, against the model's own."""
+    nxt = torch.cat([b.ids[:, 1:], b.ids[:, :1]], 1)  # the token after each position (the last one's unused)
+    has = torch.cat([b.mask[:, 1:], torch.zeros_like(b.mask[:, :1])], 1)
+    final = lm.logits(states[-1][keep])
+    for s, h in enumerate(states):
+        acc.lens_at(s, final if s == len(states) - 1 else lm.logits(h[keep]), final, nxt[keep], has[keep])
+
+
 @torch.no_grad()
-def observe_states(lm: LayeredLM, acc: Accumulator, states: list[torch.Tensor], b: Batch, chunk: int) -> None:
+def observe_states(lm: LayeredLM, acc: Accumulator, states: list[torch.Tensor], b: Batch, chunk: int,
+                   keep: torch.Tensor | None = None) -> None:
     """Everything that needs only the stream states of one batch: per-state statistics, the final-normed output
-    (kept apart from the raw last state), all-pairs angular distance, and the logit lens (language models only)."""
+    (kept apart from the raw last state), all-pairs angular distance, and the logit lens (language models only;
+    at the positions `keep` marks, or at every real token)."""
     L = len(states) - 1
     for s, h in enumerate(states):
         acc.stream(s, h, b.mask, b.ids)
@@ -85,6 +116,8 @@ def observe_states(lm: LayeredLM, acc: Accumulator, states: list[torch.Tensor], 
         acc.angular_all(torch.stack([unit(f[i:i + chunk]) for f in flat]))
     if lm.classifier:
         return
+    if keep is not None:
+        return subsampled_lens(lm, acc, states, b, keep)
     final = lm.logits(states[L])
     for s, h in enumerate(states):
         acc.lens(s, final if s == L else lm.logits(h), final, b.ids, b.mask)
@@ -140,16 +173,46 @@ def _bar(opts: Options):
     return lambda it, desc: progress_bar(it, opts.progress, desc=desc, unit="batch")
 
 
+class BlockBar:
+    """A bar counting the blocks a stream (depthlab.analysis.streaming) has gone through: `counted(load)` is its
+    block loader, moving the bar to j when block j is loaded; the bar is full when the `with` ends."""
+
+    def __init__(self, opts: Options, n_layers: int, desc: str):
+        self.bar = progress_bar(None, opts.progress, total=n_layers, desc=desc, unit="block")
+        self.total = n_layers
+
+    def counted(self, load):
+        def counting(j: int) -> int:
+            self.bar.update(j - self.bar.n)
+            return load(j)
+        return counting
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.bar.update(self.total - self.bar.n)
+        self.bar.close()
+
+
+def plan_bar(opts: Options, n_batches: int, plans: list, desc: str):
+    """A bar counting plans scored (each plan on each batch), and its tick."""
+    bar = progress_bar(None, opts.progress, total=n_batches * len(plans), desc=desc, unit="plan")
+    return bar, lambda: bar.update(1)
+
+
 @torch.no_grad()
-def fit_linear_maps(lm: LayeredLM, fit: list[Batch]) -> dict:
+def fit_linear_maps(lm: LayeredLM, fit: list[Batch], opts: Options = Options()) -> dict:
     """Each block's linear map, fitted on the fit windows' own streams (whole-model mode)."""
     store = ActivationStore(".", math.inf)  # whole-model mode: nothing goes to disk
     units = []
-    for k, b in enumerate(fit):
-        tr = lm.trace(b.inputs, b.mask)
-        store.put(("fit0", k), tr.hidden[0])
-        units.append(Unit(tr.calls, b.mask))
-    return stream(lm, lm.n_layers, lambda j: j, [], [], store, units)
+    with BlockBar(opts, lm.n_layers, "analyze: linear fit") as bar:
+        for k, b in enumerate(fit):
+            tr = lm.trace(b.inputs, b.mask)
+            store.put(("fit0", k), tr.hidden[0])
+            units.append(Unit(tr.calls, b.mask))
+        return stream(lm, lm.n_layers, bar.counted(lambda j: j), [], [], store, units)
 
 
 def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Options(),
@@ -159,21 +222,29 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
     L = lm.n_layers
     lm.discover(batches[0].inputs, batches[0].mask)
     acc, sums, tsums = Accumulator(L), RemovalSums(L, lm.classifier), TaskSums()
-    linear = fit_linear_maps(lm, fit) if opts.removal and opts.linear else None
-    plans = first_plans(L, opts)
-    for b in progress_bar(batches, opts.progress, desc="analyze: metrics", unit="batch"):
-        tr = lm.trace(b.inputs, b.mask)
-        observe_states(lm, acc, tr.hidden, b, opts.token_chunk)
-        for l in range(L):
-            acc.block(l, tr.hidden[l], tr.mid[l], tr.hidden[l + 1], b.mask)
-        if opts.removal:
-            single_layer_sweep(lm, b, tr, sums, plans, linear)
+    linear = fit_linear_maps(lm, fit, opts) if opts.removal and opts.linear else None
+    plans = first_plans(L, opts) if opts.removal else [BASE]
+    quota = lens_quota(batches, opts)
+    bar, tick = plan_bar(opts, len(batches), plans, "analyze: metrics and removal" if opts.removal else
+                         "analyze: metrics")
+    with bar:
+        for k, b in enumerate(batches):
+            tr = lm.trace(b.inputs, b.mask)
+            observe_states(lm, acc, tr.hidden, b, opts.token_chunk, quota and lens_positions(b.mask, quota, k))
+            for l in range(L):
+                acc.block(l, tr.hidden[l], tr.mid[l], tr.hidden[l + 1], b.mask)
+            if opts.removal:
+                single_layer_sweep(lm, b, tr, sums, plans, linear, tick)
+            else:
+                tick()
     res = acc.results()
     if opts.removal:
         task_sweep(lm, questions or {}, plans, tsums, linear, _bar(opts))
         later = later_plans(res, sums.results(L), tsums.results() if tsums.tasks else None, opts, L)
-        for b in progress_bar(batches, opts.progress, desc="analyze: removal", unit="batch"):
-            single_layer_sweep(lm, b, lm.trace(b.inputs, b.mask), sums, later)
+        bar, tick = plan_bar(opts, len(batches), later, "analyze: removal of runs and of the k least useful")
+        with bar:
+            for b in batches:
+                single_layer_sweep(lm, b, lm.trace(b.inputs, b.mask), sums, later, tick=tick)
         task_sweep(lm, questions or {}, later, tsums, None, _bar(opts))
         removal_results(res, sums, tsums, linear, L)
     if opts.jacobian:
@@ -228,15 +299,18 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
         spills = _state_spills(Path(tmp), store, units, batches, acc)
         hook = _jacobian_hook(lm, units[0], batches[0], opts, jac) if opts.jacobian else None
         plans = first_plans(L, opts) if opts.removal else []
-        linear = stream(lm, L, load, units, plans, store, fit_units, hook)
-        for k, b in enumerate(batches):
+        with BlockBar(opts, L, "analyze: blocks, every plan's streams") as bar:
+            linear = stream(lm, L, bar.counted(load), units, plans, store, fit_units, hook)
+        quota = lens_quota(batches, opts)
+        for k, b in enumerate(progress_bar(batches, opts.progress, desc="analyze: lens and distances", unit="batch")):
             states = [torch.from_numpy(np.asarray(spills[k][s])).to(b.mask.device, lm.head.weight.dtype)
                       for s in range(L + 1)]
-            observe_states(lm, acc, states, b, opts.token_chunk)
+            observe_states(lm, acc, states, b, opts.token_chunk, quota and lens_positions(b.mask, quota, k))
         res = acc.results()
         if opts.removal:
             later = later_plans(res, sums.results(L), tsums.results() if tsums.tasks else None, opts, L)
-            stream(lm, L, load, [dataclasses.replace(u, observe=None) for u in units], later, store)
+            with BlockBar(opts, L, "analyze: blocks, runs and the k least useful") as bar:
+                stream(lm, L, bar.counted(load), [dataclasses.replace(u, observe=None) for u in units], later, store)
             removal_results(res, sums, tsums, linear or None, L)
             res["removal"]["streams"] = store.sizes()
     if opts.jacobian:

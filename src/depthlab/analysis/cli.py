@@ -46,6 +46,9 @@ def _add_model_args(p) -> None:
     p.add_argument("--interior", nargs=2, type=at_least(0), default=[1, 2], metavar=("FIRST", "LAST"),
                    help="curse index: leave out the first FIRST and the last LAST blocks (default 1 2)")
     p.add_argument("--probes", type=at_least(1), default=PROBES, help="random projections per Jacobian estimate")
+    p.add_argument("--lens-tokens", type=at_least(0), default=512, metavar="N", help="the logit lens at N positions, "
+                   "a seeded sample over all the windows (default 512); 0: at every position, the exact lens, whose "
+                   "cost is L + 1 heads per token")
     p.add_argument("--device", type=str, default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     add_placement_options(p, "the analysis gives the numbers of one device")
     p.add_argument("--dtype", type=str, default="float32", help="model weights: float32 (default), bfloat16 or "
@@ -125,7 +128,8 @@ def _request(args, model: str):
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=removal, sublayers=args.sublayers, linear=args.linear_replacement,
                    drop_lowest=args.drop_lowest, activation_mb=args.activation_memory, jacobian=not args.no_jacobian,
-                   probes=args.probes, curse=curse, progress=not args.no_progress)
+                   probes=args.probes, curse=curse, progress=not args.no_progress,
+                   lens_tokens=args.lens_tokens or None)
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
                    args.trust_remote_code, placed_device(args, args.layer_by_layer), args.dtype, opts, args.images,
                    not args.no_init, args.windows, args.window_seed, args.tasks, args.linear_fit_tokens,

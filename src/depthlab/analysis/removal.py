@@ -202,10 +202,12 @@ def plan_rows(keys, row) -> dict:
 
 @torch.no_grad()
 def single_layer_sweep(lm: LayeredLM, batch: Batch, tr: Trace, sums: RemovalSums, plans: list[Plan] | None = None,
-                       linear=None) -> None:
-    """Add this batch's scores under each plan (default: the model itself and each block removed in turn)."""
+                       linear=None, tick=lambda: None) -> None:
+    """Add this batch's scores under each plan (default: the model itself and each block removed in turn); `tick`
+    after each plan (progress)."""
     for plan in plans or [BASE, *single_plans(lm.n_layers)]:
         sums.add(plan.key, replay(lm, tr, plan, linear), batch)
+        tick()
 
 
 class _Skip(nn.Module):

@@ -24,6 +24,7 @@ from depthlab.analysis.calibration import (
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, kind_of
 from depthlab.checkpoint import CheckpointMeta
+from depthlab.progress import phase
 
 
 @dataclass
@@ -232,11 +233,13 @@ def run_request(req: Request) -> dict:
     if req.layerwise:
         from depthlab.analysis.layerwise import load_skeleton
 
-        skel, tok, seq_len, info = load_skeleton(req.model, req.trust_remote_code, req.dtype, req.device)
+        with phase("analyze: loading the model", req.options.progress):
+            skel, tok, seq_len, info = load_skeleton(req.model, req.trust_remote_code, req.dtype, req.device)
         lm = skel.lm
     else:
-        loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device, req.device_map,
-                              req.max_memory, req.offload_folder)
+        with phase("analyze: loading the model", req.options.progress):
+            loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device, req.device_map,
+                                  req.max_memory, req.offload_folder)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
         req = dataclasses.replace(req, device=loaded.device)  # a placed model's inputs go to its main device
     fit, questions = [], None

