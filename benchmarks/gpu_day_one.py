@@ -24,7 +24,6 @@ length); their models keep their own vocabulary size.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -148,7 +147,9 @@ def lns_slice(s: dict, out: Path, work: Path) -> dict:
 
     lns_study.main(["run", "--gpu", *s["lns"], "--out", str(out / "lns_study_gpu"), "--runs-dir",
                     str(work / "lns_runs")])
-    runs = [json.loads(line) for line in (out / "lns_study_gpu" / "runs.jsonl").read_text().splitlines()]
+    from depthlab.jsonl import read_jsonl
+
+    runs = read_jsonl(out / "lns_study_gpu" / "runs.jsonl")
     return {"cells": [{k: r.get(k) for k in ("variant", "lr", "val_loss")} for r in runs]}
 
 

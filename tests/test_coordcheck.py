@@ -88,3 +88,46 @@ def test_cli_with_overwrite_writes_beside_other_files_and_keeps_them(corpus, tmp
                  "--out", str(out), "--overwrite", *[a for s in TINY for a in ("--set", s)]]) == 0
     assert (out / "notes.txt").read_text() == "mine" and (out / RECORDS).is_file()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file or lock left behind
+
+
+def _cli(corpus, out, *extra):
+    return ["coord-check", "--data", str(corpus), "--depths", "2", "4", "--seeds", "1", "--steps", "2", "--out",
+            str(out), "--no-progress", *[a for s in TINY for a in ("--set", s)], *extra]
+
+
+def test_a_bad_records_line_is_one_line_naming_it_before_any_training(corpus, tmp_path, capsys, monkeypatch):
+    """coord_check.jsonl is read by the one JSON-lines reader (depthlab.jsonl): a broken line that is not the last,
+    or a record without its fields, is refused naming file:line before a step is trained."""
+    import depthlab.train.coordcheck as cc
+
+    out = tmp_path / "cc"
+    out.mkdir()
+    good = json.dumps({"name": "a", "depth": 2, "seed": 0, "step": 0, "update": [0.0], "ratio": [0.0], "rms": [1.0]})
+    monkeypatch.setattr(cc, "coord_check", lambda *a, **k: pytest.fail("trained before refusing"))
+    for text, where in (('{"name": "a", "dep\n' + good + "\n", ":1: not a JSON record"),
+                        (good + '\n{"name": "b"}\n', ":2: a record without 'depth'")):
+        (out / RECORDS).write_text(text)
+        assert main(_cli(corpus, out)) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(str(out / RECORDS) + where) and len(err.splitlines()) == 1, err
+
+
+def test_a_last_line_cut_short_is_skipped_with_a_warning(corpus, tmp_path, capsys):
+    out = tmp_path / "cc"
+    out.mkdir()
+    good = json.dumps({"name": "a", "depth": 2, "seed": 0, "step": 1, "update": [0.1], "ratio": [0.1], "rms": [1.0]})
+    (out / RECORDS).write_text(good + '\n{"name": "b", "dep')  # a writer killed mid-line
+    assert main(_cli(corpus, out, "--name", "c")) == 0
+    assert "its last line was cut short" in capsys.readouterr().err
+    assert [json.loads(line)["name"] for line in (out / RECORDS).read_text().splitlines()][:1] == ["a"]
+    assert {json.loads(line)["name"] for line in (out / RECORDS).read_text().splitlines()} == {"a", "c"}
+
+
+def test_a_diverged_check_draws_its_figures_and_says_which_depths_diverged(corpus, tmp_path, capsys):
+    """At a rate far too high every activation becomes inf: the figures are still drawn (no log scale of nothing)
+    and the summary line names the depths left out of the slope."""
+    out = tmp_path / "cc"
+    assert main([*_cli(corpus, out), "--set", "train.lr=1e6", "--name", "hot"]) == 0
+    said = capsys.readouterr().out
+    assert "diverged (not finite), left out: depth 2, 4" in said, said
+    assert (out / "coord_check.png").stat().st_size > 0 and (out / "coord_check_hot.png").stat().st_size > 0

@@ -52,7 +52,7 @@ def test_a_last_line_cut_short_by_a_killed_writer_is_skipped_and_cut_before_the_
     assert runs.read_text().splitlines() == [json.dumps(one), json.dumps(two)]
     assert load_records(runs)[two["key"]]["val_loss"] == 3.5
     runs.write_text('{"key": "x", "val_lo\n' + runs.read_text())  # broken, and not the last line: corruption
-    with pytest.raises(UserError, match="runs.jsonl, line 1: not a JSON record"):
+    with pytest.raises(UserError, match="runs.jsonl:1: not a JSON record"):
         load_records(runs)
     # a resumable cell's probes.jsonl is read and appended the same way (its cut probe is made again on resume)
     from depthlab.study.runner import load_probes

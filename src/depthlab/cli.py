@@ -520,7 +520,16 @@ def add_coord_check(sub) -> None:
 
 def cmd_coord_check(args) -> None:
     from depthlab.owned import claim, input_paths, locked, refuse_own_input
-    from depthlab.train.coordcheck import RECORDS, coord_check, depth_slope, keep_records, plot, slug
+    from depthlab.train.coordcheck import (
+        RECORDS,
+        coord_check,
+        depth_slope,
+        diverged,
+        keep_records,
+        plot,
+        read_records,
+        slug,
+    )
 
     depths = sorted(set(args.depths))
     if len(depths) < 2:
@@ -534,12 +543,14 @@ def cmd_coord_check(args) -> None:
     with locked(out, "coord-check"):  # held while training: the records are read, added to and rewritten
         claim(out, lambda d: (d / RECORDS).is_file(), "coord-check", args.overwrite, inputs, choose="--out",
               anyway="to write its records and figures there beside the files it holds")
+        earlier = read_records(out)  # a bad line is refused before any training
         records = coord_check(cfg, depths, args.seeds, args.steps, name, progress=not args.no_progress)
-        kept = keep_records(out, name, records)
+        kept = keep_records(out, name, records, earlier)
         mine = plot(records, out / f"coord_check_{slug(name)}.png")
         both = plot(kept, out / "coord_check.png")
-    print(f"{name}: slope of log update against log depth {depth_slope(records):+.3f} (0 = flat); "
-          f"figures {mine}, {both}")
+    lost = diverged(records)
+    print(f"{name}: slope of log update against log depth {depth_slope(records):+.3f} (0 = flat)"
+          f"{f'; diverged (not finite), left out: depth {str(lost)[1:-1]}' if lost else ''}; figures {mine}, {both}")
 
 
 def argparse_without_out(args):

@@ -43,6 +43,7 @@ from depthlab.checkpoint import (
 )
 from depthlab.config import Config
 from depthlab.data.sources import resolved
+from depthlab.jsonl import read_jsonl
 from depthlab.owned import InUse, claim, input_paths, lock_text, locked, refuse_own_input, write_whole
 from depthlab.paths import METRICS, Kind, model_path, run_of, what_is
 
@@ -58,35 +59,12 @@ def new_run_dir(cfg: Config) -> Path:
 
 
 # ---------------------------------------------------------------- metrics.jsonl
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a metrics.jsonl (or of a run directory's), in order; a partial last line is skipped."""
+def read_metrics(path: str | Path, warn=None) -> list[dict]:
+    """The records of a metrics.jsonl (or of a run directory's), in order (depthlab.jsonl: a last line cut short by
+    a killed run is skipped with a warning, any other bad line is an error naming it)."""
     path = Path(path)
     path = path / METRICS if path.is_dir() else path
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
-def _records_up_to(path: Path, step: int) -> tuple[list[str], int, int]:
-    """(lines of steps <= step, how many later ones, how many unreadable) of a metrics.jsonl."""
-    keep, later, broken = [], 0, 0
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record_step = json.loads(line)["step"]
-        except (ValueError, KeyError, TypeError):  # a partial last line: what SIGKILL mid-write leaves
-            broken += 1
-            continue
-        if record_step <= step:
-            keep.append(line)
-        else:
-            later += 1
-    return keep, later, broken
+    return read_jsonl(path, "skipped, that step is logged again on resume", need=("step",), warn=warn)
 
 
 class MetricsLog:
@@ -100,12 +78,8 @@ class MetricsLog:
     def __init__(self, path: Path, step: int, source: Path | None = None, warn=print):
         origin = path if path.exists() else source
         if origin is not None and origin.exists():
-            keep, later, broken = _records_up_to(origin, step)
-            if broken:
-                warn(f"depthlab: warning: {origin}: dropped {broken} unreadable line(s), a partial line left by a "
-                     "killed run")
-            if later or broken or origin != path:
-                write_whole(path, "".join(line + "\n" for line in keep))
+            keep = [r for r in read_metrics(origin, warn) if r["step"] <= step]  # rewritten whole: no cut line
+            write_whole(path, "".join(json.dumps(r) + "\n" for r in keep))
         self.file = open(path, "a")
 
     def write(self, record: dict) -> None:

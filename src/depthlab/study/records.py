@@ -27,6 +27,8 @@ import os
 import sys
 from pathlib import Path
 
+from depthlab.jsonl import read_jsonl
+
 TRAINING = ("dim", "heads", "ffn", "vocab", "seq", "batch", "steps", "eval_every", "corpus_mb", "val_tokens",
             "init_std", "embed_std")  # the study settings (in its meta) that decide how a cell trains
 
@@ -61,35 +63,10 @@ def record_key(r: dict) -> str:
     return cell_key(r["variant"], r["lr"], r["seed"], r.get("layers"))
 
 
-def read_jsonl(path: Path, cut: str = "skipped") -> list[dict]:
-    """Every JSON line of a file written by append_record, in order; [] when there is no file. A last line cut short
-    (a writer killed mid-append: no newline, not JSON) is skipped with a warning that ends with `cut`; any other
-    line that is not JSON is an error naming the file and line."""
-    from depthlab import UserError
-
-    path = Path(path)
-    if not path.exists():
-        return []
-    text = path.read_text()
-    lines, out = text.splitlines(), []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            if i == len(lines) and not text.endswith("\n"):
-                print(f"warning: {path}: its last line was cut short (the writer was interrupted); {cut}",
-                      file=sys.stderr)
-                continue
-            raise UserError(f"{path}, line {i}: not a JSON record") from None
-    return out
-
-
 def load_records(path: Path) -> dict[str, dict]:
     """Every record of a runs.jsonl by key (a later line for the same key wins); {} when there is no file. A last
-    line cut short is skipped (read_jsonl): its cell runs again."""
-    return {record_key(r): r for r in read_jsonl(path, "skipped, its cell runs again")}
+    line cut short is skipped (depthlab.jsonl): its cell runs again."""
+    return {record_key(r): r for r in read_jsonl(path, "skipped, its cell runs again", need=("variant", "lr", "seed"))}
 
 
 def append_record(path: Path, record: dict) -> None:

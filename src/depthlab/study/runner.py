@@ -27,9 +27,10 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from depthlab import UserError
+from depthlab.jsonl import read_jsonl
 from depthlab.owned import write_whole
 from depthlab.study.probe import ProbeSpec
-from depthlab.study.records import append_record, cell_key, load_records, read_jsonl
+from depthlab.study.records import append_record, cell_key, load_records
 from depthlab.train.callbacks import Callback
 from depthlab.workers import exit_with_parent
 
@@ -260,7 +261,7 @@ class _ProbeAlong(Callback):
 
 
 def load_probes(file: Path) -> list[dict]:
-    """The probes a killed cell left (records.read_jsonl: a last line cut short is dropped)."""
+    """The probes a killed cell left (depthlab.jsonl: a last line cut short is skipped)."""
     return read_jsonl(file, "skipped, that probe runs again")
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from depthlab.jsonl import read_jsonl
 from depthlab.owned import write_whole
 
 RECORDS = "coord_check.jsonl"
@@ -95,12 +96,21 @@ def _measure(start: list[torch.Tensor], now: list[torch.Tensor]) -> dict[str, li
 
 
 def depth_slope(records: list[dict], quantity: str = "update") -> float:
-    """Least-squares slope of log(quantity of the last block) against log(depth) at each run's last step."""
+    """Least-squares slope of log(quantity of the last block) against log(depth) at each run's last step, over the
+    runs that did not diverge (NaN when fewer than two depths are left)."""
     last = max(r["step"] for r in records)
-    pts = [(math.log(r["depth"]), math.log(max(r[quantity][-1], 1e-30))) for r in records if r["step"] == last]
+    pts = [(math.log(r["depth"]), math.log(max(r[quantity][-1], 1e-30))) for r in records
+           if r["step"] == last and math.isfinite(r[quantity][-1])]
+    if not pts:
+        return float("nan")
     mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
     sxx = sum((x - mx) ** 2 for x, _ in pts)
     return sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else float("nan")
+
+
+def diverged(records: list[dict]) -> list[int]:
+    """The depths at which some seed's last block reached a value that is not finite (a rate too high for it)."""
+    return sorted({r["depth"] for r in records if not all(math.isfinite(r[q][-1]) for q in QUANTITIES)})
 
 
 def plot(records: list[dict], out: Path, title: str = "") -> Path:
@@ -118,12 +128,18 @@ def plot(records: list[dict], out: Path, title: str = "") -> Path:
         mine = [r for r in records if r["name"] == name]
         depths, n_steps = sorted({r["depth"] for r in mine}), max(r["step"] for r in mine)
         for ax, (q, label) in zip(row, QUANTITIES.items()):
+            drawn = False  # a positive finite point: what a log scale needs (a diverged run has none)
             for step in range(1 if q == "update" else 0, n_steps + 1):
                 ys = [_mean([r[q][-1] for r in mine if r["depth"] == d and r["step"] == step]) for d in depths]
+                ys = [y if math.isfinite(y) and y > 0 else float("nan") for y in ys]  # a gap in the line
+                drawn |= any(y == y for y in ys)
                 ax.plot(depths, ys, marker="o", ms=3, color=plt.cm.viridis(1 - step / max(1, n_steps)),
                         label=f"step {step}")
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            if drawn:
+                ax.set_yscale("log")
+            else:
+                ax.text(0.5, 0.5, "no finite value: diverged", transform=ax.transAxes, ha="center", fontsize=8)
             ax.set_xlabel("depth L (blocks)")
             ax.set_title(f"{name}: {label}" if q != "update" else
                          f"{name}: {label}\nslope of log change vs log L = {depth_slope(mine):+.2f}", fontsize=8)
@@ -137,19 +153,23 @@ def plot(records: list[dict], out: Path, title: str = "") -> Path:
 
 
 def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
+    """NaN for none (a step a run cut short never recorded): a gap in its line."""
+    return sum(xs) / len(xs) if xs else float("nan")
 
 
 def read_records(directory: Path) -> list[dict]:
-    path = Path(directory) / RECORDS
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+    """The records of OUT/coord_check.jsonl (depthlab.jsonl: a last line cut short is skipped with a warning, any
+    other bad line is an error naming it); [] when there are none."""
+    return read_jsonl(Path(directory) / RECORDS, "skipped (that run is not in the figure)",
+                      need=("name", "depth", "seed", "step", *QUANTITIES))
 
 
-def keep_records(out: Path, name: str, records: list[dict]) -> list[dict]:
-    """Write `records` to OUT/coord_check.jsonl in place of any earlier ones under `name`; all records kept. The
-    file is replaced whole (a temporary sibling renamed over it): a crash mid-write leaves the old records."""
+def keep_records(out: Path, name: str, records: list[dict], earlier: list[dict]) -> list[dict]:
+    """Write `earlier` (read_records, before training) and `records` to OUT/coord_check.jsonl, `records` in place
+    of any earlier ones under `name`. The file is replaced whole (a temporary sibling renamed over it): a crash
+    mid-write leaves the old records."""
     out.mkdir(parents=True, exist_ok=True)
-    kept = [r for r in read_records(out) if r["name"] != name] + records
+    kept = [r for r in earlier if r["name"] != name] + records
     write_whole(out / RECORDS, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
