@@ -33,6 +33,7 @@ VIT = ("train --preset vit-digits --run-dir {tmp}/v --no-progress --max-steps 2 
        "--set model.n_layers=2 --set model.n_heads=2 --set model.ffn_dim=64")
 UNWRITABLE = "/sys/depthlab-test-out"  # EPERM even for root (the tests may run as root, where chmod does not bite)
 AN = "--tokens 64 --no-removal --no-jacobian"
+COORD = "coord-check --data {txt} --depths 2 4 --seeds 1 --steps 1 --no-progress --out "
 
 # (id, command, fragment of the error line)
 CASES = [
@@ -468,6 +469,13 @@ CASES = [
     ("compare-offload-folder-inside-its-data",
      "compare {run} {run} --data {victim_docs} --device-map auto --offload-folder {victim_docs}/o " + AN,
      "is inside compare's own input --data"),
+    # issue 48 items 4-5: records read by the one JSON-lines reader, and the golden check's flags and file
+    ("coord-check-records-bad-line", COORD + "{coord_bad_line}", "coord_check.jsonl:1: not a JSON record"),
+    ("coord-check-records-without-field", COORD + "{coord_no_field}", "coord_check.jsonl:2: a record without"),
+    ("golden-cases-unknown", "golden check --cases nosuch", "unknown golden case(s) nosuch; the cases are pre,"),
+    ("golden-atol-nan", "golden check --atol nan", "--atol must be a finite number"),
+    ("golden-atol-negative", "golden check --atol -1", "--atol must be a number >= 0"),
+    ("golden-file-truncated", "golden check --file {golden_truncated}", "is not a golden losses file (not JSON"),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",
@@ -481,8 +489,14 @@ def _text(n: int) -> str:
 
 
 def invoke(argv: list[str]) -> tuple[int | None, str, str | None]:
-    """depthlab.cli.main in this process: (exit status, stderr, traceback of an exception that escaped)."""
-    from depthlab.cli import main
+    """depthlab.cli.main in this process (depthlab.golden's for `golden ...`): (exit status, stderr, traceback of
+    an exception that escaped)."""
+    if argv[:1] == ["golden"]:
+        from depthlab.golden import main
+
+        argv = argv[1:]
+    else:
+        from depthlab.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     tb = None
@@ -603,6 +617,14 @@ def build_world(root: Path) -> dict[str, str]:
     for name, content in files.items():
         (root / (name + suffix.get(name, ".txt"))).write_text(content)
         w[name] = str(root / (name + suffix.get(name, ".txt")))
+    record = json.dumps({"name": "a", "depth": 2, "seed": 0, "step": 0, "update": [0.0], "ratio": [0.0], "rms": [1]})
+    for name, text in (("coord_bad_line", '{"name": "a", "dep\n' + record + "\n"),
+                       ("coord_no_field", record + '\n{"name": "b"}\n')):
+        (root / name).mkdir()
+        (root / name / "coord_check.jsonl").write_text(text)
+        w[name] = str(root / name)
+    (root / "golden_truncated.json").write_text((Path(__file__).parent / "golden" / "losses.json").read_text()[:3000])
+    w["golden_truncated"] = str(root / "golden_truncated.json")
     (root / "json_unknown.json").write_text(json.dumps({"model": {"depth": 3}}))
     w["json_unknown"] = str(root / "json_unknown.json")
     (root / "bin.txt").write_bytes(bytes(range(256)) * 10)

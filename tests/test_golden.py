@@ -26,7 +26,7 @@ def test_a_one_line_change_to_the_forward_fails_the_check(monkeypatch):
     monkeypatch.setattr(llama.Residual, "forward", lambda self, h, update: plain(self, h, update) * 1.0001)
     problems = golden.check(["lns"], steps=CI_STEPS, atol=CI_ATOL)
     assert len(problems) == 1 and problems[0].startswith("lns: first differing step "), problems
-    assert golden.check(["lns"], steps=1)[0].startswith("lns: first differing step 1 ")  # bitwise: at once
+    assert golden.check(["lns"], steps=1, atol=0)[0].startswith("lns: first differing step 1 ")  # bitwise: at once
 
 
 def test_differences_name_the_first_differing_step_and_the_largest_difference():
@@ -52,3 +52,54 @@ def test_a_commit_is_read_from_git_and_a_bad_one_is_one_line():
     with pytest.raises(UserError, match="'no-such-commit' is not a commit of "):
         with golden.source_of("no-such-commit"):
             pass
+
+
+def _fail_if_trained(monkeypatch):
+    monkeypatch.setattr(golden, "run_case", lambda *a, **k: pytest.fail("trained before refusing"))
+
+
+@pytest.mark.parametrize("argv", [["check", "--cases", "nosuch"], ["check", "--cases", "pre", "nosuch"],
+                                  ["regen", "--cases", "nosuch"], ["compare", ".", ".", "--cases", "nosuch"]])
+def test_an_unknown_case_is_refused_in_one_line_naming_the_cases(monkeypatch, capsys, argv):
+    """Not "no golden losses ... regen --cases nosuch" (a regen that then fails): every command refuses the name."""
+    _fail_if_trained(monkeypatch)
+    assert golden.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("depthlab: error: unknown golden case(s) nosuch; the cases are " + ", ".join(golden.cases())), err
+
+
+@pytest.mark.parametrize("flags, says", [(["--atol", "nan"], "--atol must be a finite number, got 'nan'"),
+                                         (["--atol", "-1"], "--atol must be a number >= 0, got '-1'"),
+                                         (["--rtol", "inf"], "--rtol must be a finite number, got 'inf'"),
+                                         (["--bitwise", "--atol", "1e-5"], "--bitwise is atol 0 and rtol 0")])
+def test_a_tolerance_must_be_finite_and_not_negative(monkeypatch, capsys, flags, says):
+    _fail_if_trained(monkeypatch)
+    assert golden.main(["check", "--cases", "pre", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+
+
+def test_a_golden_file_cut_short_or_edited_is_one_line(tmp_path, monkeypatch, capsys):
+    _fail_if_trained(monkeypatch)
+    text = golden.FILE.read_text()
+    cut, edited = tmp_path / "cut.json", tmp_path / "edited.json"
+    cut.write_text(text[: len(text) // 2])
+    edited.write_text(text.replace('"losses": [', '"losses": ["x", ', 1))
+    for path, why in ((cut, "not JSON"), (edited, "not the layout regen writes")):
+        with pytest.raises(UserError, match=f"is not a golden losses file \\({why}"):
+            golden.check(path=path)
+        assert golden.main(["check", "--file", str(path)]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_default_tolerance_passes_other_kernels_and_fails_a_one_line_change(monkeypatch, capsys):
+    """check's default tolerance (golden.ATOL) is the measured spread of other CPUs' kernels times a safety
+    factor (docs/golden.md); RMSNorm with twice its eps, a one-line change, moves the losses far past it."""
+    assert golden.main(["check", "--cases", "lns", "--steps", str(CI_STEPS)]) == 0
+    assert f"(atol {golden.ATOL:g}, rtol 0): the same" in capsys.readouterr().out
+    plain = llama.RMSNorm.forward
+    monkeypatch.setattr(llama.RMSNorm, "forward", lambda self, x: llama._RMSNormFn.apply(x, self.weight,
+                                                                                         2 * self.eps, self.scale))
+    assert plain is not llama.RMSNorm.forward
+    assert golden.main(["check", "--cases", "lns", "--steps", str(CI_STEPS)]) == 1
+    assert "lns: first differing step" in capsys.readouterr().out
