@@ -273,6 +273,7 @@ def _all_tensors(model) -> dict:
 @pytest.mark.parametrize("case", _schemes(), ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_meta_build_equals_the_eager_build_bitwise(case):
     from depthlab.model import build_model
+    from depthlab.model.meta import build_on_meta, materialize
     from tests.conftest import tiny_model_config
 
     cfg = tiny_model_config(**case)
@@ -280,8 +281,8 @@ def test_meta_build_equals_the_eager_build_bitwise(case):
     eager = _all_tensors(build_model(cfg))
     after_eager = torch.get_rng_state()
     torch.manual_seed(3)
-    model, constants = distributed.build_on_meta(cfg)
-    distributed.materialize(model, torch.device("cpu"), constants)
+    model, constants = build_on_meta(cfg)
+    materialize(model, torch.device("cpu"), constants)
     meta = _all_tensors(model)
     assert list(meta) == list(eager)
     assert all(torch.equal(meta[k], eager[k]) for k in eager), [k for k in eager if not torch.equal(meta[k], eager[k])]

@@ -211,9 +211,9 @@ def depthlab_skeleton(cfg, files: Tensors, device, dtype: torch.dtype, name: str
 
 def init_skeleton(cfg, folder: Path, device) -> Skeleton:
     """The model of config `cfg` at initialisation, in float32, drawn from the generator's state as build_model(cfg)
-    would draw it (bitwise: depthlab.train.distributed.build_on_meta), each tensor of IN_MEMORY_BYTES or more into
+    would draw it (bitwise: depthlab.model.meta), each tensor of IN_MEMORY_BYTES or more into
     a memory-mapped file in `folder`: the whole model is never held in memory, only the pages being read."""
-    from depthlab.train.distributed import build_on_meta, materialize
+    from depthlab.model.meta import build_on_meta, materialize
 
     names = itertools.count()
 

@@ -12,6 +12,8 @@
     apply.py        apply_scheme / load_pretrained: a scheme (LNS) patched onto any HF decoder, saved folded
     blocks.py       find any model's decoder blocks and their norms without knowing its family
     lora.py         LoRA through peft: adapters on a model's linear layers, their checkpoint names
+    meta.py         build_on_meta / materialize: a model built on the meta device, given storage later, with
+                    the weights an eager build draws (FSDP's shards, layer-by-layer analysis's files)
     loss.py         lm_loss, and linear_cross_entropy: LM head + cross-entropy by chunks, never the full logits
     validate.py     validate(config): every setting checked, against the registries too (exit 2 in the CLI)
 """
