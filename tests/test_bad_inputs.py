@@ -403,6 +403,10 @@ CASES = [
      "--max-memory cuda:0: this machine has no CUDA device"),
     ("eval-max-memory-device-twice", "eval {hf} --data {txt} --device-map auto --max-memory cpu=1GiB cpu=2GiB",
      "'cpu=1GiB' and 'cpu=2GiB' size the same device"),
+    ("eval-offload-folder-a-file", "eval {hf} --data {txt} --device-map auto --max-memory cpu=1KB --offload-folder "
+     "{txt_copy}", "a_copy.txt is a file; give a folder for the weights"),
+    ("eval-offload-folder-uncreatable", "eval {hf} --data {txt} --device-map auto --max-memory cpu=1KB "
+     "--offload-folder " + UNWRITABLE, "cannot create it (Operation not permitted)"),
     ("prepare-val-fraction-nan", "data prepare {docs} --out {tmp}/o --val-fraction nan --no-progress",
      "--val-fraction must be a finite number"),
     ("prepare-builtin-mb-inf", "data prepare --out {tmp}/o --builtin-mb inf --no-progress",

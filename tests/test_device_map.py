@@ -136,6 +136,10 @@ def test_task_scorer_of_a_placed_model(tmp_path):
     (["--device-map", "{tmp}/partial.json"], "device map: "),
     (["--device-map", "{tmp}/disk.json"], "give an offload folder (--offload-folder DIR)"),
     (["--device-map", "{tmp}/disk.json", "--max-memory", "cpu=1GiB"], "drop --max-memory"),
+    (["--device-map", "{tmp}/disk.json", "--offload-folder", "{tmp}/list.json"],
+     "--offload-folder {tmp}/list.json is a file; give a folder for the weights the device map puts on disk"),
+    (["--device-map", "{tmp}/disk.json", "--offload-folder", "/sys/depthlab-test-offload"],
+     "--offload-folder /sys/depthlab-test-offload: cannot create it"),
 ])
 def test_refusals_are_one_line(tmp_path, capsys, argv, msg):
     if "no CUDA device" in msg:
@@ -151,7 +155,7 @@ def test_refusals_are_one_line(tmp_path, capsys, argv, msg):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert main(["analyze", str(hf), "--out", str(tmp_path / "out"), "--no-progress", *argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert msg in err and len(err.splitlines()) == 1, err
+    assert msg.replace("{tmp}", str(tmp_path)) in err and len(err.splitlines()) == 1, err
 
 
 def test_without_accelerate_the_flag_names_the_package(tmp_path, capsys, monkeypatch):
@@ -195,7 +199,8 @@ def test_eval_with_every_weight_on_disk_reports_its_perplexity(tmp_path, capsys)
     assert "perplexity" in printed[0] and printed[0] == printed[1]
 
 
-def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["eval", "analyze"])
+def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys, command):
     """SIGKILL leaves a run no chance to remove the copy of the weights it offloaded (as large as those weights):
     the next run offloading into the same folder removes it, as the next writer removes a killed one's leftovers."""
     hf = save_hf_model(tmp_path / "hf", "llama")
@@ -205,8 +210,10 @@ def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys):
     offload = tmp_path / "offload"
 
     def argv(text):
-        return ["eval", str(hf), "--no-progress", "--data", str(tmp_path / text), "--seq-len", "32", "--device-map",
-                str(tmp_path / "map.json"), "--offload-folder", str(offload)]
+        own = {"eval": [], "analyze": ["--out", str(tmp_path / text) + ".analysis", "--tokens", "64", "--probes", "1",
+                                       "--no-removal"]}[command]
+        return [command, str(hf), "--no-progress", "--data", str(tmp_path / text), "--seq-len", "32", "--device-map",
+                str(tmp_path / "map.json"), "--offload-folder", str(offload), *own]
 
     proc = subprocess.Popen([sys.executable, "-m", "depthlab", *argv("long.txt")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

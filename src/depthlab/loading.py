@@ -334,6 +334,13 @@ def offload_copy(model, parent: Path) -> Path:
     offloads into `parent` clears when it takes its lock, as every writer clears those beside its output."""
     from depthlab.owned import locked
 
+    role = "a folder for the weights the device map puts on disk"
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"--offload-folder {parent} is a file; give {role}")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--offload-folder {parent}: cannot create it ({e.strerror or e}); give {role}") from None
     name = f"depthlab-offload-{os.getpid()}-{next(_OFFLOADS)}"
     held = contextlib.ExitStack()
     held.enter_context(locked(parent / name, "offloading", label="--offload-folder: "))
