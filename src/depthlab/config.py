@@ -174,11 +174,10 @@ COMPANIONS: dict[str, dict[str, tuple | str]] = {
     "model.norm_gain_const": {"model.norm_gain_init": ("uniform",)},
     "model.lns_power": {"model.norm_scheme": ("lns",), "model.norm_gain_init": ("depth", "uniform"),
                         "train.norm_gain_lr": ("depth",), "train.block_lr": ("depth",)},
-    "model.lns_placement": {"model.norm_scheme": ("lns",)},
-    "model.mixln_ratio": {"model.norm_scheme": ("mixln",)},
-    "model.layerscale_init": {"model.norm_scheme": ("layerscale",)},
-    "model.skip_alpha_init": {"model.norm_scheme": ("skipinit", "rezero")},
-    "model.dyt_alpha_init": {"model.norm_scheme": ("dyt",)},
+    # a scheme's own setting acts with the schemes whose block reads it: the scheme registry fills these in from each
+    # block's `reads` (depthlab.model.schemes.register), so no second list of scheme names lives here
+    **{f"model.{name}": {"model.norm_scheme": ()}
+       for name in ("lns_placement", "mixln_ratio", "layerscale_init", "skip_alpha_init", "dyt_alpha_init")},
     "model.gpas_gate": {"model.gpas": (True,)},
     **{f"model.{name}": {"model.family": ("vit",)}
        for name in ("image_size", "patch_size", "channels", "num_classes", "pool", "pos_embed")},

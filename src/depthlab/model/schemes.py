@@ -65,7 +65,7 @@ import torch
 from torch import nn
 
 from depthlab import UserError
-from depthlab.config import ModelConfig
+from depthlab.config import COMPANIONS, ModelConfig
 from depthlab.model.depth import branch_multiplier
 from depthlab.model.families import Family, family_of
 from depthlab.model.llama import DyT, GPASGate, GPASResidual, Residual, RMSNorm
@@ -86,6 +86,9 @@ def register(name: str):
                             "(hf_export_refusal)")
         SCHEMES[name] = cls
         cls.scheme = name
+        for setting in cls.reads:  # the setting acts with this scheme (config.COMPANIONS)
+            row = COMPANIONS[f"model.{setting}"]
+            row["model.norm_scheme"] = (*row["model.norm_scheme"], name)
         return cls
 
     return deco
@@ -155,6 +158,7 @@ class PreLNBlock(nn.Module):
     norms_after_branch: ClassVar[bool] = False
     norms_around_branch: ClassVar[bool] = False
     depth_alpha_refusal: ClassVar[str] = ""
+    reads: ClassVar[tuple[str, ...]] = ()  # the model settings only this scheme (and its subclasses) acts on
 
     @classmethod
     def norm_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
@@ -242,6 +246,7 @@ class LNSBlock(PreLNBlock):
     Where the norms already sit on the branch outputs (olmo2), norm and branch are the same function.
     """
 
+    reads = ("lns_placement",)
     supports_gpas = hf_patchable = True
     hf_export = "family"  # Norm_g(x) * s == Norm_{g * s}(x): the scale folds into the norm weight (or, for a norm
     # without one, into the layers reading its output: W (s x) + b == (s W) x + b); on the branch, into the output
@@ -312,6 +317,7 @@ class DeepNormBlock(PostLNBlock):
 class MixLNBlock(PreLNBlock):
     """Mix-LN: blocks l <= floor(r * N) are Post-LN, the rest Pre-LN."""
 
+    reads = ("mixln_ratio",)
     supports_gpas = hf_patchable = False
     hf_export = None
     hf_export_refusal = f"its first blocks are Post-LN (norm after the add); {_REWIRED}"
@@ -361,6 +367,7 @@ class ReorderedBlock(PreLNBlock):
 class LayerScaleBlock(PreLNBlock):
     """LayerScale: h = h + diag(lambda) F(Norm(h)), lambda learnable per channel."""
 
+    reads = ("layerscale_init",)
     supports_gpas = hf_patchable = False
     hf_export = "family"  # h + diag(lam) W_o y == h + (diag(lam) W_o) y
     branch_gains = True
@@ -380,6 +387,7 @@ class LayerScaleBlock(PreLNBlock):
 class SkipInitBlock(PreLNBlock):
     """SkipInit: h = h + alpha F(Norm(h)), alpha a learnable scalar per branch."""
 
+    reads = ("skip_alpha_init",)
     supports_gpas = hf_patchable = False
     hf_export = "family"  # h + alpha W_o y == h + (alpha W_o) y
     branch_gains = True
@@ -409,6 +417,7 @@ class ReZeroBlock(SkipInitBlock):
 class DyTBlock(PreLNBlock):
     """Dynamic Tanh: every norm (the final one too) replaced by gamma * tanh(alpha x) + beta."""
 
+    reads = ("dyt_alpha_init",)
     norm_cls = DyT
     supports_gpas = hf_patchable = False
     hf_export = None
