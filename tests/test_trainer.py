@@ -55,8 +55,9 @@ def make_cfg(corpus, **extra) -> Config:
     return apply_overrides(Config(), [f"{k}={v}" for k, v in {**TINY, "data.paths": f"[{corpus}]", **extra}.items()])
 
 
-def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
-    args = ["--data", corpus, "--max-steps", 40, *sets(train__ckpt_every=5, train__keep_last=2)]
+def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus, extra=None):
+    """(tests/test_muon.py runs it again with `extra` settings.)"""
+    args = ["--data", corpus, "--max-steps", 40, *sets(train__ckpt_every=5, train__keep_last=2, **(extra or {}))]
     ref = cli("--run-dir", tmp_path / "ref", *args)
     assert ref.returncode == 0, ref.stderr
 
@@ -348,10 +349,12 @@ def test_depth_monitor_logs_every_n_steps(tmp_path, corpus):
     assert 0 < records[-1]["mfu"] < 1
 
 
-def test_ddp_two_ranks_match_one_process(tmp_path, corpus):
+def test_ddp_two_ranks_match_one_process(tmp_path, corpus, extra=None):
+    """(tests/test_muon.py runs it again with `extra` settings.)"""
     common = ["--data", corpus, "--max-steps", 4]
-    one = cli("--run-dir", tmp_path / "one", *common, *sets(train__batch_size=4, train__grad_accum=2))
-    two = cli("--run-dir", tmp_path / "two", *common, *sets(train__batch_size=2, train__grad_accum=2), torchrun=2)
+    one = cli("--run-dir", tmp_path / "one", *common, *sets(train__batch_size=4, train__grad_accum=2, **(extra or {})))
+    two = cli("--run-dir", tmp_path / "two", *common, *sets(train__batch_size=2, train__grad_accum=2, **(extra or {})),
+              torchrun=2)
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert list(a) == list(b) == [1, 2, 3, 4]

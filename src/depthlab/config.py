@@ -161,6 +161,11 @@ class TrainConfig:
     init_from: str | None = None  # a checkpoint whose weights start the run (continued pretraining, e.g. an import)
     norm_gain_lr: str = "1"  # 1 | depth: block l's norm gains learn at lr * l^(-model.lns_power)
     block_lr: str = "1"  # 1 | depth: every parameter of block l learns at lr * l^(-model.lns_power)
+    optimizer: str = "adamw"  # adamw | muon: torch.optim.Muon on the blocks' 2-D weights, AdamW (lr) on the rest
+    muon_lr: float = 0.02  # Muon's peak rate; the schedule and the depth multipliers scale it as they scale lr
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0  # decoupled, as AdamW's weight_decay
+    muon_adjust_lr: str = "original"  # original: lr sqrt(max(1, A/B)) | match_rms_adamw: lr 0.2 sqrt(max(A, B))
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: only LoRA adapters train, the weights frozen
 
 
@@ -186,6 +191,8 @@ COMPANIONS: dict[str, dict[str, tuple | str]] = {
     "train.dp_replicate": {"train.parallel": ("fsdp",)},
     "train.dp_shard": {"train.parallel": ("fsdp",)},
     **{f"train.lora.{name}": {"train.lora.rank": SET} for name in ("alpha", "dropout", "targets")},
+    **{f"train.muon_{name}": {"train.optimizer": ("muon",)}
+       for name in ("lr", "momentum", "weight_decay", "adjust_lr")},
 }
 
 

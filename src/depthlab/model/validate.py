@@ -168,6 +168,7 @@ def _check_model(m: ModelConfig) -> None:
 
 
 LNS_PLACEMENTS = ("norm", "branch", "attn_only", "mlp_only")
+MUON_ADJUST_LR = ("original", "match_rms_adamw")  # torch.optim.Muon's adjust_lr_fn
 GAIN_RULES = ("1", "depth")  # norm_gain_init / norm_gain_lr: unchanged, or times l^(-lns_power) in block l
 
 
@@ -200,6 +201,14 @@ def _check_train(t: TrainConfig) -> None:
     require(t.ckpt_every >= 0 and t.keep_last >= 1 and t.monitor_every >= 0,
             "train.ckpt_every and train.monitor_every must be >= 0, train.keep_last >= 1")
     require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
+    require(t.optimizer in ("adamw", "muon"), f"train.optimizer must be adamw or muon, got {t.optimizer!r}")
+    _number(t, "train", "muon_lr", lambda v: v > 0, "a positive number")
+    _number(t, "train", "muon_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
+    _number(t, "train", "muon_weight_decay", lambda v: v >= 0, "a number >= 0")
+    require(t.muon_adjust_lr in MUON_ADJUST_LR,
+            f"train.muon_adjust_lr must be {' or '.join(MUON_ADJUST_LR)}, got {t.muon_adjust_lr!r}")
+    require(t.optimizer != "muon" or t.parallel != "fsdp", "train.optimizer=muon does not run under "
+            "train.parallel=fsdp (Newton-Schulz needs each whole matrix, FSDP2 holds shards): use train.parallel=ddp")
     for name in ("norm_gain_lr", "block_lr"):
         require(str(getattr(t, name)) in GAIN_RULES,
                 f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")

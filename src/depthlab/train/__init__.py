@@ -9,7 +9,8 @@ vision.py       image classification for model.family=vit
 runtime.py      the toolbox the loop shares with eval and the studies: seeding and RNG state, autocast,
                 per-token evaluation, environment record
 finetune.py     supervised fine-tuning on instruction data (loss on the response tokens only)
-optim.py        AdamW with decay on matrices only, linear warmup then cosine decay to a floor
+optim.py        AdamW with decay on matrices only (or Muon on the blocks' matrices, AdamW on the rest), linear
+                warmup then cosine decay to a floor
 coordcheck.py   `depthlab coord-check`: a few steps at several depths, each block's update and scale
 callbacks.py    depth monitors, TensorBoard and Weights & Biases loggers, as trainer callbacks
 distributed.py  torchrun: DDP or FSDP2 applied after the model is built, full-state checkpoints

@@ -1,10 +1,11 @@
-"""AdamW with decay only on matrices (p.dim() >= 2), linear warmup then cosine decay to a floor; the depth
-parameterizations' per-group rates and epsilons, and ProRes's ramp advanced after every step
-(depthlab.model.depth)."""
+"""AdamW with decay only on matrices (p.dim() >= 2), or (train.optimizer=muon) Muon on the blocks' matrices and AdamW
+on the rest; linear warmup then cosine decay to a floor; the depth parameterizations' per-group rates and epsilons,
+and ProRes's ramp advanced after every step (depthlab.model.depth)."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -17,28 +18,100 @@ NO_DECAY = ("cls_token", "pos_embed")  # a ViT's class token and positions, excl
 ADAM_EPS = 1e-8  # torch's default; the depth parameterizations scale it per group
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, lns_power: float = 0.5) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig,
+                   lns_power: float = 0.5) -> torch.optim.AdamW | Optimizers:
+    """AdamW over every trainable parameter; under train.optimizer=muon, Muon (torch.optim.Muon) over the hidden
+    matrices (muon_params) and AdamW over the rest, both in one Optimizers list. Every group's rate is its
+    optimizer's peak times its parameters' lr_scales multiplier."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
-    decay = [p.dim() >= 2 and n.rsplit(".", 1)[-1] not in NO_DECAY for n, p in named]
+    hidden = muon_params(model) if cfg.optimizer == "muon" else set()
     scales, eps = lr_scales(model, cfg, lns_power), eps_scales(model)
+    rest = [(n, p) for n, p in named if id(p) not in hidden]
     groups = []
     for decayed, wd in ((True, cfg.weight_decay), (False, 0.0)):  # matrices; norms, gains, scalars
-        by_scale: dict[tuple[float, float], list] = {}
-        for p, d in zip(params, decay):
-            if d == decayed:
-                by_scale.setdefault((scales.get(id(p), 1.0), eps.get(id(p), 1.0)), []).append(p)
-        # one group per (learning-rate, epsilon) multiplier (the scheduler scales each group's own peak)
-        groups += [{"params": ps, "weight_decay": wd, **({"lr": cfg.lr * s} if s != 1.0 else {}),
-                    **({"eps": ADAM_EPS * e} if e != 1.0 else {})}
-                   for (s, e), ps in (by_scale or {(1.0, 1.0): []}).items()]
+        params = [p for n, p in rest if (p.dim() >= 2 and n.rsplit(".", 1)[-1] not in NO_DECAY) == decayed]
+        groups += scaled_groups(params, scales, eps, cfg.lr, wd)
     # The fused kernel: on CPU the default is a per-tensor loop that took up to a third of a step
     # (docs/results.md); FSDP2's DTensor parameters keep the default implementation.
-    fused = not any(isinstance(p, DTensor) for p in params)
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=ADAM_EPS, fused=fused)
+    fused = not any(isinstance(p, DTensor) for _, p in named)
+    opt = adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=ADAM_EPS, fused=fused)
+    if cfg.optimizer == "muon":
+        # Adam's epsilon multipliers do not apply: Muon's eps only guards the Newton-Schulz normalization
+        muon = torch.optim.Muon(scaled_groups([p for _, p in named if id(p) in hidden], scales, {}, cfg.muon_lr,
+                                              cfg.muon_weight_decay),
+                                lr=cfg.muon_lr, weight_decay=cfg.muon_weight_decay, momentum=cfg.muon_momentum,
+                                adjust_lr_fn=cfg.muon_adjust_lr)
+        opt = Optimizers([adamw, muon])
     if any(getattr(b.attn_add, "ramp", None) is not None for b in blocks(model)):
-        advance_prores(opt, model)
+        advance_prores(adamw, model)  # AdamW always steps (it holds the embeddings) and counts the steps
     return opt
+
+
+def scaled_groups(params: list, scales: dict[int, float], eps: dict[int, float], lr: float, wd: float) -> list[dict]:
+    """One parameter group per (learning-rate, epsilon) multiplier (the scheduler scales each group's own peak);
+    one empty group when there are no parameters, so that the groups' layout does not depend on the model."""
+    by_scale: dict[tuple[float, float], list] = {}
+    for p in params:
+        by_scale.setdefault((scales.get(id(p), 1.0), eps.get(id(p), 1.0)), []).append(p)
+    return [{"params": ps, "weight_decay": wd, **({"lr": lr * s} if s != 1.0 else {}),
+             **({"eps": ADAM_EPS * e} if e != 1.0 else {})}
+            for (s, e), ps in (by_scale or {(1.0, 1.0): []}).items()]
+
+
+def muon_params(model: torch.nn.Module) -> set[int]:
+    """Ids of the parameters Muon takes under train.optimizer=muon: the trainable 2-D weights inside the blocks (the
+    attention and MLP matrices). AdamW keeps the embeddings, the head, the norm gains and every scalar or vector
+    (LayerScale, ReZero/SkipInit, DyT and GPAS gates)."""
+    return {id(p) for block in blocks(model) for p in block.parameters() if p.requires_grad and p.dim() == 2}
+
+
+class Optimizers(list):
+    """Several optimizers stepped as one (train.optimizer=muon: [AdamW, Muon]). torch.distributed.checkpoint's
+    state-dict functions take the list as it is (one state dict keyed by parameter names); make_scheduler gives
+    each optimizer the same schedule."""
+
+    def step(self) -> None:
+        for opt in self:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [g for opt in self for g in opt.param_groups]
+
+
+class Schedules(list):
+    """One LambdaLR per optimizer of an Optimizers list, stepped, saved and restored together."""
+
+    def step(self) -> None:
+        for s in self:
+            s.step()
+
+    def get_last_lr(self) -> list[float]:
+        return [lr for s in self for lr in s.get_last_lr()]
+
+    def state_dict(self) -> dict:
+        return {"schedules": [s.state_dict() for s in self]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for s, sd in zip(self, state["schedules"], strict=True):
+            s.load_state_dict(sd)
+
+
+def optimizer_split(model: torch.nn.Module, opt) -> str:
+    """One line per optimizer: its name, how many tensors and parameters it takes, and their names with block
+    numbers as * (printed at the start of a run)."""
+    names = {id(p): re.sub(r"\.\d+\.", ".*.", n) for n, p in model.named_parameters()}
+    lines = []
+    for o in opt if isinstance(opt, Optimizers) else [opt]:
+        params = [p for g in o.param_groups for p in g["params"]]
+        kinds = ", ".join(dict.fromkeys(names.get(id(p), "?") for p in params))
+        lines.append(f"{type(o).__name__}: {len(params)} tensors, {sum(p.numel() for p in params):,} parameters "
+                     f"({kinds or 'none'})")
+    return "; ".join(lines)
 
 
 def model_config(model: torch.nn.Module) -> ModelConfig | None:
@@ -110,5 +183,8 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(opt, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR | Schedules:
+    """Warmup + cosine (lr_factor) on every group; an Optimizers list gets one schedule per optimizer."""
+    if isinstance(opt, Optimizers):
+        return Schedules(make_scheduler(o, cfg) for o in opt)
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg))

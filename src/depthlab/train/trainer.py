@@ -63,7 +63,7 @@ from depthlab.train.distributed import (
     shutdown,
 )
 from depthlab.train.flops import Meter
-from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler
+from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler, optimizer_split
 from depthlab.train.runtime import autocast, deferred_interrupts, environment, rng_state, seed_everything, set_rng_state
 from depthlab.train.tasks import LanguageModelling, Task
 from depthlab.train.vision import ImageClassification
@@ -307,6 +307,8 @@ class Trainer:
         print(f"depthlab train: preset {self.cfg.preset}, scheme {m.norm_scheme}, {m.n_layers} layers x {m.dim} "
               f"({self.module.num_params() / 1e6:.1f}M params), {tc.max_steps} steps on {self.env.world_size} x "
               f"{self.device.type}; data: {self.data.source}, {sizes}", file=sys.stderr)
+        if tc.optimizer != "adamw":
+            print(f"depthlab train: optimizers: {optimizer_split(self.model, self.opt)}", file=sys.stderr)
         source = self.branch_of / METRICS if self.branch_of else None
         return MetricsLog(self.run_dir / METRICS, self.step, source, warn=self._warn)
 

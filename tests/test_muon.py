@@ -1,0 +1,98 @@
+"""train.optimizer=muon: torch.optim.Muon on the blocks' matrices, AdamW on the rest (depthlab.train.optim)."""
+
+import math
+
+import pytest
+import torch
+
+from depthlab.config import TrainConfig
+from depthlab.model import SCHEMES, build_model
+from depthlab.model.depth import blocks
+from depthlab.train.optim import Optimizers, Schedules, make_optimizer, make_scheduler, optimizer_split
+from tests.conftest import tiny_model_config
+from tests.families import FAMILIES
+from tests.test_trainer import (
+    test_a_run_resumed_in_one_process_is_the_run_it_continues as resumed_is_continued,
+    test_ddp_two_ranks_match_one_process as ddp_matches_one_process,
+    test_sigkill_then_resume_reproduces_losses_bitwise as sigkill_resume_is_bitwise,
+)
+
+MUON = {"train.optimizer": "muon"}
+
+
+def newton_schulz(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Muon's orthogonalization as Keller Jordan's post writes it: X = G / ||G||_F (the wide way round), then
+    `steps` times X <- a X + (b A + c A^2) X with A = X X^T and (a, b, c) = (3.4445, -4.7750, 2.0315)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.double()
+    tall = x.shape[0] > x.shape[1]
+    x = (x.T if tall else x) / x.norm()
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+@pytest.mark.parametrize("shape", [(16, 24), (24, 16)])
+def test_muons_update_on_one_matrix_is_the_newton_schulz_step(shape):
+    torch.manual_seed(0)
+    w, g = torch.randn(shape), torch.randn(shape)
+    p = torch.nn.Parameter(w.clone())
+    lr, wd = 0.02, 0.1
+    opt = torch.optim.Muon([p], lr=lr, weight_decay=wd, momentum=0.95)
+    p.grad = g.clone()
+    opt.step()
+    # first step: buffer (1 - mu) g, Nesterov update g.lerp(buffer, mu), a multiple of g, and NS ignores the scale;
+    # the rate adjusted as Keller's original, lr sqrt(max(1, A / B))
+    expect = w * (1 - lr * wd) - lr * math.sqrt(max(1, shape[0] / shape[1])) * newton_schulz(g).float()
+    step = lambda x: (x - w * (1 - lr * wd)).norm()  # noqa: E731
+    err = (p.detach() - expect).norm() / step(expect)
+    assert err < 0.02, err  # Muon iterates in bfloat16
+    wrong = w * (1 - lr * wd) - lr * math.sqrt(max(1, shape[0] / shape[1])) * newton_schulz(g, 4).float()
+    assert (p.detach() - wrong).norm() / step(expect) > 5 * err  # one step fewer is told apart
+
+
+def _cases():
+    cases = [{"norm_scheme": s} for s in sorted(SCHEMES)] + [{"norm_scheme": "lns", "gpas": True}]
+    cases += [{"norm_scheme": FAMILIES[f].own_scheme, "family": f, **FAMILIES[f].ours} for f in FAMILIES]
+    cases += [{"norm_scheme": "lns", "family": "vit", "image_size": 8, "patch_size": 2, "channels": 1,
+               "num_classes": 10}, {"norm_scheme": "lns", "tie_embeddings": True}]
+    return cases
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: "-".join(f"{v}" for v in list(c.values())[:2]))
+def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(case):
+    model = build_model(tiny_model_config(**case))
+    opt = make_optimizer(model, TrainConfig(optimizer="muon"))
+    assert isinstance(opt, Optimizers) and [type(o) for o in opt] == [torch.optim.AdamW, torch.optim.Muon]
+    held = [[id(p) for g in o.param_groups for p in g["params"]] for o in opt]
+    linear = {id(m.weight) for b in blocks(model) for m in b.modules() if isinstance(m, torch.nn.Linear)}
+    assert set(held[1]) == linear and len(held[1]) == len(linear)
+    assert sorted(held[0] + held[1]) == sorted(id(p) for p in model.parameters())  # each once, none left out
+    assert "Muon" in optimizer_split(model, opt) and "AdamW" in optimizer_split(model, opt)
+
+
+def test_depth_multipliers_scale_muons_groups_and_the_schedule_scales_both():
+    model = build_model(tiny_model_config(depth_alpha=1.0, depth_base=2))  # 4 blocks: m = 2, lr m^(alpha-1) = 1
+    cfg = TrainConfig(optimizer="muon", block_lr="depth", muon_lr=0.04, warmup_steps=4)
+    adamw, muon = opt = make_optimizer(model, cfg, lns_power=0.5)
+    rates = {g["lr"] for g in muon.param_groups}
+    assert rates == {0.04 * l ** -0.5 for l in range(1, 5)}  # block l at muon_lr l^(-p), as AdamW's blocks
+    assert all("eps" not in g or g["eps"] == muon.defaults["eps"] for g in muon.param_groups)  # Adam's eps rule only
+    sched = make_scheduler(opt, cfg)
+    assert isinstance(sched, Schedules)
+    first = sched.get_last_lr()
+    assert first == [g["lr"] for g in adamw.param_groups + muon.param_groups]
+    assert sorted(first[len(adamw.param_groups):]) == sorted(0.04 * l ** -0.5 / 4 for l in range(1, 5))
+
+
+def test_a_muon_run_resumed_in_one_process_is_the_run_it_continues(tmp_path, corpus):
+    resumed_is_continued(tmp_path, corpus, MUON)
+
+
+def test_muon_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
+    sigkill_resume_is_bitwise(tmp_path, corpus, {"train__optimizer": "muon"})
+
+
+def test_muon_ddp_two_ranks_match_one_process(tmp_path, corpus):
+    ddp_matches_one_process(tmp_path, corpus, {"train__optimizer": "muon"})
