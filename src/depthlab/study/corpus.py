@@ -34,8 +34,8 @@ def build_corpus(cfg, folder: Path, held_out: str = "balanced") -> dict:
     """Tokenize cfg's raw data (a BPE trained on its training documents) into `folder` once; its corpus.json. A
     folder built before the test split (or the split composition) existed is read as it is. `held_out`: "balanced"
     (held_out_split, checked: the rule of every new study), or "alternate" (every val_period-th document whole,
-    dealt to validation and test in turn: the rule the studies before issue 50 were built with, kept so that their
-    corpora rebuild to their recorded sha256)."""
+    dealt to validation and test in turn: the rule the studies before issue 50 were built with, kept for their
+    split; their dedup changed since, see docs/data.md)."""
     from depthlab.data.dataset import check_composition, held_out_split, load_text, split_documents
     from depthlab.data.dedup import dedup
     from depthlab.data.tokenizer import tokenizer_hash, train_bpe

@@ -106,10 +106,12 @@ def noise_lines(results: Path, rerun: dict, settings: dict) -> list[str]:
     if corpus.get("dedup"):
         d = corpus["dedup"]
         enc = sum(n.startswith("encodings/") for n in d["removed_names"])
-        out += [f"The study corpus as built now (depthlab.study.corpus, MinHash threshold {d['threshold']}) drops "
-                f"{d['removed']} documents ({d['exact']} exact, {d['near']} near copies; {enc} of them generated "
-                f"`encodings/` tables) and holds out a test split of {corpus['test_tokens']:,} tokens beside "
-                f"{corpus['val_tokens']:,} validation tokens.", ""]
+        out += [f"The study corpus these records were trained on (depthlab.study.corpus, MinHash threshold "
+                f"{d['threshold']}, sha256 {corpus['sha256'][:8]}…) dropped {d['removed']} documents ({d['exact']} "
+                f"exact, {d['near']} near copies; {enc} of them generated `encodings/` tables) and held out a test "
+                f"split of {corpus['test_tokens']:,} tokens beside {corpus['val_tokens']:,} validation tokens. It was "
+                "deduplicated before each near-copy candidate was checked against the threshold; today's dedup "
+                "builds another corpus from the same files (docs/data.md, `depthlab data dedup`).", ""]
     old = not settings.get("corpus", {}).get("dedup")
     out += [f"Selection and the validation loss use the first {settings.get('val_tokens', 0):,} tokens of the "
             "validation split." + (" The LNS study's records were trained before the corpus dropped copies and "
