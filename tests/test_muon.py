@@ -96,3 +96,16 @@ def test_muon_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
 
 def test_muon_ddp_two_ranks_match_one_process(tmp_path, corpus):
     ddp_matches_one_process(tmp_path, corpus, {"train__optimizer": "muon"})
+
+
+def test_the_memory_plan_counts_muons_one_momentum_buffer_as_the_tracker_measures_it():
+    from depthlab.memtrack import measure_plan
+    from depthlab.train.plan import memory_plan
+    from tests.test_memory_plan import _within, tiny
+
+    cfg, adamw = tiny("train.optimizer=muon"), tiny()
+    plan = measure_plan(cfg, memory_plan(cfg, 1))
+    measured = plan["measured"]["bytes"]
+    assert measured["optimizer"] == pytest.approx(plan["bytes"]["optimizer"], rel=0.01)
+    assert plan["bytes"]["optimizer"] < memory_plan(adamw, 1)["bytes"]["optimizer"]  # one buffer, not two moments
+    _within(plan["bytes"], measured)

@@ -126,7 +126,7 @@ def _tracker(module, opt):
     if base is FSDPMemTracker:
         return Tracker(module, opt)
     tracker = Tracker()
-    tracker.track_external(module, opt)
+    tracker.track_external(module, *(opt if isinstance(opt, list) else [opt]))  # train.optimizer=muon: two
     return tracker
 
 

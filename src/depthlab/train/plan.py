@@ -1,14 +1,15 @@
 """`depthlab train --dry-run`: the layout a run would have and its memory per rank, before any data is read.
 
 The model is built on the meta device (no memory), two of its blocks at most (blocks are alike: the rest are
-counted), so the plan of a 7B run takes a second on a laptop. Parameters, gradients and AdamW's two moments are
-exact byte counts (fp32, divided by the ranks that shard them). What FSDP gathers (two blocks, one block's fp32
-gradient, the LM head) and the activations are estimates, from what depthlab's own code keeps: per block and
-micro-batch its norms' inputs, q, k, v and attention's output, SwiGLU's gate and up; the loss head's share
-(depthlab.model.loss) or the SwiGLU gradient's fp32 temporaries, whichever is larger; with activation
-checkpointing each block's input and one block recomputed. The total is the peak, not the sum: the gradients
-are counted where they are present. benchmarks/memory_plan.py checks every category against PyTorch's MemTracker
-(depthlab.memtrack), on real ranks and under FakeTensorMode up to olmo-7b.
+counted), so the plan of a 7B run takes a second on a laptop. Parameters, gradients and AdamW's two moments
+(train.optimizer=muon: Muon's one momentum buffer for the blocks' matrices) are exact byte counts (fp32, divided by
+the ranks that shard them). What FSDP gathers (two blocks, one block's fp32 gradient, the LM head) and the
+activations are estimates, from what depthlab's own code keeps: per block and micro-batch its norms' inputs, q, k, v
+and attention's output, SwiGLU's gate and up; the loss head's share (depthlab.model.loss) or the SwiGLU gradient's
+fp32 temporaries, whichever is larger; with activation checkpointing each block's input and one block recomputed.
+The total is the peak, not the sum: the gradients are counted where they are present. benchmarks/memory_plan.py
+checks every category against PyTorch's MemTracker (depthlab.memtrack), on real ranks and under FakeTensorMode up to
+olmo-7b.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ from depthlab.train.distributed import mesh_shape
 GIB = 2**30
 
 
-def parameter_counts(m) -> tuple[int, int]:
-    """Parameters of the model and of one block. Every block of a scheme has as many as the others (only their
-    values and constants differ with depth), so a model of at most two blocks is built, on the meta device, and
-    the rest counted: a 100,000-block plan takes as long as a 2-block one."""
+def parameter_counts(m) -> tuple[int, int, int]:
+    """Parameters of the model, of one block, and of the blocks' 2-D weights (what Muon takes under
+    train.optimizer=muon, depthlab.train.optim.muon_params). Every block of a scheme has as many as the others
+    (only their values and constants differ with depth), so a model of at most two blocks is built, on the meta
+    device, and the rest counted: a 100,000-block plan takes as long as a 2-block one."""
     small = dataclasses.replace(m, n_layers=min(m.n_layers, 2))
     with torch.device("meta"):
         model = build_model(small, init=False)
     block = sum(p.numel() for p in model.layers[0].parameters())
-    return sum(p.numel() for p in model.parameters()) + (m.n_layers - small.n_layers) * block, block
+    matrices = sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
+    return sum(p.numel() for p in model.parameters()) + (m.n_layers - small.n_layers) * block, block, \
+        m.n_layers * matrices
 
 
 def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
@@ -73,7 +77,8 @@ def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
 def memory_plan(cfg: Config, world_size: int) -> dict:
     """The layout and the bytes per rank of a run of `cfg` on `world_size` ranks."""
     m, tc = cfg.model, cfg.train
-    n, block = parameter_counts(m)
+    n, block, matrices = parameter_counts(m)
+    muon = matrices if tc.optimizer == "muon" else 0
     batch = per_rank_batch(tc, world_size)
     fsdp = world_size > 1 and tc.parallel == "fsdp"
     ddp = world_size > 1 and not fsdp
@@ -86,7 +91,7 @@ def memory_plan(cfg: Config, world_size: int) -> dict:
     plan = {
         "parameters": 4 * n / shard,
         "gradients": grads + adding,
-        "optimizer": 8 * n / shard,
+        "optimizer": (8 * (n - muon) + 4 * muon) / shard,  # AdamW's two fp32 moments, Muon's one momentum buffer
         # a block computing and the next one prefetched, one block's fp32 gradient before its reduce-scatter, and
         # the root group's LM head, kept gathered from forward to backward
         "gathered blocks": (2 * block * a + 4 * block + head * a) if fsdp else 0,
