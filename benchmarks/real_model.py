@@ -298,7 +298,7 @@ def phase_tasks(a, files, data) -> dict:
     from benchmarks.figure_one_run import build_task
     from depthlab.gguf import dequantized
 
-    tok = AutoTokenizer.from_pretrained(dequantized(files["model"]))
+    tok = AutoTokenizer.from_pretrained(dequantized(files["model"])).backend_tokenizer  # the offsets build_task reads
     docs = [SimpleNamespace(name=p, text=body((files["plays"] / f"{p}_gut.txt").read_text(errors="replace")))
             for p in TASK_PLAYS]
     qs = build_task(docs, tok, a.questions, a.choice_tokens, a.context_tokens, seed=0)
