@@ -96,8 +96,9 @@ results:  # docs/results.md (the studies) and docs/benchmarks.md (systems) from 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
 
-# Golden losses (docs/golden.md): today's code against tests/golden/losses.json, bitwise (CI: the first 30 steps at
-# atol 1e-5, tests/test_golden.py); golden-regen is the one command that rewrites the file.
+# Golden losses (docs/golden.md): today's code against tests/golden/losses.json, each case within 10 x its measured
+# spread on other CPUs' kernels (benchmarks/golden_spread.py), so any machine passes an unchanged main; `--bitwise`
+# on the machine that made the file (CI: the first 30 steps, tests/test_golden.py); golden-regen rewrites the file.
 .PHONY: golden golden-regen gpu-day-one
 golden: install
 	$(PY) -m depthlab.golden check

@@ -4,7 +4,7 @@ tests/golden/losses.json holds the per-step training losses of 100 steps of a sm
 fixed seeds, a corpus generated here and the tokenizer stored beside the file: nothing is downloaded) for every
 registered scheme, and of one 2-rank FSDP run under torchrun on gloo.
 
-    python -m depthlab.golden check                  today's code against the file, within ATOL (any x86 CPU)
+    python -m depthlab.golden check                  today's code against the file, within each case's spread
     python -m depthlab.golden check --bitwise        exactly the file: on the machine that made it
     python -m depthlab.golden check --atol 0.05 --set train.dtype=bf16     another tolerance: bf16, another torch
     python -m depthlab.golden compare HEAD~1 .       two commits ("." is the working tree), or two configs:
@@ -42,7 +42,8 @@ GOLDEN = SRC.parent / "tests" / "golden"
 FILE = GOLDEN / "losses.json"
 TOKENIZER = GOLDEN / "tokenizer.json"
 STEPS = 100
-ATOL = 1e-4  # check's default tolerance: the spread of other CPUs' kernels, times a safety factor (docs/golden.md)
+SPREAD = SRC.parent / "benchmarks" / "results" / "golden_spread.json"  # benchmarks/golden_spread.py measures it
+SAFETY, FLOOR = 10, 1e-5  # check's default tolerance of a case: SAFETY x its spread, at least FLOOR (docs/golden.md)
 BASE = {"model.dim": 32, "model.n_layers": 4, "model.n_heads": 2, "model.ffn_dim": 64, "model.vocab_size": 300,
         "data.seq_len": 32, "train.batch_size": 4, "train.max_steps": STEPS, "train.warmup_steps": 10,
         "train.log_every": 1, "train.eval_every": 1000, "train.monitor_every": 0, "train.threads": 1,
@@ -191,14 +192,23 @@ def differences(name: str, got: list[float], want: list[float], atol: float = 0.
             f"{diffs[worst]:.3g} at step {worst + 1}; {len(bad)} of {len(want)} steps differ")
 
 
-def compare_runs(got: dict[str, list[float]], want: dict[str, list[float]], atol: float = 0.0,
+def default_atol() -> dict[str, float]:
+    """check's default tolerance per case: SAFETY times the largest difference from the file that another CPU's
+    kernels made in its losses (SPREAD: every variant measured, over the file's steps), at least FLOOR."""
+    measured = json.loads(SPREAD.read_text())["variants"].values() if SPREAD.is_file() else []
+    return {n: max([FLOOR, *(SAFETY * v["cases"][n]["max_abs_diff"] for v in measured if n in v["cases"])])
+            for n in cases()}
+
+
+def compare_runs(got: dict[str, list[float]], want: dict[str, list[float]], atol: float | dict[str, float] = 0.0,
                  rtol: float = 0.0) -> list[str]:
     """One line per case that `got` and `want` do not both hold, or where they differ."""
     out = []
     for name in {**want, **got}:
         if name not in got or name not in want:
             out.append(f"{name}: not run by {'the first' if name not in got else 'the second'}")
-        elif (line := differences(name, got[name], want[name], atol, rtol)) is not None:
+        elif (line := differences(name, got[name], want[name], atol[name] if isinstance(atol, dict) else atol,
+                                  rtol)) is not None:
             out.append(line)
     return out
 
@@ -220,10 +230,10 @@ def load_golden(path: Path = FILE) -> dict:
     return golden
 
 
-def check(names: list[str] | None = None, atol: float = ATOL, rtol: float = 0.0, steps: int = STEPS,
+def check(names: list[str] | None = None, atol: float | None = None, rtol: float = 0.0, steps: int = STEPS,
           extra: list[str] = (), path: Path = FILE) -> list[str]:
     """Today's code against the golden file's first `steps` steps, with `extra` overrides (train.dtype=bf16 and a
-    tolerance, say): the problem lines (none: it trains the same)."""
+    tolerance, say): the problem lines (none: it trains the same). `atol` None: each case's default_atol."""
     known = known_cases(names)
     golden = load_golden(path)
     names = list(known)
@@ -236,7 +246,8 @@ def check(names: list[str] | None = None, atol: float = ATOL, rtol: float = 0.0,
     if golden.get("base") != [f"{k}={v}" for k, v in BASE.items()] or golden.get("steps") != STEPS:
         return ["the base config changed since the file was made: regenerate it"]
     got = run_cases(names, extra, steps)
-    return compare_runs(got, {n: golden["cases"][n]["losses"][:steps] for n in names}, atol, rtol)
+    return compare_runs(got, {n: golden["cases"][n]["losses"][:steps] for n in names},
+                        default_atol() if atol is None else atol, rtol)
 
 
 def made_with(rev: str | None = None) -> dict:
@@ -325,26 +336,26 @@ def _parser() -> argparse.ArgumentParser:
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
 
-    def with_cases(s, atol=None):
+    def with_cases(s, atol: str | None = None):
         s.add_argument("--cases", nargs="+", metavar="CASE", help="these cases only (default: all: every scheme, "
                                                                  "fsdp2-lns)")
         s.add_argument("--steps", type=at_least(1, STEPS), default=STEPS, metavar=f"1..{STEPS}",
                        help=f"the first N steps of the {STEPS}-step runs (the same schedule, stopped early)")
         if atol is not None:  # parsed as None when not given: check's --bitwise needs to tell
-            s.add_argument("--atol", type=non_negative, help=f"absolute tolerance on each loss (default {atol:g})")
+            s.add_argument("--atol", type=non_negative, help=f"absolute tolerance on each loss (default: {atol})")
             s.add_argument("--rtol", type=non_negative, default=0.0, help="relative tolerance on each loss (default 0)")
         return s
 
-    k = with_cases(sub.add_parser("check", help="today's code against tests/golden/losses.json, within the spread "
-                                                f"of other CPUs (atol {ATOL:g}; --bitwise on the machine that "
-                                                "made it)"), ATOL)
+    k = with_cases(sub.add_parser("check", help="today's code against tests/golden/losses.json, within each "
+                                                "case's spread on other CPUs (--bitwise: on the machine that made "
+                                                "it)"), f"{SAFETY} x the case's measured spread, at least {FLOOR:g}")
     k.add_argument("--bitwise", action="store_true", help="exactly the file's losses (atol = rtol = 0): on the "
                                                           "machine that made it, for a change meant to be neutral")
     k.add_argument("--file", type=Path, default=FILE, help="the golden file (default tests/golden/losses.json)")
     k.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override for every case (train.dtype=bf16 train.device=cuda, with a tolerance)")
     c = with_cases(sub.add_parser("compare", help="two commits (. is the working tree) or two configs, on this "
-                                                  "machine (bitwise by default)"), 0.0)
+                                                  "machine (bitwise by default)"), "0")
     c.add_argument("a", help="a commit, or . for the working tree")
     c.add_argument("b", help="a commit, or . for the working tree")
     c.add_argument("--set-a", action="append", default=[], metavar="KEY=VALUE", help="an override for run A")
@@ -373,8 +384,9 @@ def _command(args) -> int:
     if args.command == "check":
         if args.bitwise and (args.atol is not None or args.rtol):
             raise UserError("--bitwise is atol 0 and rtol 0: give it or a tolerance, not both")
-        atol, rtol = (0.0, 0.0) if args.bitwise else (ATOL if args.atol is None else args.atol, args.rtol)
-        tol = "bitwise" if not (atol or rtol) else f"atol {atol:g}, rtol {rtol:g}"
+        atol, rtol = (0.0, 0.0) if args.bitwise else (args.atol, args.rtol)
+        tol = ("bitwise" if args.bitwise else f"atol {atol:g}, rtol {rtol:g}" if atol is not None else
+               f"each case's atol: {SAFETY} x its measured spread, at least {FLOOR:g}; rtol {rtol:g}")
         return _report(check(args.cases, atol, rtol, args.steps, args.set, args.file),
                        f"today's code against {args.file.name}, {args.steps} steps ({tol})")
     if args.command == "compare":
