@@ -98,3 +98,17 @@ def test_a_folder_of_several_gguf_files_asks_for_one(tiny, tmp_path, capsys):
         shutil.copy(tiny[0], tmp_path / "m" / name)
     assert main(["analyze", str(tmp_path / "m"), "--out", str(tmp_path / "o")]) == 2
     assert "holds 2 GGUF files" in capsys.readouterr().err
+
+
+def test_an_architecture_transformers_does_not_read_is_one_line(tmp_path, capsys):
+    from tests.gguf_fixtures import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "notanarch")
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["import", str(tmp_path / "odd.gguf"), str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GGUF architecture 'notanarch' is not one transformers reads" in err
