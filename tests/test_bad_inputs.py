@@ -54,8 +54,6 @@ CASES = [
     ("train-optimizer-unknown", TRAIN + " --set train.optimizer=sgd", "train.optimizer must be adamw or muon"),
     ("train-muon-momentum-1", TRAIN + " --set train.optimizer=muon --set train.muon_momentum=1",
      "train.muon_momentum must be in [0, 1)"),
-    ("train-muon-with-fsdp", TRAIN + " --set train.optimizer=muon --set train.parallel=fsdp",
-     "train.optimizer=muon does not run under train.parallel=fsdp"),
     ("train-keep-last-0", TRAIN + " --set train.keep_last=0", "keep_last"),
     ("train-seq-len-0", TRAIN + " --set data.seq_len=0", "data.seq_len"),
     ("train-seq-len-beyond-context", TRAIN + " --set data.seq_len=100000", "data.seq_len"),

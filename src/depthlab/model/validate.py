@@ -207,8 +207,6 @@ def _check_train(t: TrainConfig) -> None:
     _number(t, "train", "muon_weight_decay", lambda v: v >= 0, "a number >= 0")
     require(t.muon_adjust_lr in MUON_ADJUST_LR,
             f"train.muon_adjust_lr must be {' or '.join(MUON_ADJUST_LR)}, got {t.muon_adjust_lr!r}")
-    require(t.optimizer != "muon" or t.parallel != "fsdp", "train.optimizer=muon does not run under "
-            "train.parallel=fsdp (Newton-Schulz needs each whole matrix, FSDP2 holds shards): use train.parallel=ddp")
     for name in ("norm_gain_lr", "block_lr"):
         require(str(getattr(t, name)) in GAIN_RULES,
                 f"train.{name} must be {' or '.join(GAIN_RULES)}, got {getattr(t, name)!r}")
