@@ -147,3 +147,15 @@ def test_muon_orthogonalizes_a_sharded_matrix_whole(tmp_path):
     per_shard = torch.cat([newton_schulz(h).float() for h in r["g"].chunk(2)])  # what orthogonalizing shards gives
     wrong = (step(r["whole"]) / step(r["whole"]).norm() - per_shard / per_shard.norm()).norm()
     assert err == 0 and wrong > 0.5
+
+
+def test_a_one_line_change_to_muons_step_fails_the_golden_check(monkeypatch):
+    """The golden muon-lns case (tests/golden/losses.json) passes today and catches Muon's step scaled by 1.001."""
+    from depthlab import golden
+    from tests.test_golden import CI_ATOL, CI_STEPS
+
+    assert golden.check(["muon-lns"], steps=CI_STEPS) == []
+    plain = torch.optim._muon._adjust_lr
+    monkeypatch.setattr(torch.optim._muon, "_adjust_lr", lambda lr, fn, shape: plain(lr, fn, shape) * 1.001)
+    problems = golden.check(["muon-lns"], steps=CI_STEPS, atol=CI_ATOL)
+    assert len(problems) == 1 and problems[0].startswith("muon-lns: first differing step "), problems

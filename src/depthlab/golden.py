@@ -58,11 +58,13 @@ class Case:
 
 
 def cases() -> dict[str, Case]:
-    """One run per registered scheme, and a 2-rank FSDP run of lns (each rank 2 of the 4 sequences)."""
+    """One run per registered scheme, a 2-rank FSDP run of lns (each rank 2 of the 4 sequences) and lns under
+    train.optimizer=muon."""
     from depthlab.model.schemes import SCHEMES
 
     out = {s: Case(s, (f"model.norm_scheme={s}",)) for s in SCHEMES}
     out["fsdp2-lns"] = Case("fsdp2-lns", ("model.norm_scheme=lns", "train.parallel=fsdp", "train.batch_size=2"), 2)
+    out["muon-lns"] = Case("muon-lns", ("model.norm_scheme=lns", "train.optimizer=muon"))  # torch.optim.Muon's step
     return out
 
 
