@@ -133,7 +133,7 @@ CASES = [
     ("train-run-dir-existing-run", "train --data {txt} --run-dir {victim} {T}", "already holds checkpoints"),
     ("train-run-dir-hf-export", "train --data {txt} --run-dir {victim_hf} {T}", "Hugging Face model directory"),
     ("train-run-dir-prepared", "train --data {txt} --run-dir {victim_prep} {T}", "prepared-data directory"),
-    ("train-run-dir-file", "train --data {txt} --run-dir {txt} {T}", "is a file"),
+    ("train-run-dir-file", "train --data {txt} --run-dir {txt_copy} {T}", "is a file"),
     ("train-run-dir-foreign", "train --data {txt} --run-dir {victim_foreign} {T}", "--overwrite"),
     ("train-run-dir-runs-parent", "train --data {txt} --run-dir {victim_runs} {T}", "directory of runs"),
     ("train-run-dir-unwritable", "train --data {txt} --run-dir " + UNWRITABLE + "/r {T}", "cannot write"),
