@@ -119,12 +119,19 @@ def texts(cache: Path, files: dict, out: Path) -> dict:
 
 
 # ---------------------------------------------------------------- running
+def machine_free(text: str) -> str:
+    """A record's text naming no path of this machine: the home directory (the cache lives there) becomes ~."""
+    return text.replace(str(Path.home()), "~")
+
+
 def record(phase: str, result: dict) -> None:
     from benchmarks.common import environment
+    from depthlab.study.records import recorded_command
 
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"phase": phase, "command": " ".join(sys.argv), "environment": environment(), **result}
-    (RESULTS / f"{phase}.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = {"phase": phase, "command": recorded_command("benchmarks.real_model", None), "environment": environment(),
+              **result}
+    (RESULTS / f"{phase}.json").write_text(machine_free(json.dumps(result, indent=1)) + "\n")
     print(f"recorded {phase}", flush=True)
 
 
