@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from depthlab.model.llama import DyT, LayerNorm, RMSNorm
+from depthlab.model.parts import DyT, LayerNorm, RMSNorm
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 

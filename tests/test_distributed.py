@@ -395,7 +395,7 @@ def test_a_filesystem_without_flock_is_one_line(tmp_path, monkeypatch):
     import fcntl
 
     from depthlab import UserError
-    from depthlab.owned import locked
+    from depthlab.ownership import locked
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")

@@ -105,7 +105,7 @@ def test_every_writer_takes_the_lock(tmp_path, corpus, capsys):
     out = tmp_path / "out"
     holder = spawn("""
         import sys, time
-        from depthlab.owned import locked
+        from depthlab.ownership import locked
         with locked(sys.argv[1], "test"):
             print("held", flush=True)
             time.sleep(120)
@@ -379,7 +379,7 @@ def test_a_failed_file_write_leaves_the_old_files_whole(tmp_path):
     import errno
 
     from depthlab import UserError
-    from depthlab.owned import writing_files
+    from depthlab.ownership import writing_files
 
     old = [tmp_path / "t.md", tmp_path / "t.json"]
     for f in old:

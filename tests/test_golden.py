@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from depthlab import UserError, golden
-from depthlab.model import llama
+from depthlab.model import parts
 
 CI_STEPS, CI_ATOL = 30, 1e-5
 
@@ -22,8 +22,8 @@ def test_every_case_trains_like_the_golden_losses():
 
 
 def test_a_one_line_change_to_the_forward_fails_the_check(monkeypatch):
-    plain = llama.Residual.forward  # the residual stream times 1.0001: the norms undo most of it, not all
-    monkeypatch.setattr(llama.Residual, "forward", lambda self, h, update: plain(self, h, update) * 1.0001)
+    plain = parts.Residual.forward  # the residual stream times 1.0001: the norms undo most of it, not all
+    monkeypatch.setattr(parts.Residual, "forward", lambda self, h, update: plain(self, h, update) * 1.0001)
     problems = golden.check(["lns"], steps=CI_STEPS, atol=CI_ATOL)
     assert len(problems) == 1 and problems[0].startswith("lns: first differing step "), problems
     assert golden.check(["lns"], steps=1, atol=0)[0].startswith("lns: first differing step 1 ")  # bitwise: at once
@@ -101,7 +101,7 @@ def test_the_default_tolerance_is_the_measured_spread_and_fails_a_one_line_chang
     assert atol["lns"] < 1e-4 and atol["sandwich"] < 0.07  # 2 x eps moves lns by 2.2e-3, sandwich by 0.074
     assert golden.main(["check", "--cases", "lns", "--steps", str(CI_STEPS)]) == 0
     assert "each case's atol: 10 x its measured spread, at least 1e-05; rtol 0): the same" in capsys.readouterr().out
-    monkeypatch.setattr(llama.RMSNorm, "forward", lambda self, x: llama._RMSNormFn.apply(x, self.weight,
+    monkeypatch.setattr(parts.RMSNorm, "forward", lambda self, x: parts._RMSNormFn.apply(x, self.weight,
                                                                                          2 * self.eps, self.scale))
     assert golden.main(["check", "--cases", "lns", "--steps", str(CI_STEPS)]) == 1
     assert "lns: first differing step 1 " in capsys.readouterr().out

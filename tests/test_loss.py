@@ -120,7 +120,7 @@ def test_lean_rmsnorm_matches_autograd(dtype, scale):
     """The norm saves fewer activations; its output is bitwise autograd's reference, its gradients equal within
     rounding (fp32 1e-5; bf16 inputs within bf16 rounding). The SwiGLU MLP's and the projections' Functions:
     tests/test_memory_paths.py."""
-    from depthlab.model.llama import RMSNorm
+    from depthlab.model.parts import RMSNorm
 
     def reference_norm(x, w):
         xf = x.float()

@@ -1,4 +1,4 @@
-"""The LLaMA block's memory-lean autograd Functions (depthlab.model.llama): the projections of one input
+"""The LLaMA block's memory-lean autograd Functions (depthlab.model.parts): the projections of one input
 (`project`, _Project) and the SwiGLU down projection that recomputes its product (_SwiGLUDown). Their outputs are
 bitwise plain autograd's, their gradients equal within 1e-5, in fp32 and under bf16 autocast; and they keep for
 backward only what the docstrings say."""
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from depthlab.memtrack import saved_for_backward
-from depthlab.model.llama import MLP, RMSNorm, _SwiGLUDown, project
+from depthlab.model.parts import MLP, RMSNorm, _SwiGLUDown, project
 from tests.conftest import tiny_model_config
 
 DTYPES = ["fp32", "bf16"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from depthlab import owned
+from depthlab import ownership
 from depthlab.cli import main
 from depthlab.paths import LOCK_SUFFIX
 from tests.test_faults import ENV, spawn
@@ -182,13 +182,13 @@ def test_a_second_trainer_through_a_symlink_is_refused(run, tmp_path):
     link.symlink_to(run)
     (tmp_path / "text.txt").write_text(TEXT)
     before = files(run)
-    with owned.locked(run, "test"):  # this process is the running trainer
+    with ownership.locked(run, "test"):  # this process is the running trainer
         for overwrite in ([], ["--overwrite"]):
             res = subprocess.run([sys.executable, "-m", "depthlab", "train", "--run-dir", str(link), "--data",
                                   str(tmp_path / "text.txt"), *map(str, TRAIN), *overwrite], env=ENV,
                                  capture_output=True, text=True, timeout=300)
             assert res.returncode == 2 and "in use" in res.stderr and f"pid {os.getpid()}" in res.stderr, res.stderr
-    assert files(run) == before and owned._lock_file(link) == owned._lock_file(run)
+    assert files(run) == before and ownership._lock_file(link) == ownership._lock_file(run)
 
 
 # ---------------------------------------------------------------- item 3: parents made at once
@@ -200,7 +200,7 @@ def test_writers_making_the_same_new_parents_at_once_all_succeed(tmp_path):
         def make(i, attempt=attempt, start=start, errors=errors, made=made):
             start.wait()
             try:
-                made.append(owned._make_parents(tmp_path / f"try{attempt}" / "sweep" / "cells" / f"run{i}", ""))
+                made.append(ownership._make_parents(tmp_path / f"try{attempt}" / "sweep" / "cells" / f"run{i}", ""))
             except Exception as e:
                 errors.append(e)
 
@@ -228,7 +228,7 @@ def holding(directory: Path):
     """Another process holding `directory`'s lock for the block, as a running writer does."""
     holder = spawn("""
         import sys, time
-        from depthlab.owned import locked
+        from depthlab.ownership import locked
         with locked(sys.argv[1], "export"):
             print("held", flush=True)
             time.sleep(120)
@@ -309,13 +309,13 @@ def test_input_paths_stand_for_what_a_data_spec_can_read(tmp_path):
     (tmp_path / "c" / "d").mkdir(parents=True)
     for name in ("a.txt", "b.md", "d/x1.json"):
         (tmp_path / "c" / name).write_text("text")
-    assert owned.input_paths([f"{tmp_path}/c/*.txt", f"{tmp_path}/c/**/x?.json", f"{tmp_path}/none*", "a.txt",
+    assert ownership.input_paths([f"{tmp_path}/c/*.txt", f"{tmp_path}/c/**/x?.json", f"{tmp_path}/none*", "a.txt",
                               f"hf:{tmp_path}/local:cfg", "hf:allenai/c4"]) == \
         [f"{tmp_path}/c/a.txt", f"{tmp_path}/c/d/x1.json", "a.txt", f"{tmp_path}/local"]
 
 
 def test_write_whole_leaves_the_old_file_when_the_write_dies(tmp_path, monkeypatch):
-    from depthlab.owned import write_whole
+    from depthlab.ownership import write_whole
 
     target = tmp_path / "settings.json"
     write_whole(target, '{"old": 1}\n')

@@ -1,5 +1,5 @@
 """Every option of every depthlab command that names a path says what the command does with it (issue 48 item 1):
-its argparse type is one of depthlab.owned's path roles (INPUT, OUTPUT, FOLDER, PREFIX, CONTINUED), so the
+its argparse type is one of depthlab.ownership's path roles (INPUT, OUTPUT, FOLDER, PREFIX, CONTINUED), so the
 one own-input rule sees it. `prune --analysis DIR` was read but not declared: `prune M DIR --analysis DIR
 --drop-lowest K --overwrite` deleted the analysis it had just read. A new option cannot slip through: the walk
 below fails for an option whose type is left to argparse's default, and for a plain-text option whose name or
@@ -14,7 +14,7 @@ import pytest
 
 from depthlab import UserError
 from depthlab.cli import make_parser
-from depthlab.owned import CONTINUED, INPUT, PathRole, option_name
+from depthlab.ownership import CONTINUED, INPUT, PathRole, option_name
 
 COMPANIONS = {"--device-map": "auto"}  # what a written option needs beside it: --offload-folder
 PATH_WORDS = re.compile(r"\b(DIR|FILE|PATH|PREFIX|CKPT|file|files|folder|folders|directory|checkpoint)\b")
@@ -43,7 +43,7 @@ def test_every_value_an_option_takes_is_declared():
                 undeclared.append(where)
             elif action.type is str and PATH_WORDS.search(f"{action.metavar or ''} {action.help or ''}"):
                 text_paths.append(where)
-    # a path: type=depthlab.owned.INPUT / OUTPUT / FOLDER / PREFIX / CONTINUED; plain text: type=str
+    # a path: type=depthlab.ownership.INPUT / OUTPUT / FOLDER / PREFIX / CONTINUED; plain text: type=str
     assert undeclared == [], "declare what these options take"
     assert text_paths == [], "these plain-text options speak of files or folders: give them a path role"
 

@@ -112,7 +112,7 @@ def test_import_replaces_an_earlier_import_but_not_a_run(world, tmp_path, capsys
 
 @pytest.mark.parametrize("flags", [[], ["--overwrite"]])
 def test_train_prepare_and_export_refuse_with_one_rule(world, tmp_path, capsys, flags):
-    """train's run directory, `data prepare --out` and export's OUT_DIR are claimed by one rule (owned.claim): a
+    """train's run directory, `data prepare --out` and export's OUT_DIR are claimed by one rule (ownership.claim): a
     file is refused even with --overwrite, another directory is refused in the same words unless --overwrite."""
     (tmp_path / "a-file").write_text("mine")
     mine = tmp_path / "mine"

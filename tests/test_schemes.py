@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from depthlab import UserError
 from depthlab.model import SCHEMES, Transformer, lm_loss
 from depthlab.model.init import INITS
-from depthlab.model.llama import DyT, RMSNorm
+from depthlab.model.parts import DyT, RMSNorm
 from depthlab.model.schemes import deepnorm_alpha, deepnorm_beta
 from tests.conftest import tiny_model_config
 from tests.scheme_oracles import ORACLES, Parts

@@ -154,7 +154,7 @@ def test_config_is_data_only():
 
 @pytest.mark.parametrize("module", ["depthlab.config", "depthlab.model", "depthlab.model.validate",
                                     "depthlab.model.apply", "depthlab.hf.exporter", "depthlab.analysis.layerwise",
-                                    "depthlab.cli", "depthlab.paths", "depthlab.owned", "depthlab.loading",
+                                    "depthlab.cli", "depthlab.paths", "depthlab.ownership", "depthlab.loading",
                                     "depthlab.metrics"])
 def test_modules_import_in_isolation(module):
     """Each in a fresh interpreter, so that no earlier import hides an order-dependent cycle."""

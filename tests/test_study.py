@@ -167,7 +167,7 @@ def test_a_cell_that_cannot_run_does_not_cost_the_records_of_the_others(tmp_path
     """A run directory held by another process fails its cell in one line, after the other cells are recorded."""
     from depthlab import UserError
     from depthlab.cli import one_line_errors
-    from depthlab.owned import locked
+    from depthlab.ownership import locked
     from depthlab.study.runner import Cell
 
     study = Study("held", str(tmp_path / "out"), {"pre": ["model.norm_scheme=pre"]},

@@ -204,7 +204,7 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None
 def eval_commonsense(args, device) -> None:
     """The eight-task table, and with --mmlu the paper's table (docs/downstream.md), for every model given."""
     from depthlab.hf.commonsense import evaluate_models, is_table, markdown, table_paths, write_tables
-    from depthlab.owned import writing_files
+    from depthlab.ownership import writing_files
 
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
@@ -303,7 +303,7 @@ def lora_settings(args):
 
 def add_commonsense_options(e) -> None:
     from depthlab.flags import at_least
-    from depthlab.owned import INPUT, PREFIX
+    from depthlab.ownership import INPUT, PREFIX
 
     e.add_argument("--commonsense", type=INPUT, metavar="DIR", help="the eight commonsense tasks, "
                    "DIR/<task>/test.json in "
@@ -327,7 +327,7 @@ def add_commonsense_options(e) -> None:
 
 def add_finetune(sub) -> None:
     from depthlab.flags import at_least, fraction, positive
-    from depthlab.owned import CONTINUED, FOLDER, INPUT, OUTPUT
+    from depthlab.ownership import CONTINUED, FOLDER, INPUT, OUTPUT
 
     f = sub.add_parser("finetune", help="supervised fine-tuning on Commonsense170K-format instruction data",
                        epilog=EPILOG, description="Full or LoRA fine-tuning of a depthlab checkpoint (a run, an "
@@ -388,7 +388,7 @@ class Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         from depthlab.flags import refusal, refuse
-        from depthlab.owned import path_refusal
+        from depthlab.ownership import path_refusal
 
         namespace, extras = super().parse_known_args(None if args is None else self._dash_values(args), namespace)
         # a value out of range, a flag without the one it acts with, an output where the command reads
@@ -443,7 +443,7 @@ def make_parser() -> argparse.ArgumentParser:
                        description="Train a LLaMA-style model under a normalization scheme. With no arguments: "
                        "the cpu-tiny preset with LNS on the built-in corpus, a few minutes on 2 CPU cores.")
     from depthlab.model.families import PRESETS
-    from depthlab.owned import CONTINUED, FOLDER, INPUT, OUTPUT
+    from depthlab.ownership import CONTINUED, FOLDER, INPUT, OUTPUT
 
     t.add_argument("--preset", type=str, help=f"{', '.join(PRESETS)} (default: cpu-tiny)")
     t.add_argument("--config", type=INPUT, help="a JSON or YAML config file (instead of --preset)")
@@ -489,7 +489,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def add_coord_check(sub) -> None:
     from depthlab.flags import at_least
-    from depthlab.owned import INPUT, OUTPUT
+    from depthlab.ownership import INPUT, OUTPUT
 
     p = sub.add_parser("coord-check", help="depth coordinate check: a few steps at several depths, each block's "
                        "update and activation scale against depth (flat = the rate carries over)",
@@ -519,7 +519,7 @@ def add_coord_check(sub) -> None:
 
 
 def cmd_coord_check(args) -> None:
-    from depthlab.owned import claim, input_paths, locked, refuse_own_input
+    from depthlab.ownership import claim, input_paths, locked, refuse_own_input
     from depthlab.train.coordcheck import (
         RECORDS,
         coord_check,
@@ -561,7 +561,7 @@ def argparse_without_out(args):
 def add_eval(sub) -> None:
     from depthlab.flags import at_least
     from depthlab.loading import add_placement_options
-    from depthlab.owned import INPUT
+    from depthlab.ownership import INPUT
 
     e = sub.add_parser("eval", help="validation loss and perplexity of a model",
                        description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "

@@ -159,7 +159,7 @@ def add_placement_options(p, same: str) -> None:
     """--device-map, --max-memory and --offload-folder on a command's parser (`same`: what the user gets from a
     placed model, said in the help)."""
     from depthlab.flags import only_with
-    from depthlab.owned import FOLDER, INPUT
+    from depthlab.ownership import FOLDER, INPUT
 
     p.add_argument("--device-map", type=INPUT, metavar="auto|balanced|sequential|FILE.json", help="place the model "
                    "over several "
@@ -329,10 +329,10 @@ _OFFLOADS = itertools.count()  # a process may place several models into one fol
 
 def offload_copy(model, parent: Path) -> Path:
     """A fresh folder inside `parent` for the weights a device map puts on disk, as large as those weights; it goes
-    with `model` (or at exit). It is written as a writer's temporary sibling under its own lock (depthlab.owned):
+    with `model` (or at exit). It is written as a writer's temporary sibling under its own lock (depthlab.ownership):
     a run killed before it could remove it (SIGKILL) leaves a dead writer's leftover, which the next run that
     offloads into `parent` clears when it takes its lock, as every writer clears those beside its output."""
-    from depthlab.owned import locked
+    from depthlab.ownership import locked
 
     role = "a folder for the weights the device map puts on disk"
     if parent.exists() and not parent.is_dir():

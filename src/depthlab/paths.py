@@ -11,7 +11,7 @@ nowhere else, and the model a path names.
 A model path (`model_path`) is a checkpoint; a run (its newest valid checkpoint); a directory holding exactly one
 run (that run); or an HF directory. Anything else is one error line naming what it is. Loading the model is
 depthlab.loading's (a depthlab checkpoint) and depthlab.loading's (any model path); writing into a directory,
-depthlab.owned's.
+depthlab.ownership's.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
       metrics.jsonl      one JSON record per logged step: MetricsLog writes it, read_metrics reads it
       checkpoints/
         step_0001000/    one checkpoint: its name, files and CheckpointMeta are depthlab.checkpoint's
-    .RUN.depthlab-lock   beside it, held by the one process that writes the run (depthlab.owned)
+    .RUN.depthlab-lock   beside it, held by the one process that writes the run (depthlab.ownership)
 
 `open_run` decides which directory a run writes and what it resumes (`resume_point`), and refuses what is not
 ours: train locks the directory for the whole run, never writes into its own inputs, continues a run only with
@@ -44,7 +44,7 @@ from depthlab.checkpoint import (
 from depthlab.config import Config
 from depthlab.data.sources import resolved
 from depthlab.jsonl import read_jsonl
-from depthlab.owned import InUse, claim, input_paths, lock_text, locked, refuse_own_input, write_whole
+from depthlab.ownership import InUse, claim, input_paths, lock_text, locked, refuse_own_input, write_whole
 from depthlab.paths import METRICS, Kind, model_path, run_of, what_is
 
 
@@ -223,7 +223,7 @@ def _decide(cfg: Config, held: contextlib.ExitStack, run_dir, resume, overwrite:
 
 
 def _refuse_own_inputs(cfg: Config, run_dir: Path, *sources: Path) -> None:
-    """Refuse a run directory that is, holds or sits inside what this run reads (depthlab.owned): the data, the
+    """Refuse a run directory that is, holds or sits inside what this run reads (depthlab.ownership): the data, the
     tokenizer, the weights it starts from and a branch's source (`sources`). A file is claim's to refuse."""
     reads = [*input_paths(cfg.data.paths), *(p for p in (cfg.data.tokenizer, cfg.train.init_from, *sources) if p)]
     if not run_dir.is_file():
@@ -266,7 +266,7 @@ def _unseen(opened: OpenRun, seen: tuple, rank: int) -> str | None:
 
 
 def _claim(d: Path, ckpt: Path | None, resume: str | None, overwrite: bool, in_place: bool) -> None:
-    """Refuse a run directory that is not ours to write (depthlab.owned.claim: a file, another kind of directory),
+    """Refuse a run directory that is not ours to write (depthlab.ownership.claim: a file, another kind of directory),
     or another run."""
     kind = claim(d, lambda p: what_is(p) is Kind.RUN, "train", overwrite, choose="--run-dir",
                  output="a run directory", anyway="to write the run into it anyway")

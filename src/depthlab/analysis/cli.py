@@ -14,7 +14,7 @@ TOKENS, PROBES = 4096, 4  # defaults of --tokens and --probes
 def _add_model_args(p) -> None:
     from depthlab.flags import SEED, at_least, only_with, positive
     from depthlab.loading import add_placement_options
-    from depthlab.owned import INPUT
+    from depthlab.ownership import INPUT
 
     p.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help="calibration text files or folders (default: "
                    "the "
@@ -61,7 +61,7 @@ def _add_model_args(p) -> None:
 
 def _add_removal_args(p) -> None:
     from depthlab.flags import at_least, only_with
-    from depthlab.owned import INPUT
+    from depthlab.ownership import INPUT
 
     p.add_argument("--removal-tasks", nargs="+", type=INPUT, metavar="FILE.jsonl", help="also score each removal by "
                    "these "
@@ -157,7 +157,7 @@ def _results(args, model: str, log=lambda: None) -> dict:
 
 def _inputs(args, models: list[str]) -> list[str]:
     """What analyze / compare read, which their --out may not be, hold or sit inside: the models and --data."""
-    from depthlab.owned import input_paths
+    from depthlab.ownership import input_paths
 
     return [*models, *input_paths(args.data or [])]
 
@@ -171,7 +171,7 @@ def cmd_analyze(args) -> None:
     from depthlab.analysis.analyze import summary_lines
     from depthlab.analysis.report import write_report
     from depthlab.analysis.results import is_classifier
-    from depthlab.owned import is_analysis, writing
+    from depthlab.ownership import is_analysis, writing
 
     args.tasks = _task_suite(args)  # the task files' errors before any work
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
@@ -192,7 +192,7 @@ def cmd_analyze(args) -> None:
 def cmd_compare(args) -> None:
     from depthlab.analysis.report import write_comparison
     from depthlab.analysis.run import task_of
-    from depthlab.owned import is_comparison, writing
+    from depthlab.ownership import is_comparison, writing
 
     if len(args.models) < 2:
         raise UserError("compare needs at least two models")
@@ -223,7 +223,7 @@ MAX_THEORY_DEPTH = 1_000_000  # iterated in Python and drawn point by point: 10^
 
 def cmd_theory(args) -> None:
 
-    from depthlab.owned import writing
+    from depthlab.ownership import writing
     from depthlab.theory import is_theory, simulate, write_theory_report
 
     sim = simulate(args.depth, c=args.c, sigma0=args.sigma0, power=args.power)
@@ -236,7 +236,7 @@ def cmd_theory(args) -> None:
 
 
 def add_commands(sub) -> None:
-    from depthlab.owned import INPUT, OUTPUT
+    from depthlab.ownership import INPUT, OUTPUT
 
     a = sub.add_parser("analyze", help="curse-of-depth diagnostics of a causal LM or a ViT, with plots and a report",
                        description="Variance, angular distance, block influence, logit lens, layer removal and "

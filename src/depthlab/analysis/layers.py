@@ -24,7 +24,7 @@ from torch import nn
 from depthlab import UserError
 from depthlab.analysis.calibration import last_real_index
 from depthlab.model.blocks import find_blocks, is_norm  # generic block discovery lives in one place, shared with hf/
-from depthlab.model.llama import softcap
+from depthlab.model.parts import softcap
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
 SUBLAYER_NAMES = {"attn": ATTN_NAME, "mlp": re.compile(r"mlp|feed_?forward|ffn", re.I)}

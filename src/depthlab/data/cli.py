@@ -17,7 +17,7 @@ BUILTIN_MB, VOCAB_SIZE = 4.0, 32000
 def cmd_prepare(args) -> None:
     from depthlab import UserError
     from depthlab.data.prepare import prepare
-    from depthlab.owned import input_paths, refuse_own_input
+    from depthlab.ownership import input_paths, refuse_own_input
 
     # what it reads, before --out is locked, claimed or (with --overwrite) emptied
     refuse_own_input(args.out, [*input_paths(args.inputs), *([args.tokenizer] if args.tokenizer else [])],
@@ -65,7 +65,7 @@ def cmd_dedup(args) -> None:
     from pathlib import Path
 
     from depthlab.data.dedup import dedup_files, is_dedup_output
-    from depthlab.owned import input_paths, writing_files
+    from depthlab.ownership import input_paths, writing_files
 
     # never one of its inputs nor inside one (the next `prepare` of that folder would read the copies twice);
     # written whole: a crash or a bad input leaves an earlier file as it was
@@ -80,7 +80,7 @@ def cmd_dedup(args) -> None:
 
 
 def add_commands(sub) -> None:
-    from depthlab.owned import INPUT, OUTPUT
+    from depthlab.ownership import INPUT, OUTPUT
 
     d = sub.add_parser("data", help="prepare token data", description="Prepare and inspect token data.")
     dsub = d.add_subparsers(dest="data_command", metavar="COMMAND", required=True)

@@ -50,7 +50,7 @@ from depthlab.data.sources import (
 )
 from depthlab.data.tokenizer import eot_id, load_tokenizer, tokenizer_hash, train_bpe
 from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
-from depthlab.owned import claim, locked, write_whole
+from depthlab.ownership import claim, locked, write_whole
 from depthlab.paths import (
     PREPARED_FORMAT as FORMAT,
     PREPARED_INDEX as INDEX,
@@ -416,7 +416,7 @@ def _is_prepared(out: Path) -> bool:
 
 def _check_out(out: Path, request: dict, overwrite: bool, log) -> dict | None:
     """The finished index when `out` already holds exactly this request; None when the job is to run. Refuses
-    anything but missing, empty or prepared-data directories (depthlab.owned.claim; with `overwrite` another
+    anything but missing, empty or prepared-data directories (depthlab.ownership.claim; with `overwrite` another
     directory is removed first)."""
     kind = claim(out, _is_prepared, "data prepare", overwrite, choose="--out",
                  output="a depthlab prepared-data directory")

@@ -26,7 +26,7 @@ from depthlab.hf.convert import from_hf_state_dict
 from depthlab.hf.exporter import hf_weights_and_config
 from depthlab.model import build_model
 from depthlab.model.lora import adapters, base_weights, peft_config, require_peft
-from depthlab.owned import writing
+from depthlab.ownership import writing
 from depthlab.paths import EXPORT_INFO, find_checkpoint
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"

@@ -17,7 +17,7 @@ OVERWRITE = "replace OUT_DIR even if it is not this command's own kind of output
 def cmd_export(args) -> None:
     from depthlab.hf.exporter import export
     from depthlab.loading import quiet_transformers
-    from depthlab.owned import refuse_own_input
+    from depthlab.ownership import refuse_own_input
 
     refuse_own_input(args.out_dir, [args.source], "export")  # either kind, --overwrite or not
     quiet_transformers()
@@ -105,7 +105,7 @@ def cmd_harness(args) -> None:
 
 def add_harness_option(sub) -> None:
     """`depthlab eval --harness TASK...`: the eval command runs lm-eval's tasks instead when it is given."""
-    from depthlab.owned import INPUT
+    from depthlab.ownership import INPUT
 
     e = sub.choices["eval"]
     e.add_argument("--harness", nargs="+", type=INPUT, metavar="TASK", help="run lm-evaluation-harness tasks on the "
@@ -153,7 +153,7 @@ def add_commands(sub) -> None:
     # analyze (added after this module, by depthlab.analysis.cli) scores removal by eval's tasks; analysis may not
     # import hf, so the reader waits for it on the subcommand table both modules are given
     sub.task_suite = task_suite
-    from depthlab.owned import INPUT, OUTPUT
+    from depthlab.ownership import INPUT, OUTPUT
 
     families, classes = _families()
     family_schemes, gemma2_schemes = _exported_schemes()
@@ -202,7 +202,7 @@ def add_commands(sub) -> None:
 
 def _add_prune(sub) -> None:
     from depthlab.flags import at_least
-    from depthlab.owned import INPUT, OUTPUT
+    from depthlab.ownership import INPUT, OUTPUT
 
     p = sub.add_parser("prune", help="remove layers from a model and save the smaller HF model",
                        description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded), or the "

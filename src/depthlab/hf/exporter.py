@@ -82,11 +82,11 @@ def hf_tokenizer(tok):
 
 def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Write a stock HF model directory for a depthlab model path (a checkpoint, a run: its newest checkpoint).
-    The directory is written whole (depthlab.owned.writing): an existing `out_dir` must be an earlier export or
+    The directory is written whole (depthlab.ownership.writing): an existing `out_dir` must be an earlier export or
     prune, unless `overwrite`."""
     from depthlab.checkpoint import warn
     from depthlab.loading import load_model
-    from depthlab.owned import is_depthlab_hf, refuse_own_input, writing
+    from depthlab.ownership import is_depthlab_hf, refuse_own_input, writing
     from depthlab.paths import Kind, what_is
 
     refuse_own_input(out_dir, [src], "export")  # --overwrite or not, before anything is read or claimed

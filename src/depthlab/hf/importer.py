@@ -132,7 +132,7 @@ def import_to_checkpoint(src, out_dir, scheme: str | None = None, max_seq_len: i
     from pathlib import Path
 
     from depthlab.gguf import dequantized, gguf_file
-    from depthlab.owned import claim, locked
+    from depthlab.ownership import claim, locked
     from depthlab.paths import Kind, what_is
 
     origin = src

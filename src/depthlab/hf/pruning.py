@@ -125,13 +125,13 @@ def prune_blocks(src: str | Path, choose, out_dir: str | Path, overwrite: bool =
                  reads: tuple[str | Path, ...] = ()) -> tuple[Path, list[int]]:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
     first); `choose(n)` names the 0-based blocks to remove of its n, `why` says why in the provenance file. Returns
-    the output and the removed blocks. `out_dir` is written whole (depthlab.owned.writing): an existing one must
+    the output and the removed blocks. `out_dir` is written whole (depthlab.ownership.writing): an existing one must
     be an earlier export or prune, unless `overwrite`; never `src` nor what else the choice `reads` (an analysis)."""
     from transformers import AutoTokenizer
 
     from depthlab.hf.exporter import export
     from depthlab.model.apply import load_pretrained
-    from depthlab.owned import is_depthlab_hf, writing
+    from depthlab.ownership import is_depthlab_hf, writing
     from depthlab.paths import EXPORT_INFO, Kind, model_path
 
     kind, path = model_path(src)

@@ -148,7 +148,7 @@ def export_vit(loaded, out_dir: str | Path, overwrite: bool = False) -> Path:
     """depthlab.hf.exporter.export for a ViT checkpoint (`loaded`: depthlab.loading.load_model's): config.json,
     model.safetensors, preprocessor_config.json (when the run recorded its pixel statistics) and the provenance
     file, written whole."""
-    from depthlab.owned import is_depthlab_hf, writing
+    from depthlab.ownership import is_depthlab_hf, writing
 
     state = to_hf_vit_state_dict(loaded.model)
     fields = hf_vit_config_dict(loaded.cfg.model, loaded.meta.data.get("classes"))

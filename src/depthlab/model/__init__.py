@@ -1,6 +1,6 @@
 """The models: a LLaMA decoder, and a Vision Transformer, whose blocks follow the chosen normalization scheme.
 
-    llama.py        the parts: RMSNorm, DyT, RoPE, attention, the gated MLP, the residual add, the GPAS gate
+    parts.py        the parts: RMSNorm, DyT, RoPE, attention, the gated MLP, the residual add, the GPAS gate
     schemes.py      the scheme registry: one block class per scheme (PreLNBlock and its variants), declaring
                     everything else asks about it (norm scale, default init, GPAS, HF export / patching)
     init.py         weight initialisation methods by name (`model.init`), the default taken from the scheme

@@ -6,7 +6,7 @@
     prores_steps (T)      block l's branches times a(l, t) = min(1, t / (l T))        ProRes (arXiv 2603.05369)
     norm_gain_init        uniform: every block's norm gains start at one constant c   LNS's control
 
-The multipliers are constants of the residual add (depthlab.model.llama.Residual) and fold into the branch's output
+The multipliers are constants of the residual add (depthlab.model.parts.Residual) and fold into the branch's output
 projection at export; the ProRes ramp is a buffer the optimizer advances after each step (train.optim), kept in
 checkpoints so that a run resumes, evaluates and exports at the point of the warm-up where it stopped.
 Formulas, sources and when to use which: docs/method.md section 5.

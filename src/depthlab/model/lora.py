@@ -4,7 +4,7 @@
 
 so at the start the adapted model is the base model exactly. peft's `inject_adapter_in_model` puts its
 `lora.Linear` in place of each target (the model stays a depthlab Transformer) and freezes every other weight;
-depthlab.model.llama calls such a wrapped projection as a module, so its adapter is never skipped. Targets are
+depthlab.model.parts calls such a wrapped projection as a module, so its adapter is never skipped. Targets are
 named by the block's projections, LLM-Adapters' LLaMA set by default (TARGETS; q, k, v, up, down). A scheme's
 constants (the LNS scale 1/sqrt(l) on a norm's output, DeepNorm's residual alpha) are attributes, not weights:
 the adapters never touch them, and an adapter on q_proj reads the scaled norm output exactly as q_proj does.

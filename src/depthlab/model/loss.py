@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from depthlab.model.llama import softcap as capped
+from depthlab.model.parts import softcap as capped
 
 IGNORE_INDEX = -100
 

@@ -68,7 +68,7 @@ from depthlab import UserError
 from depthlab.config import COMPANIONS, ModelConfig
 from depthlab.model.depth import branch_multiplier
 from depthlab.model.families import Family, family_of
-from depthlab.model.llama import DyT, GPASGate, GPASResidual, Residual, RMSNorm
+from depthlab.model.parts import DyT, GPASGate, GPASResidual, Residual, RMSNorm
 
 SCHEMES: dict[str, type[PreLNBlock]] = {}
 _MUST_DECLARE = ("supports_gpas", "hf_patchable", "hf_export")

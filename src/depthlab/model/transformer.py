@@ -8,8 +8,8 @@ from torch import nn
 from depthlab.config import ModelConfig, TrainConfig
 from depthlab.model.families import family_of
 from depthlab.model.init import init_weights
-from depthlab.model.llama import rope_cache, softcap
 from depthlab.model.loss import linear_cross_entropy, lm_loss
+from depthlab.model.parts import rope_cache, softcap
 from depthlab.model.schemes import build_block, scheme_class
 from depthlab.model.vit import ViT
 

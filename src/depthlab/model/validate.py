@@ -13,7 +13,7 @@ from depthlab.config import LORA_TARGETS, Config, DataConfig, LoraConfig, ModelC
 from depthlab.model import depth
 from depthlab.model.families import FAMILIES, PRESETS, family_of, require
 from depthlab.model.init import INITS
-from depthlab.model.llama import GPAS_GATES
+from depthlab.model.parts import GPAS_GATES
 from depthlab.model.schemes import family_refusal, gpas_schemes, scheme_class
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from depthlab.owned import write_whole
+from depthlab.ownership import write_whole
 
 # near-copy threshold of the study corpus: the built-in corpus's generated codec tables (encodings/*) share their
 # structure but not their values; at 0.8 MinHash catches 16 of its 104, at 0.5 64 (and 5 shims that re-export others)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from depthlab import UserError
 from depthlab.jsonl import read_jsonl
-from depthlab.owned import write_whole
+from depthlab.ownership import write_whole
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import append_record, cell_key, load_records
 from depthlab.train.callbacks import Callback

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from depthlab.jsonl import read_jsonl
-from depthlab.owned import write_whole
+from depthlab.ownership import write_whole
 
 RECORDS = "coord_check.jsonl"
 QUANTITIES = {"update": "last block: change since init  RMS(h(t) - h(0))",

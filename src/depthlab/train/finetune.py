@@ -205,7 +205,7 @@ def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress:
     """Fine-tune `ckpt`'s weights on cfg.data.paths[0]; the trainer's RunResult."""
     from depthlab.checkpoint import TOKENIZER
     from depthlab.data.tokenizer import load_tokenizer
-    from depthlab.owned import refuse_own_input
+    from depthlab.ownership import refuse_own_input
     from depthlab.runfolder import new_run_dir
 
     # before the records are read: the Trainer checks again, but only once they are encoded

@@ -52,7 +52,7 @@ def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
     d, f = m.dim, m.ffn_dim
     q, kv = m.n_heads * m.head_dim, (m.n_kv_heads or m.n_heads) * m.head_dim
     # a block keeps its two norms' inputs (a LayerNorm also its fp32 copy, and the projections a copy of its
-    # output: depthlab.model.llama recomputes an RMSNorm's), attention's q, k, v (and their inputs under QK-norm)
+    # output: depthlab.model.parts recomputes an RMSNorm's), attention's q, k, v (and their inputs under QK-norm)
     # and output, and the MLP's gate and up
     family = family_of(m)
     norm = p * d if family.norm == "rms" else (4 + a) * d

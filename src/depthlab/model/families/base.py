@@ -36,7 +36,7 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.config import Config, DataConfig, ModelConfig, TrainConfig
-from depthlab.model.llama import MLP, Attention, LayerNorm, RMSNorm
+from depthlab.model.parts import MLP, Attention, LayerNorm, RMSNorm
 
 FAMILIES: dict[str, Family] = {}
 

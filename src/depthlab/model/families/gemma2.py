@@ -31,7 +31,7 @@ import math
 from depthlab import UserError
 from depthlab.config import ModelConfig
 from depthlab.model.families.base import Family, family_of, register, require
-from depthlab.model.llama import Attention
+from depthlab.model.parts import Attention
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from depthlab.config import ModelConfig
 from depthlab.model.families.base import Family, register, require
-from depthlab.model.llama import Attention
+from depthlab.model.parts import Attention
 
 
 @register("mistral")

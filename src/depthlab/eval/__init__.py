@@ -1,0 +1,1 @@
+"""Evaluation: every scorer depthlab has, below train/, hf/ and analysis/ (it imports none of them)."""
