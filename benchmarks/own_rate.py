@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.depth_study import add_arguments, study
-from depthlab.owned import write_whole
+from depthlab.ownership import write_whole
 from depthlab.study import own_rate as o, transfer as t
 from depthlab.study.records import load_records, recorded_command
 
