@@ -1,6 +1,7 @@
 """Export a depthlab checkpoint as a stock Hugging Face model directory.
 
-The directory loads with `AutoModelForCausalLM.from_pretrained(dir)`: no depthlab, no remote code. Whatever is a
+The directory loads with `AutoModelForCausalLM.from_pretrained(dir)`: no depthlab, no remote code; its README.md is
+the model card (depthlab.card: scheme, data, steps, results). Whatever is a
 constant or per-channel gain folds exactly into a stock weight, so the exported model costs nothing extra:
 
     lns          Norm_g(x) / sqrt(l)     = Norm_{g / sqrt(l)}(x)        (norm weight)       -> LlamaForCausalLM
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
+from depthlab.card import write_card
 from depthlab.hf.convert import hf_config_dict, to_hf_state_dict
 from depthlab.model import Transformer
 from depthlab.model.families import family_of
@@ -111,6 +113,7 @@ def export(src: str | Path, out_dir: str | Path, overwrite: bool = False) -> Pat
         if tok is not None and (differs := _stock_tokenizer_differs(tok, directory=tmp)):
             raise UserError(f"cannot export {src}: AutoTokenizer would load the export's tokenizer as "
                             f"{differs}, which encodes text differently from the run's")
+        write_card(tmp, out_dir, loaded)
     return Path(out_dir)
 
 

@@ -146,14 +146,16 @@ def image_processor_dict(cfg: ModelConfig, data: dict) -> dict | None:
 
 def export_vit(loaded, out_dir: str | Path, overwrite: bool = False) -> Path:
     """depthlab.hf.exporter.export for a ViT checkpoint (`loaded`: depthlab.loading.load_model's): config.json,
-    model.safetensors, preprocessor_config.json (when the run recorded its pixel statistics) and the provenance
-    file, written whole."""
+    model.safetensors, preprocessor_config.json (when the run recorded its pixel statistics), the provenance
+    file and the model card, written whole."""
+    from depthlab.card import write_card
     from depthlab.ownership import is_depthlab_hf, writing
 
     state = to_hf_vit_state_dict(loaded.model)
     fields = hf_vit_config_dict(loaded.cfg.model, loaded.meta.data.get("classes"))
     with writing(out_dir, is_depthlab_hf, "export", overwrite) as tmp:
         _write_vit_dir(tmp, state, fields, loaded)
+        write_card(tmp, out_dir, loaded)
     return Path(out_dir)
 
 
