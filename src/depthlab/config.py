@@ -158,6 +158,7 @@ class TrainConfig:
     peak_flops: float = 0.0  # for MFU; 0: a table for known GPUs, a measured matmul peak on CPU
     tensorboard: bool = False
     wandb: bool = False
+    trackio: bool = False  # Trackio's local store (depthlab[trackio]): what TensorBoard gets
     init_from: str | None = None  # a checkpoint whose weights start the run (continued pretraining, e.g. an import)
     norm_gain_lr: str = "1"  # 1 | depth: block l's norm gains learn at lr * l^(-model.lns_power)
     block_lr: str = "1"  # 1 | depth: every parameter of block l learns at lr * l^(-model.lns_power)

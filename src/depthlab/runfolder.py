@@ -122,8 +122,8 @@ def resume_point(run_dir: str | Path | None, resume: str | None,
 # Config fields that may change when resuming: they do not affect which tokens are seen or the numerics.
 RESUMABLE_CHANGES = {"train." + k for k in ("eval_every", "log_every", "ckpt_every", "keep_last", "monitor_every",
                                              "device", "threads", "out_dir", "compile", "activation_checkpointing",
-                                             "peak_flops", "tensorboard", "wandb", "parallel", "on_nonfinite",
-                                             "max_skips", "dist_timeout_s", "dp_replicate", "dp_shard",
+                                             "peak_flops", "tensorboard", "wandb", "trackio", "parallel",
+                                             "on_nonfinite", "max_skips", "dist_timeout_s", "dp_replicate", "dp_shard",
                                              "loss_chunk")}  # a memory knob: the same loss to 1e-5, not bitwise
 
 

@@ -7,6 +7,9 @@ logged steps, where a callback may add fields to the metrics record.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 from torch import nn
 
@@ -78,8 +81,9 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def require(module: str, flag: str):
-    """Import an optional logging backend, or explain in one line how to get it."""
+def require(module: str, flag: str, extra: str | None = None):
+    """Import an optional logging backend, or explain in one line how to get it (`extra`: depthlab's extra that
+    installs it)."""
     import importlib
 
     from depthlab import UserError
@@ -88,7 +92,20 @@ def require(module: str, flag: str):
         return importlib.import_module(module)
     except ImportError:
         package = module.split(".")[0]
-        raise UserError(f"{flag} needs the `{package}` package: pip install {package}") from None
+        how = f"'depthlab[{extra}]'" if extra else package
+        raise UserError(f"{flag} needs the `{package}` package: pip install {how}") from None
+
+
+def scalars(record: dict) -> dict[str, float]:
+    """A metrics record as the trackers' scalars: each number under its key (but the step), each list's entries
+    as `key/layer_NN` (the depth monitors' per-block values, 1-based)."""
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, (int, float)) and k != "step":
+            out[k] = v
+        elif isinstance(v, list):
+            out.update({f"{k}/layer_{i + 1:02d}": x for i, x in enumerate(v)})
+    return out
 
 
 class TensorBoardLogger(Callback):
@@ -103,12 +120,8 @@ class TensorBoardLogger(Callback):
         self.writer = SummaryWriter(str(trainer.run_dir / "tensorboard"))
 
     def on_log(self, trainer, step: int, record: dict) -> None:
-        for k, v in record.items():
-            if isinstance(v, (int, float)) and k != "step":
-                self.writer.add_scalar(k, v, step)
-            elif isinstance(v, list):
-                for i, x in enumerate(v):
-                    self.writer.add_scalar(f"{k}/layer_{i + 1:02d}", x, step)
+        for k, v in scalars(record).items():
+            self.writer.add_scalar(k, v, step)
 
     def on_train_end(self, trainer) -> None:
         self.writer.close()
@@ -129,3 +142,26 @@ class WandbLogger(Callback):
 
     def on_train_end(self, trainer) -> None:
         self.run.finish()
+
+
+class TrackioLogger(Callback):
+    """The TensorBoard scalars (`scalars`) to Trackio (needs `depthlab[trackio]`), in its local store: the folder
+    TRACKIO_DIR names (Trackio's default: ~/.cache/huggingface/trackio), project `depthlab`, a run named after the
+    run directory; a resumed run goes on in the newest Trackio run of its name. Trackio's own lines go to stderr
+    (stdout is depthlab's), and its CPU and GPU sampling stays off: it logs what TensorBoard gets, no more."""
+
+    def __init__(self):
+        self.trackio = require("trackio", "train.trackio", extra="trackio")
+
+    def on_train_start(self, trainer) -> None:
+        with contextlib.redirect_stdout(sys.stderr):
+            self.trackio.init(project="depthlab", name=trainer.run_dir.name, config=trainer.cfg.to_dict(),
+                              resume="allow" if trainer.step else "never", auto_log_cpu=False, auto_log_gpu=False,
+                              embed=False)
+
+    def on_log(self, trainer, step: int, record: dict) -> None:
+        self.trackio.log(scalars(record), step=step)
+
+    def on_train_end(self, trainer) -> None:
+        with contextlib.redirect_stdout(sys.stderr):
+            self.trackio.finish()

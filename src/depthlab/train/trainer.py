@@ -48,7 +48,7 @@ from depthlab.model.validate import check_fits_host, validate
 from depthlab.paths import ENV, METRICS, find_checkpoint
 from depthlab.progress import on_terminal
 from depthlab.runfolder import MetricsLog, check_resumable, open_run
-from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, WandbLogger
+from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, TrackioLogger, WandbLogger
 from depthlab.train.distributed import (
     all_reduce_sum,
     barrier,
@@ -125,6 +125,8 @@ class Trainer:
             self.callbacks.append(TensorBoardLogger())
         if tc.wandb:
             self.callbacks.append(WandbLogger())
+        if tc.trackio:
+            self.callbacks.append(TrackioLogger())
         if not self.env.is_main:  # rank 0 logs; other ranks only take part in collectives
             self.callbacks = [c for c in self.callbacks if isinstance(c, DepthMonitor)]
 
