@@ -82,13 +82,13 @@ def tiny_hf_model(family: str, vocab: int = 300, n_layers: int = 4):
     return model.eval()
 
 
-def save_hf_model(path: Path, family: str) -> Path:
+def save_hf_model(path: Path, family: str, n_layers: int = 4) -> Path:
     import transformers
 
     from depthlab.data.tokenizer import EOT
 
     tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(), eos_token=EOT, pad_token=EOT)
-    model = tiny_hf_model(family, vocab=len(tok))
+    model = tiny_hf_model(family, vocab=len(tok), n_layers=n_layers)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

@@ -484,6 +484,20 @@ CASES = [
     ("golden-atol-nan", "golden check --atol nan", "--atol must be a finite number"),
     ("golden-atol-negative", "golden check --atol -1", "--atol must be a number >= 0"),
     ("golden-file-truncated", "golden check --file {golden_truncated}", "is not a golden losses file (not JSON"),
+    # issue 52 item 4: greedy pruning ({hf} has 2 blocks)
+    ("prune-greedy-drop-every-block", "prune {hf} {tmp}/o --drop-lowest 2 --greedy --tokens 64",
+     "--drop-lowest 2: the model has 2 blocks; drop 1..1"),
+    ("prune-greedy-drop-0", "prune {hf} {tmp}/o --drop-lowest 0 --greedy", "--drop-lowest must be"),
+    ("prune-greedy-without-drop", "prune {hf} {tmp}/o --greedy", "--greedy removes --drop-lowest K blocks"),
+    ("prune-greedy-by-unknown", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --by perplexity", "invalid choice"),
+    ("prune-greedy-tasks-without-questions", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --by tasks",
+     "--greedy --by tasks needs questions"),
+    ("prune-greedy-questions-by-loss", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --tasks {tasks}",
+     "--tasks has no effect with --by loss"),
+    ("prune-greedy-with-analysis", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --analysis {txt}",
+     "--greedy scores the blocks itself"),
+    ("prune-data-without-greedy", "prune {hf} {tmp}/o --remove 0:1 --data {txt}",
+     "--data has no effect without --greedy"),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",

@@ -16,7 +16,8 @@ from depthlab import UserError
 from depthlab.cli import make_parser
 from depthlab.ownership import CONTINUED, INPUT, PathRole, option_name
 
-COMPANIONS = {"--device-map": "auto"}  # what a written option needs beside it: --offload-folder
+COMPANIONS = {"--device-map": ["auto"], "--greedy": []}  # what an option acting only with another needs: the
+# other's value (--offload-folder needs --device-map auto; prune's --data a bare --greedy)
 PATH_WORDS = re.compile(r"\b(DIR|FILE|PATH|PREFIX|CKPT|file|files|folder|folders|directory|checkpoint)\b")
 
 
@@ -97,8 +98,8 @@ def test_every_written_path_inside_every_read_one_is_refused_before_the_command_
     (tmp_path / "in").mkdir()
     argv = argv_for(words, parser, {opts[read]: str(tmp_path / "in"), opts[written]: str(tmp_path / "in" / "x")})
     for needed, flags in getattr(parser, "only_with", []):  # an option that acts only with another gets it
-        if written in flags and needed != read:
-            argv += [needed, COMPANIONS[needed]]
+        if (written in flags or read in flags) and needed not in (read, written):
+            argv += [needed, *COMPANIONS.get(needed, [])]
     args = make_parser().parse_args(argv)
     with pytest.raises(UserError) as refused:
         args.func(args)

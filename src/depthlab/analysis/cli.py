@@ -250,6 +250,10 @@ def add_commands(sub) -> None:
     _add_model_args(a)
     # depthlab.hf.cli put eval's task readers on the subcommand table (analysis may not import hf)
     a.set_defaults(func=cmd_analyze, task_suite=getattr(sub, "task_suite", None))
+    if "prune" in sub.choices:  # prune --greedy scores removals as analyze does (hf may not import analysis)
+        from depthlab.analysis.greedy import prune_order
+
+        sub.choices["prune"].set_defaults(greedy_order=prune_order)
 
     c = sub.add_parser("compare", help="overlay the diagnostics of several models in one report",
                        description="Analyse several models (or reuse `analyze` output folders) and overlay "

@@ -38,6 +38,8 @@ def cmd_prune(args) -> None:
     from depthlab.hf.pruning import layer_span, least_useful, parse_span, prune_blocks
     from depthlab.loading import quiet_transformers
 
+    if args.greedy and args.drop_lowest is None:
+        raise UserError("--greedy removes --drop-lowest K blocks one at a time: give --drop-lowest K")
     if (args.remove is None) == (args.drop_lowest is None):
         raise UserError("prune needs one of --remove START:END and --drop-lowest K")
     quiet_transformers()
@@ -49,6 +51,8 @@ def cmd_prune(args) -> None:
         print(f"removed model.layers.{layers[0]}..{layers[-1]} (blocks {layers[0] + 1}-{layers[-1] + 1} counted from "
               f"1); saved to {out}")
         return
+    if args.greedy:
+        return prune_greedy(args)
     from depthlab.paths import model_path
 
     model_path(args.model)  # a missing model is named before its missing analysis
@@ -61,6 +65,44 @@ def cmd_prune(args) -> None:
           f"{', '.join(map(str, sorted(layers)))}): the {len(layers)} least useful by {by} in {analysis}; "
           f"saved to {out}")
     for line in measured:
+        print(line)
+
+
+def prune_greedy(args) -> None:
+    """prune --drop-lowest K --greedy: the blocks chosen one at a time, scored as `analyze` scores removal (by
+    depthlab.analysis.greedy, handed to this command as args.greedy_order: hf does not import analysis)."""
+    from depthlab.device import resolve_device
+    from depthlab.hf.pruning import check_drop, greedy_lines, prune_blocks
+    from depthlab.ownership import input_paths
+    from depthlab.paths import GREEDY_RECORD
+
+    by = args.by or "loss"
+    sources = [s for s, v in (("--tasks", args.tasks), ("--mmlu", args.mmlu), ("--commonsense", args.commonsense))
+               if v]
+    if args.analysis:
+        raise UserError("--analysis holds a one-shot ranking; --greedy scores the blocks itself: drop one of them")
+    if by == "generate":
+        raise UserError("--by generate needs the generation scorer (analyze --removal-generate), not in this depthlab")
+    if by == "loss" and sources:
+        raise UserError(f"{sources[0]} has no effect with --by loss; rank --by tasks, or drop it")
+    if by == "tasks" and not sources:
+        raise UserError("--greedy --by tasks needs questions: give --tasks FILE.jsonl, --mmlu DIR or --commonsense DIR")
+    tasks = task_suite(args.tasks or (), args.mmlu, 0, args.commonsense, args.task_limit) if sources else None
+    window = dict(data=args.data, tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size)
+    device, record = str(resolve_device(args.device, "--device")), {}
+
+    def choose(n: int) -> list[int]:
+        check_drop(args.drop_lowest, n)
+        record.update(args.greedy_order(str(args.model), args.drop_lowest, by, tasks=tasks, device=device, **window))
+        return [b - 1 for b in record["removed"]]
+
+    reads = [*input_paths(args.data or []), *(args.tasks or []), *(p for p in (args.mmlu, args.commonsense) if p)]
+    out, layers = prune_blocks(args.model, choose, args.out_dir, args.overwrite, f", greedily by {by}, each "
+                               f"step re-scoring every remaining block ({GREEDY_RECORD})", reads=tuple(reads),
+                               record=record)
+    print(f"removed blocks {' '.join(str(i + 1) for i in layers)} (model.layers {', '.join(map(str, layers))}), "
+          f"one at a time by {by}; saved to {out}, the steps in {out / GREEDY_RECORD}")
+    for line in greedy_lines(record):
         print(line)
 
 
@@ -214,9 +256,10 @@ def _add_prune(sub) -> None:
                    "-1: (the last), :2 (the first two)")
     p.add_argument("--drop-lowest", type=at_least(1), metavar="K", help="remove the K blocks whose removal alone "
                    "costs least, as ranked by the analysis of MODEL (--analysis)")
-    p.add_argument("--by", choices=("loss", "tasks"), help="with --drop-lowest: rank by the loss increase (default) "
-                   "or by the task accuracy lost (an analysis with --removal-tasks / --removal-mmlu / "
-                   "--removal-commonsense)")
+    p.add_argument("--by", choices=("loss", "tasks", "generate"), help="with --drop-lowest: rank by the loss "
+                   "increase (default) or by the task accuracy lost (an analysis with --removal-tasks / "
+                   "--removal-mmlu / --removal-commonsense; with --greedy, the questions of --tasks / --mmlu / "
+                   "--commonsense)")
     p.add_argument("--analysis", type=INPUT, metavar="DIR", help="with --drop-lowest: the `depthlab analyze` output "
                    "of MODEL "
                    "(default: analysis/<model name>, analyze's default)")
@@ -224,4 +267,35 @@ def _add_prune(sub) -> None:
                    "export or "
                    "prune)")
     p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
+    _add_greedy(p)
     p.set_defaults(func=cmd_prune)
+
+
+def _add_greedy(p) -> None:
+    from depthlab.flags import at_least, only_with
+    from depthlab.ownership import INPUT
+    from depthlab.paths import GREEDY_RECORD
+
+    p.add_argument("--greedy", action="store_true", help="with --drop-lowest K: remove one block at a time, the "
+                   "one whose removal costs least, scoring every remaining block again after each (SLEB); the "
+                   f"steps, beside the one-shot ranking's at each k, are printed and written to {GREEDY_RECORD} "
+                   "in OUT_DIR")
+    p.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help="with --greedy --by loss: text files or "
+                   "folders to score on (default: the built-in corpus), read as `analyze --data` reads them")
+    p.add_argument("--tokens", type=at_least(1), default=4096, help="with --greedy --by loss: tokens scored "
+                   "(default 4096)")
+    p.add_argument("--seq-len", type=at_least(2), help="with --greedy --by loss: window length (default: the "
+                   "run's, or 512 for HF models)")
+    p.add_argument("--batch-size", type=at_least(1), default=8, help="with --greedy: windows per batch (default 8)")
+    p.add_argument("--tasks", nargs="+", type=INPUT, metavar="FILE.jsonl", help="with --greedy --by tasks: "
+                   "multiple-choice files, scored as `eval --tasks` scores them")
+    p.add_argument("--mmlu", type=INPUT, metavar="DIR", help="with --greedy --by tasks: MMLU from local files, as "
+                   "`eval --mmlu` (zero-shot)")
+    p.add_argument("--commonsense", type=INPUT, metavar="DIR", help="with --greedy --by tasks: the commonsense tasks "
+                   "under DIR, in their log-likelihood form")
+    p.add_argument("--task-limit", type=at_least(1), metavar="N", help="with --greedy --by tasks: at most N "
+                   "questions of each task file, MMLU subject and commonsense task (default: all)")
+    p.add_argument("--device", type=str, default="auto", help="with --greedy: where the blocks are scored (cpu, "
+                   "cuda, ...; default: cuda if available)")
+    only_with(p, "--greedy", "--data", "--tokens", "--seq-len", "--batch-size", "--tasks", "--mmlu",
+              "--commonsense", "--task-limit", "--device")

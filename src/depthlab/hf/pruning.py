@@ -122,17 +122,18 @@ def prune(src: str | Path, start: int | None, end: int | None, out_dir: str | Pa
 
 
 def prune_blocks(src: str | Path, choose, out_dir: str | Path, overwrite: bool = False, why: str = "",
-                 reads: tuple[str | Path, ...] = ()) -> tuple[Path, list[int]]:
+                 reads: tuple[str | Path, ...] = (), record: dict | None = None) -> tuple[Path, list[int]]:
     """Prune any model path: an HF model directory, or a depthlab checkpoint / run (exported to a stock HF model
     first); `choose(n)` names the 0-based blocks to remove of its n, `why` says why in the provenance file. Returns
     the output and the removed blocks. `out_dir` is written whole (depthlab.ownership.writing): an existing one must
-    be an earlier export or prune, unless `overwrite`; never `src` nor what else the choice `reads` (an analysis)."""
+    be an earlier export or prune, unless `overwrite`; never `src` nor what else the choice `reads` (an analysis).
+    `record`, once `choose` has filled it (a greedy choice's steps), is written beside the model as GREEDY_RECORD."""
     from transformers import AutoTokenizer
 
     from depthlab.hf.exporter import export
     from depthlab.model.apply import load_pretrained
     from depthlab.ownership import is_depthlab_hf, writing
-    from depthlab.paths import EXPORT_INFO, Kind, model_path
+    from depthlab.paths import EXPORT_INFO, GREEDY_RECORD, Kind, model_path
 
     kind, path = model_path(src)
     with tempfile.TemporaryDirectory() as tmp, writing(out_dir, is_depthlab_hf, "prune", overwrite,
@@ -155,6 +156,8 @@ def prune_blocks(src: str | Path, choose, out_dir: str | Path, overwrite: bool =
         note = f"model.layers {', '.join(map(str, removed))} removed{why}, the rest renumbered"
         info = {"source": str(src), "removed_layers": removed, "note": note}
         (out / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n")
+        if record:
+            (out / GREEDY_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     return Path(out_dir), removed
 
 
@@ -173,9 +176,14 @@ def least_useful(src: str | Path, analysis: str | Path, k: int, by: str) -> tupl
     if order is None:
         how = "--removal-tasks / --removal-mmlu / --removal-commonsense" if by == "tasks" else "removal"
         raise UserError(f"{analysis} ranks no blocks by {by}: analyze {src} with {how}")
-    if not 1 <= k < len(order):
-        raise UserError(f"--drop-lowest {k}: the model has {len(order)} blocks; drop 1..{len(order) - 1}")
+    check_drop(k, len(order))
     return [b - 1 for b in order[:k]], measured_lines(res, k, by)
+
+
+def check_drop(k: int, n: int) -> None:
+    """--drop-lowest K of a model of n blocks: 1..n-1."""
+    if not 1 <= k < n:
+        raise UserError(f"--drop-lowest {k}: the model has {n} blocks; drop 1..{n - 1}")
 
 
 def measured_lines(res: dict, k: int, by: str) -> list[str]:
@@ -192,4 +200,23 @@ def measured_lines(res: dict, k: int, by: str) -> list[str]:
         lines.append(f"  {name}: accuracy {d['acc']:.4f} [{d['acc_ci'][0]:.4f}, {d['acc_ci'][1]:.4f}] (the model's "
                      f"{t['base_acc']:.4f}, {t['n']} questions), answer log-likelihood {d['ll']:.4f} "
                      f"(the model's {t['base_ll']:.4f})")
+    return lines
+
+
+GREEDY_METRIC = {"loss": "loss", "tasks": "acc"}  # the metric each step's table shows, by what greedy ranks by
+
+
+def greedy_lines(record: dict) -> list[str]:
+    """The greedy record as a table: per k, the blocks greedy removal took out and its metric, beside the one-shot
+    choice's (the k blocks whose removal alone costs least)."""
+    metric = GREEDY_METRIC[record["by"]]
+    listed = lambda bs: " ".join(map(str, bs)) or "-"  # noqa: E731
+    rows = [(0, [], record["base"], [], record["base"])]
+    rows += [(s["k"], s["greedy"]["blocks"], s["greedy"], s["one_shot"]["blocks"], s["one_shot"])
+             for s in record["steps"]]
+    width = max(len("one-shot blocks"), *(len(listed(r[1])) for r in rows), *(len(listed(r[3])) for r in rows))
+    lines = [f"{'k':>3}  {'greedy blocks':<{width}}  {'greedy ' + metric:>12}  {'one-shot blocks':<{width}}  "
+             f"{'one-shot ' + metric:>14}"]
+    for k, g, gm, o, om in rows:
+        lines.append(f"{k:>3}  {listed(g):<{width}}  {gm[metric]:>12.4f}  {listed(o):<{width}}  {om[metric]:>14.4f}")
     return lines
