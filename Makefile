@@ -72,8 +72,9 @@ study-transfer-gpu:
 	$(BENCH).depth_transfer run --gpu --runs-dir runs/depth_transfer_gpu
 
 # Own-rate study (issue 50; docs/method.md section 5.3): LNS against Pre-LN, each at its own validation-selected rate,
-# on balanced held-out splits: N = 12 and 24 (24 cells, about 4 h on 2 cores), then N = 48 with gain-init and uniform
-# gain (24 more, about 7 h more); resumable, keep the runs dir. OUT/plan.json is committed before the first cell.
+# on balanced held-out splits: N = 12 and 24 (24 cells, 3-4 h on 2 free cores, 8-16 h on a busy machine), then N = 48
+# with gain-init and uniform gain (24 more, about twice that); resumable, keep the runs dir. OUT/plan.json is committed
+# before the first cell.
 OWN_RATE_RUNS ?= /tmp/depthlab_own_rate_runs
 .PHONY: study-own-rate
 study-own-rate: install

@@ -178,3 +178,40 @@ def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails()
     family = [c for row in res["transfer"].values() for c in row.get("vs_pre", {}).values()]
     assert family and all(c["word"] == "inconclusive" or c["p_holm"] < 0.05 for c in family)
     assert res["transfer"]["lns"]["bootstrap"]["word"] != "holds its rate"
+
+
+def test_the_own_rate_section_reads_the_pair_at_each_schemes_own_rate_and_withholds_a_word_below_three_seeds(
+        tmp_path):
+    import json
+
+    from depthlab.study import own_rate as o
+    from depthlab.study.page import own
+    from depthlab.study.records import append_record
+
+    d = o.Design(depths=(12, 24), deep=None)
+    (tmp_path / "settings.json").write_text(json.dumps({"command": "python -m benchmarks.own_rate run", "meta": {
+        "design": d.describe(), "corpus": {"sha256": "c6ea0715" * 8}}}))
+    records: dict = {}
+    noise = {0: 0.0, 1: 0.004, 2: -0.003, 3: 0.002}
+
+    def finish(cells):
+        for c in cells:  # each grid's best at its centre; LNS 0.05 nats lower on test, seeds scattered alike
+            val = abs(t.lattice(c.lr) - o.CENTRES[(c.variant, c.layers)]) * 0.01 + 3.7 + noise[c.seed]
+            r = {"study": "own_rate", "variant": c.variant, "lr": c.lr, "seed": c.seed, "layers": c.layers,
+                 "status": "ok", "val_loss": val, "test_loss": val - (0.05 if c.variant == o.LNS else 0.0)
+                 + (0.001 * c.seed if c.variant == o.LNS else 0.0)}
+            records[c.key] = r
+            append_record(tmp_path / "runs.jsonl", r)
+
+    finish([c for c in o.next_cells(records, d) if c.seed == 0])
+    lines = "\n".join(own.page_lines(tmp_path))
+    assert "| 12 | pre | 0.005657 3.7100 / 3.7100, **0.008 3.7000 / 3.7000**, 0.01131 3.7100 / 3.7100 | 0.008 |" \
+        in lines
+    assert "-0.0500 (n = 1: *fewer than 3 paired seeds: no verdict*)" in lines
+    while cells := o.next_cells(records, d):
+        finish(cells)
+    cs = own.comparisons(records, d)
+    assert [cs[L]["n"] for L in (12, 24)] == [4, 4] and all(c["word"] == "lower" for c in cs.values())
+    assert cs[12]["rates"] == [t.rate(o.CENTRES[(o.PRE, 12)]), t.rate(o.CENTRES[(o.LNS, 12)])]
+    assert "p_holm" in cs[12] and cs[12]["mean"] == pytest.approx(-0.0485)
+    assert "*lower*" in "\n".join(own.page_lines(tmp_path))
