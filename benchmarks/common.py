@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from depthlab.config import TrainConfig
+from depthlab.config import Config, TrainConfig
 from depthlab.model import lm_loss
 from depthlab.train.optim import make_optimizer
 from depthlab.train.runtime import autocast
@@ -43,7 +43,7 @@ def hf_twin(model, attn: str = "sdpa"):
 def adamw_groups(model) -> list[dict]:
     """The trainer's parameter groups (which parameters decay), for a plain torch.optim.AdamW."""
     return [{"params": g["params"], "weight_decay": g["weight_decay"]}
-            for g in make_optimizer(model, TrainConfig()).param_groups]
+            for g in make_optimizer(model, Config()).param_groups]
 
 
 def make_train_step(model, x, y, dtype: str, hf: bool, fused_adamw: bool, loss_chunk: int = TrainConfig.loss_chunk):

@@ -48,7 +48,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.common import environment, hf_twin, interleaved, make_train_step, paired_ratio, write_result
-from depthlab.config import TrainConfig
+from depthlab.config import Config, TrainConfig
 from depthlab.memtrack import saved_for_backward
 from depthlab.model import Transformer, lm_loss
 from depthlab.model.families import preset
@@ -79,7 +79,8 @@ def build(case: str, contender: str, device: torch.device, loss_chunk: int = Tra
         return model, opt, lambda x, y: lm_loss(model(x, use_cache=False).logits, y)
     model = ours.to(device).train()
     chunk = loss_chunk if contender == "depthlab" else 0
-    return model, make_optimizer(model, TrainConfig(lr=1e-4)), lambda x, y: model(x, targets=y, loss_chunk=chunk)
+    opt = make_optimizer(model, Config(model=model.cfg, train=TrainConfig(lr=1e-4)))
+    return model, opt, lambda x, y: model(x, targets=y, loss_chunk=chunk)
 
 
 class Meter:

@@ -36,7 +36,7 @@ from benchmarks.common import (
     paired_ratio,
     write_result,
 )
-from depthlab.config import ModelConfig, TrainConfig
+from depthlab.config import Config, ModelConfig
 from depthlab.model import Transformer, lm_loss
 from depthlab.study.page.systems import speed_section
 from depthlab.train.flops import train_flops_per_token
@@ -86,7 +86,7 @@ def bench_case(case: str, dtype: str, reps: int, steps: int, do_profile: bool, c
     models = {"depthlab": ours, "hf": hf}
     # depthlab as `depthlab train` runs it (fused AdamW, make_optimizer), HF as the reference code runs it (a plain
     # torch.optim.AdamW: the per-tensor loop on CPU); the swapped pairs separate model code from optimizer.
-    assert make_optimizer(ours, TrainConfig()).defaults["fused"], "the trainer's optimizer is no longer fused"
+    assert make_optimizer(ours, Config(model=cfg)).defaults["fused"], "the trainer's optimizer is no longer fused"
     contenders = {"depthlab": make_train_step(ours, x, y, dtype, hf=False, fused_adamw=True),
                   "hf": make_train_step(hf, x, y, dtype, hf=True, fused_adamw=False)}
     if optimizer_swap:  # the same models, the other optimizer each

@@ -25,15 +25,20 @@ def steps(model: Transformer, n: int = 3, tc: TrainConfig = TC) -> list[torch.Te
     """Losses of n Adam steps on fixed random tokens (the trainer's optimizer and clipping)."""
     torch.manual_seed(1)
     ids = torch.randint(0, model.cfg.vocab_size, (4, 17))
-    opt, out = make_optimizer(model, tc), []
+    opt, out = make_optimizer(model, run_config(model, tc)), []
     for _ in range(n):
         loss = model(ids[:, :-1], targets=ids[:, 1:])
         loss.backward()
-        clip_gradients(model, tc)
+        clip_gradients(model, run_config(model, tc))
         opt.step()
         opt.zero_grad(set_to_none=True)
         out.append(loss.detach())
     return out
+
+
+def run_config(model: Transformer, tc: TrainConfig = TC) -> Config:
+    """The config a run of `model` with `tc` passes down to make_optimizer and clip_gradients."""
+    return Config(model=model.cfg, train=tc)
 
 
 def config(**kw) -> Config:
@@ -85,7 +90,7 @@ def test_the_multiplier_scales_the_branch_output():
 @pytest.mark.parametrize("alpha", [1.0, 0.5])
 def test_adam_groups_rate_and_eps(alpha):
     model = build(n_layers=8, depth_alpha=alpha, depth_base=2, norm_scheme="lns")  # m = 4
-    opt = make_optimizer(model, TC)
+    opt = make_optimizer(model, run_config(model))
     group = {id(p): g for g in opt.param_groups for p in g["params"]}
     block_params = [p for blk in model.layers for p in blk.parameters()]
     assert len(block_params) == 8 * 9  # q k v o gate up down and two norm gains
@@ -97,9 +102,21 @@ def test_adam_groups_rate_and_eps(alpha):
     assert {g["weight_decay"] for g in opt.param_groups if g["params"][0].dim() == 1} == {0.0}
 
 
+def test_the_depth_rules_come_from_the_config_passed_down_not_from_the_model():
+    """make_optimizer reads model.depth_alpha from the run's config, so a wrapper that hides the model's own config
+    (here a ModuleDict; it used to be fished out through DDP's and compile's wrappers only) changes nothing."""
+    model = build(n_layers=8, depth_alpha=1.0, depth_base=2)  # m = 4: eps 1/4, lr 1
+    wrapped = torch.nn.ModuleDict({"inner": model})
+    for opt in (make_optimizer(model, run_config(model)), make_optimizer(wrapped, run_config(model))):
+        group = {id(p): g for g in opt.param_groups for p in g["params"]}
+        assert group[id(model.layers[0].attn.q_proj.weight)]["eps"] == ADAM_EPS / 4
+    plain = make_optimizer(model, Config(train=TC))  # a config without the rule: no rule, whatever the model says
+    assert {g["eps"] for g in plain.param_groups} == {ADAM_EPS}
+
+
 def test_depth_rate_multiplies_the_other_rate_rules():
     model = build(n_layers=8, depth_alpha=0.5, depth_base=2, norm_scheme="pre")
-    opt = make_optimizer(model, replace(TC, norm_gain_lr="depth"))
+    opt = make_optimizer(model, run_config(model, replace(TC, norm_gain_lr="depth")))
     group = {id(p): g for g in opt.param_groups for p in g["params"]}
     for gain, s in block_norm_gains(model, 0.5):
         assert group[id(gain)]["lr"] == pytest.approx(TC.lr * 0.5 * s, rel=1e-12)
@@ -117,9 +134,9 @@ def test_off_or_at_the_base_depth_is_todays_model_bitwise(options, scheme):
     ids = torch.randint(0, 97, (2, 9))
     with torch.no_grad():
         assert torch.equal(today(ids), ours(ids))
-    assert [len(g["params"]) for g in make_optimizer(today, TC).param_groups] == \
-        [len(g["params"]) for g in make_optimizer(ours, TC).param_groups]
-    assert all("eps" not in g or g["eps"] == ADAM_EPS for g in make_optimizer(ours, TC).param_groups)
+    assert [len(g["params"]) for g in make_optimizer(today, run_config(today)).param_groups] == \
+        [len(g["params"]) for g in make_optimizer(ours, run_config(ours)).param_groups]
+    assert all("eps" not in g or g["eps"] == ADAM_EPS for g in make_optimizer(ours, run_config(ours)).param_groups)
     assert torch.equal(torch.stack(steps(today)), torch.stack(steps(ours)))
     assert all(torch.equal(a, b) for a, b in zip(today.state_dict().values(), ours.state_dict().values()))
 
@@ -141,7 +158,7 @@ def test_prores_ramps_follow_the_optimizer_steps_and_resume():
     tc = replace(TC, lr=1e-3)
     torch.manual_seed(1)
     ids = torch.randint(0, 97, (4, 17))
-    opt = make_optimizer(model, tc)
+    opt = make_optimizer(model, run_config(model, tc))
     for t in range(1, 8):
         model(ids[:, :-1], targets=ids[:, 1:]).backward()
         opt.step()
@@ -151,7 +168,7 @@ def test_prores_ramps_follow_the_optimizer_steps_and_resume():
     again = build(n_layers=3, prores_steps=2)
     again.load_state_dict(model.state_dict())
     assert ramps(again) == ramps(model)
-    opt2 = make_optimizer(again, tc)
+    opt2 = make_optimizer(again, run_config(again, tc))
     opt2.load_state_dict(opt.state_dict())
     again(ids[:, :-1], targets=ids[:, 1:]).backward()
     opt2.step()

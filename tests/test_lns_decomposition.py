@@ -49,7 +49,7 @@ def test_gain_init_and_lr_rule(tmp_path):
     from depthlab.train.optim import make_optimizer
 
     cfg.train.norm_gain_lr = "depth"
-    opt = make_optimizer(model, cfg.train, 1.0)
+    opt = make_optimizer(model, cfg)
     lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     assert all(lr_of[id(g)] == pytest.approx(cfg.train.lr * s) for g, s in gains)
     assert lr_of[id(model.norm.weight)] == cfg.train.lr
@@ -60,9 +60,9 @@ def test_block_lr_is_a_depth_wise_rate_decay_of_every_block_parameter():
 
     cfg = apply_overrides(Config(), [f"{k}={v}" for k, v in TINY.items()] + ["model.norm_scheme=pre"])
     model = build_model(cfg.model)
-    assert len(make_optimizer(model, cfg.train).param_groups) == 2  # the default: decay and no decay
+    assert len(make_optimizer(model, cfg).param_groups) == 2  # the default: decay and no decay
     cfg.train.block_lr, cfg.train.norm_gain_lr = "depth", "depth"
-    opt = make_optimizer(model, cfg.train, 0.5)
+    opt = make_optimizer(model, cfg)
     lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     for l, block in enumerate(model.layers, 1):
         gains = {id(block.attn_norm.weight), id(block.mlp_norm.weight)}

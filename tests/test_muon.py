@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from depthlab.config import TrainConfig
+from depthlab.config import Config, TrainConfig
 from depthlab.model import SCHEMES, build_model
 from depthlab.model.depth import blocks
 from depthlab.train.optim import Optimizers, Schedules, make_optimizer, make_scheduler, optimizer_split
@@ -63,8 +63,8 @@ def _cases():
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: "-".join(f"{v}" for v in list(c.values())[:2]))
 def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(case):
-    model = build_model(tiny_model_config(**case))
-    opt = make_optimizer(model, TrainConfig(optimizer="muon"))
+    model = build_model(mc := tiny_model_config(**case))
+    opt = make_optimizer(model, Config(model=mc, train=TrainConfig(optimizer="muon")))
     assert isinstance(opt, Optimizers) and [type(o) for o in opt] == [torch.optim.AdamW, torch.optim.Muon]
     held = [[id(p) for g in o.param_groups for p in g["params"]] for o in opt]
     linear = {id(m.weight) for b in blocks(model) for m in b.modules() if isinstance(m, torch.nn.Linear)}
@@ -74,9 +74,9 @@ def test_muon_takes_the_blocks_linear_weights_and_adamw_everything_else(case):
 
 
 def test_depth_multipliers_scale_muons_groups_and_the_schedule_scales_both():
-    model = build_model(tiny_model_config(depth_alpha=1.0, depth_base=2))  # 4 blocks: m = 2, lr m^(alpha-1) = 1
+    model = build_model(mc := tiny_model_config(depth_alpha=1.0, depth_base=2))  # 4 blocks: m = 2, lr m^(alpha-1) = 1
     cfg = TrainConfig(optimizer="muon", block_lr="depth", muon_lr=0.04, warmup_steps=4)
-    adamw, muon = opt = make_optimizer(model, cfg, lns_power=0.5)
+    adamw, muon = opt = make_optimizer(model, Config(model=mc, train=cfg))
     rates = {g["lr"] for g in muon.param_groups}
     assert rates == {0.04 * l ** -0.5 for l in range(1, 5)}  # block l at muon_lr l^(-p), as AdamW's blocks
     assert all("eps" not in g or g["eps"] == muon.defaults["eps"] for g in muon.param_groups)  # Adam's eps rule only

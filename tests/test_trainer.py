@@ -161,7 +161,7 @@ def test_loading_the_optimizer_keeps_what_a_step_hook_keeps_in_the_model(tmp_pat
         model = Transformer(Config().model.__class__(vocab_size=50, dim=16, n_layers=2, n_heads=2, ffn_dim=32,
                                                      max_seq_len=8))
         model.register_buffer("steps_seen", torch.zeros(()))
-        opt = make_optimizer(model, Config().train)
+        opt = make_optimizer(model, Config())
         opt.register_step_post_hook(lambda *_: model.steps_seen.add_(1))
         return model, opt
 

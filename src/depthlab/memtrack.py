@@ -68,7 +68,7 @@ def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int,
             loss.backward()
             yield
         if clip:
-            clip_gradients(model, tc, cfg.model.lns_power)
+            clip_gradients(model, cfg)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -140,7 +140,7 @@ def _peak(cfg: Config, built: tuple, world_size: int, device: torch.device, fake
     from depthlab.train.optim import make_optimizer
 
     module, model = built
-    opt = make_optimizer(model, cfg.train, cfg.model.lns_power)
+    opt = make_optimizer(model, cfg)
     tracker = _tracker(module, opt)
     with tracker:
         for _ in _train_steps(cfg, model, opt, device, world_size, clip=not fake):

@@ -62,14 +62,14 @@ def coord_check(cfg, depths: list[int], seeds: int, steps: int, name: str, probe
         for seed in range(seeds):
             seed_everything(seed)
             model = build_model(run.model)
-            opt = make_optimizer(model, run.train, run.model.lns_power)
+            opt = make_optimizer(model, run)
             sampler = PackedSampler(data.train, seq, run.train.batch_size, seed)
             start = _hidden(model, probe)
             for step in range(steps + 1):
                 if step:
                     x, y = sampler.next_batch()
                     model(x, targets=y).backward()
-                    clip_gradients(model, run.train, run.model.lns_power)
+                    clip_gradients(model, run)
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                     bar.update(depth)

@@ -10,7 +10,7 @@ import re
 import torch
 from torch.distributed.tensor import DTensor
 
-from depthlab.config import ModelConfig, TrainConfig
+from depthlab.config import Config, ModelConfig, TrainConfig
 from depthlab.model.depth import block_eps_scale, block_lr_scale, blocks, set_prores_step
 from depthlab.model.init import block_norm_gains
 
@@ -18,14 +18,15 @@ NO_DECAY = ("cls_token", "pos_embed")  # a ViT's class token and positions, excl
 ADAM_EPS = 1e-8  # torch's default; the depth parameterizations scale it per group
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig,
-                   lns_power: float = 0.5) -> torch.optim.AdamW | Optimizers:
+def make_optimizer(model: torch.nn.Module, config: Config) -> torch.optim.AdamW | Optimizers:
     """AdamW over every trainable parameter; under train.optimizer=muon, Muon (torch.optim.Muon) over the hidden
     matrices (muon_params) and AdamW over the rest, both in one Optimizers list. Every group's rate is its
-    optimizer's peak times its parameters' lr_scales multiplier."""
+    optimizer's peak times its parameters' lr_scales multiplier. `config` is the run's: its train section sets the
+    optimizer, its model section the depth rules (the model is not asked for a config of its own)."""
+    cfg = config.train
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hidden = muon_params(model) if cfg.optimizer == "muon" else set()
-    scales, eps = lr_scales(model, cfg, lns_power), eps_scales(model)
+    scales, eps = lr_scales(model, config), eps_scales(model, config.model)
     rest = [(n, p) for n, p in named if id(p) not in hidden]
     groups = []
     for decayed, wd in ((True, cfg.weight_decay), (False, 0.0)):  # matrices; norms, gains, scalars
@@ -114,12 +115,6 @@ def optimizer_split(model: torch.nn.Module, opt) -> str:
     return "; ".join(lines)
 
 
-def model_config(model: torch.nn.Module) -> ModelConfig | None:
-    """The ModelConfig of a depthlab model, through DDP's and torch.compile's wrappers; None for another module."""
-    inner = getattr(model, "module", model)
-    return getattr(getattr(inner, "_orig_mod", inner), "cfg", None)
-
-
 def advance_prores(opt: torch.optim.Optimizer, model: torch.nn.Module) -> None:
     """After every optimizer step, set ProRes's ramps to a(l, t), t the optimizer's own step count (restored with
     its state on resume; a skipped step takes none); until the first step they stay as built or loaded."""
@@ -131,23 +126,22 @@ def advance_prores(opt: torch.optim.Optimizer, model: torch.nn.Module) -> None:
     opt.register_step_post_hook(after_step)
 
 
-def eps_scales(model: torch.nn.Module) -> dict[int, float]:
+def eps_scales(model: torch.nn.Module, cfg: ModelConfig) -> dict[int, float]:
     """Adam-epsilon multipliers by parameter id (1 where absent): model.depth_alpha puts every block parameter's
     at m^(-alpha)."""
-    cfg = model_config(model)
-    if cfg is None or not cfg.depth_alpha:
+    if not cfg.depth_alpha:
         return {}
     return {id(p): block_eps_scale(cfg) for block in blocks(model) for p in block.parameters()}
 
 
-def lr_scales(model: torch.nn.Module, cfg: TrainConfig, lns_power: float) -> dict[int, float]:
+def lr_scales(model: torch.nn.Module, config: Config) -> dict[int, float]:
     """Learning-rate multipliers by parameter id (1 where absent): train.block_lr=depth puts every parameter of
     block l at l^(-p), a plain depth-wise rate decay; train.norm_gain_lr=depth block l's norm gains (both: the
     product); model.depth_alpha every block parameter at m^(alpha - 1) (times the others); the embeddings, the
     final norm and the head keep lr."""
     out: dict[int, float] = {}
-    m = model_config(model)
-    if m is not None and m.depth_alpha:
+    m, cfg, lns_power = config.model, config.train, config.model.lns_power
+    if m.depth_alpha:
         out.update({id(p): block_lr_scale(m) for block in blocks(model) for p in block.parameters()})
     if str(cfg.block_lr) == "depth":
         for block in blocks(model):
@@ -160,11 +154,12 @@ def lr_scales(model: torch.nn.Module, cfg: TrainConfig, lns_power: float) -> dic
 
 
 @torch.no_grad()
-def clip_gradients(model: torch.nn.Module, cfg: TrainConfig, lns_power: float = 0.5) -> torch.Tensor:
-    """Clip the gradients to norm cfg.grad_clip (0: no clipping) and return their norm before clipping. Under
+def clip_gradients(model: torch.nn.Module, config: Config) -> torch.Tensor:
+    """Clip the gradients to norm train.grad_clip (0: no clipping) and return their norm before clipping. Under
     train.norm_gain_lr=depth the norm is measured as LNS measures it, each block-l gain's gradient weighted by
     l^(-p) (LNS's gain gradient is l^(-p) times Pre-LN's), so that clipping keeps the two runs identical."""
-    gains = block_norm_gains(model, lns_power) if str(cfg.norm_gain_lr) == "depth" else []
+    cfg = config.train
+    gains = block_norm_gains(model, config.model.lns_power) if str(cfg.norm_gain_lr) == "depth" else []
     for g, s in gains:
         if g.grad is not None:
             g.grad.mul_(s)

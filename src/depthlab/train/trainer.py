@@ -154,7 +154,7 @@ class Trainer:
         if tc.lora.rank:
             self._add_adapters()
         self.layers = self.module.layers
-        self.opt = make_optimizer(self.model, tc, cfg.model.lns_power)
+        self.opt = make_optimizer(self.model, cfg)
         self.sched = make_scheduler(self.opt, tc)
         self.sampler = self.task.sampler(cfg, self.data, self.env)
         self.step, self.skipped, self.last_ckpt, self.verdicts, self.data_s = 0, 0, None, {}, 0.0
@@ -290,7 +290,7 @@ class Trainer:
             loss_sum += loss.item()
         for cb in self.callbacks:
             cb.on_after_backward(self, self.step + 1)
-        grad_norm = clip_gradients(self.model, tc, self.cfg.model.lns_power)
+        grad_norm = clip_gradients(self.model, self.cfg)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         (loss_sum,) = all_reduce_sum([loss_sum], self.env)
         return loss_sum / self.env.world_size, grad_norm
