@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from depthlab.config import Config, TrainConfig
+from depthlab.device import autocast
 from depthlab.model import lm_loss
 from depthlab.train.optim import make_optimizer
-from depthlab.train.runtime import autocast
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -29,7 +29,7 @@ def bench_sweep(tmp: Path, n_layers: int = 48, dim: int = 128, reps: int = 5) ->
     from depthlab.analysis.removal import BASE, single_plans
     from depthlab.analysis.run import load_layered
     from depthlab.analysis.tasks import TaskSums, naive_task_sweep, question_mask, sweep_agreement, task_sweep
-    from depthlab.hf.commonsense import TaskSuite
+    from depthlab.eval.suite import TaskSuite
     from tests.test_analysis_support import save_depthlab_checkpoint
 
     torch.manual_seed(0)

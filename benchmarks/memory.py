@@ -49,12 +49,12 @@ import torch
 from benchmarks import common
 from benchmarks.common import environment, hf_twin, interleaved, make_train_step, paired_ratio, write_result
 from depthlab.config import Config, TrainConfig
+from depthlab.device import autocast
 from depthlab.memtrack import saved_for_backward
 from depthlab.model import Transformer, lm_loss
 from depthlab.model.families import preset
 from depthlab.study.page.systems import memory_table
 from depthlab.train.optim import make_optimizer
-from depthlab.train.runtime import autocast
 
 CASES = {"llama-71m": {}, "llama-130m": {}}  # preset names; the values override model dims (tests use tiny ones)
 CONTENDERS = ("depthlab", "depthlab-unchunked", "hf")

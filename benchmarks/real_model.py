@@ -259,7 +259,7 @@ def phase_modes(a, files, data) -> dict:
 
 def interval(xs: list[float]) -> list[float]:
     """A 95% t-interval of the mean."""
-    from depthlab.study.stats import t_test
+    from depthlab.stats import t_test
 
     return t_test(xs)["ci"]
 

@@ -37,11 +37,11 @@ from benchmarks.common import (
     write_result,
 )
 from depthlab.config import Config, ModelConfig
+from depthlab.device import autocast
 from depthlab.model import Transformer, lm_loss
 from depthlab.study.page.systems import speed_section
 from depthlab.train.flops import train_flops_per_token
 from depthlab.train.optim import make_optimizer
-from depthlab.train.runtime import autocast
 
 # Model dimensions and a batch small enough that one CPU step takes about a second.
 CASES = {

@@ -140,8 +140,8 @@ def write_mc(path):
 
 
 def test_task_removal_equals_prune_then_eval_on_a_soft_capped_gemma2(tmp_path, capsys):
+    from depthlab.eval.multiple_choice import evaluate_tasks, load_scorer
     from depthlab.hf import prune
-    from depthlab.hf.mc_eval import evaluate_tasks, load_scorer
 
     hf, mc = save_gemma2(tmp_path / "hf"), write_mc(tmp_path / "mc.jsonl")
     (tmp_path / "text.txt").write_text(TEXT)
@@ -165,7 +165,7 @@ def test_task_removal_equals_prune_then_eval_on_a_soft_capped_gemma2(tmp_path, c
 def both_modes(tmp_path, seq_len: int, **kw) -> tuple[dict, dict]:
     """Whole-model and layer-by-layer analyses of a saved Gemma-2 (kw: its config), with task removal on an MC file."""
     from depthlab.analysis.run import Request, run_request
-    from depthlab.hf.commonsense import TaskSuite
+    from depthlab.eval.suite import TaskSuite
 
     hf = save_gemma2(tmp_path / "hf", **kw)
     mc = write_mc(tmp_path / "mc.jsonl")

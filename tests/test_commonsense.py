@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from depthlab.config import Config
-from depthlab.hf.commonsense import TASKS, extract_answer, offered, task_files
+from depthlab.eval.commonsense import TASKS, extract_answer, offered, task_files
 from depthlab.hf.importer import save_as_checkpoint
 from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
@@ -90,7 +90,7 @@ def test_a_checkpoint_and_its_export_answer_alike(two_models, tmp_path, capsys):
     """The same prompt encoding, start token and greedy decoding through depthlab and through transformers."""
     pytest.importorskip("transformers")
     from depthlab.cli import main
-    from depthlab.hf.commonsense import evaluate_models
+    from depthlab.eval.commonsense import evaluate_models
 
     assert main(["export", str(two_models[1]), str(tmp_path / "exported")]) == 0
     res = evaluate_models([str(two_models[1]), str(tmp_path / "exported")], EVAL, "cpu", 4, log=lambda m: None)

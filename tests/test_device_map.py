@@ -109,8 +109,9 @@ def test_depthlab_checkpoint_placed_with_its_index_at_init(tmp_path):
 
 
 def test_task_scorer_of_a_placed_model(tmp_path):
-    """`eval --tasks`'s scorer (depthlab.hf.mc_eval) on a model loaded with a device map: the one-device scores."""
-    from depthlab.hf.mc_eval import evaluate_tasks, scorer_for
+    """`eval --tasks`'s scorer (depthlab.eval.multiple_choice) on a model loaded with a device map: the one-device
+    scores."""
+    from depthlab.eval.multiple_choice import evaluate_tasks, scorer_for
     from depthlab.loading import load_model
 
     hf = save_hf_model(tmp_path / "hf", "llama")

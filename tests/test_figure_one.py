@@ -43,10 +43,10 @@ def _analyze(model, out, *extra):
 
 def test_task_removal_equals_prune_then_eval_and_layerwise_equals_whole(tmp_path):
     from depthlab.analysis.run import Request, run_request
+    from depthlab.eval.mmlu import evaluate_mmlu, read_mmlu
+    from depthlab.eval.multiple_choice import evaluate_tasks, load_scorer
+    from depthlab.eval.suite import TaskSuite
     from depthlab.hf import prune
-    from depthlab.hf.commonsense import TaskSuite
-    from depthlab.hf.mc_eval import evaluate_tasks, load_scorer
-    from depthlab.hf.mmlu import evaluate_mmlu, read_mmlu
 
     hf = save_hf_model(tmp_path / "hf", "llama")
     mmlu, mc = write_tasks(tmp_path)
@@ -198,7 +198,7 @@ def test_every_removal_option_on_a_depthlab_run_with_its_index_at_initialisation
 
 
 def test_paired_drop_reads_the_discordant_questions():
-    from depthlab.analysis.tasks import paired_drop
+    from depthlab.stats import paired_drop
 
     base = [True] * 30 + [False] * 10
     after = [False] * 12 + [True] * 18 + [True] * 2 + [False] * 8  # 12 lost, 2 gained
@@ -212,7 +212,7 @@ def test_paired_drop_reads_the_discordant_questions():
 def test_the_drops_interval_excludes_0_exactly_when_mcnemar_rejects(lost, gained):
     """The interval and the test read the same discordant questions alike (a Wilson interval did not: 4 lost, 0
     gained excluded 0 at p 0.125)."""
-    from depthlab.analysis.tasks import paired_drop
+    from depthlab.stats import paired_drop
 
     base = [True] * lost + [False] * gained + [True] * 7
     after = [False] * lost + [True] * gained + [True] * 7

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from benchmarks import figure_one_run as f1
-from depthlab.hf.mc_eval import read_tasks
+from depthlab.eval.multiple_choice import read_tasks
 
 TINY = ["--corpus-mb", "3", "--vocab", "512", "--steps", "4", "--eval-every", "2", "--batch", "4", "--layers", "2",
         "--val-tokens", "1024", "--questions", "6", "--analyze-tokens", "256", "--drop-lowest", "1"]

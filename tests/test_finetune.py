@@ -10,18 +10,12 @@ import pytest
 import torch
 
 from depthlab.config import Config
-from depthlab.data.instructions import prompt_of, read_records
+from depthlab.data.instructions import IGNORE, build_instruction_data, encode_example, prompt_of, read_records
+from depthlab.eval.perplexity import response_loss
 from depthlab.hf.importer import save_as_checkpoint
 from depthlab.model import Transformer
 from depthlab.train.callbacks import Callback
-from depthlab.train.finetune import (
-    IGNORE,
-    Finetuning,
-    build_instruction_data,
-    encode_example,
-    finetune_config,
-    response_loss,
-)
+from depthlab.train.finetune import Finetuning, finetune_config
 from depthlab.train.trainer import Trainer
 from tests.conftest import tiny_model_config
 

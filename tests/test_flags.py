@@ -165,7 +165,7 @@ def test_the_refusal_names_the_pickle_of_a_model_directory(tmp_path):
 
 def test_task_yaml_that_does_not_parse_is_named_with_its_line(tmp_path):
     pytest.importorskip("lm_eval")
-    from depthlab.hf.harness import task_names_and_paths
+    from depthlab.eval.harness import task_names_and_paths
 
     good = tmp_path / "good"
     good.mkdir()
@@ -178,7 +178,7 @@ def test_task_yaml_that_does_not_parse_is_named_with_its_line(tmp_path):
 
 def test_every_multiple_choice_answer_is_checked_against_its_choices():
     pytest.importorskip("lm_eval")
-    from depthlab.hf.harness import _check_answers
+    from depthlab.eval.harness import _check_answers
 
     docs = [{"c": ["a", "b"], "t": 1}, {"c": ["a", "b"], "t": "b"}, {"c": ["a", "b"], "t": 2}]
     task = SimpleNamespace(config=SimpleNamespace(output_type="multiple_choice"), multiple_input=0, eval_docs=docs,

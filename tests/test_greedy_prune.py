@@ -69,7 +69,7 @@ def test_greedy_by_loss_starts_with_the_one_shot_best_block_and_writes_the_model
 
 
 def test_greedy_by_tasks_starts_with_the_one_shot_best_block_and_scores_as_eval(world, capsys):
-    from depthlab.hf.mc_eval import evaluate_tasks, load_scorer
+    from depthlab.eval.multiple_choice import evaluate_tasks, load_scorer
 
     tmp, hf, res = world
     record = greedy(tmp, hf, "by_tasks", "tasks", "--tasks", str(tmp / "mc.jsonl"))

@@ -111,10 +111,10 @@ def test_document_losses_average_to_the_evaluated_loss():
     import torch
 
     from depthlab.config import apply_overrides
+    from depthlab.eval.perplexity import evaluate
     from depthlab.model.families import preset
     from depthlab.model.transformer import build_model
     from depthlab.study.corpus import document_losses
-    from depthlab.train.runtime import evaluate
 
     cfg = apply_overrides(preset("cpu-tiny"), ["model.dim=32", "model.n_heads=2", "model.ffn_dim=64",
                                                "model.vocab_size=97", "model.n_layers=2"])

@@ -7,9 +7,9 @@ import torch
 from depthlab import UserError
 from depthlab.cli import main
 from depthlab.config import Config
+from depthlab.eval.multiple_choice import choice_logprobs, evaluate_tasks, load_scorer, read_tasks
 from depthlab.hf.exporter import export
 from depthlab.hf.importer import save_as_checkpoint
-from depthlab.hf.mc_eval import choice_logprobs, evaluate_tasks, load_scorer, read_tasks
 from depthlab.model import Transformer
 from tests.conftest import tiny_model_config
 from tests.test_hf_fixtures import make_checkpoint, word_tokenizer

@@ -118,7 +118,7 @@ def test_pruned_lns_model_keeps_each_kept_layer_its_own_scale(tmp_path):
 def test_drop_lowest_prunes_the_analysis_choice_and_says_what_it_measured(tmp_path, capsys):
     """analyze ranks the blocks and scores the model without its k least useful; prune --drop-lowest writes that
     model, whose own loss and task accuracy are the ones the analysis measured."""
-    from depthlab.hf.mc_eval import evaluate_tasks, load_scorer
+    from depthlab.eval.multiple_choice import evaluate_tasks, load_scorer
     from tests.test_analysis_support import TEXT, save_hf_model
 
     hf = save_hf_model(tmp_path / "hf", "llama")

@@ -226,7 +226,7 @@ ROW = ["What is 2 + 2?", "3", "4", "5", "6", "B"]
 
 
 def test_mmlu_csv_with_a_byte_order_mark_reads_like_without(tmp_path):
-    from depthlab.hf.mmlu import read_mmlu
+    from depthlab.eval.mmlu import read_mmlu
 
     _mmlu_csv(tmp_path / "plain", "math", [ROW] * 3)
     _mmlu_csv(tmp_path / "excel", "math", [ROW] * 3, bom=True)
@@ -234,7 +234,7 @@ def test_mmlu_csv_with_a_byte_order_mark_reads_like_without(tmp_path):
 
 
 def test_an_empty_mmlu_subject_is_refused_not_dropped(tmp_path):
-    from depthlab.hf.mmlu import read_mmlu
+    from depthlab.eval.mmlu import read_mmlu
 
     _mmlu_csv(tmp_path, "math", [ROW] * 3)
     _mmlu_csv(tmp_path, "law", [])
@@ -246,7 +246,7 @@ def test_an_empty_parquet_mmlu_subject_is_refused(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from depthlab.hf.mmlu import read_mmlu
+    from depthlab.eval.mmlu import read_mmlu
 
     row = {"question": "q?", "choices": ["a", "b", "c", "d"], "answer": 1}
     for subject, rows in (("math", [row]), ("law", [])):
@@ -261,7 +261,7 @@ def test_both_mmlu_layouts_in_one_folder_are_refused(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from depthlab.hf.mmlu import read_mmlu
+    from depthlab.eval.mmlu import read_mmlu
 
     _mmlu_csv(tmp_path, "math", [ROW])
     (tmp_path / "law").mkdir()

@@ -27,7 +27,7 @@ def modes(tmp_path_factory):
     """(whole-model, layer-by-layer) results with Jacobians, --sublayers, --linear-replacement and --drop-lowest 2,
     removal also scored by an MC file; and the saved model's folder."""
     from depthlab.analysis.run import Request, run_request
-    from depthlab.hf.commonsense import TaskSuite
+    from depthlab.eval.suite import TaskSuite
 
     tmp = tmp_path_factory.mktemp("mixed")
     hf, mc = save_gemma2(tmp / "hf", sliding_window=4), write_mc(tmp / "mc.jsonl")

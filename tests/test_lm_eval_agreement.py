@@ -14,9 +14,9 @@ pytest.importorskip("transformers")
 
 from depthlab.cli import main
 from depthlab.config import Config, apply_overrides
+from depthlab.eval.harness import DepthlabLM, run_harness
+from depthlab.eval.multiple_choice import evaluate_tasks, load_scorer, score_pairs
 from depthlab.hf.exporter import export
-from depthlab.hf.harness import DepthlabLM, run_harness
-from depthlab.hf.mc_eval import evaluate_tasks, load_scorer, score_pairs
 from depthlab.train.trainer import train
 from tests.test_device_map import nothing_in
 from tests.test_hf_fixtures import make_checkpoint

@@ -16,8 +16,8 @@ from depthlab.cli import main
 from depthlab.config import Config
 from depthlab.data.dataset import build_token_data, saved_val_tokens
 from depthlab.data.tokenizer import load_tokenizer
+from depthlab.eval.perplexity import evaluate
 from depthlab.loading import load_model
-from depthlab.train.runtime import evaluate
 
 TINY = ["--set", "model.dim=32", "--set", "model.n_layers=2", "--set", "model.n_heads=2", "--set", "model.ffn_dim=64",
         "--set", "model.vocab_size=300", "--set", "data.seq_len=32", "--set", "train.batch_size=4",

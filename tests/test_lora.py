@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from depthlab.config import Config, LoraConfig
+from depthlab.data.instructions import build_instruction_data
+from depthlab.eval.perplexity import response_loss
 from depthlab.hf.importer import save_as_checkpoint
 from depthlab.model import SCHEMES, Transformer, lora as L
 from depthlab.train.callbacks import Callback
-from depthlab.train.finetune import Finetuning, build_instruction_data, finetune_config, response_loss
+from depthlab.train.finetune import Finetuning, finetune_config
 from depthlab.train.trainer import Trainer
 from tests.conftest import tiny_model_config
 from tests.test_finetune import FAST, TRAIN, bpe_for_tests, run

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from depthlab.cli import main
-from depthlab.hf.mc_eval import load_scorer
-from depthlab.hf.mmlu import LETTERS, evaluate_mmlu, read_mmlu
+from depthlab.eval.mmlu import LETTERS, evaluate_mmlu, read_mmlu
+from depthlab.eval.multiple_choice import load_scorer
 from tests.test_lm_eval_agreement import trained  # noqa: F401 - the tiny trained model and its export
 
 pa = pytest.importorskip("pyarrow")

@@ -132,6 +132,15 @@ def test_hf_analysis_and_train_are_siblings():
     assert offenders == []
 
 
+def test_eval_imports_none_of_the_command_packages():
+    """depthlab.eval (every scorer, and the `eval` command) sits below hf, analysis and train: none of its modules
+    imports theirs, lazily or not, so each of them may import the scorers."""
+    offenders = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps
+                       if package_of(m) == "depthlab.eval" and package_of(d) in SIBLINGS)
+    assert offenders == []
+    assert "depthlab.eval" in package_graph(import_graph())["depthlab.analysis"]
+
+
 def test_no_import_cycle_among_depthlab_packages():
     """depthlab.data, .hf, .train, .model, .analysis, .study and the top-level modules (each its own node) form a
     DAG: paths, owned, loading and metrics sit below the packages that use them."""
@@ -155,7 +164,7 @@ def test_config_is_data_only():
 @pytest.mark.parametrize("module", ["depthlab.config", "depthlab.model", "depthlab.model.validate",
                                     "depthlab.model.apply", "depthlab.hf.exporter", "depthlab.analysis.layerwise",
                                     "depthlab.cli", "depthlab.paths", "depthlab.ownership", "depthlab.loading",
-                                    "depthlab.metrics"])
+                                    "depthlab.metrics", "depthlab.eval.cli"])
 def test_modules_import_in_isolation(module):
     """Each in a fresh interpreter, so that no earlier import hides an order-dependent cycle."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from depthlab.study import stats, verdicts
+from depthlab import stats
+from depthlab.study import verdicts
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import load_records, upgrade
 from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells

@@ -6,7 +6,8 @@ import math
 import pytest
 from scipy import stats as st
 
-from depthlab.study import stats, verdicts
+from depthlab import stats
+from depthlab.study import verdicts
 
 
 def test_two_seeds_that_beat_two_standard_errors_but_whose_t_interval_holds_zero_are_inconclusive():

@@ -1,6 +1,9 @@
-"""The device a flag names, for every command that runs a model (train, eval, analyze, the HF tools)."""
+"""The device a flag names, for every command that runs a model (train, eval, analyze, the HF tools), and the
+autocast a run's dtype asks for on it (training and every scorer)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -22,3 +25,9 @@ def resolve_device(name: str, what: str = "--device", instead: str = "use cpu or
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise UserError(f"{what} {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+def autocast(device: torch.device, dtype: str):
+    if dtype == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -53,9 +53,9 @@ def micro_batches(cfg: Config) -> int:
 def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int, clip: bool):
     """STEPS optimizer steps of at most two micro-batches each, as the trainer takes them (clipping when `clip`);
     yields after each micro-batch's backward."""
+    from depthlab.device import autocast
     from depthlab.train.distributed import grad_sync
     from depthlab.train.optim import clip_gradients
-    from depthlab.train.runtime import autocast
 
     tc, micro = cfg.train, micro_batches(cfg) // STEPS
     gen = torch.Generator().manual_seed(0)

@@ -217,7 +217,7 @@ def fit_linear_maps(lm: LayeredLM, fit: list[Batch], opts: Options = Options()) 
 
 def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Options(),
             questions: dict | None = None, fit: list[Batch] | None = None) -> dict:
-    """Whole-model mode. `questions`: {task: [TaskQuestion]} to score removal by; `fit`: the windows the linear
+    """Whole-model mode. `questions`: {task: [ScoredQuestion]} to score removal by; `fit`: the windows the linear
     maps are fitted on (with opts.linear)."""
     L = lm.n_layers
     lm.discover(batches[0].inputs, batches[0].mask)

@@ -91,9 +91,8 @@ def _add_removal_args(p) -> None:
                    "--drop-lowest k` writes that model")
 
 
-def _task_suite(args):
-    """The task sources, read and checked before any model loads (depthlab.hf's readers, handed to this command
-    as args.task_suite: analysis does not import hf)."""
+def _removal_tasks(args):
+    """The task sources, read and checked before any model loads (depthlab.eval.suite)."""
     sources = [("--removal-tasks", args.removal_tasks), ("--removal-mmlu", args.removal_mmlu),
                ("--removal-commonsense", args.removal_commonsense)]
     given = [flag for flag, value in sources if value]
@@ -104,10 +103,10 @@ def _task_suite(args):
         return None
     if args.no_removal:
         raise UserError(f"{given[0]} has no effect with --no-removal; drop one of them")
-    if args.task_suite is None:
-        raise UserError(f"{given[0]} needs depthlab's task readers (depthlab.hf), which are not loaded")
-    return args.task_suite(args.removal_tasks or (), args.removal_mmlu, args.mmlu_shots, args.removal_commonsense,
-                           args.task_limit)
+    from depthlab.eval.suite import TaskSuite
+
+    return TaskSuite.read(args.removal_tasks or (), args.removal_mmlu, args.mmlu_shots, args.removal_commonsense,
+                          args.task_limit)
 
 
 def _request(args, model: str):
@@ -173,7 +172,7 @@ def cmd_analyze(args) -> None:
     from depthlab.analysis.results import is_classifier
     from depthlab.ownership import is_analysis, writing
 
-    args.tasks = _task_suite(args)  # the task files' errors before any work
+    args.tasks = _removal_tasks(args)  # the task files' errors before any work
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
     with writing(out, is_analysis, "analyze", args.overwrite, _inputs(args, [args.model])) as tmp:  # before the work
         res = _results(args, args.model)
@@ -204,7 +203,7 @@ def cmd_compare(args) -> None:
         raise UserError(f"--labels names two models {twice!r}; give each model its own label")
     if len(set(labels)) != len(labels):  # default labels: models in folders of one name
         labels = [f"{i + 1}:{lab}" for i, lab in enumerate(labels)]
-    args.tasks = _task_suite(args)
+    args.tasks = _removal_tasks(args)
     tasks = {m: task_of(m) for m in args.models}  # every path checked before minutes of analysis go into the first
     if len(set(tasks.values())) > 1:
         raise UserError("compare needs models of one kind: " + ", ".join(f"{m} is {t}" for m, t in tasks.items()))
@@ -248,8 +247,7 @@ def add_commands(sub) -> None:
                    "earlier report")
     a.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an analysis report")
     _add_model_args(a)
-    # depthlab.hf.cli put eval's task readers on the subcommand table (analysis may not import hf)
-    a.set_defaults(func=cmd_analyze, task_suite=getattr(sub, "task_suite", None))
+    a.set_defaults(func=cmd_analyze)
     if "prune" in sub.choices:  # prune --greedy scores removals as analyze does (hf may not import analysis)
         from depthlab.analysis.greedy import prune_order
 
@@ -265,7 +263,7 @@ def add_commands(sub) -> None:
                    "comparison")
     c.add_argument("--overwrite", action="store_true", help="replace --out even if it is not a comparison")
     _add_model_args(c)
-    c.set_defaults(func=cmd_compare, task_suite=getattr(sub, "task_suite", None))
+    c.set_defaults(func=cmd_compare)
 
     from depthlab.flags import at_least, non_negative, positive
 

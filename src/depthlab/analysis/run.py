@@ -24,6 +24,7 @@ from depthlab.analysis.calibration import (
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, kind_of
 from depthlab.checkpoint import CheckpointMeta
+from depthlab.eval.suite import TaskSuite
 from depthlab.progress import phase
 
 
@@ -43,8 +44,8 @@ class Request:
     at_init: bool = True  # also index the same model at initialisation, when its config is known (depthlab runs)
     windows: int | None = None  # sample this many windows (seeded) over the whole calibration text instead
     window_seed: int = 0
-    tasks: object = None  # what removal is also scored by: `tasks.for_model(path, trust_remote_code)` gives
-    # {task: [questions]} (depthlab.hf.commonsense.TaskSuite; see depthlab.analysis.tasks)
+    tasks: TaskSuite | None = None  # what removal is also scored by: `tasks.for_model(path, trust_remote_code)`
+    # gives {task: [ScoredQuestion]} (depthlab.eval.suite; see depthlab.analysis.tasks)
     linear_fit_tokens: int = 4096  # with options.linear: the windows the linear maps are fitted on
     device_map: str | dict | None = None  # place the model over several devices (depthlab.loading.place): auto,
     # balanced, sequential or {module name: device}; `device` is then the main device the map gives

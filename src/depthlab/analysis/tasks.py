@@ -3,72 +3,37 @@ paper's Figure 1 is MMLU accuracy with one layer removed): for each plan (depthl
 accuracy (the choice with the highest summed log-likelihood is the pick) with its 95% Wilson score interval, and
 the mean log-likelihood of the correct answer, beside the model's own and the drop.
 
-The questions are built by depthlab.hf (TaskSuite, ScoredQuestion: the requests `eval` scores) and handed over by
-the analyze command; analysis does not import hf (the two are siblings). What it needs of a question is
-`TaskQuestion`. Each question is traced as its own batch (its choices, as `eval` scores them), then every plan is
-replayed from the cached input of the first block it changes; the head is applied only from the first position
-whose logits are read (`answer_logits`).
+The questions are depthlab.eval's (TaskSuite, ScoredQuestion: the requests `eval` scores). Each question is traced
+as its own batch (its choices, as `eval` scores them), then every plan is replayed from the cached input of the
+first block it changes; the head is applied only from the first position whose logits are read (`answer_logits`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Protocol
 
 import torch
 
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import BASE, Plan, plan_rows, replay_state, single_plans, skipping
+from depthlab.eval.multiple_choice import ScoredQuestion
+from depthlab.stats import paired_drop, wilson
 
 INTERVAL = ("acc_ci: 95% Wilson score interval of the accuracy (scipy.stats.binomtest(k, n).proportion_ci("
             "method='wilson')); drop_ci: exact 95% interval of the paired drop, conditional on the discordant "
             "questions (Clopper-Pearson, so it excludes 0 exactly when drop_p < 0.05); drop_p: exact McNemar test")
 
 
-class TaskQuestion(Protocol):
-    ids: torch.Tensor  # (choices, T) right-padded token ids
-    first: int  # the first position whose logits are read (the earliest that predicts a continuation token)
-
-    def outcome(self, logits: torch.Tensor) -> tuple[bool, float]:
-        """(whether the pick is the answer, the answer's summed log-likelihood) from the logits of ids[:, first:]."""
-
-
-def answer_logits(lm: LayeredLM, q: TaskQuestion, h: torch.Tensor) -> torch.Tensor:
+def answer_logits(lm: LayeredLM, q: ScoredQuestion, h: torch.Tensor) -> torch.Tensor:
     """The head applied where the question's answers are read only: the logits of a long few-shot context over a
     large vocabulary, at every position and for every removal, would dwarf the model's activations."""
     return lm.logits(h[:, q.first:])
 
 
-def question_mask(q: TaskQuestion) -> torch.Tensor:
+def question_mask(q: ScoredQuestion) -> torch.Tensor:
     """All ones: the pads are on the right, where causal attention never lets a real token see them, and `eval`
     calls the model without a mask; with one the numbers would be the same up to rounding, not bit for bit."""
     return torch.ones_like(q.ids, dtype=torch.bool)
-
-
-def wilson(k: int, n: int) -> list[float]:
-    from scipy.stats import binomtest
-
-    ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
-    return [float(ci.low), float(ci.high)]
-
-
-def paired_drop(base: list[bool], other: list[bool]) -> dict:
-    """The accuracy drop on the same questions, read from the discordant ones: lost (right before, wrong after) and
-    gained. Its 95% interval is conditional on their number m: lost ~ Binomial(m, π), drop = m (2π - 1) / n, π's
-    exact (Clopper-Pearson) interval carried over; drop_p is the exact McNemar test (binomtest(lost, m, 0.5)). The
-    exact interval is the inversion of that test (two one-sided tails at 2.5%; the null π = 0.5 is symmetric), so
-    the interval excludes 0 exactly when drop_p < 0.05: a Wilson interval here excluded 0 at 4 lost of 4 (p 0.125)."""
-    from scipy.stats import binomtest
-
-    n = len(base)
-    lost = sum(a and not b for a, b in zip(base, other))
-    m = lost + sum(b and not a for a, b in zip(base, other))
-    if m == 0:
-        return {"lost": 0, "gained": 0, "drop_ci": [0.0, 0.0], "drop_p": 1.0}
-    ci = binomtest(lost, m).proportion_ci(0.95, method="exact")
-    lo, hi = float(ci.low), float(ci.high)
-    return {"lost": lost, "gained": m - lost, "drop_ci": [m * (2 * lo - 1) / n, m * (2 * hi - 1) / n],
-            "drop_p": float(binomtest(lost, m).pvalue)}
 
 
 class TaskSums:
@@ -80,7 +45,7 @@ class TaskSums:
         self.ll: dict = defaultdict(float)
         self.tasks: dict[str, None] = {}
 
-    def add(self, task: str, key: tuple, question: TaskQuestion, logits: torch.Tensor) -> None:
+    def add(self, task: str, key: tuple, question: ScoredQuestion, logits: torch.Tensor) -> None:
         ok, ll = question.outcome(logits)
         self.tasks[task] = None
         self.right[task, key].append(bool(ok))

@@ -68,7 +68,7 @@ class ImageData:
 
 
 @dataclass
-class Loaded:
+class SourceImages:
     """A source's images, converted and resized but neither split (if it has no split of its own) nor normalised."""
 
     train: tuple[np.ndarray, np.ndarray]
@@ -131,7 +131,7 @@ def labels_of(y: np.ndarray, n: int, where: str) -> np.ndarray:
 # --- sources ----------------------------------------------------------------------------------------------------
 
 
-def digits(image_size: int, channels: int) -> Loaded:
+def digits(image_size: int, channels: int) -> SourceImages:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
@@ -139,7 +139,7 @@ def digits(image_size: int, channels: int) -> Loaded:
                         "with data.paths") from None
     d = load_digits()
     x = fit_images(d.images[:, None], 16.0, image_size, channels)  # pixel values 0..16
-    return Loaded((x, d.target.astype(np.int64)), None, [str(c) for c in d.target_names],
+    return SourceImages((x, d.target.astype(np.int64)), None, [str(c) for c in d.target_names],
                   "scikit-learn handwritten digits (8x8 grey)")
 
 
@@ -196,7 +196,7 @@ def npz_split(arrays: dict, xk: str, yk: str, path: Path, image_size: int, chann
     return fit_images(x, pixel_divisor(x, where), image_size, channels), y
 
 
-def npz(path: Path, image_size: int, channels: int) -> Loaded:
+def npz(path: Path, image_size: int, channels: int) -> SourceImages:
     arrays = read_npz(path)
     if "x" not in arrays or "y" not in arrays:
         raise UserError(f"{path}: an image .npz needs arrays x (images) and y (labels); it has {sorted(arrays)}")
@@ -212,7 +212,7 @@ def npz(path: Path, image_size: int, channels: int) -> Loaded:
             raise UserError(f"{path}: {len(classes)} class names but labels go up to {n_classes - 1}")
     else:
         classes = [str(c) for c in range(n_classes)]
-    return Loaded(train, val, classes, f"{path} (.npz)", "validation = x_val / y_val" if val else "")
+    return SourceImages(train, val, classes, f"{path} (.npz)", "validation = x_val / y_val" if val else "")
 
 
 class ArraysOnly(pickle.Unpickler):
@@ -255,7 +255,7 @@ def cifar_batches(files: list[Path], image_size: int, channels: int) -> tuple[np
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def cifar(folder: Path, image_size: int, channels: int) -> Loaded:
+def cifar(folder: Path, image_size: int, channels: int) -> SourceImages:
     train_files = sorted(folder.glob("data_batch_*"), key=lambda p: p.name.rpartition("_")[2].zfill(9))
     if not train_files or not (folder / "test_batch").is_file():
         raise UserError(f"{folder}: a CIFAR-10 folder needs data_batch_1..5 and test_batch next to batches.meta")
@@ -265,7 +265,7 @@ def cifar(folder: Path, image_size: int, channels: int) -> Loaded:
     val = cifar_batches([folder / "test_batch"], image_size, channels)
     if max(train[1].max(initial=0), val[1].max(initial=0)) >= len(names):
         raise UserError(f"{folder}: labels beyond the {len(names)} label_names of batches.meta")
-    return Loaded(train, val, names, f"CIFAR-10 at {folder}", "validation = test_batch")
+    return SourceImages(train, val, names, f"CIFAR-10 at {folder}", "validation = test_batch")
 
 
 def read_image(path: Path, image_size: int, channels: int) -> np.ndarray | None:
@@ -306,7 +306,7 @@ def split_folders(root: Path) -> tuple[Path, Path | None]:
     return (root / "train", val) if val and (root / "train").is_dir() else (root, None)
 
 
-def image_folder(root: Path, image_size: int, channels: int) -> Loaded:
+def image_folder(root: Path, image_size: int, channels: int) -> SourceImages:
     train_root, val_root = split_folders(root)
     classes = class_folders(train_root)
     if not classes:
@@ -320,13 +320,13 @@ def image_folder(root: Path, image_size: int, channels: int) -> Loaded:
             raise UserError(f"{val_root}: class folders {', '.join(unknown)} are not in {train_root}")
         val, more = read_class_folders(val_root, classes, image_size, channels)
         skipped, split = skipped + more, f"validation = {val_root.name}/"
-    return Loaded(train, val, classes, f"{root} (image folders)", split, skipped)
+    return SourceImages(train, val, classes, f"{root} (image folders)", split, skipped)
 
 
 # --- the splits -------------------------------------------------------------------------------------------------
 
 
-def load(paths: list[str], image_size: int, channels: int) -> Loaded:
+def load(paths: list[str], image_size: int, channels: int) -> SourceImages:
     if len(paths) > 1:
         raise UserError(f"give one image source (a folder, a .npz file or a CIFAR-10 folder), got {len(paths)} "
                         f"paths: {' '.join(paths)}")
@@ -367,7 +367,7 @@ def normalise(train_x: np.ndarray, val_x: np.ndarray) -> tuple[list[float], list
     return mean.tolist(), std.tolist()
 
 
-def skipped_note(loaded: Loaded) -> str:
+def skipped_note(loaded: SourceImages) -> str:
     """'; skipped 2 unreadable files (the first of them)', or nothing."""
     skipped = loaded.skipped or []
     if not skipped:

@@ -1,13 +1,20 @@
 """Instruction records (Commonsense170K's format: `{"instruction", "input", "output", "answer"}`, one JSON array
-or JSON lines) and the prompt they become: LLM-Adapters' Alpaca template, byte for byte. Read by fine-tuning
-(depthlab.train.finetune) and by the commonsense evaluation (depthlab.hf.commonsense)."""
+or JSON lines) and the prompt they become: LLM-Adapters' Alpaca template, byte for byte; and an instruction file
+encoded and padded as fine-tuning trains on it (`build_instruction_data`). Read by fine-tuning
+(depthlab.train.finetune), by a fine-tune's own validation (depthlab.eval.perplexity) and by the commonsense
+evaluation (depthlab.eval.commonsense)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from depthlab import UserError
+from depthlab.data.dataset import TokenData
+from depthlab.data.tokenizer import eot_id
 
 FIELDS = ("instruction", "input", "output")
 PROMPT_WITH_INPUT = (
@@ -93,3 +100,65 @@ def read_records(path: str | Path) -> list[dict]:
     if not out:
         raise UserError(f"instruction file {path} holds no records")
     return out
+
+
+IGNORE = -100  # the target of a prompt or padding position: no loss there
+
+
+def encode_examples(tok, records: list[dict], start: int | None, eot: int) -> list[tuple[list[int], int]]:
+    """(token ids, number of prompt tokens) of each record: start, prompt, response, end of text."""
+    prompts = tok.encode_batch([prompt_of(r["instruction"], r["input"]) for r in records], add_special_tokens=False)
+    responses = tok.encode_batch([r["output"] for r in records], add_special_tokens=False)
+    head = [] if start is None else [start]
+    return [(head + p.ids + r.ids + [eot], len(head) + len(p.ids)) for p, r in zip(prompts, responses)]
+
+
+def encode_example(tok, rec: dict, start: int | None, eot: int) -> tuple[list[int], int]:
+    """encode_examples of one record."""
+    return encode_examples(tok, [rec], start, eot)[0]
+
+
+def pad_examples(examples: list[tuple[list[int], int]], seq_len: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets), each (N, seq_len): right-padded rows, targets -100 on prompt and padding."""
+    x = np.full((len(examples), seq_len), pad, dtype=np.int32)  # int32: Commonsense170K padded is 350 MB, not 700
+    y = np.full((len(examples), seq_len), IGNORE, dtype=np.int32)
+    for i, (ids, n_prompt) in enumerate(examples):
+        ids = ids[:seq_len + 1]
+        x[i, :len(ids) - 1] = ids[:-1]
+        y[i, n_prompt - 1:len(ids) - 1] = ids[n_prompt:]
+    return x, y
+
+
+@dataclass
+class InstructionData(TokenData):
+    """TokenData whose train / val are padded rows, flattened (seq_len each), with their targets."""
+
+    train_targets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    val_targets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+
+
+def build_instruction_data(path: str | Path, tok, seq_len: int, warn=print) -> InstructionData:
+    """Read, encode and pad an instruction file; about a tenth of the records (at least one) held out."""
+    records = read_records(path)
+    if len(records) < 2:
+        raise UserError(f"{path}: one record; fine-tuning holds out about a tenth of the records (at least one) for "
+                        "validation, so it needs at least two")
+    eot = eot_id(tok)
+    examples = encode_examples(tok, records, eot, eot)
+    keep = [i for i, (_, n) in enumerate(examples) if n < seq_len + 1]
+    if len(keep) < len(examples):
+        lines = [records[i]["line"] for i, (_, n) in enumerate(examples) if n >= seq_len + 1]
+        warn(f"depthlab: warning: {path}: dropped {len(lines)} record(s) whose prompt fills seq_len {seq_len} "
+             f"(lines {', '.join(map(str, lines[:5]))}{'...' if len(lines) > 5 else ''})")
+    if not keep:
+        raise UserError(f"{path}: no record's response fits in seq_len {seq_len}; raise --seq-len")
+    examples = [examples[i] for i in keep]
+    if len(examples) < 2:
+        raise UserError(f"{path}: only one record fits in seq_len {seq_len}, and validation needs another; raise "
+                        "--seq-len")
+    n_val = max(1, len(examples) // 10)
+    x, y = pad_examples(examples, seq_len, eot)
+    tx, ty, vx, vy = x[:len(x) - n_val], y[:len(y) - n_val], x[len(x) - n_val:], y[len(y) - n_val:]
+    source = f"{path} ({len(tx)} train / {len(vx)} validation examples, padded to {seq_len})"
+    return InstructionData(tok, tx.reshape(-1), vx.reshape(-1), source, train_targets=ty.reshape(-1),
+                           val_targets=vy.reshape(-1))

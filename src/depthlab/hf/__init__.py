@@ -1,5 +1,5 @@
-"""Hugging Face interop: export to stock Llama, apply schemes to HF models, import HF weights, prune, and
-multiple-choice evaluation.
+"""Hugging Face interop: export to stock Llama, apply schemes to HF models, import HF weights, prune (the
+scorers, lm-evaluation-harness's bridge included, are depthlab.eval's).
 
     convert.py    weight mapping between depthlab's Transformer and stock HF models, LNS scale folded
     exporter.py   a depthlab checkpoint -> a stock HF model directory (`depthlab export`)
@@ -7,11 +7,7 @@ multiple-choice evaluation.
     importer.py   an HF Llama-family checkpoint -> a depthlab Transformer / checkpoint (`depthlab import`)
     vit.py        a depthlab ViT <-> stock ViTForImageClassification (export's ViT branch; import_hf_vit)
     pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`)
-    mc_eval.py    zero-shot multiple choice by log-likelihood, lm-evaluation-harness's semantics (`eval --tasks`)
-    harness.py    lm-evaluation-harness itself on any depthlab model, an lm_eval LM adapter (`eval --harness`)
-    commonsense.py  the paper's eight commonsense tasks: generation + answer extraction, log-likelihood, the
-                  Table-2-style table (`eval --commonsense`)
-    cli.py        `depthlab export | prune | import`, `eval --harness`
+    cli.py        `depthlab export | prune | import`
 
 apply_scheme / load_pretrained (LNS on an HF model) live in depthlab.model.apply, below every command, and
 are re-exported here as the public API. The public names load on first use, so that `depthlab --help` (which
@@ -21,7 +17,7 @@ imports depthlab.hf.cli) stays fast.
 _API = {
     "apply_scheme": "depthlab.model.apply", "load_pretrained": "depthlab.model.apply",
     "export": "exporter", "import_hf": "importer",
-    "import_hf_vit": "vit", "evaluate_tasks": "mc_eval", "prune": "pruning", "prune_layers": "pruning",
+    "import_hf_vit": "vit", "prune": "pruning", "prune_layers": "pruning",
 }
 __all__ = list(_API)
 

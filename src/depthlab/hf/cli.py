@@ -1,6 +1,4 @@
-"""`depthlab export`, `prune` and `import`, and `depthlab eval --harness` (lm-evaluation-harness through
-depthlab.hf.harness; the option is added to the eval command here, with the optional dependency it needs).
-The `--tasks` option of `depthlab eval` dispatches to mc_eval."""
+"""`depthlab export`, `prune` and `import`."""
 
 from __future__ import annotations
 
@@ -87,7 +85,9 @@ def prune_greedy(args) -> None:
         raise UserError(f"{sources[0]} has no effect with --by loss; rank --by tasks, or drop it")
     if by == "tasks" and not sources:
         raise UserError("--greedy --by tasks needs questions: give --tasks FILE.jsonl, --mmlu DIR or --commonsense DIR")
-    tasks = task_suite(args.tasks or (), args.mmlu, 0, args.commonsense, args.task_limit) if sources else None
+    from depthlab.eval.suite import TaskSuite
+
+    tasks = TaskSuite.read(args.tasks or (), args.mmlu, 0, args.commonsense, args.task_limit) if sources else None
     window = dict(data=args.data, tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size)
     device, record = str(resolve_device(args.device, "--device")), {}
 
@@ -120,44 +120,6 @@ def cmd_import(args) -> None:
     print(f"imported {args.model} as a depthlab checkpoint (scheme {scheme}): {out}")
 
 
-def cmd_harness(args) -> None:
-    import importlib.util
-
-    from depthlab.loading import PLACEMENT, load_model, placed_device, placement
-
-    given = [name for name, value in (("--tasks", args.tasks), ("--data", args.data),
-                                      ("--commonsense", args.commonsense), ("--seq-len", args.seq_len)) if value]
-    if given:
-        raise UserError(f"--harness runs lm-evaluation-harness tasks; it does not combine with {given[0]}")
-    if importlib.util.find_spec("lm_eval") is None:
-        raise UserError("--harness needs lm-evaluation-harness: pip install 'depthlab[eval]' (lm-eval, accelerate)")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    from lm_eval.utils import make_table
-
-    from depthlab.hf.harness import run_harness
-    from depthlab.hf.mc_eval import scorer_for
-
-    if len(args.checkpoint) > 1:
-        raise UserError("--harness evaluates one model at a time (several models: --commonsense DIR)")
-    loaded = load_model(args.checkpoint[0], device=placed_device(args), **dict(zip(PLACEMENT, placement(args))))
-    print(make_table(run_harness(scorer_for(loaded), args.harness, batch_size=args.batch_size,
-                                 progress=not args.no_progress)))
-
-
-def add_harness_option(sub) -> None:
-    """`depthlab eval --harness TASK...`: the eval command runs lm-eval's tasks instead when it is given."""
-    from depthlab.ownership import INPUT
-
-    e = sub.choices["eval"]
-    e.add_argument("--harness", nargs="+", type=INPUT, metavar="TASK", help="run lm-evaluation-harness tasks on the "
-                   "model "
-                   "through depthlab's adapter (any scheme): lm-eval task names, YAML task files or folders of them "
-                   "(needs depthlab[eval]; docs/hf.md)")
-    plain = e.get_default("func")
-    e.set_defaults(func=lambda args: cmd_harness(args) if args.harness else plain(args))
-
-
 # display names of the HF model types the families import (each family's hf_names, depthlab.model.families)
 FAMILY_NAMES = {t: name for family in FAMILIES.values() for t, name in family.hf_names.items()}
 
@@ -181,20 +143,7 @@ def _exported_schemes() -> tuple[str, str]:
     return listed("family"), listed("gemma2")
 
 
-def task_suite(files, mmlu, shots: int, commonsense, limit: int | None):
-    """eval's task sources read into a TaskSuite, for `analyze --removal-tasks / --removal-mmlu /
-    --removal-commonsense`."""
-    from depthlab.hf.commonsense import TaskSuite
-
-    return TaskSuite.read(files, mmlu, shots, commonsense, limit)
-
-
 def add_commands(sub) -> None:
-    if "eval" in sub.choices:
-        add_harness_option(sub)
-    # analyze (added after this module, by depthlab.analysis.cli) scores removal by eval's tasks; analysis may not
-    # import hf, so the reader waits for it on the subcommand table both modules are given
-    sub.task_suite = task_suite
     from depthlab.ownership import INPUT, OUTPUT
 
     families, classes = _families()

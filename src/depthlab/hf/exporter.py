@@ -71,7 +71,7 @@ def hf_tokenizer(tok):
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
-    from depthlab.hf.mc_eval import start_token
+    from depthlab.eval.multiple_choice import start_token
 
     sep = start_token(tok)
     if sep is None:

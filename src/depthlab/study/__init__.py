@@ -1,6 +1,6 @@
-"""Studies as library code: one runner, one statistics module, one decision rule, and the pages they write.
+"""Studies as library code: one runner, one decision rule, and the pages they write (their statistics are
+depthlab.stats, shared with the task-removal analysis).
 
-    stats.py     mean ± std, t-intervals and TOST (scipy.stats), Holm (statsmodels), binomial intervals, as text
     verdicts.py  the one decision rule: every word from an interval, with n and the interval beside it
     claims.py    the paper's claims read by that rule from the LNS study's results
     summary.py   runs files -> per-depth, per-rate and per-variant results (differences paired by seed)

@@ -134,8 +134,8 @@ def document_losses(model, tokens: np.ndarray, doc_tokens: list[int], seq_len: i
     import torch
 
     from depthlab.data.dataset import eval_batches
+    from depthlab.device import autocast
     from depthlab.model.loss import lm_loss
-    from depthlab.train.runtime import autocast
 
     starts = np.cumsum([0, *doc_tokens])  # target at stream position p belongs to document searchsorted(p) - 1
     sums, counts, pos = np.zeros(len(doc_tokens)), np.zeros(len(doc_tokens), dtype=np.int64), 1

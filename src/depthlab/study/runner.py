@@ -306,7 +306,7 @@ def _weighted(rec: dict, split: str) -> float | None:
 
 
 def _evaluate(trainer, cfg, tokens) -> float:
-    from depthlab.train.runtime import evaluate
+    from depthlab.eval.perplexity import evaluate
 
     return evaluate(trainer.module, tokens, cfg.data.seq_len, cfg.train.batch_size, trainer.device,
                     cfg.train.dtype)["val_loss"]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 
 from depthlab.analysis.curse import interior, shallow_deep
+from depthlab.stats import binomial_se, mean_std
 from depthlab.study.records import cell_key, final_probe, upgrade
 from depthlab.study.runner import best_rates
-from depthlab.study.stats import binomial_se, mean_std
 from depthlab.study.verdicts import (
     at_edge,
     cell_reading,
@@ -451,8 +451,8 @@ def reruns(results) -> dict:
     difference they show (stats.rerun_variance over every pair), which the page's noise model adds."""
     from pathlib import Path
 
+    from depthlab.stats import rerun_variance
     from depthlab.study.records import load_records
-    from depthlab.study.stats import rerun_variance
 
     of = lambda name: load_records(Path(results) / name / "runs.jsonl")  # noqa: E731
     out = {**rerun_spread(of("depth_study"), of("lns_study")), "again": rerun_spread(of("rerun_a"), of("rerun_b"))}

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from depthlab.stats import interval, mean_std, pooled_noise, pvalue, spread
 from depthlab.study import declared
 from depthlab.study.page.text import said
 from depthlab.study.records import cell_key, final_probe
 from depthlab.study.runner import Cell, run_cells, selection_value
-from depthlab.study.stats import interval, mean_std, pooled_noise, pvalue, spread
 from depthlab.study.verdicts import (
     EQUIVALENCE_MARGIN,
     ci_cell,

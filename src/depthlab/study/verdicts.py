@@ -80,7 +80,7 @@ from __future__ import annotations
 import math
 
 from depthlab.analysis.curse import CurseSpec, deep_half
-from depthlab.study.stats import (
+from depthlab.stats import (
     LEVEL,
     finite,
     holm,

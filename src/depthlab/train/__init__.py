@@ -6,8 +6,8 @@ trainer.py      the loop: packed batches, gradient accumulation, bf16 autocast, 
 tasks.py        what a run trains on: the Task interface (data, sampler, validation, checkpoint meta) and
                 LanguageModelling; vision.py ImageClassification and finetune.py Finetuning are the others
 vision.py       image classification for model.family=vit
-runtime.py      the toolbox the loop shares with eval and the studies: seeding and RNG state, autocast,
-                per-token evaluation, environment record
+runtime.py      the toolbox the loop shares with the studies: seeding and RNG state, environment record,
+                deferred signals (its validation scorers are depthlab.eval's)
 finetune.py     supervised fine-tuning on instruction data (loss on the response tokens only)
 optim.py        AdamW with decay on matrices only (or Muon on the blocks' matrices, AdamW on the rest), linear
                 warmup then cosine decay to a floor

@@ -64,6 +64,10 @@ class DistEnv:
         dist.broadcast_object_list(box, src=0, group=self.host_group)
         return box[0]
 
+    def sum(self, values: list[float]) -> list[float]:
+        """Each value summed over the ranks (depthlab.eval.perplexity.Ranks)."""
+        return all_reduce_sum(values, self)
+
 
 def init_distributed(device: torch.device, timeout_s: float = 1800.0) -> DistEnv:
     """Join the process group torchrun set up (RANK / WORLD_SIZE in the environment); a no-op otherwise.

@@ -18,82 +18,19 @@ metrics.jsonl, progress bar.
 
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from depthlab import UserError
-from depthlab.data.dataset import SeededOrder, TokenData
-from depthlab.data.instructions import prompt_of, read_records
-from depthlab.data.tokenizer import eot_id
-from depthlab.model import loss_of
+from depthlab.data.dataset import SeededOrder
+from depthlab.data.instructions import InstructionData, build_instruction_data
+from depthlab.eval.perplexity import response_loss
 from depthlab.train.distributed import shutdown
-from depthlab.train.runtime import autocast
 from depthlab.train.tasks import LanguageModelling
 from depthlab.train.trainer import Trainer
-
-IGNORE = -100
-def encode_examples(tok, records: list[dict], start: int | None, eot: int) -> list[tuple[list[int], int]]:
-    """(token ids, number of prompt tokens) of each record: start, prompt, response, end of text."""
-    prompts = tok.encode_batch([prompt_of(r["instruction"], r["input"]) for r in records], add_special_tokens=False)
-    responses = tok.encode_batch([r["output"] for r in records], add_special_tokens=False)
-    head = [] if start is None else [start]
-    return [(head + p.ids + r.ids + [eot], len(head) + len(p.ids)) for p, r in zip(prompts, responses)]
-
-
-def encode_example(tok, rec: dict, start: int | None, eot: int) -> tuple[list[int], int]:
-    """encode_examples of one record."""
-    return encode_examples(tok, [rec], start, eot)[0]
-
-
-def pad_examples(examples: list[tuple[list[int], int]], seq_len: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets), each (N, seq_len): right-padded rows, targets -100 on prompt and padding."""
-    x = np.full((len(examples), seq_len), pad, dtype=np.int32)  # int32: Commonsense170K padded is 350 MB, not 700
-    y = np.full((len(examples), seq_len), IGNORE, dtype=np.int32)
-    for i, (ids, n_prompt) in enumerate(examples):
-        ids = ids[:seq_len + 1]
-        x[i, :len(ids) - 1] = ids[:-1]
-        y[i, n_prompt - 1:len(ids) - 1] = ids[n_prompt:]
-    return x, y
-
-
-@dataclass
-class InstructionData(TokenData):
-    """TokenData whose train / val are padded rows, flattened (seq_len each), with their targets."""
-
-    train_targets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
-    val_targets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
-
-
-def build_instruction_data(path: str | Path, tok, seq_len: int, warn=print) -> InstructionData:
-    """Read, encode and pad an instruction file; about a tenth of the records (at least one) held out."""
-    records = read_records(path)
-    if len(records) < 2:
-        raise UserError(f"{path}: one record; fine-tuning holds out about a tenth of the records (at least one) for "
-                        "validation, so it needs at least two")
-    eot = eot_id(tok)
-    examples = encode_examples(tok, records, eot, eot)
-    keep = [i for i, (_, n) in enumerate(examples) if n < seq_len + 1]
-    if len(keep) < len(examples):
-        lines = [records[i]["line"] for i, (_, n) in enumerate(examples) if n >= seq_len + 1]
-        warn(f"depthlab: warning: {path}: dropped {len(lines)} record(s) whose prompt fills seq_len {seq_len} "
-             f"(lines {', '.join(map(str, lines[:5]))}{'...' if len(lines) > 5 else ''})")
-    if not keep:
-        raise UserError(f"{path}: no record's response fits in seq_len {seq_len}; raise --seq-len")
-    examples = [examples[i] for i in keep]
-    if len(examples) < 2:
-        raise UserError(f"{path}: only one record fits in seq_len {seq_len}, and validation needs another; raise "
-                        "--seq-len")
-    n_val = max(1, len(examples) // 10)
-    x, y = pad_examples(examples, seq_len, eot)
-    tx, ty, vx, vy = x[:len(x) - n_val], y[:len(y) - n_val], x[len(x) - n_val:], y[len(y) - n_val:]
-    source = f"{path} ({len(tx)} train / {len(vx)} validation examples, padded to {seq_len})"
-    return InstructionData(tok, tx.reshape(-1), vx.reshape(-1), source, train_targets=ty.reshape(-1),
-                           val_targets=vy.reshape(-1))
 
 
 class ExampleSampler:
@@ -144,23 +81,6 @@ class Finetuning(LanguageModelling):
                              cfg.train.dtype)
 
 
-@torch.no_grad()
-def response_loss(model, x: np.ndarray, y: np.ndarray, seq_len: int, batch_size: int, device, dtype="fp32") -> dict:
-    """Mean loss over the response tokens of padded examples (flattened rows), and its perplexity."""
-    was = model.training
-    model.eval()
-    rows, targets = x.reshape(-1, seq_len), y.reshape(-1, seq_len)
-    total, count = 0.0, 0
-    for i in range(0, len(rows), batch_size):
-        xb, yb = (torch.from_numpy(a[i:i + batch_size]).long() for a in (rows, targets))
-        with autocast(torch.device(device), dtype):
-            total += loss_of(model, xb.to(device), yb.to(device), reduction="sum").item()
-        count += int((yb != IGNORE).sum())
-    model.train(was)
-    loss = total / max(count, 1)
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": count}
-
-
 def finetune_config(model: str, data: str, seq_len: int | None = None, overrides: list[str] | None = None,
                     lora=None):
     """The fine-tuning config: the model's own architecture and data settings, its weights as init_from, the
@@ -188,16 +108,6 @@ def finetune_config(model: str, data: str, seq_len: int | None = None, overrides
     if cfg.data.seq_len > cfg.model.max_seq_len:
         raise UserError(f"--seq-len {cfg.data.seq_len} is beyond the model's context of {cfg.model.max_seq_len}")
     return validate(cfg), ckpt
-
-
-def validation_of_finetune(loaded, batch_size: int, device) -> dict:
-    """A fine-tuning checkpoint's own validation: the held-out records of its instruction file, scored on their
-    response tokens as during fine-tuning."""
-    cfg = loaded.cfg
-    data = build_instruction_data(cfg.data.paths[0], loaded.fast_tokenizer(), cfg.data.seq_len,
-                                  lambda msg: print(msg, file=sys.stderr))
-    return response_loss(loaded.model, data.val, data.val_targets, cfg.data.seq_len, batch_size, device,
-                         cfg.train.dtype)
 
 
 def finetune(cfg, ckpt: Path, run_dir=None, resume: str | None = None, progress: bool = True,

@@ -1,11 +1,10 @@
-"""The trainer's toolbox, shared with evaluation and the studies: seeding and RNG state, autocast, per-token
-evaluation, the environment record and signals deferred to a step's end (a run directory's naming and rules are
-depthlab.runfolder's)."""
+"""The trainer's toolbox, shared with the studies: seeding and RNG state, the environment record and signals
+deferred to a step's end (a run directory's naming and rules are depthlab.runfolder's; autocast is
+depthlab.device's, the per-token evaluation depthlab.eval.perplexity's)."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import platform
 import random
@@ -20,10 +19,6 @@ import numpy as np
 import torch
 
 from depthlab import __version__
-from depthlab.config import TrainConfig
-from depthlab.data.dataset import eval_batches
-from depthlab.model import loss_of
-from depthlab.progress import progress_bar
 from depthlab.train.distributed import DistEnv, all_reduce_sum
 
 
@@ -31,45 +26,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def autocast(device: torch.device, dtype: str):
-    if dtype == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_size: int, device: torch.device,
-             dtype: str = "fp32", env: DistEnv | None = None, loss_chunk: int = TrainConfig.loss_chunk,
-             progress: bool = False, desc: str = "validation") -> dict:
-    """Per-token mean loss over every window of the validation stream, and its perplexity. Under torchrun
-    the batches are dealt out to the ranks; every rank runs the same number of forwards (FSDP needs that).
-    `progress`: a bar of this rank's batches on a terminal, named `desc`."""
-    env = env or DistEnv()
-    was_training = model.training
-    model.eval()
-    total, count, mine, filler = 0.0, 0, 0, None
-    n_batches = math.ceil(((len(tokens) - 1) // seq_len) / batch_size)
-    bar = progress_bar(total=math.ceil(n_batches / env.world_size), enabled=progress, desc=desc,
-                       unit="batch")
-    for b, (x, y) in enumerate(eval_batches(tokens, seq_len, batch_size)):
-        filler = filler if filler is not None else x
-        if b % env.world_size != env.rank:
-            continue
-        with autocast(device, dtype):
-            total += loss_of(model, x.to(device), y.to(device), reduction="sum", loss_chunk=loss_chunk).item()
-        count += y.numel()
-        mine += 1
-        bar.update(1)
-    bar.close()
-    for _ in range(math.ceil(n_batches / env.world_size) - mine):  # FSDP: every rank runs as many forwards
-        with autocast(device, dtype):
-            loss_of(model, filler.to(device), filler.to(device), loss_chunk=loss_chunk)  # no full logits either
-    model.train(was_training)
-    total, count = all_reduce_sum([total, float(count)], env)
-    loss = total / count
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": int(count)}
 
 
 def environment(device: torch.device, env: DistEnv) -> dict:

@@ -25,8 +25,8 @@ from pathlib import Path
 from depthlab.checkpoint import TOKENIZER
 from depthlab.data.dataset import PackedSampler, build_token_data, save_val_tokens, tokens_digest
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash
+from depthlab.eval.perplexity import evaluate
 from depthlab.paths import find_checkpoint
-from depthlab.train.runtime import evaluate
 
 
 class Task:

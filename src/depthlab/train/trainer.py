@@ -41,7 +41,7 @@ from depthlab.checkpoint import (
 )
 from depthlab.config import Config, per_rank_batch
 from depthlab.data.dataset import TokenData
-from depthlab.device import resolve_device
+from depthlab.device import autocast, resolve_device
 from depthlab.loading import plain_weights
 from depthlab.model import lora
 from depthlab.model.validate import check_fits_host, validate
@@ -64,7 +64,7 @@ from depthlab.train.distributed import (
 )
 from depthlab.train.flops import Meter
 from depthlab.train.optim import clip_gradients, make_optimizer, make_scheduler, optimizer_split
-from depthlab.train.runtime import autocast, deferred_interrupts, environment, rng_state, seed_everything, set_rng_state
+from depthlab.train.runtime import deferred_interrupts, environment, rng_state, seed_everything, set_rng_state
 from depthlab.train.tasks import LanguageModelling, Task
 from depthlab.train.vision import ImageClassification
 

@@ -9,11 +9,9 @@ checkpoints and exact resume, depth monitors, run-directory guarantees) is the T
 
 from __future__ import annotations
 
-import torch
-
 from depthlab import UserError
-from depthlab.data.images import ImageData, ImageSampler, build_image_data, eval_image_batches
-from depthlab.train.runtime import autocast
+from depthlab.data.images import ImageData, ImageSampler, build_image_data
+from depthlab.eval.images import evaluate_images
 from depthlab.train.tasks import Task
 
 
@@ -43,20 +41,3 @@ class ImageClassification(Task):
     def validation(self, cfg, model, data: ImageData, env, device, progress: bool) -> dict:
         tc = cfg.train
         return evaluate_images(model, data.val_x, data.val_y, tc.batch_size, device, tc.dtype)
-
-
-@torch.no_grad()
-def evaluate_images(model: torch.nn.Module, x, y, batch_size: int, device: torch.device, dtype: str = "fp32") -> dict:
-    """Mean cross-entropy and top-1 accuracy over every image of (x, y), in order."""
-    was_training = model.training
-    model.eval()
-    loss, correct, n = 0.0, 0, 0
-    for images, labels in eval_image_batches(x, y, batch_size):
-        images, labels = images.to(device), labels.to(device)
-        with autocast(device, dtype):
-            logits = model(images).float()
-        loss += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
-        correct += int((logits.argmax(-1) == labels).sum())
-        n += len(labels)
-    model.train(was_training)
-    return {"val_loss": loss / n, "val_acc": correct / n, "val_images": n}

@@ -7,11 +7,11 @@ import json
 import math
 from pathlib import Path
 
+from depthlab.stats import mean_std, spread
 from depthlab.study import figures
 from depthlab.study.claims import LNS, PRE
 from depthlab.study.page.text import mechanism_table, number, said, settings_of
 from depthlab.study.records import load_records, upgrade
-from depthlab.study.stats import mean_std, spread
 from depthlab.study.summary import lm_study, vit_study
 from depthlab.study.verdicts import ci_cell, curse_word, deep_inert_fraction
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from depthlab.stats import interval, proportion_ci, pvalue, spread
 from depthlab.study import figures
 from depthlab.study.claims import CLAIM_TEXT, against_paper, claims_table, decomposition
 from depthlab.study.page import screen
 from depthlab.study.page.text import grid, mechanism_table, said
-from depthlab.study.stats import interval, proportion_ci, pvalue, spread
 from depthlab.study.verdicts import (
     CURSE_RATIO,
     EQUIVALENCE_MARGIN,

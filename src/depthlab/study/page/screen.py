@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from depthlab.stats import interval, pvalue
 from depthlab.study.claims import LNS, against_paper
 from depthlab.study.page.text import composition_said, said
-from depthlab.study.stats import interval, pvalue
 from depthlab.study.transfer import GAIN_INIT, UNIFORM
 from depthlab.study.verdicts import ONE_SEED_INDEX, curse_said
 

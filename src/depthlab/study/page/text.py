@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from depthlab.study.stats import interval, pvalue
+from depthlab.stats import interval, pvalue
 from depthlab.study.summary import MECHANISMS
 
 

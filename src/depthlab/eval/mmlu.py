@@ -7,7 +7,7 @@ Two layouts people have on disk, one file per subject and split:
 - the original CSV release: DIR/test/<subject>_test.csv and DIR/dev/<subject>_dev.csv, no header, columns
   question, A, B, C, D, answer letter.
 
-Each test question is a four-way log-likelihood choice (depthlab.hf.mc_eval) with lm-eval's prompt:
+Each test question is a four-way log-likelihood choice (depthlab.eval.multiple_choice) with lm-eval's prompt:
 
     The following are multiple choice questions (with answers) about {subject}.\\n\\n
     [k examples of the subject's dev split in file order, each "{prompt} {letter}", joined by "\\n\\n", then "\\n\\n"]
@@ -21,21 +21,13 @@ log-probabilities. Averages: micro (every question counts once, lm-eval's `mmlu`
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 from depthlab import UserError
-from depthlab.hf.mc_eval import ScoredQuestion, Scorer, argmax, choice_logprobs, choice_pairs
+from depthlab.eval.multiple_choice import Question, ScoredQuestion, Scorer, argmax, choice_logprobs, choice_pairs
 
 LETTERS = ("A", "B", "C", "D")
 SPLITS = ("test", "dev")
-
-
-@dataclass
-class Question:
-    question: str
-    choices: list[str]
-    answer: int
 
 
 def prompt(q: Question) -> str:

@@ -1,9 +1,10 @@
 """lm-evaluation-harness on any depthlab model: `depthlab eval MODEL --harness TASK...`.
 
-`DepthlabLM` is an lm_eval `LM` (a `TemplateLM`, as lm-eval's own `hf` backend) around mc_eval's Scorer, so every
-scheme, including those that do not export to a stock class, is evaluated by the harness itself: lm-eval builds
-the requests and computes the metrics, depthlab's model only scores tokens. Context/continuation encoding is
-lm-eval's own (`TemplateLM._encode_pair`); the start token is the one depthlab's scoring puts in front (mc_eval).
+`DepthlabLM` is an lm_eval `LM` (a `TemplateLM`, as lm-eval's own `hf` backend) around the Scorer of
+depthlab.eval.multiple_choice, so every scheme, including those that do not export to a stock class, is evaluated by
+the harness itself: lm-eval builds the requests and computes the metrics, depthlab's model only scores tokens.
+Context/continuation encoding is lm-eval's own (`TemplateLM._encode_pair`); the start token is the one depthlab's
+scoring puts in front (multiple_choice).
 
 - loglikelihood: lm-eval's `hf` backend semantics (left truncation, right-padded batches, greedy flag);
 - loglikelihood_rolling: rolling windows of the model's context (`lm_eval.utils.get_rolling_token_windows`), the
@@ -27,7 +28,7 @@ import yaml
 from lm_eval.api.model import TemplateLM
 
 from depthlab import UserError
-from depthlab.hf.mc_eval import Scorer, score_pairs
+from depthlab.eval.multiple_choice import Scorer, score_pairs
 from depthlab.progress import on_terminal
 
 

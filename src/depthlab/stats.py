@@ -1,5 +1,7 @@
-"""The statistics every study uses, written once, each from a statistics library (scipy.stats, statsmodels): no
-hand-written quantile, bootstrap or multiple-testing code."""
+"""The statistics depthlab uses, written once, each from a statistics library (scipy.stats, statsmodels): no
+hand-written quantile, bootstrap or multiple-testing code. The studies' (depthlab.study: t-tests, equivalence,
+pooled noise, Holm) and the task-removal analysis's (depthlab.analysis.tasks: an accuracy's Wilson interval, a
+paired accuracy drop with its exact McNemar test)."""
 
 from __future__ import annotations
 
@@ -120,6 +122,28 @@ def proportion_ci(k: int, n: int, level: float = LEVEL) -> list[float]:
         return [math.nan, math.nan]
     ci = st.binomtest(k, n).proportion_ci(level, method="exact")
     return [float(ci.low), float(ci.high)]
+
+
+def wilson(k: int, n: int, level: float = LEVEL) -> list[float]:
+    """Wilson score interval of a proportion k / n (scipy's binomtest)."""
+    ci = st.binomtest(k, n).proportion_ci(level, method="wilson")
+    return [float(ci.low), float(ci.high)]
+
+
+def paired_drop(base: list[bool], other: list[bool]) -> dict:
+    """The accuracy drop on the same questions, read from the discordant ones: lost (right before, wrong after) and
+    gained. Its 95% interval is conditional on their number m: lost ~ Binomial(m, π), drop = m (2π - 1) / n, π's
+    exact (Clopper-Pearson) interval carried over; drop_p is the exact McNemar test (binomtest(lost, m, 0.5)). The
+    exact interval is the inversion of that test (two one-sided tails at 2.5%; the null π = 0.5 is symmetric), so
+    the interval excludes 0 exactly when drop_p < 0.05: a Wilson interval here excluded 0 at 4 lost of 4 (p 0.125)."""
+    n = len(base)
+    lost = sum(a and not b for a, b in zip(base, other))
+    m = lost + sum(b and not a for a, b in zip(base, other))
+    if m == 0:
+        return {"lost": 0, "gained": 0, "drop_ci": [0.0, 0.0], "drop_p": 1.0}
+    lo, hi = proportion_ci(lost, m)
+    return {"lost": lost, "gained": m - lost, "drop_ci": [m * (2 * lo - 1) / n, m * (2 * hi - 1) / n],
+            "drop_p": float(st.binomtest(lost, m).pvalue)}
 
 
 def binomial_se(p: float, n: int) -> float:

@@ -4,7 +4,8 @@ Test files: LLM-Adapters' `dataset/<task>/test.json` layout, DIR/<task>/test.jso
 of Commonsense170K-format records: `instruction` (the question with its options and an "Answer format:" line),
 `input`, `output` ("the correct answer is solution1") and `answer` ("solution1").
 
-Two forms, both on the prompt of depthlab.train.finetune (LLM-Adapters' template, encoded as in fine-tuning):
+Two forms, both on the prompt fine-tuning trains on (depthlab.data.instructions: LLM-Adapters'
+template, encoded as in fine-tuning):
 - generation (the paper's): greedy decoding of up to `max_new_tokens` tokens (stopping at end of text), and the
   answer is the first match of the task's answer-vocabulary regex in the stripped output, as LLM-Adapters'
   `commonsense_evaluate.py` `extract_answer` does (no match: wrong);
@@ -17,14 +18,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from depthlab import UserError
 from depthlab.data.instructions import prompt_of, read_records
-from depthlab.hf.mc_eval import ScoredQuestion, Scorer, argmax, score_pairs
+from depthlab.eval.multiple_choice import ScoredQuestion, Scorer, argmax, score_pairs
 
 # LLM-Adapters' directory name -> (the paper's column, the answer vocabulary of extract_answer)
 TASKS = {
@@ -128,9 +128,9 @@ def evaluate_task(scorer: Scorer, task: str, path: Path, max_new_tokens: int = 3
 def evaluate_models(models: list[str], root: str | Path | None, device: str = "auto", max_new_tokens: int = 32,
                     log=print, mmlu: str | Path | None = None, shots: int = 0) -> dict:
     """{model: {task: evaluate_task(...)}} for every model and every task present under root, and with `mmlu`
-    (an MMLU directory, depthlab.hf.mmlu) {model: {"mmlu": evaluate_mmlu(...)}} too."""
-    from depthlab.hf.mc_eval import load_scorer
-    from depthlab.hf.mmlu import evaluate_mmlu, read_mmlu
+    (an MMLU directory, depthlab.eval.mmlu) {model: {"mmlu": evaluate_mmlu(...)}} too."""
+    from depthlab.eval.mmlu import evaluate_mmlu, read_mmlu
+    from depthlab.eval.multiple_choice import load_scorer
 
     files = task_files(root) if root is not None else {}
     subjects = read_mmlu(mmlu) if mmlu is not None else None  # every input is read before the first model
@@ -147,52 +147,6 @@ def evaluate_models(models: list[str], root: str | Path | None, device: str = "a
             log(f"{model} mmlu ({shots}-shot): {res['n']} questions in {len(res['subjects'])} subjects  micro "
                 f"{res['micro']:.4f}  macro {res['macro']:.4f}")
     return results
-
-
-@dataclass
-class TaskSuite:
-    """`eval`'s task sources, read (and checked) once before any model loads: multiple-choice files, an MMLU
-    directory with its shots, the commonsense tasks (their log-likelihood form: greedy generation has no fixed
-    continuation to score). `questions` encodes them for one model, each task its list of ScoredQuestion;
-    `analyze --removal-tasks` is given one."""
-
-    files: dict[str, list] = field(default_factory=dict)  # name -> mc_eval.Question list
-    mmlu: dict | None = None  # read_mmlu's subjects
-    shots: int = 0
-    commonsense: dict[str, list[dict]] = field(default_factory=dict)  # task -> records
-    limit: int | None = None  # at most this many questions of each file, MMLU subject and commonsense task
-
-    @classmethod
-    def read(cls, files=(), mmlu=None, shots: int = 0, commonsense=None, limit: int | None = None) -> TaskSuite:
-        from depthlab.hf.mc_eval import read_tasks
-        from depthlab.hf.mmlu import read_mmlu
-
-        stems = [Path(f).stem for f in files]
-        names = [stem if stems.count(stem) == 1 else str(f) for stem, f in zip(stems, files)]
-        suite = cls({n: read_tasks(f) for n, f in zip(names, files)}, read_mmlu(mmlu) if mmlu else None, shots,
-                    {t: read_task(t, f) for t, f in task_files(commonsense).items()} if commonsense else {}, limit)
-        if suite.mmlu is not None:
-            from depthlab.hf.mmlu import shot_examples
-
-            for subject, splits in suite.mmlu.items():  # too few dev questions: said now, not after a model loads
-                shot_examples(subject, splits, shots)
-        return suite
-
-    def questions(self, scorer: Scorer) -> dict[str, list[ScoredQuestion]]:
-        from depthlab.hf.mc_eval import task_questions
-        from depthlab.hf.mmlu import mmlu_questions
-
-        out = {name: task_questions(scorer, qs, self.limit) for name, qs in self.files.items()}
-        if self.mmlu is not None:
-            out["mmlu"] = mmlu_questions(scorer, self.mmlu, self.shots, self.limit)
-        out.update({t: loglik_questions(scorer, t, recs[:self.limit]) for t, recs in self.commonsense.items()})
-        return out
-
-    def for_model(self, path: str | Path, trust_remote_code: bool = False) -> dict[str, list[ScoredQuestion]]:
-        """The questions encoded by the tokenizer of the model at `path` (its weights are not loaded)."""
-        from depthlab.hf.mc_eval import text_scorer
-
-        return self.questions(text_scorer(path, trust_remote_code))
 
 
 # The paper's downstream table, in its column order; MMLU is scored by log-likelihood (lm-eval's task), the other
