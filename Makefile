@@ -80,6 +80,13 @@ OWN_RATE_RUNS ?= /tmp/depthlab_own_rate_runs
 study-own-rate: install
 	nice -n 19 $(BENCH).own_rate run --jobs 2 --runs-dir $(OWN_RATE_RUNS)
 
+# Muon study (issue 53; docs/method.md section 5.4): Pre-LN and LNS under Muon at N = 6, 12, 24, each at its own rate,
+# 3 seeds, and N = 6's rate carried to 12 and 24 (42 cells or more); resumable. OUT/plan.json is committed first.
+MUON_RUNS ?= /tmp/depthlab_muon_runs
+.PHONY: study-muon
+study-muon: install
+	nice -n 19 $(BENCH).muon_study run --jobs 2 --runs-dir $(MUON_RUNS)
+
 # The paper's ViT row (docs/results.md, section 7): pre vs LNS after the norm vs LNS on the branch outputs, a
 # 12 x 64 ViT on scikit-learn's digits, 600 steps, a rate grid then 3 seeds at each best rate (about 45 min).
 study-vit: install

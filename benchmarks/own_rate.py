@@ -23,24 +23,35 @@ from pathlib import Path
 
 from benchmarks.depth_study import add_arguments, study
 from depthlab.ownership import write_whole
-from depthlab.study import own_rate as o, transfer as t
+from depthlab.study import own_rate as o
 from depthlab.study.records import load_records, recorded_command
 
 OUT = Path(__file__).parent / "results" / "own_rate"
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.own_rate", description=__doc__.split("\n")[0])
+def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
+    """The own-rate study's commands; another study built the same way (depthlab.study.muon) passes its module, its
+    records folder and its argument defaults."""
+    name = study_module.__name__.rsplit(".", 1)[-1]
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{'own_rate' if study_module is o else name + '_study'}",
+                                description=(study_module.__doc__ or __doc__).split("\n")[0])
     p.add_argument("cmd", choices=("plan", "prepare", "run", "status"))
     p.add_argument("--deep", type=int, default=48, help="the deep stage's depth (0: none)")
     p.add_argument("--deep-seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     p.add_argument("--widen", type=int, default=4, help="lattice steps a grid may grow past an edge")
     p.add_argument("--val-fraction", type=float, default=0.2, help="share of (non-generated) documents held out")
+    p.add_argument("--gpu", action="store_true", help="at width 256 on one GPU (the depth-transfer study's --gpu "
+                   "settings), records in OUT/gpu")
     add_arguments(p)
-    p.set_defaults(out=str(OUT), budgets=[], depths=[12, 24], seeds=[0, 1, 2, 3], val_tokens=0, held_out="balanced",
-                   eval_every=500)
+    p.set_defaults(**{"out": str(out), "budgets": [], "depths": [12, 24], "seeds": [0, 1, 2, 3], "val_tokens": 0,
+                      "held_out": "balanced", "eval_every": 500, **defaults})
     a = p.parse_args(argv)
-    d = o.Design(tuple(a.depths), tuple(a.seeds), a.deep or None, tuple(a.deep_seeds), widen=a.widen)
+    if a.gpu:  # its own defaults, under anything given on the command line
+        from benchmarks.depth_transfer import GPU
+
+        p.set_defaults(**{**GPU, "out": str(out / "gpu")})
+        a = p.parse_args(argv)
+    d = study_module.Design(tuple(a.depths), tuple(a.seeds), a.deep or None, tuple(a.deep_seeds), widen=a.widen)
     out = Path(a.out)
     if a.cmd == "plan":  # with the corpus's make-up, where `prepare` has built it (no loss is read)
         built = Path(a.runs_dir or out / "runs") / "corpus" / "corpus.json"
@@ -49,23 +60,23 @@ def main(argv=None) -> None:
                                                                                  "max_share", "top")}
                                                            for k, v in (info.get("splits") or {}).items()}}
         out.mkdir(parents=True, exist_ok=True)
-        write_whole(out / "plan.json", json.dumps({**o.plan(d), "design": d.describe(), "corpus": corpus}, indent=2)
-                    + "\n")
+        write_whole(out / "plan.json", json.dumps({**study_module.plan(d), "design": d.describe(), "corpus": corpus},
+                                                  indent=2) + "\n")
         print(out / "plan.json")
         return
     if a.cmd == "status":
         print(json.dumps(o.counts(load_records(out / "runs.jsonl"), d)))
         return
-    s = study(a, recorded_command("benchmarks.own_rate", argv), "own_rate",
-              {v: t.variants(6)[v] for v in (*d.pair, *d.parts)})
+    s = study(a, recorded_command(p.prog.split()[-1], argv), name, study_module.variants(d))
     s.probe = replace(s.probe, jacobian=False)
+    s.rate_keys = getattr(study_module, "RATE_KEYS", s.rate_keys)
     corpus = s.meta["corpus"]
     s.meta.update(design=d.describe(), dedup_removed=(corpus.get("dedup") or {}).get("removed"),
                   test_tokens=corpus.get("test_tokens"), val_fraction=a.val_fraction)
-    from depthlab.data.tokens import describe_composition
+    from depthlab.data.dataset import describe_composition
 
-    for name, comp in (corpus.get("splits") or {}).items():
-        print(describe_composition(name, comp))
+    for split, comp in (corpus.get("splits") or {}).items():
+        print(describe_composition(split, comp))
     if a.cmd == "run":
         if not (out / "plan.json").exists():
             sys.exit(f"{out / 'plan.json'} is missing: write it (plan) and commit it before the first cell")

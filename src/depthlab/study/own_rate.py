@@ -39,6 +39,11 @@ class Design:
     pair: tuple[str, ...] = (PRE, LNS)
     parts: tuple[str, ...] = (GAIN_INIT, UNIFORM)  # at the deep depth only, after the pair
     widen: int = 4
+    transfer_from: int | None = None  # a depth whose best rate every other shallow depth also runs at, every seed
+
+    def centre(self, v: str, L: int) -> int:
+        """The lattice index v's grid at depth L starts around."""
+        return CENTRES[(v, L)]
 
     @classmethod
     def of(cls, d: dict) -> Design:
@@ -54,9 +59,14 @@ class Design:
         return t.Design(base_depth=0, widen=self.widen)
 
 
+def variants(d: Design) -> dict[str, list[str]]:
+    """Each variant's config overrides (the depth-transfer study's)."""
+    return {v: t.variants(6)[v] for v in (*d.pair, *d.parts)}
+
+
 def grid(records: dict, d: Design, v: str, L: int) -> dict:
     """v's seed-0 grid at depth L (transfer.grid: missing cells, lattice indices, best, edge)."""
-    k = CENTRES[(v, L)]
+    k = d.centre(v, L)
     return t.grid(records, d.lattice, v, L, (k - 1, k, k + 1))
 
 
@@ -75,18 +85,24 @@ def stages(records: dict, d: Design) -> list[tuple[str, list[Cell] | None, int]]
             g = grid(records, d, v, L)
             out.append((f"{v} rate grid at N = {L}", g["missing"], len(g["ks"]) - len(g["missing"])))
 
+    def one(label, v, lr, s, L):  # one cell at a rate known once a grid has finished (None: not known yet)
+        cell = Cell(v, lr, s, L) if lr is not None else None
+        done = bool(cell and cell.key in records)
+        out.append((label, cell and ([] if done else [cell]), int(done)))
+
     def seeds(pairs, ss):
         for s in [s for s in ss if s != 0]:  # seed 0 at the best rate is the grid's cell
             for v, L in pairs:
-                lr = best(records, d, v, L)
-                cell = Cell(v, lr, s, L) if lr is not None else None
-                out.append((f"{v} at N = {L}, its best rate, seed {s}", cell and [c for c in [cell]
-                                                                                   if c.key not in records],
-                            int(bool(cell and cell.key in records))))
+                one(f"{v} at N = {L}, its best rate, seed {s}", v, best(records, d, v, L), s, L)
 
     shallow = [(v, L) for L in d.depths for v in d.pair]
     grids(shallow)
     seeds(shallow, d.seeds)
+    if d.transfer_from:  # the base depth's best rate at every other depth, every seed (the depth-transfer protocol)
+        for s in d.seeds:
+            for v, L in [(v, L) for v, L in shallow if L != d.transfer_from]:
+                one(f"{v} at N = {L}, N = {d.transfer_from}'s best rate, seed {s}", v,
+                    best(records, d, v, d.transfer_from), s, L)
     if d.deep:
         for vs in (d.pair, d.parts):
             deep = [(v, d.deep) for v in vs]

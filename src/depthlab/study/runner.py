@@ -62,6 +62,7 @@ class Study:
     corpus: str | None = None  # a study.corpus folder the cells train on (else the config's own data)
     val_tokens: int | None = None  # the trainer evaluates on the first val_tokens of the validation split
     keep_runs: bool = False
+    rate_keys: tuple[str, ...] = ("train.lr",)  # the config keys a cell's rate sets (the Muon study: both groups')
     ckpt_every: int = 0  # > 0: cells checkpoint every this many steps and a killed cell resumes where it stopped
     reuse: list[str] = field(default_factory=list)  # runs files of studies whose cells are this one's (same settings)
     command: str = ""  # how the study was started, recorded in settings.json
@@ -81,7 +82,8 @@ class Study:
         from depthlab.config import apply_overrides
         from depthlab.model.families import preset
 
-        over = [*self.base, *self.variants[cell.variant], f"train.lr={cell.lr}", f"train.seed={cell.seed}"]
+        over = [*self.base, *self.variants[cell.variant], *(f"{k}={cell.lr}" for k in self.rate_keys),
+                f"train.seed={cell.seed}"]
         if cell.layers is not None:
             over.append(f"model.n_layers={cell.layers}")
         return apply_overrides(preset(self.preset), over)
