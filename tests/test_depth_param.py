@@ -57,19 +57,31 @@ def test_branch_multiplier_of_every_block(alpha, base, n):
     model = build(n_layers=n, depth_alpha=alpha, depth_base=base)
     want = (n / base) ** -alpha
     for blk in model.layers:
-        assert blk.attn_add.scale == blk.mlp_add.scale == blk.out_scale == pytest.approx(want, rel=1e-15)
+        assert blk.attn_add.branch_multiplier == blk.mlp_add.branch_multiplier == pytest.approx(want, rel=1e-15)
+        assert blk.branch_multiplier_now == blk.attn_add.branch_multiplier
+
+
+def test_the_branch_multiplier_goes_by_one_name():
+    """The scheme's constant (branch_multiplier(cfg, l)), the residual add's (branch_multiplier) and what export folds
+    (branch_multiplier_now) are one quantity under one name, no longer also branch_scale, scale, factor, out_scale."""
+    model = build(n_layers=4, norm_scheme="lns", lns_placement="branch", depth_alpha=0.5, depth_base=1)
+    for blk in model.layers:
+        want = type(blk).branch_multiplier(model.cfg, blk.layer_id)
+        assert blk.attn_add.branch_multiplier == blk.mlp_add.branch_multiplier == blk.branch_multiplier_now == want
+        assert not any(hasattr(blk, n) for n in ("branch_scale", "out_scale"))
+        assert not any(hasattr(blk.attn_add, n) for n in ("scale", "factor"))
 
 
 @pytest.mark.parametrize("rule,want", [("1/L", lambda l: 1 / 6), ("1/sqrtL", lambda l: 6 ** -0.5),
                                        ("1/sqrtl", lambda l: l ** -0.5)])
 def test_static_branch_scales(rule, want):
     model = build(n_layers=6, branch_scale=rule)
-    assert [blk.out_scale for blk in model.layers] == pytest.approx([want(l) for l in range(1, 7)], rel=1e-15)
+    assert [b.branch_multiplier_now for b in model.layers] == pytest.approx([want(l) for l in range(1, 7)], rel=1e-15)
 
 
 def test_lns_branch_placement_and_depth_multiplier_compose():
     model = build(n_layers=4, norm_scheme="lns", lns_placement="branch", depth_alpha=1.0, depth_base=2)
-    assert [blk.out_scale for blk in model.layers] == pytest.approx([0.5 * l ** -0.5 for l in range(1, 5)])
+    assert [blk.branch_multiplier_now for blk in model.layers] == pytest.approx([0.5 * l ** -0.5 for l in range(1, 5)])
 
 
 def test_the_multiplier_scales_the_branch_output():
@@ -247,7 +259,7 @@ def test_export_folds_the_multiplier_into_a_stock_model(kw):
     model = randomize_norms(build(**kw)).eval()
     if model.cfg.prores_steps:
         set_prores_step(model, 4)  # block 1 at 1, block 2 at 2/3, block 3 at 4/9, block 4 at 1/3
-        assert [b.out_scale for b in model.layers] == pytest.approx([1, 2 / 3, 4 / 9, 1 / 3])
+        assert [b.branch_multiplier_now for b in model.layers] == pytest.approx([1, 2 / 3, 4 / 9, 1 / 3])
     ids = torch.randint(0, 97, (2, 13))
     with torch.no_grad():
         ours = model(ids)

@@ -34,7 +34,8 @@ def adapted_linears(model):
 
 def constants(model) -> dict:
     """Every scheme constant a module holds (norm scales, output scales, residual alphas): not weights."""
-    return {f"{n}.{a}": getattr(m, a) for n, m in model.named_modules() for a in ("scale", "out_scale", "alpha")
+    names = ("scale", "branch_multiplier", "branch_multiplier_now", "alpha")
+    return {f"{n}.{a}": getattr(m, a) for n, m in model.named_modules() for a in names
             if isinstance(getattr(m, a, None), float)}
 
 

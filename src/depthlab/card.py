@@ -153,7 +153,7 @@ def _scheme(m, architecture: str) -> str:
     lines = [f"## Scheme: `{m.norm_scheme}`", "", (cls.__doc__ or "").strip().splitlines()[0]]
     blocks = range(1, m.n_layers + 1)
     norms = [cls.norm_scales(m, layer) for layer in blocks]
-    branches = [cls.branch_scale(m, layer) for layer in blocks]
+    branches = [cls.branch_multiplier(m, layer) for layer in blocks]
     shown = [("attention norm", [a for a, _ in norms]), ("MLP norm", [b for _, b in norms]),
              ("branch output", branches)]
     shown = [(what, values) for what, values in shown if any(v != 1.0 for v in values)]

@@ -41,7 +41,7 @@ def hf_config_dict(cfg: ModelConfig) -> dict:
 
 def _our_state(model: Transformer) -> dict[str, torch.Tensor]:
     """A detached copy of the model's weights (a tied LM head once, as the embedding; ProRes's ramps are folded
-    into the projections with the branch scale, _fold_branch_scale, not kept)."""
+    into the projections with the branch multiplier, _fold_branch_multiplier, not kept)."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.endswith("_add.ramp")}
     if model.cfg.tie_embeddings:
         del state["lm_head.weight"]
@@ -59,7 +59,7 @@ def _plain(scheme: str) -> bool:
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """The stock weights (stock_family's) for a model of a scheme that maps onto a stock block, each block norm's
     scale folded into the norm's weight or, for a norm without one (OLMo-1), into the layers reading its output
-    (module docstring), the branch scale into the layers ending the branch."""
+    (module docstring), the branch multiplier into the layers ending the branch."""
     cfg = model.cfg
     if not _plain(cfg.norm_scheme) or cfg.gpas:
         direct = [name for name in SCHEMES if _plain(name)]
@@ -72,16 +72,16 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
             # a weightless norm is OLMo-1's, which sits before its branch: its output feeds exactly the readers
             for target in [name] if getattr(norm, "weight", None) is not None else _READERS[name]:
                 state[f"layers.{i}.{target}.weight"] *= norm.scale
-        _fold_branch_scale(state, i, layer)
+        _fold_branch_multiplier(state, i, layer)
     return stock_family(cfg).to_hf_weights(state, cfg)
 
 
-def _fold_branch_scale(state: dict, i: int, layer) -> None:
+def _fold_branch_multiplier(state: dict, i: int, layer) -> None:
     """A multiplier on the branch outputs, s F(.) (LNS's branch placement, the depth parameterizations' m^(-alpha)
     and static scales, ProRes's ramp where it stands): into the output projections, s (W y + b) = (s W) y + s b;
     where a norm ends the branch (olmo2's; the one after it in a sandwiched block), into its weight:
     s Norm_g(y) = Norm_{s g}(y)."""
-    s = getattr(layer, "out_scale", 1.0)
+    s = getattr(layer, "branch_multiplier_now", 1.0)
     if s == 1.0:
         return
     targets = (_BLOCK_NORMS[2:] if layer.sandwiched else _BLOCK_NORMS[:2] if layer.output_norms

@@ -68,11 +68,11 @@ def vit_export_refusal(cfg: ModelConfig) -> str:
     return ""
 
 
-def _branch_factor(layer: torch.nn.Module, branch: str) -> torch.Tensor:
+def _branch_multiplier(layer: torch.nn.Module, branch: str) -> torch.Tensor:
     """The constant (LNS branch placement) times the gain (layerscale, skipinit) on a branch's output."""
-    factor = torch.tensor(float(getattr(layer, "out_scale", 1.0)))
+    constant = torch.tensor(float(getattr(layer, "branch_multiplier_now", 1.0)))
     gain = getattr(layer, f"{branch}_gain", None)
-    return factor if gain is None else gain.detach().float() * factor
+    return constant if gain is None else gain.detach().float() * constant
 
 
 def _all_heads(t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
@@ -93,7 +93,7 @@ def _layer_state(layer: torch.nn.Module, prefix: str, cfg: ModelConfig) -> dict[
         if ours.endswith("norm"):  # LNS, norm placement: s (w x^ + b) = (s w) x^ + s b
             w, b = w * module.scale, b * module.scale
         elif ours in _BRANCH_OUTPUTS:  # LNS branch placement, layerscale, skipinit: rows and bias of the output
-            f = _branch_factor(layer, _BRANCH_OUTPUTS[ours])
+            f = _branch_multiplier(layer, _BRANCH_OUTPUTS[ours])
             w, b = w * f.reshape(-1, 1), b * f.reshape(-1)
         elif ours in ("attn.k_proj", "attn.v_proj"):
             w, b = _all_heads(w, cfg), _all_heads(b, cfg)

@@ -341,32 +341,34 @@ class MLP(nn.Module):
 
 
 class Residual(nn.Module):
-    """The residual add `alpha * h + scale * ramp * update`, as a module so diagnostics can hook it without editing
-    forward. alpha is 1 except for DeepNorm; scale is a constant on the branch (LNS's branch placement, the depth
-    parameterizations' m^(-alpha), a static 1/L ...; depthlab.model.depth), 1 by default; ramp is ProRes's
-    warm-up a(l, t), a buffer the optimizer advances (persistent: a checkpoint keeps where the warm-up stood), None
-    without ProRes. Where a factor is 1 or None, no multiplication happens at all."""
+    """The residual add `alpha * h + branch_multiplier * ramp * update`, as a module so diagnostics can hook it
+    without editing forward. alpha is 1 except for DeepNorm; branch_multiplier is the scheme's constant on the
+    branch (LNS's branch placement, the depth parameterizations' m^(-alpha), a static 1/L ...;
+    depthlab.model.depth), 1 by default; ramp is ProRes's warm-up a(l, t), a buffer the optimizer advances
+    (persistent: a checkpoint keeps where the warm-up stood), None without ProRes. Where a factor is 1 or None, no
+    multiplication happens at all."""
 
-    def __init__(self, alpha: float = 1.0, scale: float = 1.0, ramp: bool = False):
+    def __init__(self, alpha: float = 1.0, branch_multiplier: float = 1.0, ramp: bool = False):
         super().__init__()
-        self.alpha, self.scale = alpha, scale
+        self.alpha, self.branch_multiplier = alpha, branch_multiplier
         self.register_buffer("ramp", torch.zeros(()) if ramp else None)
 
     @property
-    def factor(self) -> float:
-        """The branch's multiplier now: scale times the ramp (what export folds into the output projection)."""
-        return self.scale * (1.0 if self.ramp is None else float(self.ramp))
+    def branch_multiplier_now(self) -> float:
+        """branch_multiplier times the ramp as it stands (what export folds into the output projection)."""
+        return self.branch_multiplier * (1.0 if self.ramp is None else float(self.ramp))
 
     def forward(self, h: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-        if self.scale != 1.0:
-            update = update * self.scale
+        if self.branch_multiplier != 1.0:
+            update = update * self.branch_multiplier
         if self.ramp is not None:
             update = update * self.ramp
         return (h if self.alpha == 1.0 else self.alpha * h) + update
 
     def extra_repr(self) -> str:
-        return ", ".join([f"alpha={self.alpha:.4g}"] * (self.alpha != 1.0) + [f"scale={self.scale:.4g}"] *
-                         (self.scale != 1.0) + ["ramp"] * (self.ramp is not None))
+        return ", ".join([f"alpha={self.alpha:.4g}"] * (self.alpha != 1.0) + [
+            f"branch_multiplier={self.branch_multiplier:.4g}"] * (self.branch_multiplier != 1.0) +
+            ["ramp"] * (self.ramp is not None))
 
 
 class GPASGate(nn.Module):
@@ -388,8 +390,9 @@ class GPASResidual(Residual):
     """The residual add followed by GPAS. `shared` is a gate registered elsewhere (on the block, so that the state
     dict holds it once: safetensors refuses two entries sharing storage); without it the add owns its own gate."""
 
-    def __init__(self, alpha: float = 1.0, shared: GPASGate | None = None, scale: float = 1.0, ramp: bool = False):
-        super().__init__(alpha, scale, ramp)
+    def __init__(self, alpha: float = 1.0, shared: GPASGate | None = None, branch_multiplier: float = 1.0,
+                 ramp: bool = False):
+        super().__init__(alpha, branch_multiplier, ramp)
         if shared is None:
             self.gpas = GPASGate()
         else:

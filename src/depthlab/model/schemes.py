@@ -21,7 +21,7 @@ Everything the rest of depthlab asks about a scheme is declared once, on its cla
                             runs, the scales then on the norms after the branch)
     branch_gains            attn_gain / mlp_gain multiply the branch outputs;    hf.exporter
                             export folds them into o_proj / down_proj
-    branch_scale(cfg, l)    constant multiplier on block l's branch outputs      the block's residual adds; export
+    branch_multiplier(cfg, l)  constant multiplier on block l's branch outputs   the block's residual adds; export
                             (depth parameterizations, LNS's branch placement)
     depth_alpha_refusal     why model.depth_alpha makes no sense for it, or ""   validate
 
@@ -66,7 +66,7 @@ from torch import nn
 
 from depthlab import UserError
 from depthlab.config import COMPANIONS, ModelConfig
-from depthlab.model.depth import branch_multiplier
+from depthlab.model import depth as depth_options
 from depthlab.model.families import Family, family_of
 from depthlab.model.parts import DyT, GPASGate, GPASResidual, Residual, RMSNorm
 
@@ -176,10 +176,10 @@ class PreLNBlock(nn.Module):
         return 1.0
 
     @classmethod
-    def branch_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
+    def branch_multiplier(cls, cfg: ModelConfig, layer_id: int) -> float:
         """The constant multiplier on block `layer_id`'s branch outputs: the depth parameterization's
         (depthlab.model.depth), 1 without one."""
-        return branch_multiplier(cfg, layer_id)
+        return depth_options.branch_multiplier(cfg, layer_id)
 
     @classmethod
     def make_norm(cls, cfg: ModelConfig, scale: float = 1.0) -> nn.Module:
@@ -202,7 +202,7 @@ class PreLNBlock(nn.Module):
         self.mlp = family.feed_forward(cfg)
         alpha = self.residual_alpha(cfg)
         self.prores_steps = cfg.prores_steps  # ProRes: block l's branches ramp up over l * prores_steps steps
-        branch = {"scale": self.branch_scale(cfg, layer_id), "ramp": cfg.prores_steps > 0}
+        branch = {"branch_multiplier": self.branch_multiplier(cfg, layer_id), "ramp": cfg.prores_steps > 0}
         if not cfg.gpas:
             self.attn_add, self.mlp_add = Residual(alpha, **branch), Residual(alpha, **branch)
         elif cfg.gpas_gate == "per_add":
@@ -216,9 +216,9 @@ class PreLNBlock(nn.Module):
             self.mlp_out_norm = self.make_norm(cfg, mlp_scale)
 
     @property
-    def out_scale(self) -> float:
+    def branch_multiplier_now(self) -> float:
         """The multiplier on both branch outputs now (constant times ProRes's ramp): what export folds."""
-        return self.attn_add.factor
+        return self.attn_add.branch_multiplier_now
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if self.output_norms:  # reordered, and the olmo2 family: h + Norm(F(h))
@@ -264,11 +264,11 @@ class LNSBlock(PreLNBlock):
         return {"norm": (s, s), "branch": (1.0, 1.0), "attn_only": (s, 1.0), "mlp_only": (1.0, s)}[cfg.lns_placement]
 
     @classmethod
-    def branch_scale(cls, cfg: ModelConfig, layer_id: int) -> float:
+    def branch_multiplier(cls, cfg: ModelConfig, layer_id: int) -> float:
         """lns_placement=branch: l^(-p) on the branch outputs (the residual add applies it; olmo2: h + s Norm(F(h)))
         times the depth parameterization's multiplier."""
         s = layer_id ** -cfg.lns_power if cfg.lns_placement == "branch" else 1.0
-        return s * super().branch_scale(cfg, layer_id)
+        return s * super().branch_multiplier(cfg, layer_id)
 
 
 @register("post")
