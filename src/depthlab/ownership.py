@@ -319,7 +319,7 @@ def input_paths(specs: Iterable[str | Path]) -> list[str]:
 
 
 def is_depthlab_hf(path: Path) -> bool:
-    """An HF directory depthlab wrote (export or prune): the kind `export` and `prune` may replace."""
+    """An HF directory depthlab wrote (export, prune or duplicate): the kind those commands may replace."""
     return what_is(path) is Kind.HF and (path / EXPORT_INFO).is_file()
 
 

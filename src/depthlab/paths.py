@@ -29,7 +29,7 @@ METRICS, ENV = "metrics.jsonl", "env.json"
 VAL_TOKENS = "val_tokens.npy"  # a run's validation tokens, kept when it tokenized raw text (eval reuses them)
 PREPARED_INDEX, PREPARED_WORK, PREPARED_PLAN, PREPARED_FORMAT = "index.json", ".work", "plan.json", \
     "depthlab-tokens"
-EXPORT_INFO = "depthlab_export.json"  # provenance of an HF directory depthlab wrote (export, prune)
+EXPORT_INFO = "depthlab_export.json"  # provenance of an HF directory depthlab wrote (export, prune, duplicate)
 GREEDY_RECORD = "greedy_pruning.json"  # `prune --greedy`'s steps, beside the pruned model
 ANALYSIS_REPORT, ANALYSIS_RESULTS = "report.html", ("metrics.json", "compare.json")
 LOCK_SUFFIX = ".depthlab-lock"

@@ -32,6 +32,7 @@ import torch
 
 from depthlab.analysis.calibration import Batch, ImageBatch
 from depthlab.analysis.curse import CurseSpec, curse_index, index_lines
+from depthlab.analysis.duplication import duplicate_plans, duplication_lines, duplication_scan
 from depthlab.analysis.jacobian import block_jacobian, output_jacobian, token_jacobian
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import (
@@ -57,6 +58,7 @@ class Options:
     sublayers: bool = False  # also each block's attention alone and MLP alone taken out
     linear: bool = False  # also each block replaced by its least-squares linear map (fitted on separate windows)
     drop_lowest: int = 0  # also the k least useful blocks taken out together, k = 1..drop_lowest
+    duplicate: int = 0  # also every span of 1..duplicate blocks run twice (depthlab.analysis.duplication)
     activation_mb: float = 1024.0  # layer-by-layer: removal streams kept in memory up to this, the rest on disk
     jacobian: bool = True
     probes: int = 4
@@ -247,6 +249,10 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
                 single_layer_sweep(lm, b, lm.trace(b.inputs, b.mask), sums, later, tick=tick)
         task_sweep(lm, questions or {}, later, tsums, None, _bar(opts))
         removal_results(res, sums, tsums, linear, L)
+    if opts.duplicate:
+        bar, tick = plan_bar(opts, len(batches), duplicate_plans(L, opts.duplicate), "analyze: duplication scan")
+        with bar:
+            res["duplication"] = duplication_scan(lm, batches, opts.duplicate, questions, tick, _bar(opts))
     if opts.jacobian:
         res["jacobian"] = whole_model_jacobians(lm, batches[0], opts)
     res["mode"], res["kind"] = "whole-model", kind_of_model(lm)
@@ -373,6 +379,7 @@ def summary_lines(res: dict) -> list[str]:
         worst = min(r["single"], key=lambda x: x["delta_ppl"])
         lines.append(f"perplexity {r['base_ppl']:.3f}; removing block {worst['block']} costs least "
                      f"({worst['delta_ppl']:+.3f})")
+    lines += duplication_lines(res)
     if "jacobian" in res:
         lines.append("||J_block - I|| (rms): " + " ".join(f"{x:.3f}" for x in res["jacobian"]["block_vs_identity"]))
     if not math.isfinite(st[-1]["variance"]):

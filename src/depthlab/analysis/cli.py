@@ -89,6 +89,10 @@ def _add_removal_args(p) -> None:
     p.add_argument("--drop-lowest", type=at_least(0), default=0, metavar="K", help="also score the model without "
                    "its k least useful blocks (by loss, and by tasks when given), k = 1..K; `depthlab prune "
                    "--drop-lowest k` writes that model")
+    p.add_argument("--duplicate", type=at_least(1), default=0, metavar="MAX_SPAN", help="also score the model with "
+                   "each span of 1..MAX_SPAN blocks run twice (blocks 0..j, then i..j again, then the rest), by loss "
+                   "(and by tasks when given), drawn as an (i, j) heat map; `depthlab duplicate MODEL --span "
+                   "START:END OUT` writes that model")
 
 
 def _removal_tasks(args):
@@ -121,12 +125,14 @@ def _request(args, model: str):
                              ("--tokens", args.tokens != TOKENS, args.windows and "--windows"),  # reads all the text
                              ("--inert-delta", args.inert_delta != CurseSpec.delta, off),
                              ("--sublayers", args.sublayers, off), ("--drop-lowest", args.drop_lowest, off),
-                             ("--linear-replacement", args.linear_replacement, off)):
+                             ("--linear-replacement", args.linear_replacement, off),
+                             ("--duplicate", args.duplicate, args.layer_by_layer and "--layer-by-layer")):
         if given and why:  # the option would be dropped without a word
             raise UserError(f"{flag} has no effect with {why}; drop one of them")
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=removal, sublayers=args.sublayers, linear=args.linear_replacement,
                    drop_lowest=args.drop_lowest, activation_mb=args.activation_memory, jacobian=not args.no_jacobian,
+                   duplicate=args.duplicate,
                    probes=args.probes, curse=curse, progress=not args.no_progress,
                    lens_tokens=args.lens_tokens or None)
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,

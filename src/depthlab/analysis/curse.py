@@ -93,16 +93,30 @@ def _interval(samples: np.ndarray) -> list[float]:
     return [float(np.quantile(s, 0.025)), float(np.quantile(s, 0.975))] if len(s) else [math.nan, math.nan]
 
 
+def resampled_costs(delta: np.ndarray, count: np.ndarray, spec: CurseSpec = CurseSpec()) -> np.ndarray:
+    """(R, K): each row of `delta` (K, W), a summed loss change per window, as a cost per scored token, under R =
+    spec.bootstrap resamplings of the W windows with replacement (seeded by spec.seed)."""
+    rng = np.random.default_rng(spec.seed)
+    W = len(count)
+    draws = rng.multinomial(W, np.full(W, 1.0 / W), size=spec.bootstrap).astype(np.float64)  # (R, W)
+    return (draws @ delta.T) / np.maximum(draws @ count, 1.0)[:, None]
+
+
+def cost_interval(delta: list[float], count: list[int], spec: CurseSpec = CurseSpec()) -> list[float]:
+    """The 95% bootstrap interval over windows of one plan's cost (its per-window summed loss change against the
+    model's own on the same windows: paired)."""
+    row = np.asarray(delta, dtype=np.float64)[None]
+    return _interval(resampled_costs(row, np.asarray(count, dtype=np.float64), spec)[:, 0])
+
+
 def removal_index(windows: dict, n_layers: int, spec: CurseSpec = CurseSpec()) -> dict:
     """The removal part of the index, with bootstrap intervals, from the per-window sums of removal.RemovalSums."""
     count = np.asarray(windows["count"], dtype=np.float64)
     delta = np.asarray(windows["single_delta"], dtype=np.float64)  # (L, W) summed loss increase per window
     costs = delta.sum(1) / max(count.sum(), 1.0)
     inner, (shallow, deep) = interior(n_layers, spec), shallow_deep(n_layers)
-    rng = np.random.default_rng(spec.seed)
     W = len(count)
-    draws = rng.multinomial(W, np.full(W, 1.0 / W), size=spec.bootstrap).astype(np.float64)  # (R, W)
-    boot = (draws @ delta.T) / np.maximum(draws @ count, 1.0)[:, None]  # (R, L)
+    boot = resampled_costs(delta, count, spec)  # (R, L)
     out = {"interior": [inner[0], inner[-1]] if inner else [], "delta": spec.delta, "rel_delta": spec.rel_delta,
            "windows": W, "removal_cost": costs.tolist(),
            "shallow_interior": shallow, "deep_interior": deep}

@@ -71,18 +71,29 @@ PART_NAMES = {"block": "whole block", "attn": "attention only", "mlp": "MLP only
 class Plan:
     """One way of taking part of the model out. The blocks in `skip` are left out (their input goes on as their
     output); at block `at`, `part` is taken out instead: "attn" or "mlp" (that sublayer's output zeroed), or
-    "linear" (the block replaced by its least-squares linear map). `key` names it in the results."""
+    "linear" (the block replaced by its least-squares linear map). With `repeat` = (i, j), blocks i..j (0-based,
+    inclusive) run again after block j (layer duplication, depthlab.analysis.duplication). `key` names it in the
+    results."""
 
     key: tuple
     skip: frozenset = frozenset()
     at: int | None = None
     part: str | None = None
+    repeat: tuple[int, int] | None = None
 
     @property
     def first(self) -> int | None:
-        """The first block it changes (the stream before it is the model's own); None for the model itself."""
+        """The first block it changes (the stream before it is the model's own; a repeated span i..j: the stream
+        after block j is); None for the model itself."""
+        if self.repeat is not None:
+            return self.repeat[1] + 1
         changed = [*self.skip, *([] if self.at is None else [self.at])]
         return min(changed) if changed else None
+
+    def blocks_from_first(self, n_layers: int) -> list[int]:
+        """The blocks run from the stream at `first` on, in order: a repeated span's second pass, then the rest."""
+        again = range(self.repeat[0], self.repeat[1] + 1) if self.repeat is not None else ()
+        return [*again, *range(self.first, n_layers)]
 
 
 BASE = Plan(("base",))
@@ -124,7 +135,7 @@ def replay_state(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Ten
     if plan.first is None:
         return tr.hidden[-1]
     h = tr.hidden[plan.first]
-    for j in range(plan.first, lm.n_layers):
+    for j in plan.blocks_from_first(lm.n_layers):
         h = through_block(lm, j, j, plan, h, tr.calls[j], linear)
     return h
 
@@ -156,6 +167,10 @@ class RemovalSums:
         self.loss[key] += loss
         self.correct[key] += correct
 
+    def track(self, keys) -> None:
+        """Also keep the per-window losses of the plans with these keys."""
+        self.windows.update({k: [] for k in keys})
+
     def window_results(self) -> dict:
         """Per window: its scored-token count, its summed loss, and each single removal's summed loss minus it."""
         base = self.windows[BASE.key]
@@ -184,7 +199,8 @@ class RemovalSums:
 
 def plan_rows(keys, row) -> dict:
     """Rows per kind of plan, from the keys scored: "single" (whole blocks), "attn", "mlp", "linear" (one row per
-    block, 1-based), "runs" (contiguous runs by n), "drop" (the k least useful, by what usefulness is read from)."""
+    block, 1-based), "runs" (contiguous runs by n), "drop" (the k least useful, by what usefulness is read from),
+    "duplicate" (a span repeated, depthlab.analysis.duplication)."""
     out: dict = {}
     for part, name in (("block", "single"), *((p, p) for p in (*PARTS, "linear"))):
         blocks = sorted(k[1] for k in keys if k[0] == part)
@@ -197,6 +213,10 @@ def plan_rows(keys, row) -> dict:
         drops[key[1]].append({"k": key[2], **row(key)})
     if drops:
         out["drop"] = dict(drops)
+    dups = sorted(k for k in keys if k[0] == "dup")
+    if dups:
+        out["duplicate"] = [{"start_block": i + 1, "end_block": j + 1, "n": j - i + 1, **row(("dup", i, j))}
+                            for _, i, j in dups]
     return out
 
 

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt
 from depthlab import metrics as metrics_module
 from depthlab.analysis import curse as curse_module
 from depthlab.analysis.curse import index_lines
+from depthlab.analysis.duplication_report import duplication_rows, plot_duplication
 from depthlab.analysis.removal_report import drop_rows, has_parts, part_rows, plot_figure_one, plot_sublayers, task_rows
 from depthlab.analysis.results import is_classifier
 
@@ -288,7 +289,7 @@ def write_tables(res: dict, out: Path) -> list[Path]:
     if "removal" in res:
         files["removal_runs.csv"] = res["removal"]["runs"]
     more = {"task_removal.csv": task_rows(res), "sublayer_removal.csv": part_rows(res) if has_parts(res) else [],
-            "drop_lowest.csv": drop_rows(res)}
+            "drop_lowest.csv": drop_rows(res), "duplication.csv": duplication_rows(res)}
     files.update({name: rows for name, rows in more.items() if rows})
     for key in ("last_token", "all_tokens"):
         D = res["angular"][key]
@@ -380,6 +381,8 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["figure_one"] = plot_figure_one(runs, out / "figure_one.png")
     if has_parts(res):
         plots["sublayers"] = plot_sublayers(runs, out / "sublayers.png")
+    if "duplication" in res:
+        plots["duplication_heatmap"] = plot_duplication(res, out / "duplication_heatmap.png")
     if "jacobian" in res:
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
         plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
@@ -397,6 +400,13 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         cols = ["loss", "delta_loss", "acc", "acc_drop"] if is_classifier(res) else ["ppl", "delta_ppl"]
         sec.append(("Layer removal", _img(plots["removal"]) + _table(res["removal"]["runs"], ["n", "blocks", *cols])))
     sec += removal_sections(res, plots)
+    if "duplication_heatmap" in plots:
+        rows = duplication_rows(res)
+        sec.append(("Layer duplication", _p(
+            "Blocks i..j run twice (blocks 1..j, then i..j again, then the rest), scored on the same windows"
+            + (" and questions" if "tasks" in res["duplication"] else "") + "; " + res["duplication"]["interval"]
+            + ". `depthlab duplicate MODEL --span START:END OUT` writes a span as a stock HF model (span: the "
+            "0-based slice, END excluded).") + _img(plots["duplication_heatmap"]) + _table(rows, list(rows[0]))))
     if "jacobian" in plots:
         sec.append(("Jacobians", _img(plots["jacobian"]) + _img(plots["jacobian_heatmaps"])))
     files = {"metrics": out / "metrics.json", **plots}

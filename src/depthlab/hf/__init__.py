@@ -6,8 +6,9 @@ scorers, lm-evaluation-harness's bridge included, are depthlab.eval's).
     adapter.py    a LoRA fine-tune's adapters -> a peft adapter directory (`depthlab export --adapter-only`)
     importer.py   an HF Llama-family checkpoint -> a depthlab Transformer / checkpoint (`depthlab import`)
     vit.py        a depthlab ViT <-> stock ViTForImageClassification (export's ViT branch; import_hf_vit)
-    pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`)
-    cli.py        `depthlab export | prune | import`
+    pruning.py    remove a span of decoder blocks and save the smaller model (`depthlab prune`), or repeat one
+                  (`depthlab duplicate`)
+    cli.py        `depthlab export | prune | duplicate | import`
 
 apply_scheme / load_pretrained (LNS on an HF model) live in depthlab.model.apply, below every command, and
 are re-exported here as the public API. The public names load on first use, so that `depthlab --help` (which
@@ -18,6 +19,7 @@ _API = {
     "apply_scheme": "depthlab.model.apply", "load_pretrained": "depthlab.model.apply",
     "export": "exporter", "import_hf": "importer",
     "import_hf_vit": "vit", "prune": "pruning", "prune_layers": "pruning",
+    "duplicate": "pruning", "duplicate_layers": "pruning",
 }
 __all__ = list(_API)
 

@@ -106,6 +106,16 @@ def prune_greedy(args) -> None:
         print(line)
 
 
+def cmd_duplicate(args) -> None:
+    from depthlab.hf.pruning import duplicate, parse_span
+    from depthlab.loading import quiet_transformers
+
+    quiet_transformers()
+    out, layers = duplicate(args.model, *parse_span(args.span, "--span"), args.out_dir, args.overwrite)
+    print(f"repeated model.layers.{layers[0]}..{layers[-1]} (blocks {layers[0] + 1}-{layers[-1] + 1} counted from 1) "
+          f"once, after model.layers.{layers[-1]}; saved to {out}")
+
+
 def cmd_import(args) -> None:
     from depthlab.hf.importer import import_to_checkpoint
     from depthlab.loading import quiet_transformers
@@ -169,6 +179,7 @@ def add_commands(sub) -> None:
     e.set_defaults(func=cmd_export)
 
     _add_prune(sub)
+    _add_duplicate(sub)
 
     i = sub.add_parser("import", help=f"turn an HF {families} directory into a depthlab checkpoint",
                        description=f"Copy the weights of a Hugging Face model ({families}) into a depthlab "
@@ -191,16 +202,27 @@ def add_commands(sub) -> None:
     i.set_defaults(func=cmd_import)
 
 
-def _add_prune(sub) -> None:
-    from depthlab.flags import at_least
+def _reworking(sub, name: str, help: str, description: str):
+    """The parser of a command that reworks a model's blocks and saves a stock HF model (prune, duplicate)."""
     from depthlab.ownership import INPUT, OUTPUT
 
-    p = sub.add_parser("prune", help="remove layers from a model and save the smaller HF model",
-                       description="Remove layers START..END-1 (0-based, as in model.layers.N; END excluded), or the "
-                       "k least useful blocks as `depthlab analyze` ranked them, and save a Hugging Face model with "
-                       "the layers renumbered and the config consistent. MODEL is an HF model directory, or a "
-                       "depthlab checkpoint / run (exported first).")
+    p = sub.add_parser(name, help=help, description=description + " MODEL is an HF model directory, or a depthlab "
+                       "checkpoint / run (exported first).")
     p.add_argument("model", type=INPUT, help="HF model directory, depthlab checkpoint or run directory")
+    p.add_argument("out_dir", type=OUTPUT, help="output directory (written whole; an existing one must be an earlier "
+                   "export, prune or duplicate)")
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
+    return p
+
+
+def _add_prune(sub) -> None:
+    from depthlab.flags import at_least
+    from depthlab.ownership import INPUT
+
+    p = _reworking(sub, "prune", "remove layers from a model and save the smaller HF model", "Remove layers "
+                   "START..END-1 (0-based, as in model.layers.N; END excluded), or the k least useful blocks as "
+                   "`depthlab analyze` ranked them, and save a Hugging Face model with the layers renumbered and the "
+                   "config consistent.")
     p.add_argument("--remove", type=str, metavar="START:END", help="layers to remove, as a Python slice: 20:24, "
                    "-1: (the last), :2 (the first two)")
     p.add_argument("--drop-lowest", type=at_least(1), metavar="K", help="remove the K blocks whose removal alone "
@@ -212,10 +234,6 @@ def _add_prune(sub) -> None:
     p.add_argument("--analysis", type=INPUT, metavar="DIR", help="with --drop-lowest: the `depthlab analyze` output "
                    "of MODEL "
                    "(default: analysis/<model name>, analyze's default)")
-    p.add_argument("out_dir", type=OUTPUT, help="output directory (written whole; an existing one must be an earlier "
-                   "export or "
-                   "prune)")
-    p.add_argument("--overwrite", action="store_true", help=OVERWRITE)
     _add_greedy(p)
     p.set_defaults(func=cmd_prune)
 
@@ -248,3 +266,13 @@ def _add_greedy(p) -> None:
                    "cuda, ...; default: cuda if available)")
     only_with(p, "--greedy", "--data", "--tokens", "--seq-len", "--batch-size", "--tasks", "--mmlu",
               "--commonsense", "--task-limit", "--device")
+
+
+def _add_duplicate(sub) -> None:
+    d = _reworking(sub, "duplicate", "repeat a span of layers and save the deeper HF model", "Run layers "
+                   "START..END-1 (0-based, as in model.layers.N; END excluded) twice: save a Hugging Face model with "
+                   "the layers up to END-1, a copy of the span, then the rest, renumbered and the config consistent "
+                   "(`analyze --duplicate` scores every span).")
+    d.add_argument("--span", type=str, required=True, metavar="START:END", help="layers to repeat, as a Python "
+                   "slice: 4:8 (model.layers.4 .. 7), -2: (the last two)")
+    d.set_defaults(func=cmd_duplicate)
