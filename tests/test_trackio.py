@@ -25,6 +25,7 @@ READ_BACK = ("import json; from trackio.sqlite_storage import SQLiteStorage as S
              "print(json.dumps({'runs': S.get_runs('depthlab'), 'logs': S.get_logs('depthlab', 'trackio_run')}))")
 
 
+@pytest.mark.slow  # two training processes and a reader
 def test_trackio_logs_what_tensorboard_gets_and_a_resume_goes_on_in_its_run(tmp_path, corpus):
     pytest.importorskip("trackio")
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "store"), "OMP_NUM_THREADS": "1"}
