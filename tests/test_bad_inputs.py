@@ -110,7 +110,8 @@ CASES = [
     ("train-data-latin1", TRAIN + " --data {latin1}", "not valid UTF-8"),
     ("train-data-latin1-fatal", TRAIN + " --data {latin1} --set data.fatal_bad_files=true", "UTF-8"),
     ("train-data-glob-no-match", TRAIN + " --data {tmp}/nomatch*.txt", "no files match"),
-    ("train-data-bad-jsonl", TRAIN + " --data {badjsonl}", "malformed JSON"),
+    ("train-data-bad-jsonl", TRAIN + " --data {badjsonl}", "not JSON"),
+    ("train-data-deep-jsonl", TRAIN + " --data {deepjsonl}", "deepjsonl.jsonl:2: not JSON that a record can be"),
     ("train-data-jsonl-no-field", TRAIN + " --data {nofield}", "no 'text' field"),
     ("train-data-too-small", TRAIN + " --data {small}", "too small"),
     ("train-data-prepared-plus-raw", TRAIN + " --data {prep} {txt}", "one prepared-data directory"),
@@ -648,8 +649,10 @@ def build_world(root: Path) -> dict[str, str]:
     files = {"small": "two lines\nonly\n", "empty": "", "yaml_bad": "model:\n  dim: 32\n - oops\n",
              "yaml_list": "- a\n- b\n", "badjsonl": '{"text": "a"}\n{"text": "b"\n',
              "nofield": '{"txt": "a"}\n', "tasks_bad": "{not json\n",
+             "deepjsonl": '{"text": "a"}\n{"text": ' + "[" * 100_000 + "\n",
              "tasks": json.dumps({"question": "the", "choices": ["fox", "dog"], "answer": 0}) + "\n"}
     suffix = {"yaml_bad": ".yaml", "yaml_list": ".yaml", "badjsonl": ".jsonl", "nofield": ".jsonl",
+              "deepjsonl": ".jsonl",
               "tasks_bad": ".jsonl", "tasks": ".jsonl"}
     for name, content in files.items():
         (root / (name + suffix.get(name, ".txt"))).write_text(content)

@@ -152,7 +152,7 @@ def run_cli(capsys, *argv):
 
 
 @pytest.mark.parametrize("name,content,message", [
-    ("d.jsonl", '{"text": "a"}\n{"text": "b"\n', "d.jsonl:2: malformed JSON line"),
+    ("d.jsonl", '{"text": "a"}\n{"text": "b"\n', "d.jsonl:2: not JSON"),
     ("d.jsonl", '{"text": "a"}\n{"txt": "b"}\n', "d.jsonl:2: no 'text' field"),
     ("d.txt", b"caf\xe9", "d.txt: not valid UTF-8"),
 ])
@@ -171,7 +171,7 @@ def test_bad_input_in_a_worker_process(tmp_path, capsys):
     small_bpe().save(str(tmp_path / "tok.json"))  # given, so no BPE training reads the files first
     code, err = run_cli(capsys, "data", "prepare", str(root), "--out", str(tmp_path / "out"), "--tokenizer",
                         str(tmp_path / "tok.json"), "--workers", "2", "--unit-mb", "1e-9", "--no-progress")
-    assert code == 2 and "d.jsonl:2: malformed JSON line" in err and not (tmp_path / "out").exists()
+    assert code == 2 and "d.jsonl:2: not JSON" in err and not (tmp_path / "out").exists()
 
 
 def config_for(path, **data) -> Config:

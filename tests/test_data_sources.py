@@ -68,7 +68,7 @@ def test_folder_walk_skips_hidden_and_unknown(tmp_path):
 def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"text": "fine"}\n\n{"text": "also fine"}\n{"text": oops}\n')
-    with pytest.raises(UserError, match=r"bad.jsonl:4: malformed JSON line"):
+    with pytest.raises(UserError, match=r"bad.jsonl:4: not JSON"):
         list(file_documents(str(p)))
 
 

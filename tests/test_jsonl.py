@@ -1,12 +1,15 @@
 """Every reader of the JSON-lines records depthlab writes (metrics.jsonl, a study's runs.jsonl and probes.jsonl,
 coord_check.jsonl) is depthlab.jsonl.read_jsonl, with one behaviour: a last line cut short by a killed writer is
-skipped with a warning, any other bad line is one error naming file:line."""
+skipped with a warning, any other bad line is one error naming file:line. The JSON-lines files a person gives
+(training text, fine-tuning records) are parsed by depthlab.jsonl.json_line: every bad line is that error."""
 
 import json
 
 import pytest
 
 from depthlab import UserError
+from depthlab.data import instructions
+from depthlab.data.sources import file_documents
 from depthlab.jsonl import read_jsonl
 from depthlab.runfolder import read_metrics
 from depthlab.study.records import load_records
@@ -41,3 +44,24 @@ def test_a_record_without_a_key_its_reader_needs_is_a_bad_line(tmp_path):
     assert read_jsonl(path) == [{"step": 1}, {"loss": 2.0}]
     with pytest.raises(UserError, match=r"x.jsonl:2: a record without 'step'$"):
         read_jsonl(path, need=("step",))
+
+
+# the JSON-lines files a person gives: every broken line is an error, the last one too
+PERSON_READERS = {"training text": lambda p: list(file_documents(str(p))),
+                  "fine-tuning records": instructions.read_records}
+RECORD_LINE = json.dumps({"text": "a", "instruction": "say", "input": "", "output": "fox"}) + "\n"
+
+
+@pytest.mark.parametrize("name", PERSON_READERS)
+@pytest.mark.parametrize("bad,why", [
+    ('{"text": "a"', "not JSON (Expecting ',' delimiter at column 13)"),
+    ('{"text": ' + "[" * 100_000, "not JSON that a record can be (nested too deeply)")])
+@pytest.mark.parametrize("last", [True, False], ids=["last", "middle"])
+def test_a_broken_line_of_a_persons_file_is_the_same_error_in_every_reader(tmp_path, name, bad, why, last):
+    """A person's file is no record of ours that a kill could have cut: its last line is not forgiven. A line nested
+    too deeply was a RecursionError traceback from the training-text reader."""
+    path = tmp_path / "given.jsonl"
+    path.write_text(RECORD_LINE + bad + ("" if last else "\n" + RECORD_LINE))
+    with pytest.raises(UserError) as e:
+        PERSON_READERS[name](path)
+    assert str(e.value) == f"{path}:2: {why}"

@@ -1,10 +1,13 @@
-"""The one reader of the JSON-lines records depthlab writes and reads back: a run's metrics.jsonl, a study's
-runs.jsonl and probes.jsonl, coord-check's coord_check.jsonl.
+"""JSON lines, the one rule for a broken line.
 
-Every such file is appended one whole line at a time, so only a writer killed mid-append can leave a bad line,
-and only as the last one, without its newline: that line is skipped with a warning (the record is made again).
-Any other line that is not a JSON object (or lacks a key the caller needs) was not written by depthlab: it is a
-one-line error naming the file and the line, never silently dropped.
+read_jsonl reads the records depthlab writes and reads back: a run's metrics.jsonl, a study's runs.jsonl and
+probes.jsonl, coord-check's coord_check.jsonl. Every such file is appended one whole line at a time, so only a
+writer killed mid-append can leave a bad line, and only as the last one, without its newline: that line is skipped
+with a warning (the record is made again). Any other line that is not a JSON object (or lacks a key the caller
+needs) was not written by depthlab: it is a one-line error naming the file and the line, never silently dropped.
+
+json_line parses one line of a JSON-lines file a person gives (training text, fine-tuning records): no writer of
+ours can have cut it, so every line that is not JSON, the last one too, is the error `FILE:LINE: not JSON (...)`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,17 @@ import sys
 from pathlib import Path
 
 from depthlab import UserError
+
+
+def json_line(line: str, where: str):
+    """The JSON value on one line of a file a person gave; `where` is FILE:LINE for the one-line error."""
+    try:
+        return json.loads(line.rstrip("\r\n"))  # the column of an error counts within the line
+    except ValueError as e:
+        raise UserError(f"{where}: not JSON ({e.msg} at column {e.colno})" if isinstance(e, json.JSONDecodeError)
+                        else f"{where}: not JSON ({e})") from None
+    except RecursionError:
+        raise UserError(f"{where}: not JSON that a record can be (nested too deeply)") from None
 
 
 def read_jsonl(path: str | Path, cut: str = "skipped", need: tuple[str, ...] = (), warn=None) -> list[dict]:

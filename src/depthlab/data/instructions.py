@@ -15,6 +15,7 @@ import numpy as np
 from depthlab import UserError
 from depthlab.data.dataset import TokenData
 from depthlab.data.tokenizer import eot_id
+from depthlab.jsonl import json_line
 
 FIELDS = ("instruction", "input", "output")
 PROMPT_WITH_INPUT = (
@@ -51,12 +52,7 @@ def _objects(text: str, path: Path):
     if not body.startswith("["):
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    yield n, json.loads(line)
-                except ValueError as e:
-                    raise UserError(f"{path}:{n}: not JSON ({e.msg})") from None
-                except RecursionError:
-                    raise UserError(f"{path}:{n}: JSON nested too deeply for a record") from None
+                yield n, json_line(line, f"{path}:{n}")
         return
     pos = text.index("[") + 1
     line, counted = 1, 0  # the line of `pos`, counted incrementally (a count from 0 each time is quadratic)

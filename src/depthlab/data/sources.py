@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from depthlab import UserError
+from depthlab.jsonl import json_line
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text", ""}
 JSON_SUFFIXES = {".jsonl", ".ndjson", ".json"}
@@ -170,10 +171,7 @@ def _json_documents(path: Path, text_field: str) -> Iterator[Document]:
                 yield from _json_array(path, line + _decode(f.read(), ""), text_field)
                 return
             seen = True
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})") from None
+            rec = json_line(line, f"{path}:{lineno}")
             text = _record_text(rec, text_field, f"{path}:{lineno}")
             if text:
                 yield Document(f"{path}:{lineno}", text)
