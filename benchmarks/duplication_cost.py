@@ -1,7 +1,7 @@
 """Cost of the layer-duplication scan (`analyze --duplicate MAX_SPAN`) against independent evaluations of each
 duplicated model, side by side in one process, on the same batches.
 
-    PYTHONPATH=src:. OMP_NUM_THREADS=1 python -m benchmarks.duplication_cost      # about a minute on 2 CPU cores
+    PYTHONPATH=src:. OMP_NUM_THREADS=1 python -m benchmarks.duplication_cost      # a few CPU-minutes
 
 (a) the cached scan: one traced pass per batch, then for each span i..j only the n repeated blocks and blocks
 j+1..L-1 from the stream after block j (depthlab.analysis.duplication.duplication_scan, with its per-window sums
@@ -34,7 +34,7 @@ def random_llama(n_layers: int, dim: int, vocab: int, ffn: int):
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").float().eval()
 
 
-def bench(n_layers=16, dim=256, vocab=1024, ffn=688, seq=128, batch=4, n_batches=1, max_span=4, reps=3) -> dict:
+def bench(n_layers=12, dim=128, vocab=512, ffn=344, seq=128, batch=2, n_batches=1, max_span=3, reps=3) -> dict:
     from depthlab.analysis.calibration import Batch
     from depthlab.analysis.duplication import block_passes, duplication_scan, naive_scan
     from depthlab.analysis.layers import from_hf
@@ -64,8 +64,8 @@ def bench(n_layers=16, dim=256, vocab=1024, ffn=688, seq=128, batch=4, n_batches
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=16)
-    p.add_argument("--max-span", type=int, default=4)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--max-span", type=int, default=3)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)

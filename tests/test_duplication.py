@@ -133,7 +133,8 @@ def test_analyze_duplicate_draws_the_heat_map_and_duplicate_writes_the_best_span
     assert main(["analyze", str(hf), *common, "--duplicate", "2", "--removal-tasks", str(tmp_path / "mc.jsonl"),
                  "--out", str(tmp_path / "a")]) == 0
     printed = capsys.readouterr().out
-    assert "duplication (spans of 1..2 blocks): repeating blocks" in printed and "duplication_heatmap.png" in printed
+    assert "duplication (spans of 1..2 blocks): the lowest loss repeats blocks" in printed
+    assert "duplication_heatmap.png" in printed
     res = json.loads((tmp_path / "a" / "metrics.json").read_text())
     d = res["duplication"]
     assert len(d["delta_loss_table"]) == 4 and len(d["spans"]) == 4 + 3

@@ -88,8 +88,8 @@ def duplication_lines(res: dict) -> list[str]:
         return []
     b = d["best"]
     lo, hi = b["delta_loss_ci"]
-    lines = [f"duplication (spans of 1..{d['max_span']} blocks): repeating blocks {b['start_block']}-{b['end_block']}"
-             f" changes the loss least or lowers it most: {b['delta_loss']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+    lines = [f"duplication (spans of 1..{d['max_span']} blocks): the lowest loss repeats blocks {b['start_block']}-"
+             f"{b['end_block']}, loss {b['delta_loss']:+.4f} [{lo:+.4f}, {hi:+.4f}] against the model's own "
              f"(`depthlab duplicate MODEL --span {b['span']} OUT` writes it)"]
     for name, t in d.get("tasks", {}).items():
         tb = t["best"]
