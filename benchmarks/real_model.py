@@ -23,6 +23,8 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
     sublayers   `analyze --sublayers --linear-replacement` on the prose: attention-only, MLP-only, linear replacement
     tasks       `analyze --removal-tasks` on the prose: a 4-choice continuation task (benchmarks/figure_one_run.py's)
                 of --questions questions from plays the calibration does not read
+    duplication `analyze --no-removal --duplicate MAX_SPAN` on the prose: every span of 1..--max-span blocks run
+                twice, the best one with its paired bootstrap interval over the windows
 """
 
 from __future__ import annotations
@@ -369,9 +371,17 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def phase_duplication(a, files, data) -> dict:
+    folder = a.out / "duplication_prose"
+    t = timed(analyze_cmd(files["model"], data["prose"], folder, a, "--no-removal", "--duplicate", str(a.max_span)))
+    d = json.loads((folder / "metrics.json").read_text())["duplication"]
+    return {**t, "max_span": d["max_span"], "base_loss": d["base_loss"], "best": d["best"],
+            "spans": [{k: r[k] for k in ("start_block", "end_block", "delta_loss")} for r in d["spans"]]}
+
+
 PHASES = {"forward": phase_forward, "lns": phase_lns, "massive": phase_massive, "modes": phase_modes,
           "removal_prose": phase_removal("prose"), "removal_python": phase_removal("python"),
-          "sublayers": phase_sublayers, "tasks": phase_tasks}
+          "sublayers": phase_sublayers, "tasks": phase_tasks, "duplication": phase_duplication}
 
 
 def main(argv=None) -> None:
@@ -387,6 +397,7 @@ def main(argv=None) -> None:
     p.add_argument("--questions", type=int, default=300)
     p.add_argument("--choice-tokens", type=int, default=3)
     p.add_argument("--context-tokens", type=int, default=24)
+    p.add_argument("--max-span", type=int, default=2, help="duplication: spans of 1..MAX_SPAN blocks")
     a = p.parse_args(argv)
     if a.what == "figures":
         print("\n".join(map(str, figures(ROOT / "docs" / "img"))))
