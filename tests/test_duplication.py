@@ -149,3 +149,24 @@ def test_analyze_duplicate_draws_the_heat_map_and_duplicate_writes_the_best_span
     assert main(["analyze", str(tmp_path / "deep"), *common, "--out", str(tmp_path / "b")]) == 0
     own = json.loads((tmp_path / "b" / "metrics.json").read_text())["removal"]["base_loss"]
     assert own == pytest.approx(best["loss"], rel=1e-5)
+
+
+def test_a_vit_is_scanned_as_well_and_the_cached_scan_equals_running_it_whole():
+    """A depthlab ViT (no HF config): its blocks are called as block(h, None), its loss is against the labels."""
+    from depthlab.analysis.calibration import ImageBatch
+    from depthlab.analysis.layers import from_vit
+    from depthlab.config import apply_overrides
+    from depthlab.model import build_model
+    from depthlab.model.families import preset
+
+    cfg = apply_overrides(preset("vit-digits"), ["model.dim=32", "model.n_layers=4", "model.n_heads=2",
+                                                 "model.ffn_dim=64"]).model
+    torch.manual_seed(0)
+    lm = from_vit(build_model(cfg).eval(), "vit")
+    x = torch.randn(6, cfg.channels, cfg.image_size, cfg.image_size)
+    b = ImageBatch(x, torch.randint(0, 10, (6,)), torch.ones(6, 17, dtype=torch.bool))
+    lm.discover(b.inputs, b.mask)
+    res, naive = duplication_scan(lm, [b], 2), naive_scan(lm, [b], 2)
+    assert len(res["spans"]) == 7 and {"acc", "acc_drop"} <= set(res["spans"][0])
+    for r in res["spans"]:
+        assert r["loss"] == pytest.approx(naive[("dup", r["start_block"] - 1, r["end_block"] - 1)], rel=1e-5)
