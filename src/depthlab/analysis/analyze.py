@@ -33,6 +33,7 @@ import torch
 from depthlab.analysis.calibration import Batch, ImageBatch
 from depthlab.analysis.curse import CurseSpec, curse_index, index_lines
 from depthlab.analysis.duplication import duplicate_plans, duplication_lines, duplication_scan
+from depthlab.analysis.generation import generation_removal
 from depthlab.analysis.jacobian import block_jacobian, output_jacobian, token_jacobian
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import (
@@ -218,9 +219,10 @@ def fit_linear_maps(lm: LayeredLM, fit: list[Batch], opts: Options = Options()) 
 
 
 def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Options(),
-            questions: dict | None = None, fit: list[Batch] | None = None) -> dict:
+            questions: dict | None = None, fit: list[Batch] | None = None, generation: dict | None = None) -> dict:
     """Whole-model mode. `questions`: {task: [ScoredQuestion]} to score removal by; `fit`: the windows the linear
-    maps are fitted on (with opts.linear)."""
+    maps are fitted on (with opts.linear); `generation`: {task: [GenQuestion]} to score removal by generation
+    (depthlab.analysis.generation)."""
     L = lm.n_layers
     lm.discover(batches[0].inputs, batches[0].mask)
     acc, sums, tsums = Accumulator(L), RemovalSums(L, lm.classifier), TaskSums()
@@ -249,6 +251,8 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
                 single_layer_sweep(lm, b, lm.trace(b.inputs, b.mask), sums, later, tick=tick)
         task_sweep(lm, questions or {}, later, tsums, None, _bar(opts))
         removal_results(res, sums, tsums, linear, L)
+        if generation:
+            res["generate_removal"] = generation_removal(lm, generation, [*plans, *later], _bar(opts))
     if opts.duplicate:
         bar, tick = plan_bar(opts, len(batches), duplicate_plans(L, opts.duplicate), "analyze: duplication scan")
         with bar:

@@ -78,6 +78,10 @@ def _add_removal_args(p) -> None:
                    "under DIR (DIR/<task>/test.json), in their log-likelihood form")
     p.add_argument("--task-limit", type=at_least(1), metavar="N", help="at most N questions of each task file, MMLU "
                    "subject and commonsense task (default: all)")
+    p.add_argument("--removal-generate", nargs="+", metavar="TASK", help="also score each removal by greedy "
+                   "generation (KV cache, exact match; Hugging Face models): add[:digits=3,n=50,seed=0,shots=3], "
+                   "copy[:len=8,...], brackets[:depth=4,...], continue:FILE[,words=32,answer=8,...], or a jsonl file "
+                   "of {\"prompt\", \"answer\"} pairs (docs/analysis.md)")
     p.add_argument("--sublayers", action="store_true", help="also take out each block's attention alone and its "
                    "MLP alone (their output zeroed)")
     p.add_argument("--linear-replacement", action="store_true", help="also replace each block by the "
@@ -113,6 +117,19 @@ def _removal_tasks(args):
                           args.task_limit)
 
 
+def _generation_tasks(args) -> list | None:
+    """--removal-generate's tasks, drawn or read before any model loads."""
+    if not args.removal_generate:
+        return None
+    for flag, why in (("--no-removal", args.no_removal), ("--layer-by-layer", args.layer_by_layer)):
+        if why:
+            raise UserError(f"--removal-generate has no effect with {flag}; drop one of them"
+                            + (" (generation needs the whole model)" if flag == "--layer-by-layer" else ""))
+    from depthlab.eval.gen_tasks import read_task
+
+    return [read_task(spec) for spec in args.removal_generate]
+
+
 def _request(args, model: str):
     from depthlab.analysis.analyze import Options
     from depthlab.analysis.curse import CurseSpec
@@ -129,6 +146,7 @@ def _request(args, model: str):
                              ("--duplicate", args.duplicate, args.layer_by_layer and "--layer-by-layer")):
         if given and why:  # the option would be dropped without a word
             raise UserError(f"{flag} has no effect with {why}; drop one of them")
+    generate = _generation_tasks(args)
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=removal, sublayers=args.sublayers, linear=args.linear_replacement,
                    drop_lowest=args.drop_lowest, activation_mb=args.activation_memory, jacobian=not args.no_jacobian,
@@ -138,7 +156,7 @@ def _request(args, model: str):
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
                    args.trust_remote_code, placed_device(args, args.layer_by_layer), args.dtype, opts, args.images,
                    not args.no_init, args.windows, args.window_seed, args.tasks, args.linear_fit_tokens,
-                   *placement(args))
+                   *placement(args), generate)
 
 
 def _results(args, model: str, log=lambda: None) -> dict:

@@ -27,18 +27,19 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def task_names(runs: Runs) -> list[str]:
-    return list(dict.fromkeys(t for _, r in runs for t in r.get("task_removal", {}).get("tasks", {})))
+def task_names(runs: Runs, key: str = "task_removal") -> list[str]:
+    return list(dict.fromkeys(t for _, r in runs for t in r.get(key, {}).get("tasks", {})))
 
 
-def plot_figure_one(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
+def plot_figure_one(runs: Runs, path: Path, normalise_depth: bool = False, key: str = "task_removal") -> Path:
     """One panel per task: the accuracy drop (points) when each block is removed, with its paired 95% interval
-    (tasks.paired_drop); the attention-only and MLP-only drops dashed and dotted."""
-    names = task_names(runs)
+    (tasks.paired_drop); the attention-only and MLP-only drops dashed and dotted. `key`: task_removal (multiple
+    choice) or generate_removal (generation, exact match)."""
+    names = task_names(runs, key)
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
     for ax, name in zip(axes[0], names):
         for k, (label, res) in enumerate(runs):
-            t = res.get("task_removal", {}).get("tasks", {}).get(name)
+            t = res.get(key, {}).get("tasks", {}).get(name)
             if t is None:
                 continue
             for kind, (marker, ls) in STYLE.items():
@@ -86,18 +87,19 @@ def plot_sublayers(runs: Runs, path: Path, normalise_depth: bool = False) -> Pat
     return _save(fig, path)
 
 
-def task_rows(res: dict) -> list[dict]:
-    """One row per task, kind of removal and block (or run, or k least useful): the CSV and the report's table."""
+def task_rows(res: dict, key: str = "task_removal") -> list[dict]:
+    """One row per task, kind of removal and block (or run, or k least useful): the CSV and the report's table
+    (generation: no log-likelihood columns)."""
     rows = []
-    for name, t in res.get("task_removal", {}).get("tasks", {}).items():
+    for name, t in res.get(key, {}).get("tasks", {}).items():
         for kind in ("single", *PARTS, "runs"):
             for r in t.get(kind, []):
                 rows.append({"task": name, "n": t["n"], "removal": KINDS.get(kind, "run"),
                              "blocks": r.get("blocks", r.get("block")), "acc": r["acc"],
                              "acc_ci": f"{r['acc_ci'][0]:.3f}-{r['acc_ci'][1]:.3f}", "acc_drop": r["acc_drop"],
                              "drop_ci": f"{r['drop_ci'][0]:.3f}-{r['drop_ci'][1]:.3f}", "lost": r["lost"],
-                             "gained": r["gained"], "drop_p": r["drop_p"], "ll": r["ll"], "ll_drop": r["ll_drop"],
-                             "base_acc": t["base_acc"]})
+                             "gained": r["gained"], "drop_p": r["drop_p"],
+                             **{k: r[k] for k in ("ll", "ll_drop") if k in r}, "base_acc": t["base_acc"]})
     return rows
 
 

@@ -288,7 +288,8 @@ def write_tables(res: dict, out: Path) -> list[Path]:
              "best_blocks.csv": res["angular"]["best_block"]}
     if "removal" in res:
         files["removal_runs.csv"] = res["removal"]["runs"]
-    more = {"task_removal.csv": task_rows(res), "sublayer_removal.csv": part_rows(res) if has_parts(res) else [],
+    more = {"task_removal.csv": task_rows(res), "generate_removal.csv": task_rows(res, "generate_removal"),
+            "sublayer_removal.csv": part_rows(res) if has_parts(res) else [],
             "drop_lowest.csv": drop_rows(res), "duplication.csv": duplication_rows(res)}
     files.update({name: rows for name, rows in more.items() if rows})
     for key in ("last_token", "all_tokens"):
@@ -379,6 +380,8 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["removal"] = plot_removal(runs, out / "removal.png")
     if "task_removal" in res:
         plots["figure_one"] = plot_figure_one(runs, out / "figure_one.png")
+    if "generate_removal" in res:
+        plots["generate"] = plot_figure_one(runs, out / "generate_removal.png", key="generate_removal")
     if has_parts(res):
         plots["sublayers"] = plot_sublayers(runs, out / "sublayers.png")
     if "duplication" in res:
@@ -424,6 +427,12 @@ def removal_sections(res: dict, plots: dict) -> list[tuple[str, str]]:
             "Accuracy when one block (or its attention, or its MLP, or a run of n blocks) is removed, scored as "
             "`depthlab eval` scores the same questions; acc_ci: " + res["task_removal"]["interval"] + "; ll: mean "
             "log-likelihood of the correct answer.") + _img(plots["figure_one"]) + _table(rows, list(rows[0]))))
+    if "generate" in plots:
+        rows = task_rows(res, "generate_removal")
+        sec.append(("Layer removal scored by generation", _p(
+            "Exact match of greedy decoding (KV cache) when one block (or its attention, or its MLP, or a run of n "
+            "blocks) is removed; acc_ci: " + res["generate_removal"]["interval"] + ".") + _img(plots["generate"])
+            + _table(rows, list(rows[0]))))
     if "sublayers" in plots:
         rows = part_rows(res)
         fit = res["removal"].get("linear_fit_tokens")
@@ -475,6 +484,8 @@ def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
         plots["removal"] = plot_removal(runs, out / "removal.png", True)
     if any("task_removal" in r for _, r in runs):
         plots["figure_one"] = plot_figure_one(runs, out / "figure_one.png", True)
+    if any("generate_removal" in r for _, r in runs):
+        plots["generate_removal"] = plot_figure_one(runs, out / "generate_removal.png", True, "generate_removal")
     if any(has_parts(r) for _, r in runs):
         plots["sublayers"] = plot_sublayers(runs, out / "sublayers.png", True)
     if any("jacobian" in r for _, r in runs):

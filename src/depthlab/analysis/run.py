@@ -51,6 +51,7 @@ class Request:
     # balanced, sequential or {module name: device}; `device` is then the main device the map gives
     max_memory: dict | None = None  # with a device-map strategy: {device: size} (accelerate's max_memory)
     offload_folder: str | None = None  # with a device map putting weights on disk: where they are written
+    generate: list | None = None  # generation tasks to score removal by (depthlab.eval.gen_tasks.GenTask)
 
 
 @dataclass
@@ -202,6 +203,20 @@ def _questions(req: Request, lm) -> dict | None:
     return questions_to(questions, req.device)
 
 
+def _generation(req: Request, lm, tok) -> dict | None:
+    """The generation tasks as token ids for this model's tokenizer: {task: [GenQuestion]}."""
+    if not req.generate:
+        return None
+    if lm.kind != "hf" or lm.home is not None:
+        raise UserError("--removal-generate decodes with a Hugging Face model's KV cache on one device: "
+                        f"{req.model} is {'placed by a device map' if lm.kind == 'hf' else 'a depthlab model'}"
+                        f"{'' if lm.kind == 'hf' else ' (export it with `depthlab export` first)'}")
+    from depthlab.eval.generate import encode_pair
+
+    encode = lambda text: tok(text)["input_ids"]  # noqa: E731
+    return {t.name: [encode_pair(encode, p, a) for p, a in t.pairs] for t in req.generate}
+
+
 def _image_batches(req: Request, loaded: LayeredModel) -> tuple[list[ImageBatch], dict]:
     if req.seq_len is not None:
         raise UserError("--seq-len does not apply to a ViT: each image is one sequence of patch tokens")
@@ -245,9 +260,10 @@ def run_request(req: Request) -> dict:
         req = dataclasses.replace(req, device=loaded.device)  # a placed model's inputs go to its main device
     fit, questions = [], None
     if lm.classifier:
-        if req.tasks is not None or req.options.linear:
-            raise UserError(f"{'--removal-tasks' if req.tasks is not None else '--linear-replacement'} is for "
-                            "language models; a ViT's removal is scored by its labels")
+        given = [f for f, v in (("--removal-tasks", req.tasks is not None), ("--linear-replacement",
+                 req.options.linear), ("--removal-generate", req.generate)) if v]
+        if given:
+            raise UserError(f"{given[0]} is for language models; a ViT's removal is scored by its labels")
         batches, data = _image_batches(req, loaded)
     elif req.images is not None:
         raise UserError("--images is for a ViT; a language model's calibration size is --tokens")
@@ -255,11 +271,12 @@ def run_request(req: Request) -> dict:
         batches, fit, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
         data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
         questions = _questions(req, lm)
+    generation = _generation(req, lm, tok)
     check_interior(skel.n_layers if req.layerwise else lm.n_layers, req.options.curse)  # the data's errors first
     if req.layerwise:
         res = analyze_layerwise(skel, batches, req.options, questions=questions, fit=fit)
     else:
-        res = analyze(lm, batches, req.options, questions, fit)
+        res = analyze(lm, batches, req.options, questions, fit, generation)
     cfg = skel.cfg if req.layerwise else loaded.cfg
     if req.at_init and cfg is not None:
         res["curse_index"]["at_init"] = index_at_init(cfg, batches, req.options, req.device, None if req.layerwise
@@ -270,6 +287,8 @@ def run_request(req: Request) -> dict:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
     if questions:
         data["tasks"] = {t: len(qs) for t, qs in questions.items()}
+    if generation:
+        data["generate"] = {t: len(qs) for t, qs in generation.items()}
     res["data"] = data
     res["run"] = {"device": str(req.device), "dtype": req.dtype}
     if not req.layerwise and loaded.device_map is not None:

@@ -37,28 +37,42 @@ def question_mask(q: ScoredQuestion) -> torch.Tensor:
 
 
 class TaskSums:
-    """Per task and plan key: each question's pick right or wrong, in question order, and the summed
-    log-likelihood of the answers."""
+    """Per task and plan key: each question's pick right or wrong, and the log-likelihood of its answer (none for
+    generation, scored by exact match), in question order."""
 
     def __init__(self):
         self.right: dict = defaultdict(list)
-        self.ll: dict = defaultdict(float)
+        self.ll: dict = defaultdict(list)
         self.tasks: dict[str, None] = {}
 
     def add(self, task: str, key: tuple, question: ScoredQuestion, logits: torch.Tensor) -> None:
-        ok, ll = question.outcome(logits)
+        self.record(task, key, *question.outcome(logits))
+
+    def record(self, task: str, key: tuple, ok: bool, ll: float | None = None) -> None:
         self.tasks[task] = None
         self.right[task, key].append(bool(ok))
-        self.ll[task, key] += ll
+        if ll is not None:
+            self.ll[task, key].append(ll)
 
     def row(self, task: str, key: tuple) -> dict:
         """acc and its Wilson interval; acc_drop = the model's accuracy minus it, with the paired interval and test
-        of `paired_drop`; ll: the answer's mean log-likelihood, and ll_drop."""
+        of `paired_drop`; ll: the answer's mean log-likelihood, and ll_drop (multiple choice)."""
         right, base = self.right[task, key], self.right[task, BASE.key]
         n, c = len(right), sum(right)
-        base_ll = self.ll[task, BASE.key] / n
-        return {"acc": c / n, "acc_ci": wilson(c, n), "acc_drop": (sum(base) - c) / n, **paired_drop(base, right),
-                "ll": self.ll[task, key] / n, "ll_drop": base_ll - self.ll[task, key] / n}
+        row = {"acc": c / n, "acc_ci": wilson(c, n), "acc_drop": (sum(base) - c) / n, **paired_drop(base, right)}
+        if (task, key) in self.ll:
+            ll, base_ll = sum(self.ll[task, key]) / n, sum(self.ll[task, BASE.key]) / n
+            row.update(ll=ll, ll_drop=base_ll - ll)
+        return row
+
+    def per_question(self, task: str) -> dict:
+        """Each question's outcome under the model itself (first) and each single block removed, for the
+        bootstrap of the removal profiles (depthlab.analysis.profiles)."""
+        keys = [BASE.key, *sorted(k for t, k in self.right if t == task and k[0] == "block")]
+        out = {"right": [[int(x) for x in self.right[task, k]] for k in keys]}
+        if (task, BASE.key) in self.ll:
+            out["ll"] = [self.ll[task, k] for k in keys]
+        return out
 
     def results(self) -> dict:
         out = {}
@@ -66,7 +80,8 @@ class TaskSums:
             base = self.row(t, BASE.key)
             keys = [k for (task, k) in self.right if task == t]
             out[t] = {"n": len(self.right[t, BASE.key]), "base_acc": base["acc"], "base_acc_ci": base["acc_ci"],
-                      "base_ll": base["ll"], **plan_rows(keys, lambda k, t=t: self.row(t, k))}
+                      **({"base_ll": base["ll"]} if "ll" in base else {}),
+                      **plan_rows(keys, lambda k, t=t: self.row(t, k)), "per_question": self.per_question(t)}
         return {"interval": INTERVAL, "tasks": out}
 
 
@@ -107,7 +122,8 @@ def sweep_agreement(lm: LayeredLM, questions: dict[str, list]) -> tuple[float, b
     task_sweep(lm, questions, [BASE, *single_plans(lm.n_layers)], cached)
     naive = naive_task_sweep(lm, questions)
     keys = list(naive.right)
-    return max(abs(cached.ll[k] - naive.ll[k]) for k in keys), all(cached.right[k] == naive.right[k] for k in keys)
+    gap = max(abs(sum(cached.ll[k]) - sum(naive.ll[k])) for k in keys)
+    return gap, all(cached.right[k] == naive.right[k] for k in keys)
 
 
 def usefulness_orders(removal: dict | None, task_removal: dict | None) -> dict[str, list[int]]:

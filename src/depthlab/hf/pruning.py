@@ -22,7 +22,7 @@ from pathlib import Path
 from torch import nn
 
 from depthlab import UserError
-from depthlab.model.blocks import find_blocks
+from depthlab.model.blocks import find_blocks, set_blocks
 
 
 def parse_span(text: str, flag: str = "--remove") -> tuple[int | None, int | None]:
@@ -83,15 +83,10 @@ def relayer(model: nn.Module, order: list[int]) -> nn.Module:
     in place, returns the model."""
     prefix, blocks = find_blocks(model)
     layers, seen = [], set()
-    for new, old in enumerate(order):
-        layer = copy.deepcopy(blocks[old]) if old in seen else blocks[old]
+    for old in order:
+        layers.append(copy.deepcopy(blocks[old]) if old in seen else blocks[old])
         seen.add(old)
-        for module in layer.modules():
-            if isinstance(getattr(module, "layer_idx", None), int):
-                module.layer_idx = new
-        layers.append(layer)
-    parent, _, attr = prefix.rpartition(".")
-    setattr(model.get_submodule(parent), attr, nn.ModuleList(layers))
+    set_blocks(model, prefix, layers)
     _relayer_config(model.config, len(blocks), order)
     return model
 

@@ -36,3 +36,15 @@ def find_blocks(model: nn.Module, with_norms: bool = False) -> tuple[str, nn.Mod
         raise UserError(f"cannot find the decoder blocks of {type(model).__name__}: no list of {need}; "
                         f"module lists found: {', '.join(lists) or 'none'}")
     return max(candidates, key=lambda c: len(c[1]))
+
+
+def set_blocks(model: nn.Module, path: str, blocks) -> None:
+    """Make `blocks` the model's block list (at `path`, as `find_blocks` names it), each attention's `layer_idx`
+    (its place in the KV cache) renumbered to its new position: what removing blocks from a model takes. A
+    ModuleList is put in place as it is (a model's own list, restored)."""
+    for new, block in enumerate(blocks):
+        for module in block.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = new
+    parent, _, attr = path.rpartition(".")
+    setattr(model.get_submodule(parent), attr, blocks if isinstance(blocks, nn.ModuleList) else nn.ModuleList(blocks))

@@ -1,0 +1,35 @@
+"""Layer removal scored by generation: each plan (depthlab.analysis.removal) as a `Removal` of
+depthlab.eval.generate, every question decoded greedily with a KV cache and scored by exact match; the accuracy
+with its Wilson interval and the paired McNemar test against the model itself, as task removal reports them
+(depthlab.analysis.tasks.TaskSums). A linear replacement is not generated with (it stands outside the model).
+"""
+
+from __future__ import annotations
+
+from depthlab.analysis.layers import LayeredLM
+from depthlab.analysis.removal import BASE, Plan
+from depthlab.analysis.tasks import TaskSums
+from depthlab.eval.generate import Removal, eos_of, generation_sweep
+
+
+def removal_of(lm: LayeredLM, plan: Plan) -> Removal | None:
+    """The plan as a Removal: its skipped blocks, or its sublayer zeroed while generating; None for a linear
+    replacement and for the model itself."""
+    if plan.part in ("attn", "mlp"):
+        return Removal(first=plan.at, patch=lambda: lm.without(plan.at, plan.part))
+    return Removal(plan.skip) if plan.skip else None
+
+
+def generation_removal(lm: LayeredLM, questions: dict[str, list], plans: list[Plan],
+                       progress=lambda it, desc: it) -> dict:
+    """{task: [GenQuestion]} scored under the model itself and each plan, as TaskSums.results gives them; a
+    generation ends at the model's eos token, as transformers' `generate` ends it."""
+    sums = TaskSums()
+    removals = {p.key: r for p in plans if (r := removal_of(lm, p)) is not None}
+    for task, qs in questions.items():
+        bar = lambda it, task=task: progress(it, f"analyze: generating, {task}")  # noqa: E731
+        base, outcomes = generation_sweep(lm.model, qs, removals, eos_of(lm.model), bar)
+        for key, right in [(BASE.key, base), *outcomes.items()]:
+            for ok in right:
+                sums.record(task, key, ok)
+    return sums.results()
