@@ -323,10 +323,9 @@ def phase_tasks(a, files, data) -> dict:
 def figures(img: Path) -> list[Path]:
     """docs/img/real_model_*.png from the records present: the stream's variance by depth with and without the
     massive-activation positions, and each block's removal cost with its interval, per text."""
-    import matplotlib
+    from depthlab.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     written = []
     rec = {f.stem: json.loads(f.read_text()) for f in RESULTS.glob("*.json")}
@@ -344,7 +343,7 @@ def figures(img: Path) -> list[Path]:
             a.legend()
         fig.suptitle(f"SmolLM2-135M (Q4_1) on Shakespeare, {rec['massive']['tokens']} tokens; "
                      f"{len(rec['massive']['positions'])} massive positions")
-        written.append(_save(fig, img / "real_model_variance.png"))
+        written.append(save_figure(fig, img / "real_model_variance.png"))
     removal = [(name, rec[f"removal_{name}"]) for name in ("prose", "python") if f"removal_{name}" in rec]
     if removal:
         fig, ax = plt.subplots(figsize=(10, 3.8))
@@ -360,15 +359,8 @@ def figures(img: Path) -> list[Path]:
         ax.set_ylabel("loss increase (nats), 95% t-interval over windows")
         ax.set_title("SmolLM2-135M (Q4_1): the cost of removing each block")
         ax.legend()
-        written.append(_save(fig, img / "real_model_removal.png"))
+        written.append(save_figure(fig, img / "real_model_removal.png"))
     return written
-
-
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
 
 
 def phase_duplication(a, files, data) -> dict:

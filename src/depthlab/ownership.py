@@ -390,13 +390,14 @@ def writing_files(outs: list[Path], own: Callable[[Path], bool], what: str, over
                     tmp.unlink()
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write a small file whole: into a temporary sibling (`.NAME.tmp-PID`) renamed over it, so a kill mid-write
-    leaves the old file (or none), never a truncated one that the next reader chokes on."""
+def write_whole(path: Path, text: str | None = None, write=None) -> None:
+    """Write a file whole: `text`, or what `write(tmp)` writes to the path it is given, into a temporary sibling
+    (`.NAME.tmp-PID`) renamed over it, so a kill or a failure mid-write leaves the old file (or none), never a
+    truncated one that the next reader chokes on."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text) if write is None else write(tmp)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -83,10 +83,9 @@ def is_theory(path: Path) -> bool:
 
 
 def write_theory_report(sim: Simulation, out: Path) -> dict[str, Path]:
-    import matplotlib
+    from depthlab.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -108,10 +107,7 @@ def write_theory_report(sim: Simulation, out: Path) -> dict[str, Path]:
         ax.set_title("log-linear axes: exponentials are straight lines" if scale == "semilog" else
                      "log-log axes: powers of L are straight lines", fontsize=9)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    plot = out / PLOT
-    fig.savefig(plot, dpi=110)
-    plt.close(fig)
+    plot = save_figure(fig, out / PLOT)
     table = out / TABLE
     np.savetxt(table, np.column_stack([sim.depth, sim.pre, sim.lns, sim.pre_lower, sim.pre_upper, sim.lns_upper]),
                delimiter=",", header="depth,pre_ln,lns,lower_L,pre_upper_exp,lns_upper_L2", comments="")

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import SymLogNorm
 from matplotlib.ticker import MaxNLocator
 
-from depthlab.analysis.removal_report import _save
+from depthlab.plots import pyplot, save_figure
+
+plt = pyplot()
 
 
 def _grid(rows: list[dict], n_layers: int, value) -> np.ndarray:
@@ -57,7 +55,7 @@ def plot_duplication(res: dict, path: Path) -> Path:
     for ax, (name, t) in zip(axes[0][1:], tasks.items()):
         _panel(fig, ax, _grid(t["duplicate"], n_layers, lambda r: -100 * r["acc_drop"]), t["best"],
                f"{name}: accuracy change (points), base {100 * t['base_acc']:.1f}%", "accuracy change (points)")
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def duplication_rows(res: dict) -> list[dict]:

@@ -8,23 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from depthlab.analysis.removal import PART_NAMES, PARTS
+from depthlab.plots import pyplot, save_figure
+
+plt = pyplot()
 
 Runs = list[tuple[str, dict]]
 STYLE = {"single": ("o", "-"), "attn": ("^", "--"), "mlp": ("s", ":")}  # marker, line per kind of removal
 KINDS = {"single": "whole block", "attn": PART_NAMES["attn"], "mlp": PART_NAMES["mlp"]}
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
 
 
 def task_names(runs: Runs, key: str = "task_removal") -> list[str]:
@@ -60,7 +51,7 @@ def plot_figure_one(runs: Runs, path: Path, normalise_depth: bool = False, key: 
         ax.set_ylabel("accuracy drop (points); bars: paired 95% interval")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def has_parts(res: dict) -> bool:
@@ -84,7 +75,7 @@ def plot_sublayers(runs: Runs, path: Path, normalise_depth: bool = False) -> Pat
         ax.set_yscale("symlog", linthresh=0.01)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def task_rows(res: dict, key: str = "task_removal") -> list[dict]:

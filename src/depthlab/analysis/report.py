@@ -14,26 +14,17 @@ import html
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from depthlab import metrics as metrics_module
 from depthlab.analysis import curse as curse_module
 from depthlab.analysis.curse import index_lines
 from depthlab.analysis.duplication_report import duplication_rows, plot_duplication
 from depthlab.analysis.removal_report import drop_rows, has_parts, part_rows, plot_figure_one, plot_sublayers, task_rows
 from depthlab.analysis.results import is_classifier
+from depthlab.plots import pyplot, save_figure
+
+plt = pyplot()
 
 Runs = list[tuple[str, dict]]
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
 
 
 def _key_name(res: dict, key: str) -> str:
@@ -72,7 +63,7 @@ def plot_variance(runs: Runs, path: Path, normalise_depth: bool = False) -> Path
         ax.set_xlabel(xl, fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def plot_angular(label: str, res: dict, path: Path) -> Path:
@@ -94,7 +85,7 @@ def plot_angular(label: str, res: dict, path: Path) -> Path:
         ax.set_ylabel("blocks removed n")
         ax.set_title(f"{label}: {title}", fontsize=10)
         fig.colorbar(im, ax=ax)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 # The per-block metrics drawn in block_metrics.png, one panel each: (key in res["blocks"], title); a model without
@@ -131,7 +122,7 @@ def draw_blocks(runs: Runs, normalise_depth: bool = False, metrics: list[tuple[s
 
 
 def plot_blocks(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
-    return _save(draw_blocks(runs, normalise_depth), path)
+    return save_figure(draw_blocks(runs, normalise_depth), path, dpi=90)
 
 
 def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
@@ -148,7 +139,7 @@ def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def plot_removal(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
@@ -180,7 +171,7 @@ def plot_removal(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
             ax.set_yscale("symlog", linthresh=0.01 if key == "acc_drop" else 0.1)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def plot_lens(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
@@ -198,7 +189,7 @@ def plot_lens(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
         ax.set_xlabel("relative depth" if normalise_depth else "stream state")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def plot_jacobian(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
@@ -225,7 +216,7 @@ def plot_jacobian(runs: Runs, path: Path, normalise_depth: bool = False) -> Path
         axes[2].set_yscale("log")
     else:
         axes[2].text(0.5, 0.5, "not computed in layer-by-layer mode", ha="center", transform=axes[2].transAxes)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def plot_jacobian_heatmaps(label: str, res: dict, path: Path) -> Path:
@@ -240,7 +231,7 @@ def plot_jacobian_heatmaps(label: str, res: dict, path: Path) -> Path:
         ax.set_xlabel("input channel (sampled)")
         ax.set_ylabel("output channel (sampled)")
         fig.colorbar(im, ax=ax)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 # --- tables --------------------------------------------------------------------------------------------------

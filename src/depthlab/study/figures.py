@@ -5,24 +5,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from depthlab.plots import pyplot, save_figure
 from depthlab.study.records import final_probe
 from depthlab.study.verdicts import CURSE_RATIO, PRESENT, pooled
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_depth(res: dict, records: dict, out: Path) -> None:
     depths = [d for d in res["depths"] if d["seeds"]]
     if not depths:
         return
-    plt = _plt()
+    plt = pyplot()
     Ls = [d["layers"] for d in depths]
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     a, b, c = axes
@@ -54,9 +46,7 @@ def plot_depth(res: dict, records: dict, out: Path) -> None:
         ax.xaxis.set_minor_locator(plt.NullLocator())  # minor log labels overlapped the depth ticks
     b.legend(fontsize=6)
     c.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(out / "delta_and_index_by_depth.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "delta_and_index_by_depth.png")
     plot_profiles(res, records, out, plt)
 
 
@@ -88,9 +78,7 @@ def plot_profiles(res: dict, records: dict, out: Path, plt) -> None:
         ax.set(xlabel="block l / N", title=title, yscale="log")
     axes[1].set_yscale("symlog", linthresh=1e-3)  # a removal can lower the loss: log where positive, linear near 0
     axes[0].legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "profiles_by_depth.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "profiles_by_depth.png")
 
 
 def plot_along(records: dict, path: Path) -> bool:
@@ -100,7 +88,7 @@ def plot_along(records: dict, path: Path) -> bool:
     pairs = along_pairs(records)
     if not pairs:
         return False
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, len(pairs), figsize=(4.2 * len(pairs), 6), squeeze=False)
     for col, a in enumerate(pairs):
         t = [p["tokens"] / 1e6 for p in a["probes"]]
@@ -114,10 +102,7 @@ def plot_along(records: dict, path: Path) -> bool:
                         label=f"{v} removal deep/shallow")
         bottom.set(xlabel="training tokens (M)", ylabel="curse index")
         bottom.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -128,7 +113,7 @@ def plot_rates(res: dict, path: Path, vocab: int) -> bool:
     res: depthlab.study.summary.lns_study()."""
     if not res["depths"]:
         return False
-    plt = _plt()
+    plt = pyplot()
     panels = [(f"N = {d['layers']}", d["grids"]) for d in res["depths"]]
     ref = {d["layers"]: d["grids"] for d in res["depths"]}.get(res["ref_depth"], {})
     if res["stability"]:
@@ -150,10 +135,7 @@ def plot_rates(res: dict, path: Path, vocab: int) -> bool:
         ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("final validation loss (seed 0)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -162,7 +144,7 @@ def plot_own_best(res: dict, path: Path) -> bool:
     done = [d for d in res["depths"] if d["delta_val_loss"].get("n")]
     if not done:
         return False
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     Ls = [d["layers"] for d in done]
     for d in done:
@@ -180,16 +162,14 @@ def plot_own_best(res: dict, path: Path) -> bool:
     ax.set_xticks(Ls, [str(x) for x in Ls])
     ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
 def plot_decomposition(res: dict, parts: list[dict], path: Path) -> bool:
     if not parts:
         return False
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(parts), figsize=(4.5 * len(parts), 3.4), squeeze=False)
     for ax, p in zip(axes[0], parts, strict=True):
         names = list(p["against_pre"])
@@ -200,23 +180,19 @@ def plot_decomposition(res: dict, parts: list[dict], path: Path) -> bool:
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=8)
         ax.set(title=f"N = {p['layers']}, lr {p['lr']:g}", ylabel="val loss, variant − pre (nats)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
 def plot_vit(res: dict, path: Path) -> None:
     """The ViT study's seed-0 rate grid: validation loss against rate, per variant."""
-    plt = _plt()
+    plt = pyplot()
     fig, a = plt.subplots(1, 1, figsize=(6, 3.8))
     for v, g in res["grid"].items():
         a.plot([float(x) for x in g], [c["loss"] for c in g.values()], "o-", label=v)
     a.set(xscale="log", xlabel="learning rate", ylabel="validation loss (seed 0)", title="ViT rate grid")
     a.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def curve(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -228,7 +204,7 @@ def curve(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 def plot_runs(runs: dict[str, list[dict]], out: Path) -> None:
     """One run per label from its metrics records: out/loss.png (training loss by step) and out/var_by_depth.png (the
     residual stream's variance after each block at the last monitor step, log scale)."""
-    plt = _plt()
+    plt = pyplot()
     for name, key in (("loss.png", "loss"), ("var_by_depth.png", "depth/var")):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for label, records in runs.items():
@@ -244,6 +220,4 @@ def plot_runs(runs: dict[str, list[dict]], out: Path) -> None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
+        save_figure(fig, out / name)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from depthlab.plots import pyplot, save_figure
 from depthlab.stats import interval, mean_std, pooled_noise, pvalue, spread
 from depthlab.study import declared
 from depthlab.study.page.text import said
@@ -620,9 +621,7 @@ def plot(res: dict, d: Design, path: Path) -> bool:
     against depth with each fitted exponent. False when nothing has run past the base depth."""
     if not any(row["loss"][L]["n"] for row in res["transfer"].values() for L in d.depths):
         return False
-    from depthlab.study.figures import _plt
-
-    plt = _plt()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for i, (v, row) in enumerate(res["transfer"].items()):
         c = f"C{i}"
@@ -643,8 +642,5 @@ def plot(res: dict, d: Design, path: Path) -> bool:
         ax.set_xticks(list(d.depths), [str(L) for L in d.depths])
         ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True

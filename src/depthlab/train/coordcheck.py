@@ -28,6 +28,7 @@ import torch
 
 from depthlab.jsonl import read_jsonl
 from depthlab.ownership import write_whole
+from depthlab.plots import pyplot, save_figure
 
 RECORDS = "coord_check.jsonl"
 QUANTITIES = {"update": "last block: change since init  RMS(h(t) - h(0))",
@@ -116,10 +117,7 @@ def diverged(records: list[dict]) -> list[int]:
 def plot(records: list[dict], out: Path, title: str = "") -> Path:
     """One row per parameterization (record name), one column per quantity: the last block's value (seed mean)
     against depth, one line per step, darker for later steps; the row's label carries its depth_slope."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(dict.fromkeys(r["name"] for r in records))
     fig, axes = plt.subplots(len(names), len(QUANTITIES), figsize=(4.2 * len(QUANTITIES), 3.0 * len(names)),
@@ -146,10 +144,7 @@ def plot(records: list[dict], out: Path, title: str = "") -> Path:
         row[-1].legend(fontsize=6)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def _mean(xs: list[float]) -> float:
