@@ -127,3 +127,16 @@ def test_the_results_page_section(tmp_path):
     assert any(line.startswith("| 64 x 2, 4 x 64 | 1 | off | real |") for line in lines)
     assert any("Largest |estimate / measured - 1|" in line and "`python -m benchmarks.memory_plan`" in line
                for line in lines)
+
+
+def test_the_measured_step_is_the_trainers():
+    """memtrack measures the trainer's own forward and backward (depthlab.train.trainer.backward_steps, which
+    Trainer.train_step takes its step with), not a copy of them: no forward, backward, autocast or gradient sync
+    of its own is left in memtrack."""
+    import inspect
+
+    from depthlab import memtrack
+
+    source = inspect.getsource(memtrack)
+    assert "backward_steps(" in source
+    assert not any(own in source for own in (".backward()", "grad_sync", "autocast(", "loss_chunk=tc"))

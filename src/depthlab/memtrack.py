@@ -1,8 +1,9 @@
 """What a training step holds at its peak, measured by PyTorch's own trackers, in the dry-run plan's categories.
 
-The step is the trainer's (depthlab.train.trainer.Trainer.train_step and the loop around it): the model and its
-parallel wrapping from depthlab.train.distributed.build_parallel, the trainer's AdamW, the loss by chunks under
-autocast, backward per micro-batch, clipping, the optimizer step, gradients set to None. It runs on random tokens
+The step is the trainer's: the model and its parallel wrapping from depthlab.train.distributed.build_parallel, the
+trainer's optimizer (make_optimizer), its forward and backward per micro-batch (depthlab.train.trainer.backward_steps,
+the function Trainer.train_step runs: the loss by chunks under autocast), clipping, the optimizer step, gradients
+set to None. It runs on random tokens
 of the plan's shape (memory does not depend on their values) -- two steps, the second holding AdamW's moments, of
 at most two micro-batches (the second is where the first one's gradients meet a forward's activations; more add
 nothing new) -- under torch.distributed._tools.mem_tracker.MemTracker, or on an FSDP rank under FSDPMemTracker,
@@ -51,21 +52,17 @@ def micro_batches(cfg: Config) -> int:
 
 
 def _train_steps(cfg: Config, model, opt, device: torch.device, world_size: int, clip: bool):
-    """STEPS optimizer steps of at most two micro-batches each, as the trainer takes them (clipping when `clip`);
+    """STEPS optimizer steps of at most two micro-batches each, the trainer's (backward_steps; clipping when `clip`);
     yields after each micro-batch's backward."""
-    from depthlab.device import autocast
-    from depthlab.train.distributed import grad_sync
     from depthlab.train.optim import clip_gradients
+    from depthlab.train.trainer import backward_steps
 
     tc, micro = cfg.train, micro_batches(cfg) // STEPS
     gen = torch.Generator().manual_seed(0)
     shape = (per_rank_batch(tc, world_size), cfg.data.seq_len)
     x, y = (torch.randint(cfg.model.vocab_size, shape, generator=gen).to(device) for _ in range(2))
     for _ in range(STEPS):
-        for i in range(micro):
-            with grad_sync(model, i == micro - 1), autocast(device, tc.dtype):
-                loss = model(x, targets=y, loss_chunk=tc.loss_chunk) / tc.grad_accum
-            loss.backward()
+        for _ in backward_steps(model, lambda: (x, y), tc, device, micro):
             yield
         if clip:
             clip_gradients(model, cfg)

@@ -39,7 +39,7 @@ from depthlab.checkpoint import (
     save_sharded,
     step_dir,
 )
-from depthlab.config import Config, per_rank_batch
+from depthlab.config import Config, TrainConfig, per_rank_batch
 from depthlab.data.dataset import TokenData
 from depthlab.device import autocast, resolve_device
 from depthlab.loading import plain_weights
@@ -71,6 +71,20 @@ from depthlab.train.vision import ImageClassification
 
 class TrainingDiverged(UserError):
     pass
+
+
+def backward_steps(model, next_batch, tc: TrainConfig, device: torch.device, n: int = 0):
+    """The forward and backward passes of one optimizer step: `n` (0: train.grad_accum) micro-batches (x, y) from
+    next_batch(), each loss over grad_accum under autocast, the gradients synchronized across ranks on the last
+    one only; yields each micro-batch's loss after its backward. Trainer.train_step takes its step with it, and
+    depthlab.memtrack measures the same step."""
+    n = n or tc.grad_accum
+    for micro in range(n):
+        x, y = next_batch()
+        with grad_sync(model, micro == n - 1), autocast(device, tc.dtype):
+            loss = model(x, targets=y, loss_chunk=tc.loss_chunk) / tc.grad_accum
+        loss.backward()
+        yield loss
 
 
 @dataclass
@@ -276,17 +290,17 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ loop
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
+        x, y = (t.to(self.device) for t in self.sampler.next_batch())
+        self.data_s += time.perf_counter() - t0
+        return x, y
+
     def train_step(self) -> tuple[float, float]:
         """One optimizer step over grad_accum micro-batches: (mean loss, gradient norm before clipping)."""
         tc = self.cfg.train
         loss_sum = 0.0
-        for micro in range(tc.grad_accum):
-            t0 = time.perf_counter()
-            x, y = (t.to(self.device) for t in self.sampler.next_batch())
-            self.data_s += time.perf_counter() - t0
-            with grad_sync(self.model, micro == tc.grad_accum - 1), autocast(self.device, tc.dtype):
-                loss = self.model(x, targets=y, loss_chunk=tc.loss_chunk) / tc.grad_accum
-            loss.backward()
+        for loss in backward_steps(self.model, self._next_batch, tc, self.device):
             loss_sum += loss.item()
         for cb in self.callbacks:
             cb.on_after_backward(self, self.step + 1)
