@@ -25,6 +25,8 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 of --questions questions from plays the calibration does not read
     duplication `analyze --no-removal --duplicate MAX_SPAN` on the prose: every span of 1..--max-span blocks run
                 twice, the best one with its paired bootstrap interval over the windows
+    greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
+                --greedy-seq-len): the loss after each greedy step beside the one-shot choice's at the same k
 """
 
 from __future__ import annotations
@@ -320,6 +322,15 @@ def phase_tasks(a, files, data) -> dict:
     return {**t, "questions": len(qs), "task_removal": res.get("task_removal"), **removal_summary(res)}
 
 
+def phase_greedy(a, files, data) -> dict:
+    folder = a.out / "greedy_prose"
+    t = timed([sys.executable, "-m", "depthlab", "prune", str(files["model"]), str(folder), "--drop-lowest", "4",
+               "--greedy", "--data", str(data["prose"]), "--tokens", str(a.greedy_tokens), "--seq-len",
+               str(a.greedy_seq_len), "--overwrite"])
+    rec = json.loads((folder / "greedy_pruning.json").read_text())
+    return {**t, **{k: rec[k] for k in ("data", "base", "one_shot_order", "removed", "steps")}}
+
+
 def figures(img: Path) -> list[Path]:
     """docs/img/real_model_*.png from the records present: the stream's variance by depth with and without the
     massive-activation positions, and each block's removal cost with its interval, per text."""
@@ -373,7 +384,8 @@ def phase_duplication(a, files, data) -> dict:
 
 PHASES = {"forward": phase_forward, "lns": phase_lns, "massive": phase_massive, "modes": phase_modes,
           "removal_prose": phase_removal("prose"), "removal_python": phase_removal("python"),
-          "sublayers": phase_sublayers, "tasks": phase_tasks, "duplication": phase_duplication}
+          "sublayers": phase_sublayers, "tasks": phase_tasks, "duplication": phase_duplication,
+          "greedy": phase_greedy}
 
 
 def main(argv=None) -> None:
@@ -390,6 +402,8 @@ def main(argv=None) -> None:
     p.add_argument("--choice-tokens", type=int, default=3)
     p.add_argument("--context-tokens", type=int, default=24)
     p.add_argument("--max-span", type=int, default=2, help="duplication: spans of 1..MAX_SPAN blocks")
+    p.add_argument("--greedy-tokens", type=int, default=256, help="greedy: the tokens scored (default 256)")
+    p.add_argument("--greedy-seq-len", type=int, default=128, help="greedy: their windows (default 128)")
     a = p.parse_args(argv)
     if a.what == "figures":
         print("\n".join(map(str, figures(ROOT / "docs" / "img"))))
