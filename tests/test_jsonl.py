@@ -1,7 +1,8 @@
 """Every reader of the JSON-lines records depthlab writes (metrics.jsonl, a study's runs.jsonl and probes.jsonl,
 coord_check.jsonl) is depthlab.jsonl.read_jsonl, with one behaviour: a last line cut short by a killed writer is
 skipped with a warning, any other bad line is one error naming file:line. The JSON-lines files a person gives
-(training text, fine-tuning records) are parsed by depthlab.jsonl.json_line: every bad line is that error."""
+(training text, fine-tuning records, multiple-choice and generation tasks) are parsed by depthlab.jsonl.json_line:
+every bad line is that error."""
 
 import json
 
@@ -10,6 +11,8 @@ import pytest
 from depthlab import UserError
 from depthlab.data import instructions
 from depthlab.data.sources import file_documents
+from depthlab.eval.gen_tasks import read_pairs
+from depthlab.eval.multiple_choice import read_tasks
 from depthlab.jsonl import read_jsonl
 from depthlab.runfolder import read_metrics
 from depthlab.study.records import load_records
@@ -47,9 +50,11 @@ def test_a_record_without_a_key_its_reader_needs_is_a_bad_line(tmp_path):
 
 
 # the JSON-lines files a person gives: every broken line is an error, the last one too
-PERSON_READERS = {"training text": lambda p: list(file_documents(str(p))),
-                  "fine-tuning records": instructions.read_records}
-RECORD_LINE = json.dumps({"text": "a", "instruction": "say", "input": "", "output": "fox"}) + "\n"
+PERSON_READERS = {  # what reads the file, and a good line for it
+    "training text": (lambda p: list(file_documents(str(p))), {"text": "a"}),
+    "fine-tuning records": (instructions.read_records, {"instruction": "say", "input": "", "output": "fox"}),
+    "multiple-choice tasks": (read_tasks, {"question": "q", "choices": ["a", "b"], "answer": 0}),
+    "generation pairs": (read_pairs, {"prompt": "p", "answer": "a"})}
 
 
 @pytest.mark.parametrize("name", PERSON_READERS)
@@ -59,9 +64,10 @@ RECORD_LINE = json.dumps({"text": "a", "instruction": "say", "input": "", "outpu
 @pytest.mark.parametrize("last", [True, False], ids=["last", "middle"])
 def test_a_broken_line_of_a_persons_file_is_the_same_error_in_every_reader(tmp_path, name, bad, why, last):
     """A person's file is no record of ours that a kill could have cut: its last line is not forgiven. A line nested
-    too deeply was a RecursionError traceback from the training-text reader."""
-    path = tmp_path / "given.jsonl"
-    path.write_text(RECORD_LINE + bad + ("" if last else "\n" + RECORD_LINE))
+    too deeply was a RecursionError traceback from the training-text and the task readers."""
+    read, good = PERSON_READERS[name]
+    path, good = tmp_path / "given.jsonl", json.dumps(good) + "\n"
+    path.write_text(good + bad + ("" if last else "\n" + good))
     with pytest.raises(UserError) as e:
-        PERSON_READERS[name](path)
+        read(path)
     assert str(e.value) == f"{path}:2: {why}"

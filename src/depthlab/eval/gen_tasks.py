@@ -13,7 +13,6 @@ line; `seed` draws them (default 0).
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import string
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from depthlab import UserError
+from depthlab.jsonl import json_line
 
 FAMILIES = {"add": {"digits": 3}, "copy": {"len": 8}, "brackets": {"depth": 4}, "continue": {"words": 32, "answer": 8}}
 COMMON = {"n": 50, "seed": 0, "shots": 3}
@@ -114,10 +114,7 @@ def read_pairs(path: Path) -> list[tuple[str, str]]:
     for k, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise UserError(f"{path}:{k}: not JSON ({e})") from None
+        obj = json_line(line, f"{path}:{k}")
         if not (isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and isinstance(obj.get("answer"), str)
                 and obj["answer"]):
             raise UserError(f"{path}:{k}: expected {{\"prompt\": str, \"answer\": non-empty str}}")

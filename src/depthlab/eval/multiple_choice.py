@@ -24,7 +24,6 @@ Task format: one JSON object per line,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from depthlab import UserError
+from depthlab.jsonl import json_line
 
 DELIMITER = " "  # lm-eval's default target_delimiter
 METRICS = ("acc", "acc_norm", "acc_bytes")
@@ -55,10 +55,7 @@ def read_tasks(path: str | Path) -> list[Question]:
         if not line.strip():
             continue
         where = f"{path}:{n}"
-        try:
-            d = json.loads(line)
-        except ValueError as e:
-            raise UserError(f"{where}: not JSON ({e})") from None
+        d = json_line(line, where)
         if not isinstance(d, dict) or not isinstance(d.get("question"), str):
             raise UserError(f"{where}: expected an object with a string 'question', 'choices' and 'answer'")
         choices, answer = d.get("choices"), d.get("answer")
