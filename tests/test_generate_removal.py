@@ -5,6 +5,7 @@ generation, a real block does; the task families and their specs."""
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,8 +98,12 @@ def test_analyze_scores_removal_by_generation(tmp_path):
     assert len(pairs) >= 4
     (tmp_path / "own.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     (tmp_path / "t.txt").write_text(TEXT)
+    mc = [{"question": f"def f{i}(x):\n    return x *", "choices": [str(i), "x", "line"], "answer": i % 3}
+          for i in range(6)]
+    (tmp_path / "mc.jsonl").write_text("".join(json.dumps(q) + "\n" for q in mc))
     assert main(["analyze", str(hf), "--data", str(tmp_path / "t.txt"), "--tokens", "64", "--seq-len", "32",
                  "--no-jacobian", "--no-progress", "--sublayers", "--out", str(tmp_path / "a"),
+                 "--removal-tasks", str(tmp_path / "mc.jsonl"),
                  "--removal-generate", str(tmp_path / "own.jsonl"), "add:n=3,digits=2"]) == 0
     res = json.loads((tmp_path / "a" / "metrics.json").read_text())
     own = res["generate_removal"]["tasks"]["own"]
@@ -109,6 +114,39 @@ def test_analyze_scores_removal_by_generation(tmp_path):
     assert {"attn", "mlp", "runs"} <= set(own) and "ll" not in single[1]
     assert own["per_question"]["right"][0] == [1] * len(pairs) and len(own["per_question"]["right"]) == 5
     assert res["data"]["generate"] == {"own": len(pairs), "add:n=3,digits=2": 3}
+    # the three profiles side by side: per block, their rank correlations with bootstrap intervals, and a figure
+    prof = res["profiles"]
+    assert set(prof["profiles"]) == {"loss", "choice", "generation"} and prof["units"]["generation"] == len(pairs) + 3
+    assert prof["profiles"]["loss"] == pytest.approx([r["delta_loss"] for r in res["removal"]["single"]], abs=1e-5)
+    mc_single = res["task_removal"]["tasks"]["mc"]["single"]
+    assert prof["profiles"]["choice"] == pytest.approx([r["ll_drop"] for r in mc_single], abs=1e-5)
+    assert [(c["a"], c["b"]) for c in prof["correlations"]] == [("loss", "choice"), ("loss", "generation"),
+                                                                ("choice", "generation")]
+    assert (tmp_path / "a" / "removal_profiles.png").stat().st_size > 1000
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c" / "removal_profiles.png").stat().st_size > 1000
+    assert (tmp_path / "c" / "generate_removal.png").stat().st_size > 1000
+
+
+def test_profile_correlations_and_their_bootstrap():
+    from scipy.stats import spearmanr
+
+    from depthlab.analysis.profiles import removal_profiles
+
+    g = np.random.default_rng(0)
+    loss = g.normal(size=(30, 6)) + np.arange(6)  # windows x blocks: cost rising with depth
+    right = (g.random((40, 7)) < np.r_[0.9, np.linspace(0.9, 0.1, 6)]).astype(int)  # model itself, then blocks
+    res = {"removal": {"windows": {"single_delta": loss.T.tolist(), "count": [1] * 30}},
+           "generate_removal": {"tasks": {"t": {"per_question": {"right": right.T.tolist()}}}}}
+    prof = removal_profiles(res, bootstrap=200)
+    gen = (right[:, :1] - right[:, 1:]).mean(0)
+    assert prof["profiles"]["generation"] == pytest.approx(gen.tolist())
+    (c,) = prof["correlations"]
+    assert c["rho"] == pytest.approx(spearmanr(loss.mean(0), gen).statistic)
+    assert c["ci"][0] <= c["rho"] <= c["ci"][1] and c["replicates"] == 200
+    res["generate_removal"]["tasks"]["t"]["per_question"]["right"] = [[1] * 40] * 7  # no answer changes
+    (c,) = removal_profiles(res, bootstrap=20)["correlations"]
+    assert c["rho"] is None and c["ci"] is None
 
 
 def test_task_families_are_seeded_and_sized(tmp_path):

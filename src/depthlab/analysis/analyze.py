@@ -36,6 +36,7 @@ from depthlab.analysis.duplication import duplicate_plans, duplication_lines, du
 from depthlab.analysis.generation import generation_removal
 from depthlab.analysis.jacobian import block_jacobian, output_jacobian, token_jacobian
 from depthlab.analysis.layers import LayeredLM
+from depthlab.analysis.profiles import profile_lines
 from depthlab.analysis.removal import (
     BASE,
     PARTS,
@@ -388,4 +389,5 @@ def summary_lines(res: dict) -> list[str]:
         lines.append("||J_block - I|| (rms): " + " ".join(f"{x:.3f}" for x in res["jacobian"]["block_vs_identity"]))
     if not math.isfinite(st[-1]["variance"]):
         lines.append("warning: non-finite activations")
+    lines += profile_lines(res.get("profiles"))
     return lines + [f"note: {n}" for n in res.get("notes", [])]

@@ -121,3 +121,38 @@ def drop_rows(res: dict) -> list[dict]:
                 row[f"{name}_acc"], row[f"{name}_acc_drop"] = task_drop["acc"], task_drop["acc_drop"]
             rows.append(row)
     return rows
+
+
+def plot_profiles(runs: Runs, path: Path) -> Path:
+    """The removal profiles over relative depth, each divided by its largest cost (1: the costliest block): one
+    model's profiles on one panel; several models, one panel per profile and a line per model."""
+    from depthlab.analysis.profiles import PROFILES
+
+    names = [k for k in PROFILES if any(k in r.get("profiles", {}).get("profiles", {}) for _, r in runs)]
+    one = len(runs) == 1
+    panels = [None] if one else names
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for k, (label, res) in enumerate(runs):
+            prof = res.get("profiles", {}).get("profiles", {})
+            for name in names if one else [panel]:
+                if name not in prof:
+                    continue
+                y = prof[name]
+                top = max(abs(v) for v in y) or 1.0
+                ax.plot([(l + 1) / len(y) for l in range(len(y))], [v / top for v in y], marker="o", ms=3,
+                        color=f"C{names.index(name) if one else k}", label=PROFILES[name] if one else label)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_title("removal profiles" if one else PROFILES[panel], fontsize=10)
+        ax.set_xlabel("relative depth of the removed block")
+        ax.set_ylabel("cost / largest cost")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def profile_rows(res: dict) -> list[dict]:
+    """The profiles' rank correlations: the report's table."""
+    return [{"profiles": f"{c['a']} ~ {c['b']}", "spearman": c["rho"], "ci": "-" if not c["ci"] else
+             f"{c['ci'][0]:.3f}-{c['ci'][1]:.3f}", "replicates": c["replicates"]}
+            for c in res.get("profiles", {}).get("correlations", [])]

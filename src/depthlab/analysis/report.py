@@ -18,7 +18,16 @@ from depthlab import metrics as metrics_module
 from depthlab.analysis import curse as curse_module
 from depthlab.analysis.curse import index_lines
 from depthlab.analysis.duplication_report import duplication_rows, plot_duplication
-from depthlab.analysis.removal_report import drop_rows, has_parts, part_rows, plot_figure_one, plot_sublayers, task_rows
+from depthlab.analysis.removal_report import (
+    drop_rows,
+    has_parts,
+    part_rows,
+    plot_figure_one,
+    plot_profiles,
+    plot_sublayers,
+    profile_rows,
+    task_rows,
+)
 from depthlab.analysis.results import is_classifier
 from depthlab.plots import pyplot, save_figure
 
@@ -373,6 +382,8 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["figure_one"] = plot_figure_one(runs, out / "figure_one.png")
     if "generate_removal" in res:
         plots["generate"] = plot_figure_one(runs, out / "generate_removal.png", key="generate_removal")
+    if len(res.get("profiles", {}).get("profiles", {})) > 1:
+        plots["profiles"] = plot_profiles(runs, out / "removal_profiles.png")
     if has_parts(res):
         plots["sublayers"] = plot_sublayers(runs, out / "sublayers.png")
     if "duplication" in res:
@@ -424,6 +435,13 @@ def removal_sections(res: dict, plots: dict) -> list[tuple[str, str]]:
             "Exact match of greedy decoding (KV cache) when one block (or its attention, or its MLP, or a run of n "
             "blocks) is removed; acc_ci: " + res["generate_removal"]["interval"] + ".") + _img(plots["generate"])
             + _table(rows, list(rows[0]))))
+    if "profiles" in plots:
+        rows = profile_rows(res)
+        sec.append(("Removal profiles side by side", _p(
+            "What removing each block costs, by loss, by the right choice's log-likelihood and by exact-match "
+            "generation, each divided by its largest cost; Spearman rank correlations between them, with 95% "
+            f"percentile bootstrap intervals over windows and questions ({res['profiles']['bootstrap']} "
+            "replicates).") + _img(plots["profiles"]) + (_table(rows, list(rows[0])) if rows else "")))
     if "sublayers" in plots:
         rows = part_rows(res)
         fit = res["removal"].get("linear_fit_tokens")
@@ -475,6 +493,8 @@ def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
         plots["removal"] = plot_removal(runs, out / "removal.png", True)
     if any("task_removal" in r for _, r in runs):
         plots["figure_one"] = plot_figure_one(runs, out / "figure_one.png", True)
+    if any(len(r.get("profiles", {}).get("profiles", {})) > 1 for _, r in runs):
+        plots["removal_profiles"] = plot_profiles(runs, out / "removal_profiles.png")
     if any("generate_removal" in r for _, r in runs):
         plots["generate_removal"] = plot_figure_one(runs, out / "generate_removal.png", True, "generate_removal")
     if any(has_parts(r) for _, r in runs):

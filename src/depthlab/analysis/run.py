@@ -22,6 +22,7 @@ from depthlab.analysis.calibration import (
     to_batches,
 )
 from depthlab.analysis.layers import LayeredLM
+from depthlab.analysis.profiles import removal_profiles
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, kind_of
 from depthlab.checkpoint import CheckpointMeta
 from depthlab.eval.suite import TaskSuite
@@ -283,6 +284,8 @@ def run_request(req: Request) -> dict:
                                                       else loaded.device_map, req.offload_folder, req.layerwise)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     _record_gguf(res, req.model)
+    if (prof := removal_profiles(res)) is not None:
+        res["profiles"] = prof
     if req.layerwise:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
     if questions:
