@@ -418,7 +418,9 @@ def argparse_without_out(args):
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    from depthlab.eval.cli import new_spelling
+
+    args = parser.parse_args(new_spelling(argv))
     if args.command is None:
         parser.print_help()
         return 0

@@ -1,9 +1,15 @@
-"""`depthlab eval`: a model's perplexity on text, a ViT's accuracy on images, multiple-choice tasks, MMLU, the
-commonsense table, lm-evaluation-harness tasks. Models load through depthlab.loading, so this command, like the
-scorers it runs, needs nothing of depthlab.train, depthlab.hf or depthlab.analysis."""
+"""`depthlab eval KIND`: one subcommand per kind of score, each with only its own options: `ppl` (a language
+model's loss and perplexity on text), `images` (a ViT's loss and accuracy), `tasks` (multiple-choice files), `mmlu`,
+`commonsense` (the paper's table) and `harness` (lm-evaluation-harness tasks). Models load through
+depthlab.loading, so this command, like the scorers it runs, needs nothing of depthlab.train, depthlab.hf or
+depthlab.analysis.
+
+The spelling before the subcommands (`depthlab eval MODEL [--tasks F | --mmlu DIR | --commonsense DIR |
+--harness T]`) still works: `new_spelling` names its kind, and the command says the new spelling in one line."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 from depthlab import UserError
@@ -12,51 +18,67 @@ MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a dir
     "Hugging Face model directory"
 
 
-def cmd_eval(args) -> None:
+def cmd_ppl(args) -> None:
+    loaded = load(args)
+    if loaded.cfg is not None and loaded.cfg.model.is_vit:
+        raise UserError(f"{loaded.path} is a ViT (an image classifier): score it with `depthlab eval images`")
+    eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, loaded.device, progress=not args.no_progress)
+
+
+def cmd_images(args) -> None:
+    loaded = load(args)
+    if loaded.cfg is None or not loaded.cfg.model.is_vit:
+        raise UserError(f"{loaded.path} is not a depthlab ViT: score a language model with `depthlab eval ppl`")
+    eval_images(loaded, args.data, args.batch_size, loaded.device)
+
+
+def cmd_tasks(args) -> None:
+    from depthlab.eval.multiple_choice import evaluate_tasks, scorer_for
+
+    scorer = scorer_for(load(args))
+    for task in args.tasks:
+        res = evaluate_tasks(scorer, task)
+        print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
+
+
+def cmd_harness(args) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise UserError("eval harness needs lm-evaluation-harness: pip install 'depthlab[eval]' (lm-eval, "
+                        "accelerate)")
+    from lm_eval.utils import make_table
+
+    from depthlab.eval.harness import run_harness
+    from depthlab.eval.multiple_choice import scorer_for
+
+    print(make_table(run_harness(scorer_for(load(args)), args.harness, batch_size=args.batch_size,
+                                 progress=not args.no_progress)))
+
+
+def load(args):
+    """The one model of a subcommand, on --device or placed by --device-map."""
     from depthlab.loading import PLACEMENT, load_model, placed_device, placement
 
-    if args.harness:
-        return cmd_harness(args)
-    refuse_meaningless(args)
-    device = placed_device(args)
-    if args.commonsense or args.mmlu:
-        if args.device_map:
-            raise UserError(f"--device-map places one model; --{'commonsense' if args.commonsense else 'mmlu'} "
-                            "evaluates each of its models on one --device")
-        return eval_commonsense(args, device)
-    if len(args.checkpoint) > 1:
-        raise UserError(f"several models ({len(args.checkpoint)}) are compared only with --commonsense DIR or "
-                        "--mmlu DIR")
-    loaded = load_model(args.checkpoint[0], device=device, **dict(zip(PLACEMENT, placement(args))))
-    device = loaded.device  # a placed model's inputs go to its main device
-    if args.tasks:
-        from depthlab.eval.multiple_choice import evaluate_tasks, scorer_for
-
-        scorer = scorer_for(loaded)
-        for task in args.tasks:
-            res = evaluate_tasks(scorer, task)
-            print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
-        return
-    if loaded.cfg is not None and loaded.cfg.model.is_vit:
-        if args.seq_len is not None:  # else dropped without a word
-            raise UserError("--seq-len does not apply to a ViT: each image is one sequence of patch tokens")
-        return eval_images(loaded, args.data, args.batch_size, device)
-    eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, device, progress=not args.no_progress)
+    return load_model(args.model, device=placed_device(args), **dict(zip(PLACEMENT, placement(args))))
 
 
-def refuse_meaningless(args) -> None:
-    """One line for an eval option that the chosen mode ignores (it would otherwise be dropped silently)."""
-    mode = "--commonsense" if args.commonsense else "--mmlu" if args.mmlu else "--tasks" if args.tasks else None
-    table = [("--tasks", args.tasks), ("--data", args.data), ("--seq-len", args.seq_len)]
-    ignored = {"--commonsense": table, "--mmlu": [*table, ("--max-new-tokens", args.max_new_tokens != 32)],
-               "--tasks": [("--data", args.data), ("--seq-len", args.seq_len)]}.get(mode, [])
-    if mode is None:  # perplexity: the table options have nothing to act on
-        ignored = [("--table", args.table != "commonsense"), ("--overwrite", args.overwrite),
-                   ("--max-new-tokens", args.max_new_tokens != 32), ("--mmlu-shots", args.mmlu_shots != 0)]
-    given = [name for name, value in ignored if value not in (None, False, [])]
-    if given:
-        what = f"with {mode}" if mode else "without --commonsense or --mmlu"
-        raise UserError(f"{given[0]} has no effect {what}; drop it (each evaluation is its own command)")
+def cmd_table(args) -> None:
+    """`eval commonsense` and `eval mmlu`: the eight-task table, and with MMLU the paper's table
+    (docs/downstream.md), for every model given."""
+    from depthlab.device import resolve_device
+    from depthlab.eval.commonsense import evaluate_models, is_table, markdown, table_paths, write_tables
+    from depthlab.ownership import writing_files
+
+    device = resolve_device(args.device, "--device")
+    md, js = table_paths(args.table)
+    inputs = [p for p in (*args.models, args.commonsense, args.mmlu) if p]
+    with writing_files([md, js], is_table, f"eval {args.eval_command}", args.overwrite, inputs) as tmps:  # first
+        results = evaluate_models(args.models, args.commonsense, str(device), args.max_new_tokens,
+                                  log=lambda msg: print(msg, file=sys.stderr), mmlu=args.mmlu, shots=args.mmlu_shots)
+        write_tables(results, *tmps)
+    print(markdown(results))
+    print(f"wrote {md} and {js}")
 
 
 def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None:
@@ -73,23 +95,6 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None
     res = evaluate_images(loaded.model, split.val_x, split.val_y, batch_size, device, cfg.train.dtype)
     print(f"{loaded.path}: ViT, scheme {m.norm_scheme}, data {split.source}")
     print(f"loss {res['val_loss']:.4f}  top-1 accuracy {res['val_acc']:.4f}  images {res['val_images']}")
-
-
-def eval_commonsense(args, device) -> None:
-    """The eight-task table, and with --mmlu the paper's table (docs/downstream.md), for every model given."""
-    from depthlab.eval.commonsense import evaluate_models, is_table, markdown, table_paths, write_tables
-    from depthlab.ownership import writing_files
-
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    md, js = table_paths(args.table)
-    inputs = [p for p in (*args.checkpoint, args.commonsense, args.mmlu) if p]
-    with writing_files([md, js], is_table, "eval --commonsense", args.overwrite, inputs) as tmps:  # before the work
-        results = evaluate_models(args.checkpoint, args.commonsense, str(device), args.max_new_tokens,
-                                  log=lambda msg: print(msg, file=sys.stderr), mmlu=args.mmlu, shots=args.mmlu_shots)
-        write_tables(results, *tmps)
-    print(markdown(results))
-    print(f"wrote {md} and {js}")
 
 
 def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_size: int, device,
@@ -132,81 +137,161 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}  "
           f"window {seq_len}")
 
-
-def cmd_harness(args) -> None:
-    import importlib.util
-
-    from depthlab.loading import PLACEMENT, load_model, placed_device, placement
-
-    given = [name for name, value in (("--tasks", args.tasks), ("--data", args.data),
-                                      ("--commonsense", args.commonsense), ("--seq-len", args.seq_len)) if value]
-    if given:
-        raise UserError(f"--harness runs lm-evaluation-harness tasks; it does not combine with {given[0]}")
-    if importlib.util.find_spec("lm_eval") is None:
-        raise UserError("--harness needs lm-evaluation-harness: pip install 'depthlab[eval]' (lm-eval, accelerate)")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    from lm_eval.utils import make_table
-
-    from depthlab.eval.harness import run_harness
-    from depthlab.eval.multiple_choice import scorer_for
-
-    if len(args.checkpoint) > 1:
-        raise UserError("--harness evaluates one model at a time (several models: --commonsense DIR)")
-    loaded = load_model(args.checkpoint[0], device=placed_device(args), **dict(zip(PLACEMENT, placement(args))))
-    print(make_table(run_harness(scorer_for(loaded), args.harness, batch_size=args.batch_size,
-                                 progress=not args.no_progress)))
+KINDS = {  # the old spelling's flag that chose each kind, first the one that won when several were given
+    "harness": "--harness", "commonsense": "--commonsense", "mmlu": "--mmlu", "tasks": "--tasks"}
 
 
-def add_commonsense_options(e) -> None:
-    from depthlab.flags import at_least
-    from depthlab.ownership import INPUT, PREFIX
+def new_spelling(argv: list[str]) -> list[str]:
+    """`eval MODEL ...` as the spelling before the subcommands chose its kind (by --harness, --commonsense, --mmlu
+    or --tasks; without them a ViT's images, else perplexity): `eval KIND MODEL ...`, said in one line on stderr.
+    Any other command line stays as it is (a word that names no path is a kind mistyped: argparse says so)."""
+    from pathlib import Path
 
-    e.add_argument("--commonsense", type=INPUT, metavar="DIR", help="the eight commonsense tasks, "
-                   "DIR/<task>/test.json in "
-                   "LLM-Adapters' layout (boolq, piqa, social_i_qa, hellaswag, winogrande, ARC-Easy, ARC-Challenge, "
-                   "openbookqa): greedy generation with answer extraction and log-likelihood, a table of every model "
-                   "(docs/downstream.md)")
-    e.add_argument("--mmlu", type=INPUT, metavar="DIR", help="MMLU from local files (cais/mmlu's "
-                   "SUBJECT/test-*.parquet and "
-                   "dev-*.parquet, or the original test/SUBJECT_test.csv and dev/SUBJECT_dev.csv), scored as "
-                   "lm-evaluation-harness's mmlu task; with --commonsense the table gets the paper's columns (MMLU, "
-                   "BoolQ, ARC-e, PIQA, HellaSwag, OBQA, WinoGrande)")
-    e.add_argument("--mmlu-shots", type=at_least(0), default=0, metavar="K", help="with --mmlu: examples from each "
-                   "subject's dev split in front of every question (0 or 5 as in the paper's harness; default 0)")
-    e.add_argument("--table", type=PREFIX, default="commonsense", metavar="PREFIX", help="with --commonsense / "
-                   "--mmlu: write "
-                   "PREFIX.md and PREFIX.json (default: commonsense); existing ones must be an earlier table")
-    e.add_argument("--overwrite", action="store_true", help="with --commonsense: replace PREFIX.md / PREFIX.json "
-                   "even if they are not an earlier table")
-    e.add_argument("--max-new-tokens", type=at_least(1), default=32, help="with --commonsense: greedy decoding length")
+    if len(argv) < 2 or argv[0] != "eval" or argv[1] in (*KINDS, "ppl", "images") or argv[1].startswith("-"):
+        return argv
+    given = {a.split("=")[0] for a in argv[1:]}
+    kind = next((k for k, flag in KINDS.items() if flag in given), None)
+    if kind is None and "/" not in argv[1] and not Path(argv[1]).exists():  # a kind mistyped, not a model
+        return argv
+    kind = kind or ("images" if is_vit(argv[1]) else "ppl")
+    new = ["eval", kind, *argv[1:]]
+    if kind == "mmlu" and "--table" not in given:  # its table's name then, `eval mmlu`'s is mmlu
+        new += ["--table", "commonsense"]
+    print(f"depthlab: deprecated: eval takes the kind of score first: `depthlab {shlex.join(new)}`",
+          file=sys.stderr)
+    return new
+
+
+def is_vit(path: str) -> bool:
+    """Whether `path` names a depthlab ViT (its config says so); anything unreadable is left to the command."""
+    from depthlab.checkpoint import CONFIG
+    from depthlab.config import Config
+    from depthlab.paths import Kind, model_path
+
+    try:
+        kind, p = model_path(path, warn=lambda msg: None)
+        return kind is Kind.CHECKPOINT and Config.load(p / CONFIG).model.is_vit
+    except (UserError, OSError, ValueError):
+        return False
 
 
 def add_commands(sub) -> None:
-    from depthlab.flags import at_least
-    from depthlab.loading import add_placement_options
+    e = sub.add_parser("eval", help="score a model: perplexity, images, multiple choice, MMLU, the commonsense "
+                       "table, lm-evaluation-harness", description="Score a model (a checkpoint, a run's newest one, "
+                       "or a Hugging Face model directory); one subcommand per kind of score. `depthlab eval MODEL "
+                       "...` without a kind still works: it says the spelling it stands for.")
+    kinds = e.add_subparsers(dest="eval_command", metavar="KIND", required=True)
+    _add_ppl(kinds)
+    _add_images(kinds)
+    _add_tasks(kinds)
+    _add_harness(kinds)
+    _add_table(kinds, "mmlu")
+    _add_table(kinds, "commonsense")
+
+
+def _kind(kinds, name: str, func, help: str, description: str, several: bool = False):
+    """The subcommand `eval NAME` running func, with its MODEL (several: a table's, one row each)."""
     from depthlab.ownership import INPUT
 
-    e = sub.add_parser("eval", help="validation loss and perplexity of a model",
-                       description="Per-token mean loss and perplexity of a model (a checkpoint, a run's newest one, "
-                       "or a Hugging Face model directory), on --data or, by default, on the run's own validation "
-                       "split.")
-    e.add_argument("checkpoint", metavar="MODEL", nargs="+", type=INPUT, help=MODEL_HELP + " (several: with "
-                   "--commonsense)")
-    e.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help="text files or folders to evaluate on, or a "
-                   "prepared "
-                   "directory (its validation split)")
-    e.add_argument("--tasks", nargs="+", type=INPUT, metavar="FILE.jsonl", help="multiple-choice task files instead "
-                   "(question, choices, answer index; docs/hf.md): accuracy and length-normalised accuracy")
-    add_commonsense_options(e)
-    e.add_argument("--seq-len", type=at_least(1), help="window length (default: the run's; HF models: their "
+    p = kinds.add_parser(name, help=help, description=description)
+    if several:
+        p.add_argument("models", metavar="MODEL", nargs="+", type=INPUT, help=MODEL_HELP + " (several: one row "
+                       "each)")
+    else:
+        p.add_argument("model", metavar="MODEL", type=INPUT, help=MODEL_HELP)
+    p.set_defaults(func=func)
+    return p
+
+
+def _device(p, batch: bool = True, placed: bool = True) -> None:
+    from depthlab.flags import at_least
+    from depthlab.loading import add_placement_options
+
+    if batch:
+        p.add_argument("--batch-size", type=at_least(1), default=16)
+    p.add_argument("--device", type=str, default="auto")
+    if placed:
+        add_placement_options(p, "the evaluation gives the numbers of one device")
+
+
+def _data(p, what: str) -> None:
+    from depthlab.ownership import INPUT
+
+    p.add_argument("--data", nargs="+", type=INPUT, metavar="PATH", help=what)
+
+
+def _no_progress(p, what: str) -> None:
+    p.add_argument("--no-progress", action="store_true", help=f"no progress bars (shown on a terminal only: {what})")
+
+
+def _add_ppl(kinds) -> None:
+    from depthlab.flags import at_least
+
+    p = _kind(kinds, "ppl", cmd_ppl, "validation loss and perplexity of a language model", "Per-token mean loss "
+              "and perplexity of a language model, on --data or, by default, on the run's own validation split (a "
+              "fine-tune's: its held-out records' response tokens).")
+    _data(p, "text files or folders to evaluate on, or a prepared directory (its validation split)")
+    p.add_argument("--seq-len", type=at_least(1), help="window length (default: the run's; HF models: their "
                    "context, at most 512)")
-    e.add_argument("--batch-size", type=at_least(1), default=16)
-    e.add_argument("--device", type=str, default="auto")
-    add_placement_options(e, "the evaluation gives the numbers of one device (not with --commonsense / --mmlu)")
-    e.add_argument("--no-progress", action="store_true", help="no progress bars (shown on a terminal only: "
-                   "tokenizing --data, the evaluation, lm-eval's with --harness)")
-    e.add_argument("--harness", nargs="+", type=INPUT, metavar="TASK", help="run lm-evaluation-harness tasks on the "
-                   "model through depthlab's adapter (any scheme): lm-eval task names, YAML task files or folders of "
-                   "them (needs depthlab[eval]; docs/hf.md)")
-    e.set_defaults(func=cmd_eval)
+    _device(p)
+    _no_progress(p, "tokenizing --data, the evaluation")
+
+
+def _add_images(kinds) -> None:
+    p = _kind(kinds, "images", cmd_images, "loss and top-1 accuracy of a ViT", "Mean loss and top-1 accuracy of a "
+              "depthlab ViT on the validation split of --data, by default of the run's own images.")
+    _data(p, "images to evaluate on (what `train --data` takes for a ViT: an ImageFolder tree, a .npz, CIFAR-10)")
+    _device(p)
+
+
+def _add_tasks(kinds) -> None:
+    from depthlab.ownership import INPUT
+
+    p = _kind(kinds, "tasks", cmd_tasks, "zero-shot multiple choice from JSONL task files", "Accuracy and "
+              "length-normalised accuracy on multiple-choice task files, scored by log-likelihood with "
+              "lm-evaluation-harness's semantics (docs/hf.md).")
+    p.add_argument("--tasks", nargs="+", required=True, type=INPUT, metavar="FILE.jsonl", help="multiple-choice "
+                   "task files (question, choices, answer index)")
+    _device(p, batch=False)
+
+
+def _add_harness(kinds) -> None:
+    from depthlab.ownership import INPUT
+
+    p = _kind(kinds, "harness", cmd_harness, "lm-evaluation-harness tasks through depthlab's adapter (any scheme)",
+              "Run lm-evaluation-harness tasks on the model through depthlab's adapter (any scheme; needs "
+              "depthlab[eval]; docs/hf.md).")
+    p.add_argument("--harness", nargs="+", required=True, type=INPUT, metavar="TASK", help="lm-eval task names, "
+                   "YAML task files or folders of them")
+    _device(p)
+    _no_progress(p, "lm-eval's")
+
+
+def _add_table(kinds, kind: str) -> None:
+    """`eval mmlu` and `eval commonsense`: a table of every model given, written as PREFIX.md and PREFIX.json."""
+    from depthlab.flags import at_least
+    from depthlab.ownership import INPUT, PREFIX
+
+    mmlu_help = ("MMLU from local files (cais/mmlu's SUBJECT/test-*.parquet and dev-*.parquet, or the original "
+                 "test/SUBJECT_test.csv and dev/SUBJECT_dev.csv), scored as lm-evaluation-harness's mmlu task")
+    if kind == "mmlu":
+        p = _kind(kinds, "mmlu", cmd_table, "MMLU from local files, a table of every model", mmlu_help + "; a table "
+                  "of every model (docs/downstream.md).", several=True)
+        p.add_argument("--mmlu", required=True, type=INPUT, metavar="DIR", help="the MMLU directory")
+        p.set_defaults(commonsense=None, max_new_tokens=32)  # the table without the commonsense columns
+    else:
+        p = _kind(kinds, "commonsense", cmd_table, "the paper's eight commonsense tasks, a table of every model",
+                  "The eight commonsense tasks, DIR/<task>/test.json in LLM-Adapters' layout (boolq, piqa, "
+                  "social_i_qa, hellaswag, winogrande, ARC-Easy, ARC-Challenge, openbookqa): greedy generation with "
+                  "answer extraction and log-likelihood, a table of every model (docs/downstream.md).", several=True)
+        p.add_argument("--commonsense", required=True, type=INPUT, metavar="DIR", help="the tasks' directory")
+        p.add_argument("--mmlu", type=INPUT, metavar="DIR", help=mmlu_help + ": the table gets the paper's columns "
+                       "(MMLU, BoolQ, ARC-e, PIQA, HellaSwag, OBQA, WinoGrande)")
+        p.add_argument("--max-new-tokens", type=at_least(1), default=32, help="greedy decoding length")
+    p.add_argument("--mmlu-shots", type=at_least(0), default=0, metavar="K", help="examples from each MMLU "
+                   "subject's dev split in front of every question (0 or 5 as in the paper's harness; default 0)")
+    p.add_argument("--table", type=PREFIX, default=kind, metavar="PREFIX", help=f"write PREFIX.md and PREFIX.json "
+                   f"(default: {kind}); existing ones must be an earlier table")
+    p.add_argument("--overwrite", action="store_true", help="replace PREFIX.md / PREFIX.json even if they are not "
+                   "an earlier table")
+    _device(p, batch=False, placed=False)
