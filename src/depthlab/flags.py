@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from depthlab import UserError
 
+SET_EPILOG = "Configs are typed dataclasses; --set takes dotted paths, e.g. --set model.n_layers=24 --set train.lr=2e-3"
 
 @dataclass(frozen=True)
 class Refused:

@@ -65,11 +65,11 @@ def _add_removal_args(p) -> None:
 
     p.add_argument("--removal-tasks", nargs="+", type=INPUT, metavar="FILE.jsonl", help="also score each removal by "
                    "these "
-                   "multiple-choice files, as `eval --tasks` scores them (accuracy, with its 95%% Wilson interval, "
+                   "multiple-choice files, as `eval tasks` scores them (accuracy, with its 95%% Wilson interval, "
                    "and the log-likelihood of the correct answer)")
     p.add_argument("--removal-mmlu", type=INPUT, metavar="DIR", help="also score each removal by MMLU from local "
                    "files, as "
-                   "`eval --mmlu` scores it (the paper's Figure 1)")
+                   "`eval mmlu` scores it (the paper's Figure 1)")
     p.add_argument("--mmlu-shots", type=at_least(0), default=0, metavar="K", help="with --removal-mmlu: examples "
                    "from each subject's dev split (default 0)")
     only_with(p, "--removal-mmlu", "--mmlu-shots")

@@ -1,4 +1,4 @@
-"""Layer removal scored by multiple-choice tasks, as `eval --tasks / --mmlu / --commonsense` scores them (the
+"""Layer removal scored by multiple-choice tasks, as `eval tasks / mmlu / commonsense` scores them (the
 paper's Figure 1 is MMLU accuracy with one layer removed): for each plan (depthlab.analysis.removal), per task, the
 accuracy (the choice with the highest summed log-likelihood is the pick) with its 95% Wilson score interval, and
 the mean log-likelihood of the correct answer, beside the model's own and the drop.

@@ -254,7 +254,7 @@ def tokens_digest(tokens: np.ndarray) -> str:
 
 
 def save_val_tokens(run_dir: Path, tokens: np.ndarray) -> None:
-    """Keep a run's validation tokens (raw text tokenized for the run), so `eval RUN` need not tokenize again;
+    """Keep a run's validation tokens (raw text tokenized for the run), so `eval ppl RUN` need not tokenize again;
     written whole or not at all."""
     tmp = run_dir / (VAL_TOKENS + ".tmp")
     with open(tmp, "wb") as f:

@@ -255,9 +255,9 @@ def _add_greedy(p) -> None:
                    "run's, or 512 for HF models)")
     p.add_argument("--batch-size", type=at_least(1), default=8, help="with --greedy: windows per batch (default 8)")
     p.add_argument("--tasks", nargs="+", type=INPUT, metavar="FILE.jsonl", help="with --greedy --by tasks: "
-                   "multiple-choice files, scored as `eval --tasks` scores them")
+                   "multiple-choice files, scored as `eval tasks` scores them")
     p.add_argument("--mmlu", type=INPUT, metavar="DIR", help="with --greedy --by tasks: MMLU from local files, as "
-                   "`eval --mmlu` (zero-shot)")
+                   "`eval mmlu` (zero-shot)")
     p.add_argument("--commonsense", type=INPUT, metavar="DIR", help="with --greedy --by tasks: the commonsense tasks "
                    "under DIR, in their log-likelihood form")
     p.add_argument("--task-limit", type=at_least(1), metavar="N", help="with --greedy --by tasks: at most N "

@@ -15,4 +15,5 @@ coordcheck.py   `depthlab coord-check`: a few steps at several depths, each bloc
 callbacks.py    depth monitors, TensorBoard and Weights & Biases loggers, as trainer callbacks
 distributed.py  torchrun: DDP or FSDP2 applied after the model is built, full-state checkpoints
 flops.py        training FLOPs per token and the device's peak, for MFU; the throughput meter of the log lines
+cli.py          `depthlab finetune`
 """
