@@ -38,7 +38,7 @@ def text_file(tmp_path):
 
 
 def test_help_for_every_command():
-    for args in ([], ["--help"], ["train", "--help"], ["eval", "--help"], ["schemes"]):
+    for args in ([], ["--help"], ["train", "--help"], ["eval", "--help"], ["eval", "ppl", "--help"], ["schemes"]):
         res = depthlab(*args)
         assert res.returncode == 0 and res.stdout.strip(), (args, res.stderr)
     assert "--set" in depthlab("train", "--help").stdout
@@ -59,7 +59,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, text_file):
     assert_user_error(depthlab("train", "--data", tmp_path / "latin1.txt"), "not valid UTF-8")
     assert_user_error(depthlab("train", "--data", tmp_path / "latin1.txt", "--set", "data.fatal_bad_files=true"),
                       "latin1.txt", "UTF-8")
-    assert_user_error(depthlab("eval", tmp_path), "neither a checkpoint nor a run directory")
+    assert_user_error(depthlab("eval", "ppl", tmp_path), "neither a checkpoint nor a run directory")
 
 
 def test_train_end_to_end_and_reload_keeps_scheme(tmp_path, text_file):
@@ -79,7 +79,7 @@ def test_train_end_to_end_and_reload_keeps_scheme(tmp_path, text_file):
     assert model.layers[2].attn_norm.scale == pytest.approx(3 ** -0.5)
     assert meta.step == 8 and meta.val["val_ppl"] == pytest.approx(records[-1]["val_ppl"])
     # eval on the run's own validation split reproduces the final val loss
-    res = depthlab("eval", run_dir)
+    res = depthlab("eval", "ppl", run_dir)
     assert res.returncode == 0, res.stderr
     assert f"loss {records[-1]['val_loss']:.4f}" in res.stdout
 
@@ -91,7 +91,7 @@ def test_train_on_shakespeare_folder_then_eval_other_text(tmp_path):
                    "--out", tmp_path, "--max-steps", 4, *TINY)
     assert res.returncode == 0, res.stderr
     run_dir = res.stdout.split("run directory:")[1].split()[0]
-    res = depthlab("eval", run_dir, "--data", SHAKESPEARE / "tempest_gut.txt")
+    res = depthlab("eval", "ppl", run_dir, "--data", SHAKESPEARE / "tempest_gut.txt")
     assert res.returncode == 0, res.stderr
     ppl = float(res.stdout.split("perplexity")[1].split()[0])
     assert 1 < ppl < 300 * 2  # a 300-token vocabulary: better than uniform after 4 steps is not guaranteed, sane is
@@ -121,6 +121,6 @@ def test_prepare_then_train_then_eval_on_prepared_data(tmp_path, text_file):
     res = depthlab("train", "--data", tmp_path / "prep", "--run-dir", tmp_path / "run", "--max-steps", 4, *TINY)
     assert res.returncode == 0, res.stderr
     final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    res = depthlab("eval", tmp_path / "run", "--data", tmp_path / "prep")  # the prepared validation split
+    res = depthlab("eval", "ppl", tmp_path / "run", "--data", tmp_path / "prep")  # the prepared validation split
     assert res.returncode == 0, res.stderr
     assert f"loss {final['val_loss']:.4f}" in res.stdout

@@ -45,7 +45,7 @@ def test_eval_commonsense_writes_the_table_for_two_models(two_models, tmp_path, 
     from depthlab.cli import main
 
     prefix = tmp_path / "table"
-    code = main(["eval", *map(str, two_models), "--commonsense", str(EVAL), "--table", str(prefix),
+    code = main(["eval", "commonsense", *map(str, two_models), "--commonsense", str(EVAL), "--table", str(prefix),
                  "--max-new-tokens", "4", "--device", "cpu"])
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -59,8 +59,8 @@ def test_eval_commonsense_writes_the_table_for_two_models(two_models, tmp_path, 
         assert all(0 <= a <= 100 for a in accs) and row["Avg."] == pytest.approx(sum(accs) / 8, abs=0.06)
     assert len(data["results"][str(two_models[0])]["boolq"]["outputs"]) == 4
     assert oct((tmp_path / "table.md").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
-    code = main(["eval", str(two_models[0]), "--commonsense", str(EVAL), "--table", str(prefix),  # its own table
-                 "--max-new-tokens", "4", "--device", "cpu"])
+    code = main(["eval", "commonsense", str(two_models[0]), "--commonsense", str(EVAL), "--table",
+                 str(prefix), "--max-new-tokens", "4", "--device", "cpu"])  # its own table
     assert code == 0 and str(two_models[1]) not in (tmp_path / "table.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["table.json", "table.md"]
 
@@ -79,10 +79,10 @@ def test_bad_commonsense_inputs_are_one_line(two_models, tmp_path, capsys):
     (tmp_path / "boolq").mkdir()
     rec = {"instruction": "q", "input": "", "output": "the correct answer is maybe", "answer": "maybe"}
     (tmp_path / "boolq" / "test.json").write_text(json.dumps([rec]))
-    assert main(["eval", str(two_models[0]), "--commonsense", str(tmp_path), "--device", "cpu"]) == 2
+    assert main(["eval", "commonsense", str(two_models[0]), "--commonsense", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "test.json:1:" in err[0] and "true/false" in err[0], err
-    assert main(["eval", *map(str, two_models), "--device", "cpu"]) == 2
+    assert main(["eval", "commonsense", *map(str, two_models), "--device", "cpu"]) == 2
     assert "--commonsense" in capsys.readouterr().err
 
 

@@ -168,7 +168,7 @@ def test_without_accelerate_the_flag_names_the_package(tmp_path, capsys, monkeyp
 
 
 def test_eval_on_a_placed_model_prints_the_one_device_numbers(tmp_path, capsys):
-    """`depthlab eval` (perplexity and --tasks) and `eval --harness`'s loading take the same map."""
+    """`depthlab eval ppl` and `eval tasks` (and `eval harness`'s loading) take the same map."""
     hf = save_hf_model(tmp_path / "hf", "llama")
     mc = write_mc(tmp_path / "mc.jsonl")
     (tmp_path / "text.txt").write_text(TEXT)
@@ -177,7 +177,8 @@ def test_eval_on_a_placed_model_prints_the_one_device_numbers(tmp_path, capsys):
     printed = {}
     for name, where in (("one", ["--device", "cpu"]), ("placed", placed)):
         for what in (["--data", str(tmp_path / "text.txt"), "--seq-len", "32"], ["--tasks", str(mc)]):
-            assert main(["eval", str(hf), "--no-progress", *what, *where]) == 0
+            kind = "ppl" if what[0] == "--data" else "tasks"
+            assert main(["eval", kind, str(hf), *what, *where]) == 0
             printed[name, what[0]] = capsys.readouterr().out
     for what in ("--data", "--tasks"):
         assert printed["one", what] == printed["placed", what] and printed["one", what].strip()
@@ -194,13 +195,13 @@ def test_eval_with_every_weight_on_disk_reports_its_perplexity(tmp_path, capsys)
     printed = []
     for where in (["--device", "cpu"], ["--device-map", str(tmp_path / "disk.json"), "--offload-folder",
                                         str(tmp_path / "offload")]):
-        assert main(["eval", str(hf), "--no-progress", "--data", str(tmp_path / "text.txt"), "--seq-len", "32",
+        assert main(["eval", "ppl", str(hf), "--no-progress", "--data", str(tmp_path / "text.txt"), "--seq-len", "32",
                      *where]) == 0, capsys.readouterr().err
         printed.append(capsys.readouterr().out)
     assert "perplexity" in printed[0] and printed[0] == printed[1]
 
 
-@pytest.mark.parametrize("command", ["eval", "analyze"])
+@pytest.mark.parametrize("command", ["eval ppl", "analyze"])
 def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys, command):
     """SIGKILL leaves a run no chance to remove the copy of the weights it offloaded (as large as those weights):
     the next run offloading into the same folder removes it, as the next writer removes a killed one's leftovers."""
@@ -211,10 +212,10 @@ def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys, 
     offload = tmp_path / "offload"
 
     def argv(text):
-        own = {"eval": [], "analyze": ["--out", str(tmp_path / text) + ".analysis", "--tokens", "64", "--probes", "1",
-                                       "--no-removal"]}[command]
-        return [command, str(hf), "--no-progress", "--data", str(tmp_path / text), "--seq-len", "32", "--device-map",
-                str(tmp_path / "map.json"), "--offload-folder", str(offload), *own]
+        own = {"eval ppl": [], "analyze": ["--out", str(tmp_path / text) + ".analysis", "--tokens", "64", "--probes",
+                                           "1", "--no-removal"]}[command]
+        return [*command.split(), str(hf), "--no-progress", "--data", str(tmp_path / text), "--seq-len", "32",
+                "--device-map", str(tmp_path / "map.json"), "--offload-folder", str(offload), *own]
 
     proc = subprocess.Popen([sys.executable, "-m", "depthlab", *argv("long.txt")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
@@ -233,15 +234,15 @@ def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["--device-map", "auto", "--device", "cpu"], "--device puts it on one device"),
-    (["--device-map", "auto", "--commonsense", "{tmp}"], "--device-map places one model; --commonsense"),
-    (["--offload-folder", "{tmp}"], "--offload-folder has no effect without --device-map"),
-    (["--device-map", "auto", "--max-memory", "cpu=1GiB", "cpu=2GiB"], "size the same device"),
+    (["ppl", "--device-map", "auto", "--device", "cpu"], "--device puts it on one device"),
+    (["commonsense", "--device-map", "auto", "--commonsense", "{tmp}"], "unrecognized arguments: --device-map"),
+    (["ppl", "--offload-folder", "{tmp}"], "--offload-folder has no effect without --device-map"),
+    (["ppl", "--device-map", "auto", "--max-memory", "cpu=1GiB", "cpu=2GiB"], "size the same device"),
 ])
 def test_eval_refusals_are_one_line(tmp_path, capsys, argv, msg):
     hf = save_hf_model(tmp_path / "hf", "llama")
     capsys.readouterr()  # what saving the model printed
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    assert main(["eval", str(hf), "--no-progress", *argv]) == 2
+    assert main(["eval", argv[0], str(hf), *argv[1:]]) == 2
     err = capsys.readouterr().err.strip()
     assert msg in err and len(err.splitlines()) == 1, err

@@ -162,7 +162,7 @@ def test_sharded_checkpoints_resume_on_2_1_and_2_ranks_like_the_uninterrupted_ru
 
     assert main(["export", str(step3), str(tmp_path / "hf")]) == 0  # consolidated into one safetensors file
     assert (tmp_path / "hf" / "model.safetensors").is_file()
-    assert main(["eval", str(step3)]) == 0
+    assert main(["eval", "ppl", str(step3)]) == 0
     _layerwise_reads_it_like_whole_model_mode(step3)
     cut("ref2", "two_to_one")
     _train(one, tmp_path / "two_to_one", resume="auto")

@@ -117,7 +117,7 @@ def test_cli_finetune_and_malformed_record(base, tmp_path, capsys):
     assert code == 0, printed.err
     assert (out / "metrics.jsonl").is_file() and list((out / "checkpoints").iterdir())
     final = float(printed.out.split("final validation loss (response tokens) ")[1].split()[0])
-    assert main(["eval", str(out)]) == 0  # the run's own validation: its held-out records' responses
+    assert main(["eval", "ppl", str(out)]) == 0  # the run's own validation: its held-out records' responses
     shown = capsys.readouterr().out
     assert "held-out records" in shown and float(shown.split("response loss ")[1].split()[0]) == \
         pytest.approx(final, abs=1e-4)

@@ -72,7 +72,7 @@ def test_no_float_flag_of_any_command_takes_nan_or_inf():
     (["theory", "--depth", "1"], "--depth must be between 2 and 1,000,000"),
     (["theory", "--c", "inf"], "--c must be a finite number"),
     (["finetune", "m", "--data", "d", "--lora", "--lora-dropout", "1"], "--lora-dropout must be in [0, 1)"),
-    (["eval", "m", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["eval", "ppl", "m", "--batch-size", "0"], "--batch-size must be at least 1"),
 ])
 def test_a_value_a_flag_cannot_use_is_refused_before_the_command_reads_anything(argv, message, capsys):
     assert main(argv) == 2  # the paths named do not exist: the flag is what is refused
@@ -81,7 +81,7 @@ def test_a_value_a_flag_cannot_use_is_refused_before_the_command_reads_anything(
 
 def test_text_that_is_not_a_number_stays_argparse_s_error(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["eval", "m", "--batch-size", "x"])
+        main(["eval", "ppl", "m", "--batch-size", "x"])
     assert e.value.code == 2 and "invalid int value: 'x'" in one_error_line(capsys)
 
 

@@ -147,7 +147,7 @@ def _run_roundtrip(tmp_path, scheme):
 
 def _perplexity(capsys, *args) -> str:
     capsys.readouterr()
-    assert main(["eval", *map(str, args), "--device", "cpu", "--no-progress"]) == 0
+    assert main(["eval", "ppl", *map(str, args), "--device", "cpu", "--no-progress"]) == 0
     return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("loss "))
 
 

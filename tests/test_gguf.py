@@ -68,7 +68,7 @@ def test_import_eval_and_prune_take_the_file(tiny, tmp_path, capsys):
     capsys.readouterr()
     losses = []
     for model in (f, dense, tmp_path / "ck"):
-        assert main(["eval", str(model), "--data", str(text), "--seq-len", "32", "--no-progress"]) == 0
+        assert main(["eval", "ppl", str(model), "--data", str(text), "--seq-len", "32", "--no-progress"]) == 0
         losses.append(capsys.readouterr().out.split("loss")[1].split()[0])
     assert losses[0] == losses[1], losses  # the file and its directory: the same printed loss
     assert main(["prune", str(f), "--remove", "1:3", str(tmp_path / "pruned")]) == 0
@@ -87,7 +87,7 @@ def test_a_tensor_type_no_reader_dequantizes_is_one_line(tmp_path, capsys):
 def test_a_missing_gguf_package_names_the_extra(tiny, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "gguf", None)  # how Python spells "not installed" to find_spec
     shutil.copy(tiny[0], tmp_path / "m.gguf")
-    assert main(["eval", str(tmp_path / "m.gguf"), "--data", str(tiny[2])]) == 2
+    assert main(["eval", "ppl", str(tmp_path / "m.gguf"), "--data", str(tiny[2])]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "depthlab[gguf]" in err and "`gguf`" in err
 

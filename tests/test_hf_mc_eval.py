@@ -85,7 +85,7 @@ def test_eval_cli_with_tasks_on_both_kinds_of_model(uniform_checkpoint, tmp_path
     task = write_task(tmp_path / "t.jsonl")
     export(uniform_checkpoint, tmp_path / "hf")
     for model in (uniform_checkpoint, tmp_path / "hf"):
-        assert main(["eval", str(model), "--tasks", str(task), "--device", "cpu"]) == 0
+        assert main(["eval", "tasks", str(model), "--tasks", str(task), "--device", "cpu"]) == 0
         assert "3 questions  acc 0.6667  acc_norm 0.6667" in capsys.readouterr().out
 
 
@@ -103,7 +103,7 @@ def test_malformed_task_lines_are_reported_with_their_line_number(tmp_path, line
 
 
 def test_missing_task_file_is_a_one_line_cli_error(uniform_checkpoint, tmp_path, capsys):
-    assert main(["eval", str(uniform_checkpoint), "--tasks", str(tmp_path / "nope.jsonl")]) == 2
+    assert main(["eval", "tasks", str(uniform_checkpoint), "--tasks", str(tmp_path / "nope.jsonl")]) == 2
     assert capsys.readouterr().err.startswith("depthlab: error: cannot read task file")
 
 

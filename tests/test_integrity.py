@@ -93,7 +93,7 @@ def test_an_edited_meta_json_is_refused_and_never_resumed_from(tmp_path, run4, c
     newest = checkpoint.list_checkpoints(run)[-1]
     assert json.loads((newest / "meta.json").read_text())["step"] == 4
     _edit_meta(newest, step=7)
-    code, err = run_main(capsys, "eval", newest)
+    code, err = run_main(capsys, "eval", "ppl", newest)
     assert code == 2 and "meta.json does not match its checksum" in one_error_line(err)
     assert "the previous valid checkpoint is" in err and len(err.splitlines()) == 1
     code, err = run_main(capsys, "train", "--run-dir", run, "--data", corpus, "--resume", "auto", "--max-steps", 4,
@@ -193,7 +193,7 @@ def test_an_out_of_range_id_is_one_line_not_an_index_error(tmp_path, prepared, c
     _poke(prep / f"{split}.bin", 7, 0, index["dtype"])
     assert run_main(capsys, "train", "--run-dir", run, "--data", prep, "--max-steps", 1, *TRAIN)[0] == 0
     _poke(prep / f"{split}.bin", 7, 40000, index["dtype"])
-    code, err = run_main(capsys, "eval", run, "--data", prep)
+    code, err = run_main(capsys, "eval", "ppl", run, "--data", prep)
     if split == "val":
         assert code == 2 and "val.bin holds token id 40000" in one_error_line(err), err
     else:  # eval reads (and so checks) the validation split only

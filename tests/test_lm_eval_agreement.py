@@ -116,7 +116,7 @@ def test_harness_adapter_agrees_with_depthlab_and_runs_from_the_cli(trained, cap
     scorer = load_scorer(trained.run, "cpu")
     theirs = run_harness(scorer, [str(trained.yaml)], batch_size=5, log_samples=True)
     assert assert_agree(evaluate_tasks(scorer, trained.task), theirs) < 1e-4
-    assert main(["eval", str(trained.run), "--harness", str(trained.yaml.parent), "--device", "cpu"]) == 0
+    assert main(["eval", "harness", str(trained.run), "--harness", str(trained.yaml.parent), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "depthlab_mc" in out and "acc_norm" in out
 
@@ -158,14 +158,14 @@ def test_harness_input_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for args, msg in [(["--harness", str(tmp_path / "missing.yaml")], "missing.yaml does not exist"),
                       (["--harness", str(tmp_path / "empty")], "no lm-eval task definition"),
-                      (["--harness", "x", "--tasks", "t.jsonl"], "does not combine with --tasks")]:
-        assert main(["eval", str(tmp_path / "ckpt"), *args, "--device", "cpu"]) == 2
+                      (["--harness", "x", "--tasks", "t.jsonl"], "unrecognized arguments: --tasks")]:
+        assert main(["eval", "harness", str(tmp_path / "ckpt"), *args, "--device", "cpu"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("depthlab: error:") and msg in err and err.count("\n") == 1, err
 
 
 def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(trained, tmp_path, capsys):
-    """`eval --harness` loads through the same map as `eval`: half the blocks on cpu, the rest offloaded to disk
+    """`eval harness` loads through the same map as `eval ppl`: half the blocks on cpu, the rest offloaded to disk
     and streamed in by accelerate's hooks; lm-eval's table is the one-device table, digit for digit."""
     layout = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
               "model.layers.1": "disk", "model.layers.2": "disk", "model.norm": "disk", "lm_head": "disk"}
@@ -173,7 +173,8 @@ def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(t
     placed = ["--device-map", str(tmp_path / "map.json"), "--offload-folder", str(tmp_path / "offload")]
     tables = []
     for where in (["--device", "cpu"], placed):
-        assert main(["eval", str(trained.hf), "--harness", str(trained.yaml), "--batch-size", "4", *where]) == 0
+        argv = ["eval", "harness", str(trained.hf), "--harness", str(trained.yaml), "--batch-size", "4", *where]
+        assert main(argv) == 0
         tables.append(capsys.readouterr().out)
     assert "depthlab_mc" in tables[0] and "acc_bytes" in tables[0]
     assert tables[0] == tables[1]
@@ -194,7 +195,7 @@ def test_harness_prints_its_table_without_git_errors_or_bars_off_a_terminal(tmp_
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above it either
     assert subprocess.run(["git", "describe", "--always"], capture_output=True).returncode != 0
     capfd.readouterr()
-    assert main(["eval", str(tmp_path / "ckpt"), "--harness", str(yaml), "--device", "cpu", *progress]) == 0
+    assert main(["eval", "harness", str(tmp_path / "ckpt"), "--harness", str(yaml), "--device", "cpu", *progress]) == 0
     out, err = capfd.readouterr()
     assert "depthlab_mc" in out and "acc_norm" in out
     assert "fatal" not in err and "it/s" not in err and "Tokenizing" not in err, err

@@ -1,5 +1,5 @@
 """lm-evaluation-harness's own command line and Python API on a depthlab run (`--model depthlab`,
-depthlab.eval.lmeval): per question, the log-likelihoods lm-eval records equal `depthlab eval --tasks`' on the
+depthlab.eval.lmeval): per question, the log-likelihoods lm-eval records equal `depthlab eval tasks`' on the
 same local task, and so do its metrics."""
 
 import json

@@ -73,7 +73,7 @@ def test_eval_and_analyze_phases_print_plain_lines_without_bars(run, monkeypatch
     monkeypatch.setattr(progress, "START_S", 0.0)  # every phase counts as long
     run_dir, _ = run
     err = io.StringIO()
-    cli(["eval", run_dir, "--batch-size", 4, "--device", "cpu", "--no-progress"], err)
+    cli(["eval", "ppl", run_dir, "--batch-size", 4, "--device", "cpu", "--no-progress"], err)
     assert re.search(r"^depthlab: eval: \d+ s, \d+/\d+ batch, done$", err.getvalue(), re.M), err.getvalue()
     err = io.StringIO()
     cli(["analyze", run_dir, "--tokens", 128, "--no-removal", "--probes", 1, "--device", "cpu", "--no-progress",

@@ -63,14 +63,14 @@ def test_eval_run_reads_the_validation_tokens_the_run_kept(run, tmp_path):
                      for tokens in (again, saved_val_tokens(run, loaded.meta.data["val_digest"])))
     assert reused == pytest.approx(fresh, abs=1e-6) and reused == pytest.approx(final, abs=1e-6)
 
-    out, _ = run_cli(["eval", run, "--batch-size", 4, "--device", "cpu"])
+    out, _ = run_cli(["eval", "ppl", run, "--batch-size", 4, "--device", "cpu"])
     assert "the tokens it kept in val_tokens.npy" in out
     assert f"loss {final:.4f}" in out and f"tokens {(len(kept) - 1) // 32 * 32}" in out
     # without its corpus: eval RUN needs nothing but the run
     corpus = run.parent / "c.txt"
     shutil.move(corpus, tmp_path / "away.txt")
     try:
-        out, _ = run_cli(["eval", run, "--batch-size", 4, "--device", "cpu", "--no-progress"])
+        out, _ = run_cli(["eval", "ppl", run, "--batch-size", 4, "--device", "cpu", "--no-progress"])
     finally:
         shutil.move(tmp_path / "away.txt", corpus)
     assert f"loss {final:.4f}" in out
@@ -78,7 +78,7 @@ def test_eval_run_reads_the_validation_tokens_the_run_kept(run, tmp_path):
     shutil.copy(run / "val_tokens.npy", tmp_path / "kept.npy")
     try:
         np.save(run / "val_tokens.npy", kept[:-1])
-        out, _ = run_cli(["eval", run, "--batch-size", 4, "--device", "cpu"])
+        out, _ = run_cli(["eval", "ppl", run, "--batch-size", 4, "--device", "cpu"])
     finally:
         shutil.copy(tmp_path / "kept.npy", run / "val_tokens.npy")
     assert "val_tokens.npy" not in out and "the run's validation split (" in out
@@ -91,7 +91,7 @@ def no_bar(err: str) -> bool:
 
 
 def test_bars_are_drawn_on_a_terminal_only(run, tmp_path):
-    argv = ["eval", run, "--data", run.parent / "c.txt", "--device", "cpu"]
+    argv = ["eval", "ppl", run, "--data", run.parent / "c.txt", "--device", "cpu"]
     _, err = run_cli(argv, Terminal())
     assert "tokenize:" in err and "eval:" in err and "\r" in err  # the --data tokenization, then the evaluation
     _, err = run_cli([*argv, "--no-progress"], Terminal())

@@ -168,7 +168,7 @@ def test_exports_give_the_adapted_models_logits(bpe, tmp_path, capsys, scheme, f
               f"model: merged export {merged.item():.3g}, peft adapter on the base export {adapter:.3g}")
     assert moved > 1e-3 and merged < 1e-5 and adapter < 1e-5
 
-    assert main(["eval", str(run_dir)]) == 0  # a LoRA run's own validation, on its merged weights
+    assert main(["eval", "ppl", str(run_dir)]) == 0  # a LoRA run's own validation, on its merged weights
     shown = capsys.readouterr().out
     assert float(shown.split("response loss ")[1].split()[0]) == pytest.approx(final, abs=1e-4)
     assert main(["finetune", str(run_dir), "--data", str(TRAIN), "--run-dir", str(tmp_path / "again"),

@@ -124,8 +124,9 @@ def test_the_paper_table_for_two_models(world, trained, tmp_path, capsys):  # no
     tmp, _, _ = world
     other = export(trained.run, tmp_path / "export")
     prefix = tmp_path / "paper"
-    code = main(["eval", str(trained.run), str(other), "--commonsense", str(EVAL), "--mmlu", str(tmp / "csv"),
-                 "--mmlu-shots", "5", "--table", str(prefix), "--max-new-tokens", "4", "--device", "cpu"])
+    code = main(["eval", "commonsense", str(trained.run), str(other), "--commonsense", str(EVAL), "--mmlu",
+                 str(tmp / "csv"), "--mmlu-shots", "5", "--table", str(prefix), "--max-new-tokens", "4", "--device",
+                 "cpu"])
     out = capsys.readouterr()
     assert code == 0, out.err
     md = (tmp_path / "paper.md").read_text()
@@ -153,7 +154,8 @@ def test_mmlu_input_errors_are_one_line(world, tmp_path, capsys):
                       (["--mmlu", str(tmp_path / "empty")], "no subject with test questions"),
                       (["--mmlu", str(tmp_path / "bad")], "the answer must be 0-3 or A-D"),
                       (["--mmlu", str(world[0] / "csv"), "--mmlu-shots", "6"], "needs 6 dev questions")]:
-        assert main(["eval", str(tmp_path / "ckpt"), *args, "--table", str(tmp_path / "t"), "--device", "cpu"]) == 2
+        argv = ["eval", "mmlu", str(tmp_path / "ckpt"), *args, "--table", str(tmp_path / "t"), "--device", "cpu"]
+        assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("depthlab: error:") and msg in err and err.count("\n") == 1, err
         assert not (tmp_path / "t.md").exists()
@@ -182,7 +184,7 @@ def test_the_recipe_from_pretraining_to_the_paper_table(world, tmp_path, capsys)
                          "train.batch_size=2", *lora]) == 0
     capsys.readouterr()
     models = [str(tmp_path / f"{s}-{kind}") for kind in ("ft", "lora") for s in ("pre", "lns")]
-    assert main(["eval", *models, "--commonsense", str(EVAL), "--mmlu", str(world[0] / "parquet"),
+    assert main(["eval", "commonsense", *models, "--commonsense", str(EVAL), "--mmlu", str(world[0] / "parquet"),
                  "--table", str(tmp_path / "paper"), "--max-new-tokens", "4", "--device", "cpu"]) == 0
     rows = json.loads((tmp_path / "paper.json").read_text())["tables"]["paper_generation"]
     assert list(rows) == models and all(set(r) == {"MMLU", "BoolQ", "ARC-e", "PIQA", "HellaSwag", "OBQA",

@@ -52,17 +52,19 @@ def test_every_value_an_option_takes_is_declared():
 def test_the_walk_sees_every_command_and_the_paths_it_read_unchecked():
     """The options the audit of issue 48 found read or written outside the own-input rule are all declared."""
     seen = {" ".join(words): parser for words, parser in commands(make_parser())}
-    assert {"train", "eval", "finetune", "export", "prune", "import", "analyze", "compare", "theory", "data prepare",
+    assert {"train", "eval ppl", "eval images", "eval tasks", "eval harness", "eval mmlu", "eval commonsense",
+            "finetune", "export", "prune", "import", "analyze", "compare", "theory", "data prepare",
             "data dedup", "data info", "coord-check", "schemes"} <= set(seen)
     roles = {(c, option_name(a)): a.type for c, p in seen.items() for a in valued(p) if isinstance(a.type, PathRole)}
     for found in [("prune", "--analysis"), ("import", "--tokenizer"), ("train", "--config"), ("coord-check",
-                  "--config"), ("eval", "--tasks"), ("eval", "--commonsense"), ("eval", "--mmlu"), ("eval",
-                  "--harness"), ("eval", "--device-map"), ("analyze", "--removal-tasks"), ("analyze",
+                  "--config"), ("eval tasks", "--tasks"), ("eval commonsense", "--commonsense"), ("eval mmlu",
+                  "--mmlu"), ("eval commonsense", "--mmlu"), ("eval harness", "--harness"), ("eval ppl",
+                  "--device-map"), ("analyze", "--removal-tasks"), ("analyze",
                   "--removal-mmlu"), ("analyze", "--removal-commonsense"), ("analyze", "--device-map"),
                   ("compare", "--device-map"), ("data dedup", "INPUT"), ("data info", "PATH")]:
         assert roles[found] is INPUT, found
     assert roles[("train", "--resume")] is roles[("finetune", "--resume")] is CONTINUED
-    for command in ("eval", "analyze", "compare"):
+    for command in ("eval ppl", "eval images", "eval tasks", "eval harness", "analyze", "compare"):
         assert roles[(command, "--offload-folder")].refuses == ("is", "is inside")
 
 

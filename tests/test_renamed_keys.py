@@ -71,7 +71,7 @@ def test_an_old_checkpoint_evaluates_and_analyses_to_the_same_numbers(runs, caps
     out = {}
     for name, run in zip(("new", "old"), runs):
         ckpt = run / "checkpoints" / "step_0000004"
-        assert main(["eval", str(ckpt), "--no-progress"]) == 0
+        assert main(["eval", "ppl", str(ckpt), "--no-progress"]) == 0
         out[name] = capsys.readouterr().out.splitlines()[-1]
         opts = Options(jacobian=False, curse=CurseSpec(skip_first=0, skip_last=0))
         res = run_request(Request(str(ckpt), tokens=64, seq_len=32, options=opts))

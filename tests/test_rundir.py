@@ -53,7 +53,7 @@ def test_one_loader_for_every_model_path(world):
 
 
 def eval_loss(capsys, *argv) -> float:
-    assert main(["eval", *map(str, argv)]) == 0, capsys.readouterr().err
+    assert main(["eval", "ppl", *map(str, argv)]) == 0, capsys.readouterr().err
     return float(capsys.readouterr().out.split("loss ")[1].split()[0])
 
 
@@ -199,7 +199,7 @@ def test_an_unknown_or_missing_meta_field_is_one_line(world, tmp_path, capsys):
                    "written by a newer version? They are ignored")  # once, one line
     del fields["step"]
     _rewrite_meta(ckpt, fields)
-    assert main(["eval", str(ckpt), "--data", str(world / "text.txt")]) == 2
+    assert main(["eval", "ppl", str(ckpt), "--data", str(world / "text.txt")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"depthlab: error: corrupted checkpoint {ckpt}: its meta.json records no step;") and \
         len(err.splitlines()) == 1

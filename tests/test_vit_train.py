@@ -73,14 +73,14 @@ def test_vit_sigkill_then_resume_reproduces_losses_bitwise(tmp_path):
     final = lambda d: verify_checkpoint(list_checkpoints(d)[-1]).val  # noqa: E731
     assert (final(run)["val_loss"], final(run)["val_acc"]) == (final(tmp_path / "ref")["val_loss"],
                                                                final(tmp_path / "ref")["val_acc"])
-    ev = cli("eval", tmp_path / "ref")  # the run's own validation split, the same number as training's last
+    ev = cli("eval", "images", tmp_path / "ref")  # the run's own validation split, the same number as training's last
     assert ev.returncode == 0, ev.stderr
     assert f"loss {final(run)['val_loss']:.4f}  top-1 accuracy {final(run)['val_acc']:.4f}  images 359" in ev.stdout
     import numpy as np
 
     rng = np.random.default_rng(0)  # images whose labels the 10-class head cannot have
     np.savez(tmp_path / "more.npz", x=rng.random((40, 8, 8), np.float32), y=np.arange(40) % 12)
-    ev = cli("eval", tmp_path / "ref", "--data", tmp_path / "more.npz")
+    ev = cli("eval", "images", tmp_path / "ref", "--data", tmp_path / "more.npz")
     assert ev.returncode == 2 and ev.stderr.count("\n") == 1 and "but the model has 10 classes" in ev.stderr, ev.stderr
 
 

@@ -11,9 +11,9 @@ lm-eval 0.4 reads no plugin entry points, so the bare `lm_eval` command cannot s
 
 model_args: `path` (a run directory, a checkpoint, or any model depthlab loads, a Hugging Face directory included),
 `dtype` (float32, bfloat16 or float16), `max_gen_toks` (256), `trust_remote_code`; lm-eval's `--device` (default:
-depthlab's auto) and `--batch_size` (a number; `auto` keeps 16). The model is `depthlab eval --harness`'s
+depthlab's auto) and `--batch_size` (a number; `auto` keeps 16). The model is `depthlab eval harness`'s
 (depthlab.eval.harness.DepthlabLM): log-likelihoods, rolling log-likelihoods and greedy generation, each question
-scored as `depthlab eval --tasks` scores it (tests/test_lmeval_backend.py). Needs `pip install 'depthlab[eval]'`.
+scored as `depthlab eval tasks` scores it (tests/test_lmeval_backend.py). Needs `pip install 'depthlab[eval]'`.
 """
 
 from __future__ import annotations
