@@ -16,7 +16,7 @@ def test_figure_one_run_end_to_end(tmp_path):
     f1.main(["--runs-dir", str(runs), "--record", str(record), *TINY])
     out = runs / "figure_one"
     task = [json.loads(line) for line in (out / "continuation.jsonl").read_text().splitlines()]
-    assert len(read_tasks(out / "continuation.jsonl")) == len(task) == 6  # what eval --tasks reads
+    assert len(read_tasks(out / "continuation.jsonl")) == len(task) == 6  # what eval tasks reads
 
     # the documents no training or selection read: the test half of the held-out documents
     from depthlab.data.dataset import load_text, split_documents

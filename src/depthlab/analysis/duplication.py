@@ -46,7 +46,7 @@ def span_flag(start_block: int, end_block: int) -> str:
 @torch.no_grad()
 def duplication_scan(lm: LayeredLM, batches: list[Batch], max_span: int, questions: dict | None = None,
                      tick=lambda: None, progress=lambda it, desc: it) -> dict:
-    """Every span of up to `max_span` blocks repeated, scored on `batches` (and `questions`, {task: [TaskQuestion]}):
+    """Every span of up to `max_span` blocks repeated, scored on `batches` (and `questions`, {task: [ScoredQuestion]}):
     each batch traced once, every span replayed from the stream after its last block."""
     plans = [BASE, *duplicate_plans(lm.n_layers, max_span)]
     sums = RemovalSums(lm.n_layers, lm.classifier)

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness on any depthlab model: `depthlab eval MODEL --harness TASK...`.
+"""lm-evaluation-harness on any depthlab model: `depthlab eval harness MODEL --harness TASK...`.
 
 `DepthlabLM` is an lm_eval `LM` (a `TemplateLM`, as lm-eval's own `hf` backend) around the Scorer of
 depthlab.eval.multiple_choice, so every scheme, including those that do not export to a stock class, is evaluated by
