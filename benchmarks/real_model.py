@@ -224,6 +224,8 @@ def phase_lns(a, files, data) -> dict:
 def phase_massive(a, files, data) -> dict:
     import torch
 
+    from depthlab.metrics import massive_positions
+
     model, tok, _ = load_dense(files["model"])
     ids = calibration_ids(tok, data["prose"], a.tokens, a.seq_len)
     raw = {}  # the raw last state: the final norm's input
@@ -232,17 +234,16 @@ def phase_massive(a, files, data) -> dict:
         states = model(ids, output_hidden_states=True).hidden_states[:-1]  # the embedding, blocks 1..L-1
     hook.remove()
     states = [*states, raw["last"]]
-    norms = torch.stack([s.norm(dim=-1) for s in states])  # (L + 1, windows, T)
-    median = norms.flatten(1).median(1).values
-    massive = (norms > a.massive_factor * median[:, None, None]).any(0)  # positions massive at some depth
+    # the rule analyze applies per batch, here over all the windows as one batch
+    massive, ratios = massive_positions(states, torch.ones(ids.shape, dtype=torch.bool), a.massive_factor)
     where = massive.nonzero().tolist()
     rows = []
     for s, x in enumerate(states):
-        rest = x[~massive]
-        rows.append({"state": s, "variance": float(x.var()), "rms_norm": float(norms[s].pow(2).mean().sqrt()),
+        norms, rest = x.norm(dim=-1), x[~massive]
+        rows.append({"state": s, "variance": float(x.var()), "rms_norm": float(norms.pow(2).mean().sqrt()),
                      "max_abs": float(x.abs().max()), "variance_rest": float(rest.var()),
-                     "rms_norm_rest": float(norms[s][~massive].pow(2).mean().sqrt()),
-                     "massive_norm_over_median": float(norms[s][massive].max() / median[s]) if where else None})
+                     "rms_norm_rest": float(norms[~massive].pow(2).mean().sqrt()),
+                     "massive_norm_over_median": ratios[s] if where else None})
     return {"massive_factor": a.massive_factor, "positions": [{"window": w, "position": p,
                                                                "token": tok.decode([int(ids[w, p])])}
                                                               for w, p in where],

@@ -21,6 +21,11 @@ norm; m_l the stream between block l's attention and MLP halves; "token" means a
 - attn / MLP similarity  E_t cos(h_l, m_l) and E_t cos(m_l, h_{l+1}); importance = 1 - similarity
                    ("What Matters in Transformers", He et al. 2024).
 - logit lens       p_l = softmax(head(final_norm(h_l))); KL(l) = E_t KL(p_L || p_l); CE(l) = E_t -log p_l(next token).
+- massive positions (`massive_positions`): the tokens whose stream norm ||h_l|| exceeds FACTOR x the median norm
+                   of the batch's real tokens at that state, at any state l (a few tokens, often the first and
+                   delimiters, carry norms 100x the rest: Sun et al. 2024). variance_rest, rms_rest and the adjacent
+                   angular distance over all tokens (`angular_adjacent_rest`) are then read over the other tokens,
+                   so the growth of the stream is not the growth of those few.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import math
 import torch
 
 EPS = 1e-12
+MASSIVE_LISTED = 200  # massive positions named in the results (all are counted)
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -78,11 +84,42 @@ def pairwise_angular(units: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows) / math.pi
 
 
+def massive_positions(states: list[torch.Tensor], mask: torch.Tensor, factor: float) -> tuple[torch.Tensor, list]:
+    """(B, T) bool: the real tokens whose norm is above `factor` x the median norm of the real tokens at some stream
+    state; and per state the largest norm over that median among them (0.0 where there are none)."""
+    massive = torch.zeros_like(mask)
+    ratios = []
+    for h in states:
+        norms = h.float().norm(dim=-1)
+        ratio = norms / norms[mask].median().clamp_min(EPS)
+        massive |= mask & (ratio > factor)
+        ratios.append(ratio)
+    return massive, [float(r[massive].max()) if massive.any() else 0.0 for r in ratios]
+
+
+def massive_lines(res: dict) -> list[str]:
+    """What the massive positions do to the stream's variance and adjacent angular distance, in two lines."""
+    m = res.get("massive")
+    if m is None:
+        return []
+    st, adj = res["states"], m["angular_adjacent_rest"]
+    named = ", ".join(f"{p['batch']}:{p['sequence']}:{p['position']}" + (f" {p['token']!r}" if "token" in p else "")
+                      for p in m["positions"][:8])
+    lines = [f"massive positions ({m['rule']}): {m['count']} of {res['tokens']} tokens"
+             + (f" (batch:sequence:position {named}{', ...' if m['count'] > 8 else ''})" if m["count"] else "")]
+    if m["count"]:
+        lines += [f"variance without them: embedding {st[0]['variance_rest']:.4g} -> raw last "
+                  f"{st[-1]['variance_rest']:.4g} (peak {max(s['variance_rest'] for s in st):.4g}; with them "
+                  f"{max(s['variance'] for s in st):.4g}); adjacent angular distance (all tokens) without them: "
+                  + " ".join(f"{x:.3f}" for x in adj)]
+    return lines
+
+
 class Accumulator:
     """Sums over calibration batches for every metric above. S = L + 1 stream states, L blocks. The sums live on
     the CPU in fp64 whatever device the activations are on."""
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, massive_factor: float | None = None):
         L, S = n_layers, n_layers + 1
         self.L = L
         z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
@@ -95,6 +132,9 @@ class Accumulator:
         self.n_last = 0
         self.kl, self.ce = z(S), z(S)
         self.n_pred = self.n_lens = 0  # n_lens: positions of a subsampled lens (lens_at); 0: every token
+        self.massive_factor = massive_factor  # None: no massive positions set apart
+        self.rest_count, self.rest_sum, self.rest_sumsq, self.rest_adjacent = z(S), z(S), z(S), z(L)
+        self.rest_tokens, self.rest_batches, self.massive_ratio, self.massive_found = 0, 0, z(S), []
 
     # --- per stream state ------------------------------------------------------------------------------------
     def stream(self, s: int, h: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None) -> None:
@@ -114,6 +154,25 @@ class Accumulator:
             self.max_abs[s] = (top, where if ids is None else {**where, "token_id": int(ids[r, c])})
         if s == 0:
             self.tokens += x.shape[0]
+
+    def set_apart(self, states: list[torch.Tensor], mask: torch.Tensor, ids: torch.Tensor | None) -> None:
+        """The massive positions of the next batch (all its stream states) set apart: the rest's sums, and which
+        (numbered by the batch's place in the calls)."""
+        massive, ratios = massive_positions(states, mask, self.massive_factor)
+        rest = mask & ~massive
+        for s, h in enumerate(states):
+            x = h.float()[rest]
+            self.rest_count[s] += x.numel()
+            self.rest_sum[s] += float(x.double().sum())
+            self.rest_sumsq[s] += float(x.double().pow(2).sum())
+            self.massive_ratio[s] = max(float(self.massive_ratio[s]), ratios[s])
+            if s:
+                self.rest_adjacent[s - 1] += float(angular_distance(states[s - 1][rest], x).sum())
+        self.rest_tokens += int(rest.sum())
+        for r, c in massive.nonzero().tolist():
+            at = {"batch": self.rest_batches, "sequence": r, "position": c}
+            self.massive_found.append(at if ids is None else {**at, "token_id": int(ids[r, c])})
+        self.rest_batches += 1
 
     # --- per block -------------------------------------------------------------------------------------------
     def block(self, l: int, h_in: torch.Tensor, h_mid: torch.Tensor | None, h_out: torch.Tensor,
@@ -204,4 +263,18 @@ class Accumulator:
                            "ce": (self.ce / self.n_pred).tolist(),
                            "ppl": [math.exp(min(c, 50.0)) for c in (self.ce / self.n_pred).tolist()]}
         out["tokens"], out["sequences"] = self.tokens, self.n_last
+        if self.massive_factor is not None:
+            out["massive"] = self.massive_results(states)
         return out
+
+    def massive_results(self, states: list[dict]) -> dict:
+        """The rest's variance and RMS beside each state's (written into `states`), and the massive positions."""
+        for s, st in enumerate(states):
+            n = max(float(self.rest_count[s]), 1.0)
+            mean, ex2 = float(self.rest_sum[s]) / n, float(self.rest_sumsq[s]) / n
+            st.update(variance_rest=ex2 - mean * mean, rms_rest=math.sqrt(ex2),
+                      massive_norm_over_median=float(self.massive_ratio[s]))
+        return {"rule": f"stream norm > {self.massive_factor:g} x the median norm of the batch's real tokens, at any "
+                        "state", "factor": self.massive_factor, "count": len(self.massive_found),
+                "positions": self.massive_found[:MASSIVE_LISTED], "rest_tokens": self.rest_tokens,
+                "angular_adjacent_rest": (self.rest_adjacent / max(self.rest_tokens, 1)).tolist()}

@@ -50,7 +50,7 @@ from depthlab.analysis.removal import (
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, is_classifier
 from depthlab.analysis.streaming import ActivationStore, Unit, stream
 from depthlab.analysis.tasks import TaskSums, answer_logits, question_mask, task_sweep, usefulness_orders
-from depthlab.metrics import Accumulator, unit
+from depthlab.metrics import Accumulator, massive_lines, unit
 from depthlab.progress import progress_bar
 
 
@@ -69,6 +69,7 @@ class Options:
     lens_tokens: int | None = 512  # the logit lens at this many positions, a seeded sample spread over all the
     # windows (its cost is (L + 1) heads per position); None: at every position, the exact lens
     curse: CurseSpec = CurseSpec()  # the index's thresholds and interior
+    massive_factor: float | None = 10.0  # tokens whose stream norm tops this x the median set apart (metrics.py)
     progress: bool = False  # a bar per pass on a terminal
 
 
@@ -114,6 +115,8 @@ def observe_states(lm: LayeredLM, acc: Accumulator, states: list[torch.Tensor], 
     for s, h in enumerate(states):
         acc.stream(s, h, b.mask, b.ids)
     acc.stream(L + 1, lm.final_norm(states[L]), b.mask, b.ids)
+    if acc.massive_factor is not None:
+        acc.set_apart(states, b.mask, b.ids)
     flat = [h[b.mask] for h in states]  # (N, d) each, real tokens only
     acc.angular_last(torch.stack([unit(lm.readout(h, b.mask)) for h in states]))
     for i in range(0, flat[0].shape[0], chunk):  # bounded memory: (chunk, S, S) cosines at a time
@@ -226,7 +229,7 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
     (depthlab.analysis.generation)."""
     L = lm.n_layers
     lm.discover(batches[0].inputs, batches[0].mask)
-    acc, sums, tsums = Accumulator(L), RemovalSums(L, lm.classifier), TaskSums()
+    acc, sums, tsums = Accumulator(L, opts.massive_factor), RemovalSums(L, lm.classifier), TaskSums()
     linear = fit_linear_maps(lm, fit, opts) if opts.removal and opts.linear else None
     plans = first_plans(L, opts) if opts.removal else [BASE]
     quota = lens_quota(batches, opts)
@@ -295,7 +298,7 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
     lm, L = skel.lm, skel.n_layers
     skel.load_block(0)
     lm.discover(batches[0].inputs, batches[0].mask)
-    acc, sums, tsums = Accumulator(L), RemovalSums(L), TaskSums()
+    acc, sums, tsums = Accumulator(L, opts.massive_factor), RemovalSums(L), TaskSums()
     entries = [(b.inputs, b.mask, lambda key, h, b=b: sums.add(key, lm.logits(h), b)) for b in batches]
     if opts.removal:
         entries += [(q.ids, question_mask(q), lambda key, h, t=t, q=q: tsums.add(t, key, q, answer_logits(lm, q, h)))
@@ -374,6 +377,7 @@ def summary_lines(res: dict) -> list[str]:
     adj = [res["angular"]["last_token"][l][l + 1] for l in range(L)]
     where = res.get("readout", "last token")
     lines.append(f"adjacent angular distance ({where}): " + " ".join(f"{x:.3f}" for x in adj))
+    lines += massive_lines(res)
     if "removal" in res and is_classifier(res):
         r = res["removal"]
         worst = min(r["single"], key=lambda x: (x["acc_drop"], x["delta_loss"]))

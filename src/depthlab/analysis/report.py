@@ -29,6 +29,7 @@ from depthlab.analysis.removal_report import (
     task_rows,
 )
 from depthlab.analysis.results import is_classifier
+from depthlab.metrics import massive_lines
 from depthlab.plots import pyplot, save_figure
 
 plt = pyplot()
@@ -64,6 +65,9 @@ def plot_variance(runs: Runs, path: Path, normalise_depth: bool = False) -> Path
         axes[0].plot(x, [s["variance"] for s in st], marker="o", ms=3, label=label)
         axes[0].scatter([x[-1]], [res["final_normed"]["variance"]], marker="x", s=40)
         axes[1].plot(x, [s["rms"] for s in st], marker="o", ms=3, label=label)
+        if "variance_rest" in st[0]:  # the massive positions set apart (depthlab.metrics)
+            for ax, k in ((axes[0], "variance_rest"), (axes[1], "rms_rest")):
+                ax.plot(x, [s[k] for s in st], ls="--", lw=1, label=f"{label}, massive positions set apart")
         axes[2].plot(x, [s["max_abs"] for s in st], marker="o", ms=3, label=label)
     xl = "relative depth" if normalise_depth else "stream state (0 = embedding, L = raw last block output)"
     for ax, t in zip(axes, ["variance of h_l (x: final-normed output)", "RMS of h_l", "max |h_l|"]):
@@ -270,6 +274,8 @@ def block_rows(res: dict) -> list[dict]:
             r.update(jac_block_gain=j["block_gain"][i], jac_block_vs_identity=j["block_vs_identity"][i])
         D = res["angular"]
         r.update(angular_adjacent_last=D["last_token"][i][i + 1], angular_adjacent_all=D["all_tokens"][i][i + 1])
+        if "massive" in res:
+            r["angular_adjacent_rest"] = res["massive"]["angular_adjacent_rest"][i]
     return rows
 
 
@@ -347,7 +353,7 @@ def report_intro(res: dict, label: str) -> list[str]:
         intro.append(f"On the calibration images: loss {r['base_loss']:.4g}, top-1 accuracy {r['base_acc']:.4g}.")
     elif r:
         intro.append(f"Perplexity on the calibration data: {r['base_ppl']:.4g}.")
-    return intro + [f"Note: {n}." for n in res.get("notes", [])]
+    return intro + massive_lines(res) + [f"Note: {n}." for n in res.get("notes", [])]
 
 
 def index_html(res: dict) -> str:
@@ -394,8 +400,8 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     tables = write_tables(res, out)
     sec = [("Curse index", index_html(res))] if "curse_index" in res else []
     sec += [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
-        "index", "name", "variance", "rms", "max_abs", "max_over_rms", "channel", "position", "token_id",
-        "lens_kl", "lens_ce"])),
+        "index", "name", "variance", "variance_rest", "rms", "rms_rest", "max_abs", "max_over_rms", "channel",
+        "position", "token_id", "lens_kl", "lens_ce"])),
         ("Angular distance", _img(plots["angular"]) + _img(plots["adjacent"]) +
          _table(res["angular"]["best_block"], ["n", "blocks", "distance"])),
         ("Per-block metrics", _img(plots["block_metrics"]) + _table(block_rows(res), list(block_rows(res)[0])))]

@@ -283,6 +283,8 @@ def run_request(req: Request) -> dict:
         res["curse_index"]["at_init"] = index_at_init(cfg, batches, req.options, req.device, None if req.layerwise
                                                       else loaded.device_map, req.offload_folder, req.layerwise)
     res["model"] = {**lm.describe(), **info, "path": req.model}
+    for p in res.get("massive", {}).get("positions", []) if tok is not None else []:
+        p["token"] = tok.decode([p["token_id"]])
     _record_gguf(res, req.model)
     if (prof := removal_profiles(res)) is not None:
         res["profiles"] = prof
