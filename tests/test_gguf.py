@@ -57,6 +57,18 @@ def test_analyze_of_the_file_is_analyze_of_its_dequantized_directory(tiny, tmp_p
     assert "quantization F16" in (tmp_path / "file" / "report.html").read_text()
 
 
+def test_compare_takes_the_file_with_the_numbers_of_its_directory(tiny, tmp_path, capsys):
+    f, dense, text = tiny
+    assert main(["compare", str(f), str(dense), "--data", str(text), "--tokens", "128", "--seq-len", "32", "--probes",
+                 "1", "--no-progress", "--out", str(tmp_path / "cmp")]) == 0
+    runs = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert list(runs) == [f.name, dense.name]
+    assert _numbers(runs[f.name]) == _numbers(runs[dense.name])
+    assert runs[f.name]["model"]["gguf"]["quantization"] == "F16"
+    rows = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
+    assert rows[1].split(",", 1)[1] == rows[2].split(",", 1)[1]  # every column but the model's label
+
+
 def test_import_eval_and_prune_take_the_file(tiny, tmp_path, capsys):
     f, dense, text = tiny
     assert main(["import", str(f), str(tmp_path / "ck")]) == 0
