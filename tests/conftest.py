@@ -15,6 +15,11 @@ _CACHE = tempfile.mkdtemp(prefix="depthlab-test-cache-")
 for _var in ("HF_HOME", "MPLCONFIGDIR", "XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
     os.environ[_var] = os.path.join(_CACHE, _var.lower())
 
+# One intra-op thread, here and (through OMP_NUM_THREADS) in every process a test starts: the suite's models are tiny,
+# a second thread gains them nothing, and on a shared machine its spin-waits cost more CPU than the work itself.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
+
 
 def outside_state() -> dict:
     """What the suite must leave as it found it: /dev/null (a character device, as a regular file it breaks every
