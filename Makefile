@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install clean results study study-grid study-sweep study-mixln study-vit study-lns study-along study-gpu-prepare study-gpu speed
+.PHONY: demo test test-fast install clean results study study-grid study-sweep study-mixln study-vit study-lns study-along study-gpu-prepare study-gpu speed
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,9 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+
+test-fast: install  # the tests not marked slow (tests/conftest.py says which are): under 3 minutes on 2 cores
+	$(PY) -m pytest -m "not slow"
 
 # docs/results.md, in parts (each one `make` call; wall times on 2 cores are in docs/results.md). Every part appends
 # to its result file under benchmarks/results/, so a part can be run again or split by --variants / --seeds.

@@ -1,6 +1,11 @@
+import multiprocessing.process
 import os
 import random
+import shlex
+import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,6 +48,57 @@ def _nothing_outside_the_tests():
     changed.update({f"~/{n}": (before["home"].get(n), after["home"].get(n))
                     for n in set(before["home"]) | set(after["home"]) if before["home"].get(n) != after["home"].get(n)})
     assert not changed, f"the test suite changed what is not its own (before, after): {changed}"
+
+
+# The fast tier (`make test-fast`: pytest -m "not slow") leaves out the tests marked slow. Every Python process a
+# test starts (a Python subprocess, torchrun, a multiprocessing worker) imports torch again, so a test that starts one
+# must carry the marker: one that does not fails at the start, naming the marker (tests/test_tiers.py).
+_running = {"slow": False}
+
+
+def runs_python(args) -> bool:
+    """Whether a subprocess' command line runs Python: the interpreter, or a script that names it (console scripts
+    such as depthlab and torchrun)."""
+    argv = shlex.split(args) if isinstance(args, str) else [args] if isinstance(args, (bytes, os.PathLike)) \
+        else list(args)
+    program = shutil.which(os.fsdecode(argv[0])) if argv else None
+    if program is None:
+        return False
+    if os.path.basename(program).startswith("python") or os.path.samefile(program, sys.executable):
+        return True
+    try:
+        with open(program, "rb") as f:
+            return f.read(2) == b"#!" and b"python" in f.readline()
+    except OSError:
+        return False
+
+
+def _refuse_unmarked(what: str) -> None:
+    if not _running["slow"]:
+        pytest.fail(f"this test starts {what}: mark it @pytest.mark.slow (the fast tier leaves those out)",
+                    pytrace=False)
+
+
+def _guarded_popen(self, args, *a, _start=subprocess.Popen.__init__, **k):
+    if runs_python(args):
+        _refuse_unmarked("a Python process")
+    _start(self, args, *a, **k)
+
+
+def _guarded_start(self, _start=multiprocessing.process.BaseProcess.start):
+    _refuse_unmarked("a multiprocessing worker")
+    _start(self)
+
+
+def pytest_configure(config):  # in the test run only, not in a worker that imports this module
+    subprocess.Popen.__init__ = _guarded_popen
+    multiprocessing.process.BaseProcess.start = _guarded_start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running["slow"] = item.get_closest_marker("slow") is not None
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ PLOTS = {"variance.png", "angular_heatmap.png", "angular_adjacent.png", "block_m
          "removal.png", "jacobian.png", "jacobian_heatmaps.png"}
 
 
+@pytest.mark.slow
 def test_analyze_depthlab_run_and_hf_model_then_compare(tmp_path, capsys):
     run = tmp_path / "run"
     save_depthlab_checkpoint(run / "checkpoints" / "step_0000010", "lns", 4)
@@ -37,6 +38,7 @@ def test_analyze_depthlab_run_and_hf_model_then_compare(tmp_path, capsys):
     assert "lns" in (tmp_path / "cmp" / "compare.csv").read_text()
 
 
+@pytest.mark.slow
 def test_layer_by_layer_cli_on_own_data(tmp_path):
     ck = save_depthlab_checkpoint(tmp_path / "ck", "pre", 4)
     (tmp_path / "text.txt").write_text(TEXT)

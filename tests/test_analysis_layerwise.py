@@ -45,6 +45,7 @@ def test_layerwise_equals_whole_model(tmp_path, kind):
 
 
 @pytest.mark.parametrize("layerwise", [False, True])
+@pytest.mark.slow
 def test_bfloat16_model_gives_fp32_accumulated_metrics_close_to_float32(tmp_path, layerwise):
     from depthlab.analysis.run import Request, run_request
 

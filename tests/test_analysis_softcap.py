@@ -139,6 +139,7 @@ def write_mc(path):
     return path
 
 
+@pytest.mark.slow
 def test_task_removal_equals_prune_then_eval_on_a_soft_capped_gemma2(tmp_path, capsys):
     from depthlab.eval.multiple_choice import evaluate_tasks, load_scorer
     from depthlab.hf import prune

@@ -935,6 +935,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(world, case):
 
 
 @pytest.mark.parametrize("name", ["train-config-yaml-syntax", "eval-cuda-on-cpu", "export-onto-run"])
+@pytest.mark.slow
 def test_a_real_process_gives_the_same_single_line(world, name, tmp_path):
     """In-process calls above; a few in a real process, where an uncaught exception would print a traceback."""
     import subprocess

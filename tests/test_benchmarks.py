@@ -88,6 +88,7 @@ def test_gpu_script_runs_on_cpu_tiny(tmp_path):
     assert (tmp_path / "loss.png").exists() and (tmp_path / "var_by_depth.png").exists()
 
 
+@pytest.mark.slow
 def test_report_renders_every_section(tmp_path, monkeypatch):
     """docs/results.md is generated from result files: the depth study's headline, tables and un-gated comparisons
     when it has run, a missing file said to be missing."""
@@ -120,6 +121,7 @@ def test_report_renders_every_section(tmp_path, monkeypatch):
     assert all([p["step"] for p in r["probes"]] == [2, 4] for r in runs)  # 64 tokens = 2 steps of 2 x 16
 
 
+@pytest.mark.slow
 def test_vit_study_tiny_writes_verdicts_and_its_report_section(tmp_path):
     from benchmarks import vit_study
     from depthlab.study.page.depth import vit_section
@@ -143,6 +145,7 @@ def test_vit_study_tiny_writes_verdicts_and_its_report_section(tmp_path):
     assert (out / "vit_study.png").exists()
 
 
+@pytest.mark.slow
 def test_memory_benchmark_tiny(tmp_path, monkeypatch):
     """Every contender measured in its own process, the ratios and the step-time comparison recorded, and the
     docs section rendered from the result."""
@@ -167,6 +170,7 @@ def test_memory_benchmark_tiny(tmp_path, monkeypatch):
     assert memory_table(None) == ["Not run yet (`python -m benchmarks.memory`)."]
 
 
+@pytest.mark.slow
 def test_gpu_table_runs_on_cpu_tiny(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     from benchmarks import gpu_table
@@ -201,6 +205,7 @@ def test_lns_study_reuses_the_depth_study_only_where_it_trained_alike(tmp_path):
     assert not trained_alike(meta, tmp_path / "missing.json")
 
 
+@pytest.mark.slow
 def test_lns_study_phases_and_the_gpu_study_on_cpu(tmp_path, capsys):
     """The issue-23 phases at tiny sizes: own rate grids per depth (widened past an edge), LNS taken apart, and
     the GPU study's `along` exercised on the CPU."""
@@ -284,6 +289,7 @@ WORD = re.compile(r"\*(lower|higher|inconclusive|supported|not reproduced|contra
                   r"not shown equivalent)\*")
 
 
+@pytest.mark.slow
 def test_the_results_page_answers_on_its_first_screen_with_one_rule(tmp_path):
     """Issue 35's and 50's checks on the page built from the committed records: a first screen of at most 16 lines
     that answers with its interval (p and Holm's p beside); every word printed beside n and an interval; no

@@ -10,6 +10,8 @@ import torch
 
 from depthlab.loading import load_checkpoint
 
+pytestmark = pytest.mark.slow
+
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "shakespeare"
 TINY = ["--set", "model.dim=32", "--set", "model.n_layers=3", "--set", "model.n_heads=2", "--set", "model.ffn_dim=64",
         "--set", "model.vocab_size=300", "--set", "data.seq_len=32", "--set", "train.batch_size=4",

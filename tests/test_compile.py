@@ -7,6 +7,8 @@ from depthlab.config import Config, DataConfig, TrainConfig
 from depthlab.train.trainer import Trainer
 from tests.conftest import tiny_model_config
 
+pytestmark = pytest.mark.slow
+
 
 def _losses(tmp_path, compile: bool) -> list[float]:
     cfg = Config(tiny_model_config(norm_scheme="lns", n_layers=2, max_seq_len=16, vocab_size=512),

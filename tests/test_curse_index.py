@@ -31,6 +31,7 @@ def save_llama(path, n_layers: int, planted: list[int]):
 
 
 @pytest.mark.parametrize("planted", [[3, 5], []])
+@pytest.mark.slow
 def test_analyze_finds_planted_identity_blocks(tmp_path, capsys, planted):
     model = save_llama(tmp_path / "llama", 8, planted)
     (tmp_path / "text.txt").write_text(TEXT)
@@ -49,6 +50,7 @@ def test_analyze_finds_planted_identity_blocks(tmp_path, capsys, planted):
     assert "Curse index" in (out / "report.html").read_text().split("Residual stream")[0]
 
 
+@pytest.mark.slow
 def test_depthlab_run_is_indexed_beside_its_initialisation(tmp_path):
     ck = save_depthlab_checkpoint(tmp_path / "ck", "pre", 6, zero=2)  # 0-based 2: block 3
     (tmp_path / "text.txt").write_text(TEXT)
@@ -90,6 +92,7 @@ def test_probe_windows_are_seeded_and_spread_over_the_whole_stream():
     assert [x.ids.shape[0] for x in b] == [16, 16, 8] and all(x.mask.all() for x in b)
 
 
+@pytest.mark.slow
 def test_index_thresholds_from_the_command_line(tmp_path, capsys):
     model = save_llama(tmp_path / "llama", 8, [3, 5])
     (tmp_path / "text.txt").write_text(TEXT)
@@ -103,6 +106,7 @@ def test_index_thresholds_from_the_command_line(tmp_path, capsys):
     assert len(err) == 1 and "--inert-delta" in err[0]
 
 
+@pytest.mark.slow
 def test_compare_lists_each_model_index(tmp_path):
     (tmp_path / "text.txt").write_text(TEXT)
     outs = []
@@ -122,6 +126,7 @@ def test_compare_lists_each_model_index(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["depthlab", "hf"])
+@pytest.mark.slow
 def test_analyze_samples_windows_over_the_whole_text(tmp_path, kind):
     model = save_depthlab_checkpoint(tmp_path / "ck", "pre", 4) if kind == "depthlab" else \
         save_llama(tmp_path / "llama", 4, [])

@@ -79,6 +79,7 @@ def test_uint32_when_the_vocabulary_does_not_fit_16_bits(tmp_path):
     assert arrays["train"].tolist() == [0, 69999, 65536, 70000, 2, 69999, 65536, 70000]
 
 
+@pytest.mark.slow
 def test_output_does_not_depend_on_workers_or_units(tmp_path):
     root, _ = corpus(tmp_path)
     tok = small_bpe()
@@ -165,6 +166,7 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(tmp_path, capsys, na
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_bad_input_in_a_worker_process(tmp_path, capsys):
     root, _ = corpus(tmp_path, n_files=2)
     (root / "d.jsonl").write_text('{"text": "a"}\n{"text": }\n')
@@ -280,6 +282,7 @@ def test_hf_dataset_prepared(tmp_path):
     assert decode_docs(tok, arrays["val"], idx["eot_id"]) == [t for i, t in enumerate(texts) if is_val(i, period)]
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_the_job_but_keeps_the_work(tmp_path):
     import multiprocessing
     import os

@@ -42,6 +42,7 @@ def _edited(seed: int, edits: int, words: int = 400) -> str:
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.8, 0.95])
+@pytest.mark.slow
 def test_a_document_is_removed_exactly_when_its_estimated_similarity_reaches_the_threshold(threshold):
     """Documents at every similarity to a few originals: no removed one is below the threshold against the kept
     document it is reported to copy, and no two kept ones are at or above it. LSH's candidates used to be taken

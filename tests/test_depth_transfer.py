@@ -160,6 +160,7 @@ def _runs(tmp_path, corpus):
     return ["--runs-dir", str(tmp_path / "runs")]
 
 
+@pytest.mark.slow
 def test_a_tiny_study_end_to_end_resumes_and_writes_its_page_section(tmp_path, tiny_corpus, capsys):
     from benchmarks import depth_transfer
 
@@ -200,6 +201,7 @@ def test_a_tiny_study_end_to_end_resumes_and_writes_its_page_section(tmp_path, t
     assert t.page_lines(tmp_path / "nothing", None) == []
 
 
+@pytest.mark.slow
 def test_a_depth_alpha_variant_at_its_base_depth_is_its_schemes_model(tmp_path, corpus):
     """m = 1: CompleteP and depth-muP at L = depth_base train to the same loss as their scheme (why the study
     trains the base grid once per scheme)."""
@@ -213,6 +215,7 @@ def test_a_depth_alpha_variant_at_its_base_depth_is_its_schemes_model(tmp_path, 
     assert loss["pre"] == loss["pre+completep"] == loss["pre+depth_mup"]
 
 
+@pytest.mark.slow
 def test_the_gpu_command_on_the_cpu_with_tiny_overrides(tmp_path, tiny_corpus, capsys):
     from benchmarks import depth_transfer
 

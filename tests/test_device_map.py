@@ -59,6 +59,7 @@ def _analyze(tmp_path, model, out, *extra):
     return json.loads((tmp_path / out / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_cli_map_file_on_cpu_and_disk_gives_the_one_device_numbers(tmp_path):
     hf = save_hf_model(tmp_path / "hf", "llama")
     mc = write_mc(tmp_path / "mc.jsonl")
@@ -202,6 +203,7 @@ def test_eval_with_every_weight_on_disk_reports_its_perplexity(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("command", ["eval ppl", "analyze"])
+@pytest.mark.slow
 def test_the_next_run_clears_the_offload_copy_of_a_killed_one(tmp_path, capsys, command):
     """SIGKILL leaves a run no chance to remove the copy of the weights it offloaded (as large as those weights):
     the next run offloading into the same folder removes it, as the next writer removes a killed one's leftovers."""

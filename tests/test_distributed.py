@@ -58,6 +58,7 @@ def _reductions_under_a_cuda_only_group(rank):
     distributed.barrier(env)
 
 
+@pytest.mark.slow
 def test_trainer_reductions_run_under_a_group_whose_only_backend_is_for_cuda():
     run_ranks(_reductions_under_a_cuda_only_group, backend="cuda:gloo")
 
@@ -68,6 +69,7 @@ def _reductions_under_the_trainers_own_group(rank):
     assert distributed.all_reduce_sum([float(rank)], env) == [1.0]
 
 
+@pytest.mark.slow
 def test_trainer_group_has_a_cpu_backend_and_a_timeout():
     run_ranks(_reductions_under_the_trainers_own_group, backend=None)
 
@@ -98,6 +100,7 @@ def _kill_between_renames_then_resume(rank, cfg, run):
         assert steps == [4, 4], steps
 
 
+@pytest.mark.slow
 def test_a_kill_between_renames_restores_the_same_step_on_every_rank(tmp_path, corpus):
     from tests.test_trainer import make_cfg
 
@@ -115,6 +118,7 @@ def _node_local_run_dirs(rank, cfg, tmp):
         _train(cfg, "run")
 
 
+@pytest.mark.slow
 def test_a_run_directory_that_ranks_do_not_share_is_one_line(tmp_path, corpus):
     from tests.test_trainer import make_cfg
 
@@ -134,6 +138,7 @@ def _fsdp_runs_with_cut(rank, cfg, tmp):
         _train(cfg, tmp / name, resume="auto")
 
 
+@pytest.mark.slow
 def test_sharded_checkpoints_resume_on_2_1_and_2_ranks_like_the_uninterrupted_run(tmp_path, corpus):
     import shutil
 
@@ -245,6 +250,7 @@ def _resume_with_shared_verification(rank, cfg, run):
     assert distributed.gather_objects(trainer.step, trainer.env) == [2, 2]
 
 
+@pytest.mark.slow
 def test_ranks_share_the_verification_of_a_resumed_checkpoint(tmp_path, corpus):
     from tests.test_trainer import make_cfg
 
@@ -306,6 +312,7 @@ def _sharded_build_equals_eager(rank, cfg, tc):
 
 
 @pytest.mark.parametrize("scheme", ["lns", "deepnorm"])
+@pytest.mark.slow
 def test_each_rank_materialises_its_shards_with_the_eager_builds_values(scheme):
     from depthlab.config import TrainConfig
     from tests.conftest import tiny_model_config

@@ -74,6 +74,7 @@ def train_in_process(cfg, run_dir, resume=None, stop_at=None):
 
 
 # ---------------------------------------------------------------- one writer at a time
+@pytest.mark.slow
 def test_second_writer_fails_naming_the_pid_and_sigkill_releases_the_lock(tmp_path, corpus, capsys):
     run = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-m", "depthlab", "train", "--run-dir", str(run), "--resume", "auto",
@@ -97,6 +98,7 @@ def test_second_writer_fails_naming_the_pid_and_sigkill_releases_the_lock(tmp_pa
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_every_writer_takes_the_lock(tmp_path, corpus, capsys):
     """export, prune, analyze --out, import and data prepare refuse an output another process is writing."""
     from tests.test_hf_fixtures import make_checkpoint
@@ -192,6 +194,7 @@ KILL_DURING_SAVE = """
 """
 
 
+@pytest.mark.slow
 def test_kill_during_save_leaves_no_valid_looking_checkpoint_and_resumes_exactly(tmp_path, corpus):
     args = ["--data", corpus, "--max-steps", 6, *TRAIN, "--set", "train.ckpt_every=2"]
     depthlab = [sys.executable, "-m", "depthlab", "train"]  # every run in a process of its own: same threads
@@ -260,6 +263,7 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_leaves_nothing(tmp_path, 
     assert [c.name for c in list_checkpoints(run)] == ["step_0000002"] and not list(run.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_kill_during_prepare_takes_the_workers_along_and_a_rerun_finishes(tmp_path, capsys):
     from depthlab.data.prepare import prepare
     from tests.test_data_prepare import WORDS
@@ -293,6 +297,7 @@ def test_kill_during_prepare_takes_the_workers_along_and_a_rerun_finishes(tmp_pa
         assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes()
 
 
+@pytest.mark.slow
 def test_kill_while_the_workers_start_up_leaves_no_orphan(tmp_path):
     """A worker that is still importing when its parent dies is too late for the kernel's parent-death signal; it must
     see that it has been reparented and exit (it used to wait forever for work, holding the rerun's lock open)."""
@@ -415,6 +420,7 @@ SIGNAL_MID_STEP = """
 
 
 @pytest.mark.parametrize("name, times", [("SIGTERM", 1), ("SIGINT", 1), ("SIGTERM", 2)])
+@pytest.mark.slow
 def test_a_signal_mid_step_finishes_the_step_saves_it_and_the_run_resumes_exactly(tmp_path, corpus, name, times):
     """Ctrl-C or SIGTERM (preemption) in the middle of a step: that step completes, a checkpoint of it is saved
     even with no checkpoint schedule (ckpt_every=0), the exit status is the signal's, and --resume auto continues

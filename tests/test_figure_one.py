@@ -41,6 +41,7 @@ def _analyze(model, out, *extra):
     return json.loads((out / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_task_removal_equals_prune_then_eval_and_layerwise_equals_whole(tmp_path):
     from depthlab.analysis.run import Request, run_request
     from depthlab.eval.mmlu import evaluate_mmlu, read_mmlu

@@ -4,6 +4,8 @@ both analyses, the comparison and the record."""
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import figure_one_run as f1
 from depthlab.eval.multiple_choice import read_tasks
 
@@ -11,6 +13,7 @@ TINY = ["--corpus-mb", "3", "--vocab", "512", "--steps", "4", "--eval-every", "2
         "--val-tokens", "1024", "--questions", "6", "--analyze-tokens", "256", "--drop-lowest", "1"]
 
 
+@pytest.mark.slow
 def test_figure_one_run_end_to_end(tmp_path):
     runs, record = tmp_path / "runs", tmp_path / "record.json"
     f1.main(["--runs-dir", str(runs), "--record", str(record), *TINY])

@@ -189,6 +189,7 @@ def test_every_multiple_choice_answer_is_checked_against_its_choices():
     _check_answers(task, "task t")
 
 
+@pytest.mark.slow
 def test_prune_onto_a_disk_that_refuses_the_write_ends_in_one_line(tmp_path):
     """A file-size limit makes the weights' write fail as a full disk does (EFBIG for ENOSPC): safetensors'
     own error becomes the OSError it wraps, one line, exit 2."""

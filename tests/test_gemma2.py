@@ -90,6 +90,7 @@ def test_every_other_layer_slides():
 
 
 @pytest.mark.parametrize("scheme,tie", [("sandwich", True), ("sandwich", False), ("lns", False)])
+@pytest.mark.slow
 def test_export_is_stock_gemma2_with_the_same_logits(scheme, tie, tmp_path):
     mc = tiny_model_config(family="gemma2", norm_scheme=scheme, tie_embeddings=tie, n_kv_heads=2, **GEMMA.ours)
     torch.manual_seed(1)

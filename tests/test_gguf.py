@@ -41,6 +41,7 @@ def _numbers(res: dict) -> dict:
     return {k: v for k, v in res.items() if k not in ("model", "notes", "wall_s")}
 
 
+@pytest.mark.slow
 def test_analyze_of_the_file_is_analyze_of_its_dequantized_directory(tiny, tmp_path):
     f, dense, text = tiny
     got = {}

@@ -15,6 +15,7 @@ from depthlab.model import parts
 CI_STEPS, CI_ATOL = 30, 1e-5
 
 
+@pytest.mark.slow
 def test_every_case_trains_like_the_golden_losses():
     assert set(golden.load_golden()["cases"]) == set(golden.cases())  # every registered scheme and the FSDP run
     problems = golden.check(steps=CI_STEPS)
@@ -41,6 +42,7 @@ def test_differences_name_the_first_differing_step_and_the_largest_difference():
     assert golden.compare_runs({"a": want}, {"a": want, "b": want}) == ["b: not run by the first"]
 
 
+@pytest.mark.slow
 def test_compare_two_configs_in_child_processes():
     lines = golden.compare(".", ".", ["lns"], [], ["train.lr=0.004"], steps=3)
     assert len(lines) == 1 and lines[0].startswith("lns: first differing step 2 "), lines  # step 1: no update yet

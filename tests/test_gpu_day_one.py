@@ -8,6 +8,7 @@ import json
 import pytest
 
 
+@pytest.mark.slow
 def test_every_part_runs_on_cpu_tiny(tmp_path):
     pytest.importorskip("transformers")
     from benchmarks import gpu_day_one

@@ -130,6 +130,7 @@ def test_document_losses_average_to_the_evaluated_loss():
     assert got["tokens"][:2] == [299, 5]  # a stream's first token is no target
 
 
+@pytest.mark.slow
 def test_a_study_on_a_balanced_corpus_records_per_document_losses(tmp_path):
     from depthlab.study.corpus import build_corpus
     from depthlab.study.records import load_records

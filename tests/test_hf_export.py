@@ -21,6 +21,7 @@ def test_every_scheme_is_exported_or_refused_with_a_reason():
 
 
 @pytest.mark.parametrize("scheme,kw", [("lns", {"n_kv_heads": 2}), ("pre", {"tie_embeddings": True})])
+@pytest.mark.slow
 def test_export_loads_as_stock_llama_without_depthlab_and_matches_logits(tmp_path, scheme, kw):
     model = make_checkpoint(tmp_path / "ckpt", scheme, **kw)
     out = export(tmp_path / "ckpt", tmp_path / "hf")

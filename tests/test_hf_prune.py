@@ -115,6 +115,7 @@ def test_pruned_lns_model_keeps_each_kept_layer_its_own_scale(tmp_path):
         assert (back(ids).logits - want).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_drop_lowest_prunes_the_analysis_choice_and_says_what_it_measured(tmp_path, capsys):
     """analyze ranks the blocks and scores the model without its k least useful; prune --drop-lowest writes that
     model, whose own loss and task accuracy are the ones the analysis measured."""

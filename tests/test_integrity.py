@@ -367,6 +367,7 @@ RLIMITED = """
 
 
 @pytest.mark.parametrize("command", ["train", "prepare"])
+@pytest.mark.slow
 def test_a_file_size_limit_is_named_in_one_line_in_a_real_process(tmp_path, corpus, docs, command):
     """The real writers under RLIMIT_FSIZE: safetensors and torch report a short write in their own words (no
     errno), numpy as "N requested and M written"; each is one line naming the limit."""

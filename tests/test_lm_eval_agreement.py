@@ -100,6 +100,7 @@ def assert_agree(ours: dict, theirs: dict) -> float:
     return worst
 
 
+@pytest.mark.slow
 def test_lm_eval_hf_backend_on_the_export_agrees_with_depthlab_question_by_question(trained):
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -112,6 +113,7 @@ def test_lm_eval_hf_backend_on_the_export_agrees_with_depthlab_question_by_quest
     assert assert_agree(evaluate_tasks(trained.run, trained.task, "cpu"), theirs) < 1e-4  # the checkpoint itself
 
 
+@pytest.mark.slow
 def test_harness_adapter_agrees_with_depthlab_and_runs_from_the_cli(trained, capsys):
     scorer = load_scorer(trained.run, "cpu")
     theirs = run_harness(scorer, [str(trained.yaml)], batch_size=5, log_samples=True)
@@ -121,6 +123,7 @@ def test_harness_adapter_agrees_with_depthlab_and_runs_from_the_cli(trained, cap
     assert "depthlab_mc" in out and "acc_norm" in out
 
 
+@pytest.mark.slow
 def test_harness_adapter_runs_a_scheme_that_does_not_export(tmp_path):
     make_checkpoint(tmp_path / "post", "post")
     rows = [{"question": "what color is the sky", "choices": ["blue", "very dark green"], "answer": 0},
@@ -168,6 +171,7 @@ def test_harness_input_errors_are_one_line(tmp_path, capsys):
         assert err.startswith("depthlab: error:") and msg in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(trained, tmp_path, capsys):
     """`eval harness` loads through the same map as `eval ppl`: half the blocks on cpu, the rest offloaded to disk
     and streamed in by accelerate's hooks; lm-eval's table is the one-device table, digit for digit."""
@@ -187,6 +191,7 @@ def test_harness_on_a_model_placed_by_a_device_map_prints_the_one_device_table(t
 
 
 @pytest.mark.parametrize("progress", [[], ["--no-progress"]])
+@pytest.mark.slow
 def test_harness_prints_its_table_without_git_errors_or_bars_off_a_terminal(tmp_path, capfd, monkeypatch, progress):
     """lm-eval records the working directory's git commit by running `git describe`, which outside a repository
     printed "fatal: not a git repository" after a good run; its progress bars were drawn into logs and under

@@ -28,6 +28,7 @@ def losses(corpus, tmp_path, name, **extra):
 
 
 @pytest.mark.parametrize("clip", [0.0, 1.0, 0.05])
+@pytest.mark.slow
 def test_pre_with_depth_gains_trains_as_lns(corpus, tmp_path, clip):
     lns = losses(corpus, tmp_path, "lns", **{"model.norm_scheme": "lns", "train.grad_clip": clip})
     pre = losses(corpus, tmp_path, "pre", **{"model.norm_scheme": "pre", "model.norm_gain_init": "depth",

@@ -68,6 +68,7 @@ def test_a_long_phase_without_a_bar_prints_plain_lines_a_short_one_nothing(monke
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_eval_and_analyze_phases_print_plain_lines_without_bars(run, monkeypatch, tmp_path):
     """With --no-progress (or into a log), each phase of eval and analyze says it runs and when it is done."""
     monkeypatch.setattr(progress, "START_S", 0.0)  # every phase counts as long

@@ -108,6 +108,7 @@ def test_training_draws_its_tokenization_and_validation_bars(run, tmp_path):
     assert no_bar(err), err
 
 
+@pytest.mark.slow
 def test_analyze_draws_a_bar_per_pass(run, tmp_path):
     argv = ["analyze", run, "--data", run.parent / "c.txt", *ANALYZE]
     _, err = run_cli([*argv, "--out", tmp_path / "a"], Terminal())

@@ -134,6 +134,7 @@ def test_norm_and_mlp_save_input_rstd_gate_up(dtype):
     assert saved == B * T * (cfg.dim * 4 + 4 + 2 * cfg.ffn_dim * act)
 
 
+@pytest.mark.slow
 def test_step_time_against_a_commit(monkeypatch):
     """benchmarks.memory --time-against: this tree's training step and a commit's, each in its own worker."""
     from benchmarks import memory

@@ -72,6 +72,7 @@ def test_dry_run_measure_prints_the_plan_first_then_says_it_measures_with_progre
     assert out.count("layout: ") == 1
 
 
+@pytest.mark.slow
 def test_a_fake_rank_measures_what_real_tensors_do():
     """FakeTensorMode allocates nothing, yet one process under it measures byte for byte what real tensors do;
     a fake rank of 2 under FSDP holds half the parameters and its plan's activations and total."""
@@ -85,6 +86,7 @@ def test_a_fake_rank_measures_what_real_tensors_do():
     _within(plan, rank)
 
 
+@pytest.mark.slow
 def test_a_fake_rank_of_a_preset():
     """The cpu-tiny preset at one rank's shard of 4 under FSDP, FakeTensorMode: the plan within 15%."""
     from depthlab.model.families import preset

@@ -89,6 +89,7 @@ def test_both_layouts_read_the_same_questions(world):
 
 
 @pytest.mark.parametrize("shots", [0, 5])
+@pytest.mark.slow
 def test_mmlu_agrees_with_lm_eval_question_by_question(world, trained, shots):  # noqa: F811
     lm_eval = pytest.importorskip("lm_eval")
     pytest.importorskip("accelerate")
@@ -161,6 +162,7 @@ def test_mmlu_input_errors_are_one_line(world, tmp_path, capsys):
         assert not (tmp_path / "t.md").exists()
 
 
+@pytest.mark.slow
 def test_the_recipe_from_pretraining_to_the_paper_table(world, tmp_path, capsys):
     """docs/downstream.md's recipe on tiny models: pretrain pre and lns, fine-tune both (full and LoRA), one
     table."""

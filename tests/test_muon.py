@@ -91,10 +91,12 @@ def test_a_muon_run_resumed_in_one_process_is_the_run_it_continues(tmp_path, cor
     resumed_is_continued(tmp_path, corpus, MUON)
 
 
+@pytest.mark.slow
 def test_muon_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus):
     sigkill_resume_is_bitwise(tmp_path, corpus, {"train__optimizer": "muon"})
 
 
+@pytest.mark.slow
 def test_muon_ddp_two_ranks_match_one_process(tmp_path, corpus):
     ddp_matches_one_process(tmp_path, corpus, {"train__optimizer": "muon"})
 
@@ -112,6 +114,7 @@ def test_the_memory_plan_counts_muons_one_momentum_buffer_as_the_tracker_measure
     _within(plan["bytes"], measured)
 
 
+@pytest.mark.slow
 def test_muon_under_fsdp2_matches_one_process_and_resumes_on_another_rank_count(tmp_path, corpus):
     """To 1e-4, not AdamW's 1e-5: the sharded step is the whole matrix's bitwise for the same gradient (the test
     above), but FSDP's reduce-scatter sums the gradient in another order, and Muon's bfloat16 Newton-Schulz turns
@@ -135,6 +138,7 @@ def _sharded_muon_step(rank, out):
         torch.save({"whole": whole.detach(), "sharded": sharded, "w": w, "g": g}, out)
 
 
+@pytest.mark.slow
 def test_muon_orthogonalizes_a_sharded_matrix_whole(tmp_path):
     """Under FSDP2 torch's Muon runs Newton-Schulz on the DTensor (DTensor gathers what each product needs): the
     whole matrix's step, not each shard's."""

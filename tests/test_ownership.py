@@ -130,6 +130,7 @@ def test_analyze_and_compare_never_write_over_their_data(run, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- issue 48 items 1, 3, 5: every path a command reads
+@pytest.mark.slow
 def test_prune_never_deletes_the_analysis_it_ranks_by(tmp_path, monkeypatch, capsys):
     """`prune M DIR --drop-lowest K --analysis DIR --overwrite` read DIR's ranking, then replaced DIR with the pruned
     model: the analysis was gone. The analysis is prune's input, named with --analysis or by default."""
@@ -177,6 +178,7 @@ def test_an_offload_folder_is_never_the_model_nor_inside_what_the_command_reads(
 
 
 # ---------------------------------------------------------------- item 2: the lock is the resolved path's
+@pytest.mark.slow
 def test_a_second_trainer_through_a_symlink_is_refused(run, tmp_path):
     link = tmp_path / "link"
     link.symlink_to(run)
@@ -214,6 +216,7 @@ def test_writers_making_the_same_new_parents_at_once_all_succeed(tmp_path):
         assert sorted(created) == sorted(tmp_path / f"try{attempt}" / p for p in ("", "sweep", "sweep/cells"))
 
 
+@pytest.mark.slow
 def test_runs_started_in_the_same_second_take_the_next_free_name(tmp_path):
     from depthlab.runfolder import _take_new
 
@@ -257,6 +260,7 @@ def start(argv: list, out: Path) -> tuple[subprocess.Popen, Path]:
 
 
 @pytest.mark.parametrize("command", ["analyze", "export"])
+@pytest.mark.slow
 def test_sigterm_leaves_nothing_and_the_next_writer_clears_a_killed_ones_leftovers(run, tmp_path, command):
     (tmp_path / "text.txt").write_text(TEXT * 4)
     out = tmp_path / "out"
@@ -279,6 +283,7 @@ def test_sigterm_leaves_nothing_and_the_next_writer_clears_a_killed_ones_leftove
     assert hidden(tmp_path) == [], hidden(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_writer_clears_the_leftovers_of_dead_writers_beside_it_and_no_living_ones(run, tmp_path, capsys):
     """Leftovers of other names in the same folder: a dead writer's temporary directory and lock go, an old copy
     whose directory is missing (killed between the two renames) is put back; a living writer's are kept."""

@@ -65,6 +65,7 @@ def test_eval_on_an_exported_hf_directory_gives_the_checkpoints_perplexity(world
     assert eval_loss(capsys, world / "runs", *data) == ours  # the parent of one run means that run
 
 
+@pytest.mark.slow
 def test_export_and_analyze_take_the_parent_of_one_run(world, tmp_path, capsys):
     assert main(["export", str(world / "runs"), str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / "depthlab_export.json").read_text())["step"] == 7

@@ -165,6 +165,7 @@ def test_config_is_data_only():
                                     "depthlab.model.apply", "depthlab.hf.exporter", "depthlab.analysis.layerwise",
                                     "depthlab.cli", "depthlab.paths", "depthlab.ownership", "depthlab.loading",
                                     "depthlab.metrics", "depthlab.eval.cli"])
+@pytest.mark.slow
 def test_modules_import_in_isolation(module):
     """Each in a fresh interpreter, so that no earlier import hides an order-dependent cycle."""
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)

@@ -72,6 +72,7 @@ TINY = ["model.dim=32", "model.n_heads=2", "model.ffn_dim=64", "model.vocab_size
         "train.eval_every=6", "train.log_every=2", "train.monitor_every=6", "train.device=cpu", "train.threads=1"]
 
 
+@pytest.mark.slow
 def test_a_tiny_study_grid_best_rate_seeds_and_resume(tmp_path, corpus):
     study = Study("tiny", str(tmp_path / "out"), {"pre": ["model.norm_scheme=pre"], "lns": ["model.norm_scheme=lns"]},
                   base=[*TINY, f"data.paths=[{corpus}]"], probe=ProbeSpec(windows=8, seq_len=16, jacobian=False),
@@ -109,6 +110,7 @@ def _train_one(study, cell):  # a spawned process: train one cell in this proces
     train_cell(study, cell)
 
 
+@pytest.mark.slow
 def test_a_killed_resumable_cell_continues_where_it_stopped(tmp_path, corpus):
     """With ckpt_every, a cell killed mid-run resumes from its checkpoint and keeps the probes it had made: its
     record equals an uninterrupted run's."""
@@ -164,6 +166,7 @@ def test_the_unigram_loss_is_the_cross_entropy_of_smoothed_training_frequencies(
     assert unigram_loss(tmp_path) == pytest.approx(-(math.log(3 / 5) + 2 * math.log(2 / 5)) / 3)
 
 
+@pytest.mark.slow
 def test_a_cell_that_cannot_run_does_not_cost_the_records_of_the_others(tmp_path, corpus, capsys):
     """A run directory held by another process fails its cell in one line, after the other cells are recorded."""
     from depthlab import UserError
@@ -183,6 +186,7 @@ def test_a_cell_that_cannot_run_does_not_cost_the_records_of_the_others(tmp_path
     assert capsys.readouterr().err.splitlines()[-1] == "depthlab: error: bad flag"
 
 
+@pytest.mark.slow
 def test_the_study_corpus_drops_planted_copies_and_holds_out_a_test_split_its_cells_report(tmp_path):
     """build_corpus removes exact and near copies (recorded in corpus.json), deals held-out documents to validation
     and test, and a cell trained on it records its loss on the test split."""
@@ -247,6 +251,7 @@ def _deep_by_hand(c: dict) -> tuple[int, int] | None:
     return (sum(b in c["inert_blocks"] for b in deep), len(deep)) if len(deep) >= 4 else None
 
 
+@pytest.mark.slow
 def test_the_results_page_prints_pre_lns_curse_index_as_the_rule_reads_it():
     """On the page built from the committed records: the first screen, the own-best table and the claims table name,
     at each depth, the word the across-seed rule gives for Pre-LN's per-seed index (recomputed here with scipy, its
@@ -363,6 +368,7 @@ def _stopped_where_they_were(study, logs) -> None:
     assert [f.stat().st_size for f in logs if f.exists()] == sizes
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_study_stops_its_running_cells_where_they_are_and_starts_no_other(tmp_path, corpus):
     """SIGTERM to the study's process alone (`kill PID`): the pool's own way out would have waited for every
     queued cell and appended none of their records. Now the two running cells are sent SIGTERM, each saves the
@@ -378,6 +384,7 @@ def test_sigterm_to_a_study_stops_its_running_cells_where_they_are_and_starts_no
     _stopped_where_they_were(study, logs)
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_a_terminal_stops_a_study_and_its_cells_where_they_are(tmp_path, corpus):
     """Ctrl-C at a terminal reaches the study and its workers at once: each running cell saves its step and stops by
     itself (here well before the study would send SIGTERM), the queued cells never start, and the study exits 130."""
@@ -391,6 +398,7 @@ def test_ctrl_c_at_a_terminal_stops_a_study_and_its_cells_where_they_are(tmp_pat
     _stopped_where_they_were(study, logs)
 
 
+@pytest.mark.slow
 def test_sigkill_to_a_study_still_stops_its_cells_where_they_are(tmp_path, corpus):
     """SIGKILL to the study's process (the OOM killer, `kill -9`, a session torn down) gives it no chance to stop its
     workers: each gets one SIGTERM when it sees its parent gone (depthlab.workers), so each running cell saves its
@@ -408,6 +416,7 @@ def test_sigkill_to_a_study_still_stops_its_cells_where_they_are(tmp_path, corpu
     _stopped_where_they_were(study, logs)
 
 
+@pytest.mark.slow
 def test_a_study_whose_worker_is_killed_says_so_in_one_line(tmp_path, corpus, capfd):
     """A worker killed on its own (SIGTERM to its pid, as the OOM killer's SIGKILL would be) breaks the pool: the study
     stops its other cell, which saves its step, and ends in one line and exit status 2, not a traceback."""

@@ -18,6 +18,10 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 TRIES = 20  # the bar: 20 exits in a row (before the fix, about 1 try in 5 hung)
 PER_TRY_S = 120  # a try takes seconds; this only bounds one that hangs (the first includes start-up)
 

@@ -55,6 +55,7 @@ def make_cfg(corpus, **extra) -> Config:
     return apply_overrides(Config(), [f"{k}={v}" for k, v in {**TINY, "data.paths": f"[{corpus}]", **extra}.items()])
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_reproduces_losses_bitwise(tmp_path, corpus, extra=None):
     """(tests/test_muon.py runs it again with `extra` settings.)"""
     args = ["--data", corpus, "--max-steps", 40, *sets(train__ckpt_every=5, train__keep_last=2, **(extra or {}))]
@@ -183,6 +184,7 @@ def test_loading_the_optimizer_keeps_what_a_step_hook_keeps_in_the_model(tmp_pat
         assert opt_again.state_dict()["state"][0]["step"].item() == 2
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_different_config_and_lists_differences(tmp_path, corpus):
     run = tmp_path / "run"
     assert cli("--run-dir", run, "--data", corpus, "--max-steps", 4, *sets()).returncode == 0
@@ -234,6 +236,7 @@ def test_resume_auto_knows_one_file_by_another_path_and_refuses_another_file(tmp
     assert code == 2 and err.count("\n") == 1 and "different config: data.paths:" in err and "copy.txt" in err, err
 
 
+@pytest.mark.slow
 def test_corrupted_checkpoint_is_reported_and_previous_used(tmp_path, corpus):
     run = tmp_path / "run"
     assert cli("--run-dir", run, "--data", corpus, "--max-steps", 6, *sets(train__ckpt_every=3)).returncode == 0
@@ -349,6 +352,7 @@ def test_depth_monitor_logs_every_n_steps(tmp_path, corpus):
     assert 0 < records[-1]["mfu"] < 1
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_match_one_process(tmp_path, corpus, extra=None):
     """(tests/test_muon.py runs it again with `extra` settings.)"""
     common = ["--data", corpus, "--max-steps", 4]
@@ -362,6 +366,7 @@ def test_ddp_two_ranks_match_one_process(tmp_path, corpus, extra=None):
     assert two.stdout.count("run directory:") == 1  # rank 0 reports
 
 
+@pytest.mark.slow
 def test_fsdp_trains_checkpoints_and_resumes_on_another_rank_count(tmp_path, corpus, extra=None, tol=1e-5):
     """(tests/test_muon.py runs it again with `extra` settings and its tolerance.)"""
     args = ["--data", corpus, "--max-steps", 6, *sets(**(extra or {}))]
@@ -388,6 +393,7 @@ def test_fsdp_trains_checkpoints_and_resumes_on_another_rank_count(tmp_path, cor
     assert all(abs(b[s] - c[s]) < tol for s in range(4, 7)), (b, c)
 
 
+@pytest.mark.slow
 def test_unwritable_output_is_a_clear_error(tmp_path, corpus):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
@@ -421,6 +427,7 @@ def test_missing_optional_logger_is_a_clear_error(tmp_path, corpus):
         Trainer(make_cfg(corpus, **{"train.tensorboard": True}), run_dir=tmp_path / "r", progress=False)
 
 
+@pytest.mark.slow
 def test_init_from_continues_pretraining_with_another_scheme(tmp_path, corpus):
     base = cli("--run-dir", tmp_path / "base", "--scheme", "pre", "--data", corpus, "--max-steps", 6, *sets())
     assert base.returncode == 0, base.stderr

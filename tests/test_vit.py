@@ -91,6 +91,7 @@ def test_sincos_positions_are_fixed_and_distinct():
     assert pos.shape == (16, 16) and torch.cdist(pos, pos).add(torch.eye(16)).min() > 0.1
 
 
+@pytest.mark.slow
 def test_vit_init_starts_near_chance_and_learns_under_every_scheme():
     torch.manual_seed(0)
     images, labels = torch.randn(16, 3, 8, 8), torch.randint(0, 5, (16,))

@@ -59,6 +59,7 @@ def loaded(run):
     return got.model, torch.from_numpy(d.val_x), torch.from_numpy(d.val_y)
 
 
+@pytest.mark.slow
 def test_analyze_vit_writes_per_block_report(runs, analysed):
     out, res = analysed
     _, trained = runs
@@ -104,6 +105,7 @@ def test_removal_matches_running_without_the_block_by_hand(runs, analysed):
         assert r["loss"] == pytest.approx(loss, abs=1e-5) and r["acc"] == pytest.approx(acc, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_other_image_source_is_normalised_as_the_run_was(runs, tmp_path):
     """An .npz whose training split differs (other pixel statistics) but whose validation images are the run's:
     renormalised with the run's statistics, the scores are the run's own."""
@@ -123,6 +125,7 @@ def test_other_image_source_is_normalised_as_the_run_was(runs, tmp_path):
     assert res["removal"]["base_acc"] == pytest.approx(acc, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_compare_two_vits(runs, analysed, tmp_path):
     root, _ = runs
     assert main(["compare", str(analysed[0]), str(root / "lns"), "--labels", "pre", "lns", "--no-jacobian",

@@ -50,6 +50,7 @@ def test_vit_digits_trains_and_reports_accuracy(tmp_path):
     assert not (tmp_path / "run" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow
 def test_vit_sigkill_then_resume_reproduces_losses_bitwise(tmp_path):
     args = ["train", "--no-progress", "--preset", "vit-digits", "--max-steps", 30,
             *sets("train.ckpt_every=5", "train.keep_last=2", "train.eval_every=15")]
