@@ -39,6 +39,7 @@ def test_depth_slope_reads_the_last_step():
     assert depth_slope(recs) == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_cli_writes_records_and_figures(corpus, tmp_path, capsys):
     out = tmp_path / "cc"
     args = ["coord-check", "--data", str(corpus), "--depths", "2", "4", "--seeds", "1", "--steps", "1", "--out",

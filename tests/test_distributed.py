@@ -351,6 +351,7 @@ def _layouts_and_accumulation(rank, cfg, tmp):
     trainer.close()
 
 
+@pytest.mark.slow
 def test_fsdp_layouts_agree_bf16_gathers_in_bf16_and_accumulation_keeps_gradients_sharded(tmp_path, corpus):
     from tests.test_trainer import make_cfg
 
@@ -367,6 +368,7 @@ def _no_sync_under_compile(rank):
     assert ddp.require_backward_grad_sync
 
 
+@pytest.mark.slow
 def test_ddp_skips_the_all_reduce_of_early_micro_batches_also_under_compile():
     run_ranks(_no_sync_under_compile)
 
@@ -439,6 +441,7 @@ def _interrupt_one_rank_mid_step(rank, cfg, tmp):
     _train(cfg, tmp / "run", resume="auto")
 
 
+@pytest.mark.slow
 def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step_with_one_checkpoint(tmp_path, corpus):
     """The ranks agree on the step to stop at: no rank waits forever in a collective the others left, the sharded
     checkpoint of that step is whole, and resuming it gives the uninterrupted run's losses bit for bit."""

@@ -119,6 +119,7 @@ def test_a_duplicated_lns_model_keeps_each_layer_its_own_scale(tmp_path):
         assert (back(b.ids).logits - want).abs().max() / want.abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_analyze_duplicate_draws_the_heat_map_and_duplicate_writes_the_best_span(tmp_path, capsys):
     """The scan in the report (table, heat map, CSV, tasks); the best span written by `depthlab duplicate` scores,
     analysed on its own, the loss the scan measured for it."""

@@ -78,6 +78,7 @@ def test_a_zeroed_sublayer_is_generated_with_its_hook():
             assert g.generate_from(rec, prompt, 6, removal) == g.generate(prompt, 6, removal)
 
 
+@pytest.mark.slow
 def test_analyze_scores_removal_by_generation(tmp_path):
     """The CLI on an HF directory: the model's own greedy answers (those that survive a round trip through the
     tokenizer) are all right; removing the planted identity block loses none, a real block loses some, with the

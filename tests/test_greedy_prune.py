@@ -32,6 +32,7 @@ def greedy(tmp, hf, out: str, by: str, *scoring: str) -> dict:
     return json.loads((tmp / out / "greedy_pruning.json").read_text())
 
 
+@pytest.mark.slow
 def test_greedy_by_loss_starts_with_the_one_shot_best_block_and_writes_the_model_of_its_steps(world, capsys):
     tmp, hf, res = world
     record = greedy(tmp, hf, "by_loss", "loss", "--data", str(tmp / "t.txt"), *WINDOWS)

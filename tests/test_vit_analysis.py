@@ -89,6 +89,7 @@ def test_analyze_vit_writes_per_block_report(runs, analysed):
         assert res["states"][l]["variance"] == pytest.approx(hs[l].double().var(unbiased=False).item(), rel=1e-4)
 
 
+@pytest.mark.slow
 def test_removal_matches_running_without_the_block_by_hand(runs, analysed):
     _, res = analysed
     run = runs[1]["pre"]
