@@ -21,7 +21,7 @@ demo: install
 test: install
 	$(PY) -m pytest
 
-test-fast: install  # the tests not marked slow (tests/conftest.py says which are): under 3 minutes on 2 cores
+test-fast: install  # the tests not marked slow (README, Development): about 2.3 CPU-minutes, in one process
 	$(PY) -m pytest -m "not slow"
 
 # docs/results.md, in parts (each one `make` call; wall times on 2 cores are in docs/results.md). Every part appends
