@@ -172,6 +172,18 @@ CASES = [
     ("eval-tasks-hf-malformed", "eval tasks {hf} --tasks {tasks_bad}", "not JSON"),
     ("eval-tasks-on-prepared", "eval tasks {prep} --tasks {tasks}", "prepared-data directory"),
     ("eval-no-model", "eval", "required"),
+    # --- eval --card: an export's model card, of the one model evaluated, checked before the evaluation
+    ("eval-card-missing", "eval tasks {run} --tasks {tasks} --card {tmp}/missing", "missing does not exist"),
+    ("eval-card-a-run", "eval tasks {run} --tasks {tasks} --card {run}", "is a depthlab run directory, not a "
+     "`depthlab export`"),
+    ("eval-card-users-hf", "eval tasks {run} --tasks {tasks} --card {victim_user_hf}",
+     "not a `depthlab export` directory"),
+    ("eval-card-of-another-model", "eval tasks {post} --tasks {tasks} --card {hf}",
+     "give the card of the model evaluated"),
+    ("eval-card-two-models", "eval commonsense {run} {run} --commonsense {commonsense} --card {hf}",
+     "2 models are given"),
+    ("eval-card-with-harness", "eval harness {run} --harness {task_answer_first} --card {hf}",
+     "unrecognized arguments: --card"),
     ("finetune-deep-json", "finetune {run} --data {deep_json}", "nested too deeply"),
     # --- export
     ("export-missing", "export {tmp}/missing {tmp}/o", "does not exist"),

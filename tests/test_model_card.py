@@ -1,11 +1,12 @@
 """The model card of an export (issue 51 item 4): `depthlab export` writes README.md, which huggingface_hub's
-ModelCard parses, with the scheme, the data, the steps and tokens and the checkpoint's validation; results added
-to it are in the Hub's eval-results format; exporting again keeps them only for the same weights. Real runs, real
-exports, real files."""
+ModelCard parses, with the scheme, the data, the steps and tokens and the checkpoint's validation; `depthlab eval
+KIND ... --card EXPORT_DIR` adds the numbers it printed in the Hub's eval-results format; exporting again keeps them
+only for the same weights. Real runs, real exports, real files."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -66,14 +67,81 @@ def test_export_writes_a_card_the_hub_reads(world):
     assert is_depthlab_hf(world / "hf") and AutoModelForCausalLM.from_pretrained(world / "hf") is not None
 
 
-def test_export_again_keeps_the_results_of_the_same_weights_only(world, tmp_path, capsys):
-    from depthlab.card import add_results, result
+def printed_accuracies(out: str) -> dict[str, tuple[float, float]]:
+    return {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(r"(\S+): \d+ questions\s+acc (\S+)\s+acc_norm (\S+)",
+                                                                   out)}
+
+
+def test_eval_card_adds_the_accuracies_eval_printed(world, tmp_path, capsys):
+    export = tmp_path / "hf"
+    shutil.copytree(world / "hf", export)
+    capsys.readouterr()
+    assert main(["eval", "tasks", str(world / "run"), "--tasks", str(world / "animals.jsonl"), "--card", str(export)]) == 0
+    out = capsys.readouterr().out
+    printed = printed_accuracies(out)
+    assert list(printed) == [str(world / "animals.jsonl")] and f"added 2 results to {export / 'README.md'}" in out
+    results = {(r.task_name, r.metric_type): r.metric_value for r in card(export).data.eval_results}
+    exact = results[("animals", "acc")], results[("animals", "acc_norm")]
+    assert all(v * 6 == round(v * 6) for v in exact)  # k right of 6 questions, unrounded
+    assert printed[str(world / "animals.jsonl")] == tuple(round(v, 4) for v in exact)
+    assert ("validation", "perplexity") in results  # the export's own stay
+    # the export itself, evaluated and carded: the same numbers replace the same entries, nothing is duplicated
+    assert main(["eval", "tasks", str(export), "--tasks", str(world / "animals.jsonl"), "--card", str(export)]) == 0
+    again = card(export)
+    assert len(again.data.eval_results) == 4 and "| animals | animals.jsonl | acc |" in again.text
+    assert again.text.count("## Evaluation") == 1
+
+
+def test_eval_card_takes_commonsense_mmlu_and_perplexity(world, tmp_path, capsys):
+    """The other evaluations' numbers, unrounded: the commonsense tasks' two forms and MMLU's micro and macro as
+    the table's JSON records them, perplexity as eval printed it."""
+    from tests.test_mmlu import make_mmlu
 
     export = tmp_path / "hf"
     shutil.copytree(world / "hf", export)
-    add_results(export, [result("animals", "animals", "accuracy", 0.5), result("animals", "animals", "acc_norm", 1.0)])
+    make_mmlu(tmp_path / "mmlu", n_dev=1, n_test=2)
+    commonsense = Path(__file__).parent / "data" / "commonsense" / "eval"
+    assert main(["eval", "commonsense", str(world / "run"), "--commonsense", str(commonsense), "--mmlu", str(tmp_path / "mmlu" /
+                 "parquet"), "--table", str(tmp_path / "table"), "--max-new-tokens", "2", "--device", "cpu",
+                 "--card", str(export)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "ppl", str(world / "run"), "--card", str(export)]) == 0
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "table.json").read_text())["results"][str(world / "run")]
+    got = {(r.task_name, r.metric_type): r.metric_value for r in card(export).data.eval_results}
+    assert got[("BoolQ", "acc_generation")] == res["boolq"]["generation"]
+    assert got[("ARC-c", "acc_loglik")] == res["ARC-Challenge"]["loglik"]
+    assert (got[("MMLU", "acc")], got[("MMLU", "acc_macro")]) == (res["mmlu"]["micro"], res["mmlu"]["macro"])
+    assert len(got) == 2 + 8 * 2 + 2 + 2  # the export's validation, 8 tasks, MMLU, perplexity
+    assert f"loss {got[('perplexity', 'loss')]:.4f}  perplexity {got[('perplexity', 'perplexity')]:.3f}" in out
+
+
+def test_bad_card_directories_are_one_line(world, tmp_path, capsys):
+    tasks = str(world / "animals.jsonl")
+    pruned = tmp_path / "pruned"
+    assert main(["prune", str(world / "hf"), "--remove", "0:1", str(pruned)]) == 0
+    capsys.readouterr()
+    for directory, says in ((tmp_path / "missing", "does not exist"),
+                            (world / "run", "is a depthlab run directory, not a `depthlab export` directory"),
+                            (pruned, "has no model card (README.md); write one with `depthlab export`")):
+        assert main(["eval", "tasks", str(world / "run"), "--tasks", tasks, "--card", str(directory)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+    # the card of another model's export: refused before the evaluation, the card unchanged
+    before = (world / "hf" / "README.md").read_text()
+    assert main(["eval", "tasks", str(pruned), "--tasks", tasks, "--card", str(world / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is the export of" in err[0] and (world / "hf" / "README.md").read_text() == before
+
+
+def test_export_again_keeps_the_results_of_the_same_weights_only(world, tmp_path, capsys):
+    from depthlab.card import Scores, add_results
+
+    export = tmp_path / "hf"
+    shutil.copytree(world / "hf", export)
+    add_results(export, [Scores("animals", "animals", {"acc": 0.5, "acc_norm": 1.0})])
     before = card(export).data.eval_results
-    assert len(before) == 4 and "| animals | animals | accuracy | 0.5000 |" in card(export).text
+    assert len(before) == 4 and "| animals | animals | acc | 0.5000 |" in card(export).text
     assert main(["export", str(world / "run"), str(export)]) == 0  # the same checkpoint: its results are still true
     after = card(export)
     assert [(r.task_name, r.metric_type, r.metric_value) for r in after.data.eval_results] == \

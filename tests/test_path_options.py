@@ -14,7 +14,7 @@ import pytest
 
 from depthlab import UserError
 from depthlab.cli import make_parser
-from depthlab.ownership import CONTINUED, INPUT, PathRole, option_name
+from depthlab.ownership import CONTINUED, INPUT, READ, UPDATED, PathRole, option_name
 
 COMPANIONS = {"--device-map": ["auto"], "--greedy": []}  # what an option acting only with another needs: the
 # other's value (--offload-folder needs --device-map auto; prune's --data a bare --greedy)
@@ -44,7 +44,7 @@ def test_every_value_an_option_takes_is_declared():
                 undeclared.append(where)
             elif action.type is str and PATH_WORDS.search(f"{action.metavar or ''} {action.help or ''}"):
                 text_paths.append(where)
-    # a path: type=depthlab.ownership.INPUT / OUTPUT / FOLDER / PREFIX / CONTINUED; plain text: type=str
+    # a path: type=depthlab.ownership.INPUT / OUTPUT / FOLDER / PREFIX / CONTINUED / UPDATED; plain text: type=str
     assert undeclared == [], "declare what these options take"
     assert text_paths == [], "these plain-text options speak of files or folders: give them a path role"
 
@@ -64,6 +64,8 @@ def test_the_walk_sees_every_command_and_the_paths_it_read_unchecked():
                   ("compare", "--device-map"), ("data dedup", "INPUT"), ("data info", "PATH")]:
         assert roles[found] is INPUT, found
     assert roles[("train", "--resume")] is roles[("finetune", "--resume")] is CONTINUED
+    assert all(roles[(f"eval {kind}", "--card")] is UPDATED for kind in ("ppl", "images", "tasks", "mmlu",
+                                                                          "commonsense"))  # read, README.md rewritten
     for command in ("eval ppl", "eval images", "eval tasks", "eval harness", "analyze", "compare"):
         assert roles[(command, "--offload-folder")].refuses == ("is", "is inside")
 
@@ -85,7 +87,7 @@ def pairs():
         for w in opts:
             if isinstance(w.type, PathRole) and w.type.refuses:
                 for r in opts:
-                    if r.type is INPUT:
+                    if r.type in READ:
                         yield pytest.param(words, option_name(w), option_name(r), id=f"{'-'.join(words)}"
                                            f"{option_name(w)}-in{option_name(r)}")
 

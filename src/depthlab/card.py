@@ -5,7 +5,8 @@ where the run starts from a Hub model, a license placeholder, tags naming depthl
 the scheme's formula (the first line of its class's docstring in the scheme registry, depthlab.model.schemes, and
 the constants it multiplies each block by, which the export folded into the weights), the data and tokenizer the
 checkpoint records, its steps and tokens, and the validation result of the step that saved it.
-`add_results` adds what an evaluation measured. Results are kept in the Hub's
+`depthlab eval ... --card EXPORT_DIR` adds what it measured (`check_card` before the evaluation, `add_results`
+after). Results are kept in the Hub's
 eval-results format (model-index), written and read through huggingface_hub's ModelCard, never by hand.
 
 This module sits below hf/ and eval/ (both write cards) and imports neither.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import filecmp
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from depthlab import UserError
@@ -41,6 +43,20 @@ def result(task: str, dataset: str, metric: str, value: float, kind: str = "mult
     """One number an evaluation gave, in the Hub's eval-results form (`kind`: the Hub's task type)."""
     return _hub().EvalResult(task_type=kind, task_name=task, dataset_type=dataset, dataset_name=dataset,
                              dataset_split=split, metric_type=metric, metric_name=metric, metric_value=value)
+
+
+@dataclass
+class Scores:
+    """What one evaluation measured on one task, as `eval` prints it: metric name -> value (`kind`: the Hub's task
+    type). Plain data, so that an evaluation builds it without huggingface_hub."""
+
+    task: str
+    dataset: str
+    metrics: dict[str, float]
+    kind: str = "multiple-choice"
+
+    def results(self) -> list:
+        return [result(self.task, self.dataset, m, v, self.kind) for m, v in self.metrics.items()]
 
 
 def _key(r) -> tuple:
@@ -219,15 +235,17 @@ def _license() -> str:
 
 def _results(results: list) -> str:
     if not results:
-        return f"{RESULTS}\n\nNone yet."
+        return (f"{RESULTS}\n\nNone yet: `depthlab eval ... --card THIS_DIR` adds what it measures, here and in the "
+                "metadata (model-index).")
     rows = [f"| {r.task_name} | {r.dataset_name}{f' ({r.dataset_split})' if r.dataset_split else ''} | "
             f"{r.metric_type} | {r.metric_value:.4f} |" for r in results]
     return "\n".join([RESULTS, "", "Also in the metadata (model-index), where the Hub reads them.", "",
                       "| task | data | metric | value |", "|---|---|---|---|", *rows])
 
 
-def card_of(directory: str | Path) -> Path:
-    """The card of an export `directory`; one line when it is none (missing, not an export, no card)."""
+def card_of(directory: str | Path):
+    """The model card of an export `directory`, read; one line when it is none (missing, not an export, no card, a
+    card huggingface_hub cannot read)."""
     d = Path(directory)
     kind = what_is(d)
     if kind is Kind.MISSING:
@@ -236,22 +254,20 @@ def card_of(directory: str | Path) -> Path:
         raise UserError(f"--card {d} is {kind.value}, not a `depthlab export` directory")
     if not (d / CARD).is_file():
         raise UserError(f"--card {d} has no model card ({CARD}); write one with `depthlab export`")
-    return d / CARD
+    try:
+        return _hub().ModelCard.load(d / CARD)
+    except ValueError as e:
+        raise UserError(f"--card {d}: cannot read its {CARD}: {e}") from None
 
 
-def add_results(directory: str | Path, results: list) -> Path:
-    """Add `results` to the card of the export `directory` (each replaces one of the same task, data and metric),
-    under its lock, the file written whole."""
+def add_results(directory: str | Path, scores: list[Scores]) -> Path:
+    """Add what `scores` measured to the card of the export `directory` (each result replaces one of the same task,
+    data and metric), under its lock, the file written whole."""
     from depthlab.ownership import locked, write_whole
 
-    hub = _hub()
     with locked(directory, "eval --card"):
-        path = card_of(directory)
-        try:
-            card = hub.ModelCard.load(path)
-        except ValueError as e:
-            raise UserError(f"--card {directory}: cannot read its {CARD}: {e}") from None
-        card.data.eval_results = merged(card.data.eval_results or [], results)
+        card, path = card_of(directory), Path(directory) / CARD
+        card.data.eval_results = merged(card.data.eval_results or [], [r for s in scores for r in s.results()])
         card.data.model_name = card.data.model_name or Path(directory).resolve().name
         text = card.text.split(f"\n{RESULTS}\n")[0].rstrip("\n")
         card.text = f"{text}\n\n{_results(card.data.eval_results)}\n"
@@ -259,12 +275,24 @@ def add_results(directory: str | Path, results: list) -> Path:
     return path
 
 
-def is_export_of(directory: str | Path, loaded) -> bool:
-    """Whether the export `directory` holds the model `loaded` (the export itself, or the checkpoint it was
-    exported from, at the same step)."""
+def check_card(directory: str | Path, models: list[str]) -> None:
+    """The card `eval --card` is to add to, checked before the evaluation: `directory` must be an export with a card
+    (card_of), of the one model evaluated (the export itself, or the checkpoint it was exported from, at the same
+    step). One line otherwise."""
+    from depthlab.paths import model_path
+
+    card_of(directory)
+    if len(models) != 1:
+        raise UserError(f"--card adds the results of one model to its card; {len(models)} models are given")
     d = Path(directory).resolve()
-    if Path(loaded.path).resolve() == d:
-        return True
-    info = read_json(d / EXPORT_INFO) or {}
-    return loaded.meta is not None and Path(str(info.get("source"))).resolve() == Path(loaded.path).resolve() \
-        and info.get("step") == loaded.meta.step
+    kind, model = model_path(models[0])
+    if model.resolve() == d:
+        return
+    info = read_json(d / EXPORT_INFO)
+    info = info if isinstance(info, dict) else {}
+    meta = read_meta(model) if kind is Kind.CHECKPOINT else None
+    if Path(str(info.get("source"))).resolve() != model.resolve() or meta is None or meta.step != info.get("step"):
+        raise UserError(f"--card {directory} is the export of {info.get('source')} at step {info.get('step')}, not "
+                        f"of {models[0]} ({model}); give the card of the model evaluated")
+
+

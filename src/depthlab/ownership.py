@@ -7,8 +7,8 @@ naming the holder's PID. Whether a command may write a directory is decided by `
 run directory, `data prepare --out`, export, prune, import, every `--out`): never one of its inputs, never a file;
 a missing or empty directory, the command's own kind of output, or, with --overwrite, any directory. What a command
 reads and writes is declared on its options (each path option's argparse type is a PathRole: INPUT, OUTPUT, FOLDER,
-PREFIX, CONTINUED), and the CLI's parser refuses a written path inside, above or at a read one before the command
-runs (`path_refusal`); commands check again what they only know later (a default path). Outputs are
+PREFIX, CONTINUED, UPDATED), and the CLI's parser refuses a written path inside, above or at a read one before the
+command runs (`path_refusal`); commands check again what they only know later (a default path). Outputs are
 written whole (`writing`, `writing_files`; `write_whole` for a small file such as a settings or
 records file): into a temporary sibling that replaces the target only when complete.
 
@@ -270,11 +270,13 @@ CONTINUED = PathRole("continued")  # a run the command continues, in place or as
 OUTPUT = PathRole("output", ("is", "holds", "is inside"))  # written (replaced whole) at this path
 FOLDER = PathRole("folder", ("is", "is inside"))  # new things are made inside it: a run's parent, an offload folder
 PREFIX = PathRole("prefix", ("is inside",))  # files PREFIX.md, PREFIX.json are written beside it
+UPDATED = PathRole("updated")  # read, and one file in it rewritten whole (eval --card's README.md): read, to the rule
+READ = (INPUT, UPDATED)
 
 
 def path_refusal(parser, args) -> str | None:
     """The one-line refusal of a path the command would write (an OUTPUT, FOLDER or PREFIX option given on the
-    command line) that stands to an existing path it reads (an INPUT option) as its role forbids, naming both
+    command line) that stands to an existing path it reads (an INPUT or UPDATED option) as its role forbids, naming both
     options; None when there is none. The CLI's parser asks it of every command before the command runs."""
     what = parser.prog.removeprefix("depthlab").strip() or parser.prog
     reads, writes = [], []
@@ -283,7 +285,7 @@ def path_refusal(parser, args) -> str | None:
             continue
         value = getattr(args, action.dest, None)
         values = value if isinstance(value, list) else [] if value is None else [value]
-        if action.type is INPUT:
+        if action.type in READ:
             reads += [(action, p) for p in input_paths(values) if os.path.lexists(p)]  # a missing one cannot be lost
         elif action.type.refuses and value != action.default:  # a default (eval's --table) is the command's to check
             writes += [(action, v) for v in values]

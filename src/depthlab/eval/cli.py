@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 from depthlab import UserError
 
@@ -18,27 +19,31 @@ MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a dir
     "Hugging Face model directory"
 
 
-def cmd_ppl(args) -> None:
+def cmd_ppl(args) -> list:
     loaded = load(args)
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         raise UserError(f"{loaded.path} is a ViT (an image classifier): score it with `depthlab eval images`")
-    eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, loaded.device, progress=not args.no_progress)
+    return eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, loaded.device,
+                           progress=not args.no_progress)
 
 
-def cmd_images(args) -> None:
+def cmd_images(args) -> list:
     loaded = load(args)
     if loaded.cfg is None or not loaded.cfg.model.is_vit:
         raise UserError(f"{loaded.path} is not a depthlab ViT: score a language model with `depthlab eval ppl`")
-    eval_images(loaded, args.data, args.batch_size, loaded.device)
+    return eval_images(loaded, args.data, args.batch_size, loaded.device)
 
 
-def cmd_tasks(args) -> None:
+def cmd_tasks(args) -> list:
+    from depthlab.card import Scores
     from depthlab.eval.multiple_choice import evaluate_tasks, scorer_for
 
-    scorer = scorer_for(load(args))
+    scorer, scores = scorer_for(load(args)), []
     for task in args.tasks:
         res = evaluate_tasks(scorer, task)
         print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
+        scores.append(Scores(Path(task).stem, Path(task).name, {"acc": res["acc"], "acc_norm": res["acc_norm"]}))
+    return scores
 
 
 def cmd_harness(args) -> None:
@@ -63,11 +68,28 @@ def load(args):
     return load_model(args.model, device=placed_device(args), **dict(zip(PLACEMENT, placement(args))))
 
 
-def cmd_table(args) -> None:
+def carded(score):
+    """The subcommand `score` (it returns its depthlab.card.Scores) with --card EXPORT_DIR: the card is checked
+    before the evaluation runs and given its results after."""
+
+    def cmd(args) -> None:
+        from depthlab.card import add_results, check_card
+
+        if args.card:
+            check_card(args.card, getattr(args, "models", None) or [args.model])
+        scores = score(args)
+        if args.card:
+            print(f"added {sum(len(s.metrics) for s in scores)} results to {add_results(args.card, scores)}")
+
+    return cmd
+
+
+def cmd_table(args) -> list:
     """`eval commonsense` and `eval mmlu`: the eight-task table, and with MMLU the paper's table
     (docs/downstream.md), for every model given."""
+    from depthlab.card import Scores
     from depthlab.device import resolve_device
-    from depthlab.eval.commonsense import evaluate_models, is_table, markdown, table_paths, write_tables
+    from depthlab.eval.commonsense import TASKS, evaluate_models, is_table, markdown, table_paths, write_tables
     from depthlab.ownership import writing_files
 
     device = resolve_device(args.device, "--device")
@@ -79,10 +101,15 @@ def cmd_table(args) -> None:
         write_tables(results, *tmps)
     print(markdown(results))
     print(f"wrote {md} and {js}")
+    return [Scores(TASKS[task][0], task, {"acc_generation": r["generation"], "acc_loglik": r["loglik"]})
+            if task in TASKS else Scores("MMLU", f"mmlu, {args.mmlu_shots}-shot", {"acc": r["micro"],
+                                                                                   "acc_macro": r["macro"]})
+            for task, r in results[args.models[0]].items()]
 
 
-def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None:
+def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> list:
     """Loss and top-1 accuracy of a ViT on the validation split of `data` (default: the run's own data)."""
+    from depthlab.card import Scores
     from depthlab.data.images import build_image_data
     from depthlab.eval.images import evaluate_images
 
@@ -95,14 +122,17 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> None
     res = evaluate_images(loaded.model, split.val_x, split.val_y, batch_size, device, cfg.train.dtype)
     print(f"{loaded.path}: ViT, scheme {m.norm_scheme}, data {split.source}")
     print(f"loss {res['val_loss']:.4f}  top-1 accuracy {res['val_acc']:.4f}  images {res['val_images']}")
+    return [Scores("images", split.source, {"loss": res["val_loss"], "accuracy": res["val_acc"]},
+                   "image-classification")]
 
 
 def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_size: int, device,
-                    progress: bool = False) -> None:
+                    progress: bool = False) -> list:
     """Per-token loss and perplexity of a loaded model on `data`, or on a run's own validation split (the tokens
     the run kept when it has them, so the corpus is not read and tokenized again)."""
     import numpy as np
 
+    from depthlab.card import Scores
     from depthlab.data.dataset import build_token_data, eval_tokens, saved_val_tokens
     from depthlab.eval.perplexity import evaluate
     from depthlab.paths import VAL_TOKENS, run_of
@@ -117,7 +147,8 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
         res = finetune_validation(loaded, batch_size, device)
         print(f"{loaded.path}: scheme {cfg.model.norm_scheme}, fine-tuned on {cfg.data.paths[0]} (held-out records)")
         print(f"response loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}")
-        return
+        return [Scores("response loss", f"{cfg.data.paths[0]} (held-out records)",
+                       {"loss": res["val_loss"], "perplexity": res["val_ppl"]}, "text-generation")]
     if data:
         tokens, source = eval_tokens(data, tok, cfg.data.text_field if cfg else "text", progress)
     elif cfg is None:
@@ -136,6 +167,7 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
     print(f"{loaded.path}: {what}, data {source}")
     print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}  "
           f"window {seq_len}")
+    return [Scores("perplexity", source, {"loss": res["val_loss"], "perplexity": res["val_ppl"]}, "text-generation")]
 
 KINDS = {  # the old spelling's flag that chose each kind, first the one that won when several were given
     "harness": "--harness", "commonsense": "--commonsense", "mmlu": "--mmlu", "tasks": "--tasks"}
@@ -189,9 +221,10 @@ def add_commands(sub) -> None:
     _add_table(kinds, "commonsense")
 
 
-def _kind(kinds, name: str, func, help: str, description: str, several: bool = False):
-    """The subcommand `eval NAME` running func, with its MODEL (several: a table's, one row each)."""
-    from depthlab.ownership import INPUT
+def _kind(kinds, name: str, func, help: str, description: str, several: bool = False, card: bool = True):
+    """The subcommand `eval NAME` running func, with its MODEL (several: a table's, one row each) and, for a kind
+    whose numbers go on a model card, --card."""
+    from depthlab.ownership import INPUT, UPDATED
 
     p = kinds.add_parser(name, help=help, description=description)
     if several:
@@ -199,7 +232,11 @@ def _kind(kinds, name: str, func, help: str, description: str, several: bool = F
                        "each)")
     else:
         p.add_argument("model", metavar="MODEL", type=INPUT, help=MODEL_HELP)
-    p.set_defaults(func=func)
+    if card:
+        p.add_argument("--card", type=UPDATED, metavar="EXPORT_DIR", help="add the results to the model card "
+                       "(README.md) of this `depthlab export` of the model evaluated, in the Hub's eval-results "
+                       "format (docs/hf.md)")
+    p.set_defaults(func=carded(func) if card else func)
     return p
 
 
@@ -260,7 +297,7 @@ def _add_harness(kinds) -> None:
 
     p = _kind(kinds, "harness", cmd_harness, "lm-evaluation-harness tasks through depthlab's adapter (any scheme)",
               "Run lm-evaluation-harness tasks on the model through depthlab's adapter (any scheme; needs "
-              "depthlab[eval]; docs/hf.md).")
+              "depthlab[eval]; docs/hf.md).", card=False)
     p.add_argument("--harness", nargs="+", required=True, type=INPUT, metavar="TASK", help="lm-eval task names, "
                    "YAML task files or folders of them")
     _device(p)
