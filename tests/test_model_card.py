@@ -157,6 +157,18 @@ def test_export_again_keeps_the_results_of_the_same_weights_only(world, tmp_path
     assert "folded" not in other.text  # pre multiplies nothing
 
 
+def test_a_vit_export_has_an_image_classification_card(tmp_path):
+    assert main(["train", "--preset", "vit-digits", "--run-dir", str(tmp_path / "vit"), "--no-progress",
+                 "--max-steps", "2", "--set", "train.warmup_steps=1", "--set", "model.dim=32", "--set",
+                 "model.n_layers=2", "--set", "model.n_heads=2", "--set", "model.ffn_dim=64"]) == 0
+    assert main(["export", str(tmp_path / "vit"), str(tmp_path / "hf")]) == 0
+    c = card(tmp_path / "hf")
+    _, _, meta = load_checkpoint(tmp_path / "vit")
+    assert c.data.pipeline_tag == "image-classification" and {"scheme-lns", "vit"} <= set(c.data.tags)
+    assert {r.metric_type: r.metric_value for r in c.data.eval_results}["accuracy"] == meta.val["val_acc"]
+    assert "`ViTForImageClassification`" in c.text and "AutoModelForImageClassification" in c.text
+
+
 def test_base_model_is_the_hub_model_an_import_started_from(tmp_path, corpus):
     from depthlab.card import base_model, hub_id
     from depthlab.hf.exporter import hf_tokenizer

@@ -6,8 +6,8 @@ the scheme's formula (the first line of its class's docstring in the scheme regi
 the constants it multiplies each block by, which the export folded into the weights), the data and tokenizer the
 checkpoint records, its steps and tokens, and the validation result of the step that saved it.
 `depthlab eval ... --card EXPORT_DIR` adds what it measured (`check_card` before the evaluation, `add_results`
-after). Results are kept in the Hub's
-eval-results format (model-index), written and read through huggingface_hub's ModelCard, never by hand.
+after). Results are kept in the Hub's eval-results format (model-index), written and read through huggingface_hub's
+ModelCard, never by hand.
 
 This module sits below hf/ and eval/ (both write cards) and imports neither.
 """
