@@ -76,7 +76,8 @@ def test_eval_card_adds_the_accuracies_eval_printed(world, tmp_path, capsys):
     export = tmp_path / "hf"
     shutil.copytree(world / "hf", export)
     capsys.readouterr()
-    assert main(["eval", "tasks", str(world / "run"), "--tasks", str(world / "animals.jsonl"), "--card", str(export)]) == 0
+    assert main(["eval", "tasks", str(world / "run"), "--tasks", str(world / "animals.jsonl"), "--card",
+                 str(export)]) == 0
     out = capsys.readouterr().out
     printed = printed_accuracies(out)
     assert list(printed) == [str(world / "animals.jsonl")] and f"added 2 results to {export / 'README.md'}" in out
@@ -101,9 +102,9 @@ def test_eval_card_takes_commonsense_mmlu_and_perplexity(world, tmp_path, capsys
     shutil.copytree(world / "hf", export)
     make_mmlu(tmp_path / "mmlu", n_dev=1, n_test=2)
     commonsense = Path(__file__).parent / "data" / "commonsense" / "eval"
-    assert main(["eval", "commonsense", str(world / "run"), "--commonsense", str(commonsense), "--mmlu", str(tmp_path / "mmlu" /
-                 "parquet"), "--table", str(tmp_path / "table"), "--max-new-tokens", "2", "--device", "cpu",
-                 "--card", str(export)]) == 0
+    assert main(["eval", "commonsense", str(world / "run"), "--commonsense", str(commonsense), "--mmlu",
+                 str(tmp_path / "mmlu" / "parquet"), "--table", str(tmp_path / "table"), "--max-new-tokens", "2",
+                 "--device", "cpu", "--card", str(export)]) == 0
     capsys.readouterr()
     assert main(["eval", "ppl", str(world / "run"), "--card", str(export)]) == 0
     out = capsys.readouterr().out
