@@ -15,6 +15,7 @@ import pytest
 from depthlab.cli import main
 from depthlab.loading import load_checkpoint
 
+pytestmark = pytest.mark.slow  # trains, exports and evaluates tiny runs end to end
 hub = pytest.importorskip("huggingface_hub")
 pytest.importorskip("transformers")
 
