@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from depthlab import progress
+from depthlab.analysis import analyze as analyze_module
 from depthlab.analysis.analyze import Options, analyze, lens_positions, lens_quota
 from depthlab.metrics import Accumulator
 from tests.test_analysis import tiny_lm
@@ -61,6 +62,17 @@ def test_the_subsampled_lens_is_the_lens_at_its_positions():
     assert torch.allclose(torch.tensor(got["ce"]), ce / n_ce, rtol=1e-5)
     assert got["kl"] != _old_lens(lm, batches)["kl"]  # a sample, not the whole
     assert analyze(lm, batches, opts)["lens"] == got  # seeded: the same sample every run
+
+
+def test_the_subsampled_lens_in_chunks_is_the_lens_at_once(monkeypatch):
+    lm, batches = tiny_lm(), random_batches(97, n=3, T=24)
+    opts = Options(lens_tokens=30, **QUIET)
+    whole = analyze(lm, batches, opts)["lens"]
+    monkeypatch.setattr(analyze_module, "LENS_CHUNK", 3)  # 10 positions a batch: 4 chunks
+    chunked = analyze(lm, batches, opts)["lens"]
+    assert chunked["positions"] == whole["positions"] == 30
+    for k in ("kl", "ce"):
+        assert torch.allclose(torch.tensor(chunked[k]), torch.tensor(whole[k]), rtol=1e-6, atol=1e-9)
 
 
 def test_every_phase_counts_its_plans(monkeypatch, capsys):

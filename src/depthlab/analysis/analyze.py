@@ -96,13 +96,20 @@ def lens_positions(mask: torch.Tensor, quota: int, seed: int) -> torch.Tensor:
     return keep.view(mask.shape)
 
 
+LENS_CHUNK = 128  # positions whose lens logits are held at once: (positions x vocabulary) fp32 and its softmaxes
+
+
 def subsampled_lens(lm: LayeredLM, acc: Accumulator, states: list[torch.Tensor], b: Batch, keep: torch.Tensor):
-    """The logit lens at the positions `keep` marks: each state's logits there, against the model's own."""
+    """The logit lens at the positions `keep` marks, LENS_CHUNK of them at a time: each state's logits there,
+    against the model's own."""
     nxt = torch.cat([b.ids[:, 1:], b.ids[:, :1]], 1)  # the token after each position (the last one's unused)
     has = torch.cat([b.mask[:, 1:], torch.zeros_like(b.mask[:, :1])], 1)
-    final = lm.logits(states[-1][keep])
-    for s, h in enumerate(states):
-        acc.lens_at(s, final if s == len(states) - 1 else lm.logits(h[keep]), final, nxt[keep], has[keep])
+    where = keep.nonzero(as_tuple=True)
+    for i in range(0, len(where[0]), LENS_CHUNK):
+        at = tuple(w[i:i + LENS_CHUNK] for w in where)
+        final = lm.logits(states[-1][at])
+        for s, h in enumerate(states):
+            acc.lens_at(s, final if s == len(states) - 1 else lm.logits(h[at]), final, nxt[at], has[at])
 
 
 @torch.no_grad()
