@@ -148,7 +148,7 @@ def plot_profiles(runs: Runs, path: Path) -> Path:
         ax.set_ylabel("cost / largest cost")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=90)
 
 
 def profile_rows(res: dict) -> list[dict]:
