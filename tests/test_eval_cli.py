@@ -29,6 +29,8 @@ OPTIONS = {  # each kind's options, and nothing else
     "commonsense": {"--commonsense", "--mmlu", "--mmlu-shots", "--max-new-tokens", "--table", "--overwrite",
                     "--device"},
 }
+for _kind in ("ppl", "images", "tasks", "mmlu", "commonsense"):  # whose numbers go on an export's model card
+    OPTIONS[_kind].add("--card")
 
 
 def run(*argv: str) -> tuple[int, str, str]:
