@@ -543,6 +543,12 @@ CASES = [
      "--greedy --by tasks needs questions"),
     ("prune-greedy-questions-by-loss", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --tasks {tasks}",
      "--tasks has no effect with --by loss"),
+    ("prune-greedy-generate-without-tasks", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --by generate",
+     "--greedy --by generate needs generation tasks"),
+    ("prune-greedy-generate-by-tasks", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --by tasks --tasks {tasks} "
+     "--generate add", "--generate has no effect with --by tasks"),
+    ("prune-greedy-generate-unknown-task", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --by generate --generate sub",
+     "unknown generation task 'sub'"),
     ("prune-greedy-with-analysis", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --analysis {txt}",
      "--greedy scores the blocks itself"),
     ("prune-data-without-greedy", "prune {hf} {tmp}/o --remove 0:1 --data {txt}",

@@ -109,3 +109,32 @@ def test_every_candidate_of_a_later_step_is_scored_as_the_model_without_those_bl
         assert scorer.metrics(frozenset({first, b}))["loss"] == pytest.approx(want, rel=1e-5), b
     best = min(set(range(5)) - {first}, key=lambda b: scorer.sums.loss[key_of(frozenset({first, b}))])
     assert record["removed"] == sorted([first + 1, best + 1])
+
+
+def test_greedy_by_generation_starts_with_the_one_shot_best_block_and_scores_as_decoding_the_pruned_model(world):
+    """By exact match of greedy decoding, on answers the model itself gives (so its own accuracy is 1): the first
+    step is the single removal `analyze --removal-generate` finds cheapest, and the written model, decoded by
+    depthlab.eval.generate from scratch, scores the last step's accuracy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from depthlab.eval.generate import Greedy, encode_pair, eos_of, score_generation
+
+    tmp, hf, _ = world
+    model, tok = AutoModelForCausalLM.from_pretrained(hf).eval(), AutoTokenizer.from_pretrained(hf)
+    encode = lambda s: tok(s)["input_ids"]  # noqa: E731
+    prompts = [f"def f{i}(x):\n    return x *" for i in range(24)]
+    own = {p: Greedy(model, eos_of(model)).generate(encode(p), 2) for p in prompts}
+    pairs = [(p, tok.decode(a)) for p, a in own.items() if encode_pair(encode, p, tok.decode(a)).answer == tuple(a)]
+    assert len(pairs) >= 4  # answers that survive the round trip through the tokenizer
+    (tmp / "own.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in pairs))
+    assert main(["analyze", str(hf), "--data", str(tmp / "t.txt"), *WINDOWS, "--no-jacobian", "--no-progress",
+                 "--removal-generate", str(tmp / "own.jsonl"), "--out", str(tmp / "a_gen")]) == 0
+    scored = json.loads((tmp / "a_gen" / "metrics.json").read_text())["generate_removal"]["tasks"]["own"]
+    best = min(scored["single"], key=lambda r: (r["acc_drop"], r["block"]))["block"]
+    record = greedy(tmp, hf, "by_generate", "generate", "--generate", str(tmp / "own.jsonl"))
+    assert record["base"]["acc"] == scored["base_acc"] == 1.0 and record["one_shot_order"][0] == best
+    assert max(r["acc_drop"] for r in scored["single"]) > 0  # some removal changes answers
+    assert record["steps"][0]["greedy"]["blocks"] == record["steps"][0]["one_shot"]["blocks"] == [best]
+    small = AutoModelForCausalLM.from_pretrained(tmp / "by_generate").eval()
+    right = score_generation(small, [encode_pair(encode, p, a) for p, a in pairs], eos=eos_of(small))
+    assert sum(right) / len(right) == record["steps"][-1]["greedy"]["acc"]

@@ -3,9 +3,11 @@ again on the model without it, and repeat K times; beside each step, the one-sho
 blocks whose removal alone costs least, taken out at once), scored on the same windows or questions.
 
 A removal is ranked as `depthlab analyze` ranks it (depthlab.analysis.tasks.usefulness_orders): by the loss on the
-calibration windows, or by the task answers lost (ties by their log-likelihood). Nothing is rebuilt: each step
-traces every window (or question) once, runs the model without the blocks already removed, and replays each
-candidate from the cached input of its block, as the single-layer sweep replays from the model's own stream.
+calibration windows, by the task answers lost (ties by their log-likelihood), or by the generation tasks' answers
+lost (ties by block order). Nothing is rebuilt: each step traces every window (or question) once, runs the model
+without the blocks already removed, and replays each candidate from the cached input of its block, as the
+single-layer sweep replays from the model's own stream; generation decodes each candidate from the model's own
+record of each question, as `analyze --removal-generate` does (depthlab.eval.generate).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import BASE, Plan, RemovalSums, through_block
 from depthlab.analysis.tasks import TaskSums, answer_logits, question_mask, usefulness_orders
 
-GREEDY_BY = ("loss", "tasks")  # what greedy removal ranks by
+GREEDY_BY = ("loss", "tasks", "generate")  # what greedy removal ranks by
 
 
 def key_of(removed: frozenset) -> tuple:
@@ -98,8 +100,10 @@ class TaskScorer(Scorer):
             t, key, q, answer_logits(lm, q, h))) for t, qs in questions.items() for q in qs])
 
     def order(self, options: dict[int, frozenset]) -> list[int]:
+        # generation's rows have no log-likelihood to break ties with: block order does
         tasks = {t: {"n": len(self.sums.right[t, BASE.key]),
-                     "single": [{"block": b + 1, **self.sums.row(t, key_of(r))} for b, r in options.items()]}
+                     "single": [{"block": b + 1, "ll_drop": 0.0, **self.sums.row(t, key_of(r))}
+                                for b, r in options.items()]}
                  for t in self.sums.tasks}
         return [b - 1 for b in usefulness_orders(None, {"tasks": tasks})["tasks"]]
 
@@ -108,7 +112,34 @@ class TaskScorer(Scorer):
         n = sum(len(self.sums.right[t, BASE.key]) for t in rows)
         right = sum(sum(self.sums.right[t, key_of(removed)]) for t in rows)
         keep = ("acc", "acc_ci", "acc_drop", "drop_ci", "drop_p", "ll", "ll_drop")
-        return {"acc": right / n, "questions": n, "tasks": {t: {k: r[k] for k in keep} for t, r in rows.items()}}
+        return {"acc": right / n, "questions": n, "tasks": {t: {k: r[k] for k in keep if k in r}
+                                                            for t, r in rows.items()}}
+
+
+class GenerationScorer(TaskScorer):
+    """By exact match of greedy generation (depthlab.eval.generate): each removal decoded from the model's own
+    record of each question, as `analyze --removal-generate` scores it."""
+
+    by = "generate"
+
+    def __init__(self, lm: LayeredLM, questions: dict[str, list]):
+        super().__init__(lm, {})
+        self.questions = questions
+
+    def score(self, removed: frozenset, candidates: list[int | None]) -> None:
+        from depthlab.eval.generate import Removal, eos_of, generation_sweep
+
+        wanted = {key_of(w): w for b in candidates for w in [removed if b is None else removed | {b}]}
+        wanted = {key: w for key, w in wanted.items() if key not in self.scored}
+        if not wanted:
+            return
+        removals = {key: Removal(w) for key, w in wanted.items() if w}
+        for task, qs in self.questions.items():
+            base, outcomes = generation_sweep(self.lm.model, qs, removals, eos_of(self.lm.model))
+            for key, right in [(BASE.key, base), *outcomes.items()]:
+                for ok in right if key in wanted else ():
+                    self.sums.record(task, key, ok)
+        self.scored |= set(wanted)
 
 
 def greedy_removal(scorer: Scorer, k: int) -> dict:
@@ -138,7 +169,7 @@ def prune_order(model: str, k: int, by: str, **request) -> dict:
     """The greedy record (`greedy_removal`) of `model`, scored on the calibration windows or the task questions
     `request` names (the fields of a depthlab.analysis.run.Request, read as `analyze` reads them), with what it was
     scored on."""
-    from depthlab.analysis.run import Request, _batches, _questions, load_layered
+    from depthlab.analysis.run import Request, _batches, _generation, _questions, load_layered
 
     if by not in GREEDY_BY:
         raise UserError(f"greedy removal ranks by {' or '.join(GREEDY_BY)}, not {by!r}")
@@ -153,11 +184,12 @@ def prune_order(model: str, k: int, by: str, **request) -> dict:
         lm.discover(batches[0].inputs, batches[0].mask)
         scorer, data = LossScorer(lm, batches), {"source": source, "seq_len": seq_len, "tokens": sum(
             b.n_tokens for b in batches)}
-    else:
+    elif by == "tasks":
         questions = _questions(req, lm)
-        if not questions:
-            raise UserError("--by tasks needs questions: give --tasks FILE.jsonl, --mmlu DIR or --commonsense DIR")
         q = next(iter(questions.values()))[0]
         lm.discover(q.ids, question_mask(q))
         scorer, data = TaskScorer(lm, questions), {"tasks": {t: len(qs) for t, qs in questions.items()}}
+    else:
+        questions = _generation(req, lm, loaded.tokenizer)
+        scorer, data = GenerationScorer(lm, questions), {"generate": {t: len(qs) for t, qs in questions.items()}}
     return {"model": req.model, "data": data, **greedy_removal(scorer, k)}

@@ -66,6 +66,11 @@ def cmd_prune(args) -> None:
         print(line)
 
 
+GREEDY_NEEDS = {"tasks": "questions: give --tasks FILE.jsonl, --mmlu DIR or --commonsense DIR",
+                "generate": "generation tasks: give --generate TASK (add, copy, brackets, continue:FILE or a jsonl "
+                            "file of prompt/answer pairs)"}
+
+
 def prune_greedy(args) -> None:
     """prune --drop-lowest K --greedy: the blocks chosen one at a time, scored as `analyze` scores removal (by
     depthlab.analysis.greedy, handed to this command as args.greedy_order: hf does not import analysis)."""
@@ -79,24 +84,28 @@ def prune_greedy(args) -> None:
                if v]
     if args.analysis:
         raise UserError("--analysis holds a one-shot ranking; --greedy scores the blocks itself: drop one of them")
-    if by == "generate":
-        raise UserError("--by generate needs the generation scorer (analyze --removal-generate), not in this depthlab")
-    if by == "loss" and sources:
-        raise UserError(f"{sources[0]} has no effect with --by loss; rank --by tasks, or drop it")
-    if by == "tasks" and not sources:
-        raise UserError("--greedy --by tasks needs questions: give --tasks FILE.jsonl, --mmlu DIR or --commonsense DIR")
+    given = {"loss": [], "tasks": sources, "generate": ["--generate"] if args.generate else []}
+    other = [flag for b, flags in given.items() if b != by for flag in flags]
+    if other:
+        raise UserError(f"{other[0]} has no effect with --by {by}; drop it, or rank by what it scores")
+    if by != "loss" and not given[by]:
+        raise UserError(f"--greedy --by {by} needs {GREEDY_NEEDS[by]}")
+    from depthlab.eval.gen_tasks import read_task
     from depthlab.eval.suite import TaskSuite
 
     tasks = TaskSuite.read(args.tasks or (), args.mmlu, 0, args.commonsense, args.task_limit) if sources else None
-    window = dict(data=args.data, tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size)
+    generate = [read_task(spec) for spec in args.generate] if args.generate else None
+    request = dict(data=args.data, tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size,
+                   tasks=tasks, generate=generate)
     device, record = str(resolve_device(args.device, "--device")), {}
 
     def choose(n: int) -> list[int]:
         check_drop(args.drop_lowest, n)
-        record.update(args.greedy_order(str(args.model), args.drop_lowest, by, tasks=tasks, device=device, **window))
+        record.update(args.greedy_order(str(args.model), args.drop_lowest, by, device=device, **request))
         return [b - 1 for b in record["removed"]]
 
-    reads = [*input_paths(args.data or []), *(args.tasks or []), *(p for p in (args.mmlu, args.commonsense) if p)]
+    reads = [*input_paths(args.data or []), *(args.tasks or []), *(p for p in (args.mmlu, args.commonsense) if p),
+             *(spec for spec in args.generate or [] if Path(spec).exists())]
     out, layers = prune_blocks(args.model, choose, args.out_dir, args.overwrite, f", greedily by {by}, each "
                                f"step re-scoring every remaining block ({GREEDY_RECORD})", reads=tuple(reads),
                                record=record)
@@ -230,7 +239,7 @@ def _add_prune(sub) -> None:
     p.add_argument("--by", choices=("loss", "tasks", "generate"), help="with --drop-lowest: rank by the loss "
                    "increase (default) or by the task accuracy lost (an analysis with --removal-tasks / "
                    "--removal-mmlu / --removal-commonsense; with --greedy, the questions of --tasks / --mmlu / "
-                   "--commonsense)")
+                   "--commonsense); with --greedy also by generation's exact match (--generate)")
     p.add_argument("--analysis", type=INPUT, metavar="DIR", help="with --drop-lowest: the `depthlab analyze` output "
                    "of MODEL "
                    "(default: analysis/<model name>, analyze's default)")
@@ -262,10 +271,13 @@ def _add_greedy(p) -> None:
                    "under DIR, in their log-likelihood form")
     p.add_argument("--task-limit", type=at_least(1), metavar="N", help="with --greedy --by tasks: at most N "
                    "questions of each task file, MMLU subject and commonsense task (default: all)")
+    p.add_argument("--generate", nargs="+", type=INPUT, metavar="TASK", help="with --greedy --by generate: "
+                   "generation tasks scored by exact match of greedy decoding, as `analyze --removal-generate` "
+                   "takes them (add[:digits=3,n=50,...], copy, brackets, continue:FILE, or a jsonl file)")
     p.add_argument("--device", type=str, default="auto", help="with --greedy: where the blocks are scored (cpu, "
                    "cuda, ...; default: cuda if available)")
     only_with(p, "--greedy", "--data", "--tokens", "--seq-len", "--batch-size", "--tasks", "--mmlu",
-              "--commonsense", "--task-limit", "--device")
+              "--commonsense", "--task-limit", "--generate", "--device")
 
 
 def _add_duplicate(sub) -> None:

@@ -256,7 +256,7 @@ def measured_lines(res: dict, k: int, by: str) -> list[str]:
     return lines
 
 
-GREEDY_METRIC = {"loss": "loss", "tasks": "acc"}  # the metric each step's table shows, by what greedy ranks by
+GREEDY_METRIC = {"loss": "loss", "tasks": "acc", "generate": "acc"}  # what the table shows, by what greedy ranks by
 
 
 def greedy_lines(record: dict) -> list[str]:
