@@ -27,6 +27,9 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 twice, the best one with its paired bootstrap interval over the windows
     greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
                 --greedy-seq-len): the loss after each greedy step beside the one-shot choice's at the same k
+    costs       the default `analyze --no-jacobian` of the prose with each part timed (lens, removal, metrics) as a
+                multiple of a plain forward pass over the same batches, side by side in one process; then wall time,
+                peak RSS and agreement of whole-model and --layer-by-layer (`--no-removal`), RSS against the weights
 """
 
 from __future__ import annotations
@@ -139,23 +142,36 @@ def record(phase: str, result: dict) -> None:
     print(f"recorded {phase}", flush=True)
 
 
+# Runs a Python command line (`-m MODULE ARGS` or `-c CODE`) and at its exit writes its own peak RSS (VmHWM) to the
+# file named first: os.wait4's ru_maxrss is no measure of a child, Linux carries the parent's peak over fork and exec.
+OWN_PEAK = """import atexit, runpy, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(next(x for x in open("/proc/self/status") if x.startswith("VmHWM"))))
+how, what, sys.argv = sys.argv[1], sys.argv[2], [sys.argv[2], *sys.argv[3:]]
+runpy.run_module(what, run_name="__main__", alter_sys=True) if how == "-m" else exec(what)
+"""
+
+
 def timed(cmd: list[str]) -> dict:
-    """Run `cmd`; its wall time, its own peak RSS (os.wait4's usage of that one child), and the seconds of each
+    """Run `cmd` (a Python command line); its wall time, its own peak RSS (OWN_PEAK), and the seconds of each
     analysis phase its progress lines report ("depthlab: PHASE: N s, ..., done")."""
     import tempfile
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r") as peak:
+        p = subprocess.Popen([cmd[0], "-c", OWN_PEAK, peak.name, *cmd[1:]], stdout=out, stderr=err,
+                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
         _, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
+        hwm = peak.read().split()
     if status:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
     phases = {m.group(1): float(m.group(2)) for m in
               re.finditer(r"depthlab: (.+?): (\d+) s(?:, [\d,]+/[\d,]+ \w+)?, done", stderr)}
-    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "phase_s": phases,
+    return {"wall_s": wall, "peak_rss_mb": int(hwm[1]) / 1024 if hwm else None, "phase_s": phases,
             "stdout": stdout.splitlines()[-12:]}
 
 
@@ -332,6 +348,129 @@ def phase_greedy(a, files, data) -> dict:
     return {**t, **{k: rec[k] for k in ("data", "base", "one_shot_order", "removed", "steps")}}
 
 
+class Stopwatch:
+    """Exclusive seconds per label of the functions `wrap` times: a timed call inside another timed call counts
+    for its own label only."""
+
+    def __init__(self):
+        self.seconds, self.calls, self.open = {}, {}, []
+
+    def wrap(self, label: str, f):
+        def timed_call(*args, **kwargs):
+            self.open.append(0.0)  # the seconds of the timed calls inside this one
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                took = time.perf_counter() - t0
+                inner = self.open.pop()
+                self.seconds[label] = self.seconds.get(label, 0.0) + took - inner
+                self.calls[label] = self.calls.get(label, 0) + 1
+                if self.open:
+                    self.open[-1] += took
+        return timed_call
+
+
+def plain_forward(lm, batches) -> float:
+    """Seconds of one forward pass of the model itself (no hooks) over `batches`."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for b in batches:
+            lm.forward_fn(b.inputs, b.mask)
+    return time.perf_counter() - t0
+
+
+def numbers(x, path: str = ""):
+    """(path, value) of every number in a results tree."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from numbers(v, f"{path}.{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from numbers(v, f"{path}[{i}]")
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        yield path, float(x)
+
+
+def largest_difference(a: dict, b: dict, skip=("model", "wall_s", "run", "mode", "notes")) -> dict:
+    """The largest relative difference between the numbers two analyses share (what names or times a run apart)."""
+    a, b = ({k: v for k, v in r.items() if k not in skip} for r in (a, b))
+    theirs = dict(numbers(b))
+    worst, at, shared = 0.0, None, 0
+    for path, x in numbers(a):
+        if path in theirs:
+            shared += 1
+            d = abs(x - theirs[path]) / max(abs(x), abs(theirs[path]), 1e-12)
+            if d > worst:
+                worst, at = d, path
+    return {"numbers_compared": shared, "max_relative_difference": worst, "where": at}
+
+
+def phase_costs(a, files, data) -> dict:
+    """The default `analyze` of the prose (less its Jacobians), whole-model, in this process, each of its parts timed
+    as it runs (the logit lens, the removal sweeps, the traced passes; metrics: the rest), beside a plain forward
+    pass over the same batches just before and just after it: each part as a multiple of that pass, and the lens's
+    share of the analysis. Then the analysis without removal and Jacobians in both modes, each in its own process:
+    wall time, peak RSS against the dequantized weights' size and the import alone, and whether the numbers agree."""
+    import resource
+    from contextlib import ExitStack
+    from unittest import mock
+
+    import depthlab.analysis.analyze as analyze_module
+    import depthlab.analysis.run as run_module
+    from depthlab.analysis.layers import LayeredLM
+    from depthlab.cli import main as depthlab_main
+    from depthlab.gguf import dequantized
+
+    watch, forward, sec = Stopwatch(), [], {}
+    real = run_module.analyze
+
+    def analyze_beside_forward(lm, batches, *args, **kwargs):
+        forward.append(plain_forward(lm, batches))
+        t0 = time.perf_counter()
+        res = real(lm, batches, *args, **kwargs)
+        sec["analysis"] = time.perf_counter() - t0
+        forward.append(plain_forward(lm, batches))
+        return res
+
+    parts = {"lens": (analyze_module, "subsampled_lens"), "removal": (analyze_module, "single_layer_sweep"),
+             "removal_tasks": (analyze_module, "task_sweep"), "jacobians": (analyze_module, "whole_model_jacobians"),
+             "traced_passes": (LayeredLM, "trace")}
+    folder = a.out / "costs_default"
+    cmd = analyze_cmd(files["model"], data["prose"], folder, a)  # without Jacobians: only the lens, metrics, removal
+    with ExitStack() as stack:
+        for label, (owner, name) in parts.items():
+            stack.enter_context(mock.patch.object(owner, name, watch.wrap(label, getattr(owner, name))))
+        stack.enter_context(mock.patch.object(run_module, "analyze", analyze_beside_forward))
+        t0 = time.perf_counter()
+        depthlab_main(cmd[3:])
+        wall = time.perf_counter() - t0
+    unit = sum(forward) / len(forward)
+    sec.update(watch.seconds)  # each part's own seconds, nested parts apart; the metrics: what is left
+    sec["metrics"] = sec["analysis"] - sum(sec.get(k, 0.0) for k in parts)
+    whole = json.loads((folder / "metrics.json").read_text())
+    weights = sum(f.stat().st_size for f in dequantized(files["model"]).glob("*.safetensors")) / 2**20
+    modes = {}
+    for mode, extra in (("whole_model", []), ("layer_by_layer", ["--layer-by-layer"])):
+        out = a.out / f"costs_{mode}"
+        modes[mode] = timed(analyze_cmd(files["model"], data["prose"], out, a, "--no-removal", *extra))
+        modes[mode]["rss_over_weights"] = modes[mode]["peak_rss_mb"] / weights
+        modes[mode]["results"] = json.loads((out / "metrics.json").read_text())
+    same = largest_difference(modes["whole_model"].pop("results"), modes["layer_by_layer"].pop("results"))
+    imports = timed([sys.executable, "-c", "import depthlab.analysis.run, depthlab.cli, transformers"])
+    share = sec.get("lens", 0.0) / sec["analysis"]  # 0: the text was short enough for the exact lens
+    return {"tokens": whole["tokens"], "batches": -(-whole["sequences"] // 8), "forward_s": forward,
+            "forward_unit_s": unit, "analysis_wall_s": wall, "peak_rss_mb_in_process": resource.getrusage(
+                resource.RUSAGE_SELF).ru_maxrss / 1024, "part_s": sec, "part_calls": watch.calls,
+            "part_over_forward": {k: v / unit for k, v in sec.items()},
+            "lens_share_of_analysis": share, "lens_at_most_20_percent": share <= 0.2,
+            "lens_positions": whole["lens"]["positions"], "weights_mb": weights, "modes": modes,
+            "modes_same_numbers": same, "import_peak_rss_mb": imports["peak_rss_mb"],
+            "import_rss_over_weights": imports["peak_rss_mb"] / weights}
+
+
 def figures(img: Path) -> list[Path]:
     """docs/img/real_model_*.png from the records present: the stream's variance by depth with and without the
     massive-activation positions, and each block's removal cost with its interval, per text."""
@@ -386,7 +525,7 @@ def phase_duplication(a, files, data) -> dict:
 PHASES = {"forward": phase_forward, "lns": phase_lns, "massive": phase_massive, "modes": phase_modes,
           "removal_prose": phase_removal("prose"), "removal_python": phase_removal("python"),
           "sublayers": phase_sublayers, "tasks": phase_tasks, "duplication": phase_duplication,
-          "greedy": phase_greedy}
+          "greedy": phase_greedy, "costs": phase_costs}
 
 
 def main(argv=None) -> None:

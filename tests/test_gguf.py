@@ -58,6 +58,7 @@ def test_analyze_of_the_file_is_analyze_of_its_dequantized_directory(tiny, tmp_p
     assert "quantization F16" in (tmp_path / "file" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_compare_takes_the_file_with_the_numbers_of_its_directory(tiny, tmp_path, capsys):
     f, dense, text = tiny
     assert main(["compare", str(f), str(dense), "--data", str(text), "--tokens", "128", "--seq-len", "32", "--probes",

@@ -58,6 +58,7 @@ def test_no_massive_position_in_a_plain_model_and_the_rule_can_be_turned_off():
     assert "massive" not in analyze(lm, b, Options(jacobian=False, removal=False, massive_factor=None))
 
 
+@pytest.mark.slow
 def test_the_cli_names_the_massive_token_in_both_modes(tmp_path, capsys):
     model_dir = save_hf_model(tmp_path / "m", "llama")
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)

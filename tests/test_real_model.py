@@ -24,3 +24,40 @@ def test_a_play_starts_at_its_persons_or_first_act():
     text = "The Project Gutenberg licence...\n\nDramatis Personae\n\nHAMLET, Prince\n\nACT I\n"
     assert body(text).startswith("Dramatis Personae")
     assert body("licence\nACT I\nScene 1").startswith("ACT I")
+
+
+def test_the_stopwatch_counts_a_nested_call_for_its_own_label_only():
+    import time
+
+    from benchmarks.real_model import Stopwatch
+
+    watch = Stopwatch()
+    inner = watch.wrap("inner", lambda: time.sleep(0.05))
+    outer = watch.wrap("outer", lambda: (inner(), time.sleep(0.02)))
+    outer()
+    assert 0.05 <= watch.seconds["inner"] < 0.2 and 0.02 <= watch.seconds["outer"] < 0.05
+    assert watch.calls == {"inner": 1, "outer": 1}
+
+
+def test_largest_difference_reads_the_shared_numbers_only():
+    from benchmarks.real_model import largest_difference
+
+    a = {"states": [{"variance": 2.0}, {"variance": 4.0}], "wall_s": 3.0, "lens": {"kl": [0.5]}}
+    b = {"states": [{"variance": 2.0}, {"variance": 4.4}], "wall_s": 9.0, "removal": {"streams": 1}}
+    got = largest_difference(a, b)
+    assert got["numbers_compared"] == 2 and got["where"] == ".states[1].variance"
+    assert got["max_relative_difference"] == pytest.approx(0.4 / 4.4)
+
+
+@pytest.mark.slow
+def test_timed_reports_the_childs_own_peak_not_its_parents():
+    """os.wait4's ru_maxrss carries the parent's peak over fork and exec: a small child of a large parent read as
+    large (the first whole-model and layer-by-layer figures of SmolLM2 were the benchmark's own peak)."""
+    import sys
+
+    from benchmarks.real_model import timed
+
+    big = bytearray(400 * 2**20)
+    big[::4096] = b"\1" * len(big[::4096])  # touched: resident
+    small = timed([sys.executable, "-c", "x = bytearray(50 * 2**20); x[::4096] = b'1' * len(x[::4096])"])
+    assert 50 <= small["peak_rss_mb"] < 200
