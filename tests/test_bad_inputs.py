@@ -355,6 +355,10 @@ CASES = [
      "--builtin-mb"),
     ("prepare-val-fraction-0", "data prepare {docs} --out {tmp}/o --val-fraction 0 --no-progress",
      "validation fraction"),
+    # issue 50: a validation split that cannot be trusted, refused when the balanced rule is asked for by name
+    ("prepare-held-out-untrusted", "data prepare {docs} --out {tmp}/o --held-out balanced --vocab-size 300 "
+     "--workers 1 --no-progress", "effective documents (Kish), fewer than 30"),
+    ("prepare-held-out-unknown", "data prepare {docs} --out {tmp}/o --held-out random --no-progress", "--held-out"),
     ("prepare-input-missing", "data prepare {tmp}/missing.txt --out {tmp}/o --no-progress", "does not exist"),
     ("prepare-tokenizer-missing", "data prepare {docs} --out {tmp}/o --tokenizer {tmp}/t.json --no-progress",
      "tokenizer"),

@@ -362,3 +362,82 @@ def test_an_oversized_document_is_cut_at_line_breaks_the_same_way_on_both_paths(
     cfg = config_for(tmp_path / "big.txt", tokenizer=str(tmp_path / "out" / "tokenizer.json"))
     data = build_token_data(cfg)
     assert np.array_equal(data.train, arrays["train"]) and np.array_equal(data.val, arrays["val"])
+
+
+# ---------------------------------------------------------------- the held-out rule (issue 50)
+CODEC_TABLE = "decoding_map = {\n" + "".join(f"    0x{i:04x}: 0x{i + 0x400:04x},  # LETTER {i}\n"
+                                              for i in range(400)) + "}\n"
+
+
+def rule_corpus(tmp_path, n=900):
+    """A JSONL corpus of n short documents, a generated codec table at document 10 and a giant document at 31:
+    both held out whole by the alternate rule's positions or the balanced rule's (table at 10, giant at eligible 30)."""
+    rng = np.random.default_rng(1)
+    texts = ["\n".join(" ".join(rng.choice(WORDS, 12)) for _ in range(rng.integers(20, 40))) for _ in range(n)]
+    texts[10] = CODEC_TABLE
+    texts[31] = "\n".join(f"giant line {i} " + " ".join(rng.choice(WORDS, 12)) for i in range(3000))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path, texts
+
+
+def test_balanced_keeps_the_table_out_and_no_document_fills_validation(tmp_path):
+    path, texts = rule_corpus(tmp_path)
+    index = prepare([str(path)], tmp_path / "out", vocab_size=400, workers=1, check=True, **quiet())
+    idx, tok, arrays = load_prepared(tmp_path / "out")
+    comp = idx["splits"]["val"]["composition"]
+    assert idx["held_out"] == "balanced" and idx["generated"] == 1 and index == idx
+    assert comp["effective"] >= 30 and comp["max_share"] <= 0.10 and comp["documents"] == 45
+    val_text = "".join(decode_docs(tok, arrays["val"], idx["eot_id"]))
+    assert "decoding_map" not in val_text and "giant line 0 " in val_text and "giant line 2999 " in val_text
+    assert val_text.count("giant line") <= 4 * 2000 // 60  # at most 4 chunks of 2,000 characters of it
+    train_text = "".join(decode_docs(tok, arrays["train"], idx["eot_id"]))
+    assert "decoding_map" in train_text and "giant line" not in train_text  # the table trained on, the giant not
+    # the alternate rule: every 20th document whole, the old split (the table and the giant fill validation)
+    prepare([str(path)], tmp_path / "alt", vocab_size=400, workers=1, held_out="alternate", **quiet())
+    idx, tok, arrays = load_prepared(tmp_path / "alt")
+    period = val_period(0.05)
+    assert decode_docs(tok, arrays["val"], idx["eot_id"]) == [t for i, t in enumerate(texts) if is_val(i, period)]
+    assert idx["held_out"] == "alternate" and "generated" not in idx
+    assert idx["splits"]["val"]["composition"]["max_share"] > 0.10
+
+
+def test_the_same_split_whatever_the_units_and_workers(tmp_path):
+    path, texts = rule_corpus(tmp_path, 300)
+    parts = [tmp_path / f"p{k}.jsonl" for k in range(3)]
+    for k, part in enumerate(parts):
+        part.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[k * 100:(k + 1) * 100]))
+    one = prepare([str(p) for p in parts], tmp_path / "one", vocab_size=400, workers=1, **quiet())
+    many = prepare([str(p) for p in parts], tmp_path / "many", vocab_size=400, workers=2, unit_mb=1e-9, **quiet())
+    assert one["splits"] == many["splits"] and one["splits"]["val"]["composition"]["documents"] == 15
+
+
+def test_refused_when_asked_for_by_name_warned_otherwise(tmp_path, capsys):
+    path, _ = rule_corpus(tmp_path, 100)
+    with pytest.raises(UserError, match=r"effective documents \(Kish\), fewer than 30: give more documents"):
+        prepare([str(path)], tmp_path / "strict", vocab_size=400, workers=1, check=True, **quiet())
+    assert not (tmp_path / "strict").exists()  # nothing half-written
+    assert main(["data", "prepare", str(path), "--out", str(tmp_path / "out"), "--vocab-size", "400",
+                 "--workers", "1", "--no-progress"]) in (0, None)
+    err = capsys.readouterr().err
+    assert "warning: a validation split of fewer than 30 effective documents" in err
+    assert main(["data", "prepare", str(path), "--out", str(tmp_path / "out"), "--vocab-size", "400",
+                 "--workers", "1", "--no-progress", "--held-out", "alternate"]) == 2  # other settings
+
+
+def test_data_prepared_before_the_rule_still_loads_and_reruns(tmp_path):
+    """An index written before issue 50 has no held_out key and its request none: it loads, trains, and a rerun
+    with --held-out alternate (the rule it was made by) finds it done."""
+    root, _ = corpus(tmp_path)
+    prepare([str(root)], tmp_path / "out", vocab_size=400, workers=1, held_out="alternate", **quiet())
+    index_path = tmp_path / "out" / "index.json"
+    index = json.loads(index_path.read_text())
+    assert "held_out" not in index["request"]
+    del index["held_out"]
+    index_path.write_text(json.dumps(index))
+    idx, _, arrays = load_prepared(tmp_path / "out")
+    assert "held_out" not in idx and len(arrays["val"])
+    notes = []
+    again = prepare([str(root)], tmp_path / "out", vocab_size=400, workers=1, held_out="alternate",
+                    progress=False, log=notes.append)
+    assert again == idx and "nothing to do" in notes[0]

@@ -31,7 +31,8 @@ def cmd_prepare(args) -> None:
                     text_field=args.text_field, val_fraction=args.val_fraction, workers=args.workers,
                     fatal_bad_files=args.fatal_bad_files, streaming=args.streaming, builtin_mb=args.builtin_mb,
                     tokenizer_sample_mb=args.tokenizer_sample_mb, unit_mb=args.unit_mb,
-                    progress=not args.no_progress, overwrite=args.overwrite)
+                    progress=not args.no_progress, overwrite=args.overwrite, held_out=args.held_out or "balanced",
+                    check=args.held_out == "balanced")
     print_info(args.out, index)
 
 
@@ -41,6 +42,8 @@ def print_info(path, index: dict) -> None:
     print(f"train {t['documents']} documents, {t['tokens']} tokens; validation {v['documents']} documents, "
           f"{v['tokens']} tokens")
     print(f"tokenizer {index['tokenizer_hash']}, vocabulary {index['vocab_size']}, {index['dtype']} tokens")
+    if "generated" in index:  # the balanced rule; data prepared before issue 50 held out by the alternate one
+        print(f"held out by the balanced rule; {index['generated']} generated file(s) kept out of validation")
     if comp := v.get("composition"):  # data prepared before issue 50 has none
         from depthlab.data.tokens import MAX_SHARE, MIN_EFFECTIVE, describe_composition
 
@@ -100,6 +103,11 @@ def add_commands(sub) -> None:
     p.add_argument("--text-field", type=str, default="text", help="JSON / parquet / hf field holding the text "
                    "(default text)")
     p.add_argument("--val-fraction", type=float, default=0.05, help="documents held out for validation")
+    p.add_argument("--held-out", choices=("balanced", "alternate"), help="how documents are held out: balanced "
+                   "(default; generated files never, a held-out document at most 4 chunks of 2,000 characters "
+                   "spread over it, fewer past 5%% of the split; given explicitly, a split of Kish effective "
+                   "documents < 30 or one document over 10%% is refused, not warned about) or alternate (every "
+                   "1/val-fraction-th document whole, as before issue 50)")
     p.add_argument("--workers", type=at_least(0), default=0, help="worker processes (default: one per CPU core)")
     p.add_argument("--fatal-bad-files", action="store_true", help="fail on an empty, binary or non-UTF-8 file "
                    "instead of skipping it")

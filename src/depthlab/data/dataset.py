@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +23,26 @@ from depthlab.data.prepare import bounded, check_line_lengths
 from depthlab.data.prepared import is_prepared, load_prepared
 from depthlab.data.sources import Document, ReadReport, builtin_documents, describe_inputs, expand, read_documents
 from depthlab.data.tokenizer import load_tokenizer, tokenizer_hash, train_bpe
-from depthlab.data.tokens import MAX_SHARE, MIN_EFFECTIVE, composition, is_val, pack, val_period
+from depthlab.data.tokens import (  # noqa: F401 (the held-out rule, re-exported where it was first defined)
+    GENERATED_SHARE,
+    HELD_CAP_SHARE,
+    HELD_CHUNK_BYTES,
+    HELD_CHUNKS,
+    MAX_SHARE,
+    MIN_EFFECTIVE,
+    check_composition,
+    chunks,
+    composition,
+    data_line_share,
+    generated,
+    held_chunks,
+    held_out_mask,
+    is_val,
+    pack,
+    rebalance,
+    spread,
+    val_period,
+)
 from depthlab.paths import VAL_TOKENS
 
 __all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "SeededOrder", "eval_batches", "pack",
@@ -69,73 +87,6 @@ def split_documents(docs: list[Document], val_fraction: float) -> tuple[list[Doc
 
 
 # ---------------------------------------------------------------- held-out splits a reader can trust
-# A held-out split is a sample of documents: no generated file in it, no document filling it, enough documents.
-GENERATED_SHARE = 0.5  # a document at least this share of whose code lines are data lines is generated
-HELD_CHUNK_BYTES = 2000  # a held-out document is cut at line breaks into chunks of at most this many characters
-HELD_CHUNKS = 4  # and keeps at most this many of them, spread evenly from its first to its last
-HELD_CAP_SHARE = 0.05  # and fewer where it would otherwise hold more than this share of its split's characters
-_LITERAL = "|".join((r"""[rbuRBU]{0,2}'(?:[^'\\]|\\.)*'""", r'[rbuRBU]{0,2}"(?:[^"\\]|\\.)*"', r"0[xX][0-9a-fA-F]+",
-                     r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?", "None", "True", "False"))  # one literal
-_DATA_LINE = re.compile(rf"\s*(?:(?:{_LITERAL})\s*[,:;()\[\]{{}}]*\s*)+(?:#.*)?")
-
-
-def data_line_share(text: str) -> float:
-    """The share of a document's code lines (not blank, not a whole-line # comment) that are data lines: nothing
-    but literals (numbers, hex, quoted strings, None/True/False) and punctuation, a trailing # comment allowed."""
-    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    return sum(bool(_DATA_LINE.fullmatch(line)) for line in lines) / len(lines) if lines else 0.0
-
-
-def generated(doc: Document) -> bool:
-    """A generated file (a codec table, a data dump): at least GENERATED_SHARE of its code lines are data lines."""
-    return data_line_share(doc.text) >= GENERATED_SHARE
-
-
-def chunks(text: str, limit: int = HELD_CHUNK_BYTES) -> list[str]:
-    """The text cut at line breaks into pieces of at most `limit` characters (a longer line cut at `limit`)."""
-    out, current = [], ""
-    for line in text.splitlines(keepends=True):
-        while len(line) > limit:
-            line, head = line[limit:], line[:limit]
-            out += [current] if current else []
-            out.append(head)
-            current = ""
-        if len(current) + len(line) > limit:
-            out.append(current)
-            current = ""
-        current += line
-    return [c for c in [*out, current] if c.strip()]
-
-
-def spread(items: list, keep: int) -> list:
-    """At most `keep` of the items, spread evenly from the first to the last."""
-    if len(items) <= keep:
-        return items
-    if keep == 1:
-        return items[:1]
-    return [items[i] for i in sorted({round(j * (len(items) - 1) / (keep - 1)) for j in range(keep)})]
-
-
-def held_chunks(doc: Document, limit: int = HELD_CHUNK_BYTES, keep: int = HELD_CHUNKS) -> list[str]:
-    """What a held-out document contributes: its chunks, at most `keep` of them spread evenly over it (first and
-    last included); the chunks left out are used nowhere."""
-    return spread(chunks(doc.text, limit), keep)
-
-
-def rebalance(part: list[tuple[str, list[str]]], cap: float = HELD_CAP_SHARE) -> list[tuple[str, list[str]]]:
-    """A held-out split whose documents each hold at most `cap` of its characters: a larger one keeps fewer of its
-    chunks (spread evenly), one at the least, until none is over."""
-    part = list(part)
-    while True:
-        total = sum(len(c) for _, cs in part for c in cs)
-        over = [i for i, (_, cs) in enumerate(part) if len(cs) > 1 and sum(map(len, cs)) > cap * total]
-        if not over:
-            return part
-        for i in over:
-            name, cs = part[i]
-            part[i] = (name, spread(cs, len(cs) - 1))
-
-
 def whole(docs: list[Document]) -> list[Document]:
     """The documents with the pieces `bounded` cut from one ("NAME#0", "NAME#1", ... in a row) joined again, so a
     document is held out whole or not at all."""
@@ -152,31 +103,19 @@ def whole(docs: list[Document]) -> list[Document]:
 def held_out_split(docs: list[Document], val_fraction: float, splits: tuple[str, ...] = ("val", "test")
                    ) -> tuple[list[Document], dict[str, list[tuple[str, list[str]]]], list[str]]:
     """(training documents, each held-out split's documents as (name, the chunks it keeps), the generated files
-    kept out of the held-out splits). Every val_period-th document that is not generated is held out, dealt to
-    `splits` in turn; a held-out document is cut into chunks (held_chunks, then fewer by `rebalance`) and all of
-    them go to its one split, and no part of it is trained on. Generated documents are trained on and never held out."""
-    docs, period, train, eligible = whole(docs), val_period(val_fraction), [], 0
+    kept out of the held-out splits). The documents `held_out_mask` picks (every val_period-th that is not
+    generated) are dealt to `splits` in turn; a held-out document is cut into chunks (held_chunks, then fewer by
+    `rebalance`) and all of them go to its one split, and no part of it is trained on. Generated documents are
+    trained on and never held out."""
+    docs = whole(docs)
+    gen = [generated(d) for d in docs]
+    held_mask = held_out_mask(np.array(gen, dtype=bool), val_period(val_fraction))
     held: dict[str, list[tuple[str, list[str]]]] = {s: [] for s in splits}
-    skipped = [d.name for d in docs if generated(d)]
-    out = set(skipped)
-    for d in docs:
-        if d.name not in out and is_val(eligible, period):
-            part = held[splits[sum(map(len, held.values())) % len(splits)]]
-            part.append((d.name, held_chunks(d)))
-        else:
-            train.append(d)
-        eligible += d.name not in out
+    for k, d in enumerate(d for d, h in zip(docs, held_mask, strict=True) if h):
+        held[splits[k % len(splits)]].append((d.name, held_chunks(d)))
+    train = [d for d, h in zip(docs, held_mask, strict=True) if not h]
+    skipped = [d.name for d, g in zip(docs, gen, strict=True) if g]
     return train, {s: rebalance(part) for s, part in held.items()}, skipped
-
-
-def check_composition(split: str, comp: dict, remedy: str) -> None:
-    """Refuse a held-out split too few documents make, or one document fills (MIN_EFFECTIVE, MAX_SHARE)."""
-    if comp["effective"] < MIN_EFFECTIVE:
-        raise UserError(f"the {split} split has {comp['effective']:g} effective documents (Kish), fewer than "
-                        f"{MIN_EFFECTIVE:g}: {remedy}")
-    if comp["max_share"] > MAX_SHARE:
-        name, share = comp["top"][0]
-        raise UserError(f"{name} is {share:.0%} of the {split} split, more than {MAX_SHARE:.0%}: {remedy}")
 
 
 def load_text(cfg: Config) -> tuple[list[Document], str, ReadReport | None]:

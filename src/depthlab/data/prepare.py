@@ -3,14 +3,19 @@
 A prepared directory holds
 
     index.json           tokenizer hash, vocabulary size, EOT id, dtype, documents, tokens and sha256 per split,
-                         source, skipped files, and the request (inputs + settings) it was made from
+                         the validation split's make-up, the held-out rule (and how many generated files it kept
+                         out), source, skipped files, and the request (inputs + settings) it was made from
     tokenizer.json
     train.bin, val.bin   packed token ids (uint16 when the vocabulary fits, else uint32), EOT after every document
+                         (after every chunk of a held-out document, by the balanced rule)
 
 Work happens in DIR/.work: a plan (the inputs grouped into units of whole files), the tokenizer, and per finished
-unit a token shard, its document lengths and a done-marker, each written to a temporary name and renamed. Units
-run in worker processes, each tokenizing with the batch API. At the end every document is routed to train or
-validation by its index in the whole input (so the split does not depend on units or workers). A rerun of the
+unit a token shard, its document lengths, (by the balanced held-out rule) each document's name, generated-file
+flag and held-out chunks, and a done-marker, each written to a temporary name and renamed. Units run in worker
+processes, each tokenizing with the batch API. At the end every document is routed to train or validation by its
+index in the whole input (so the split does not depend on units or workers): by the balanced rule
+(depthlab.data.tokens.held_out_mask, the study corpora's) the chunks of the held-out documents are tokenized then
+and make up val.bin, the rest of each held-out document is used nowhere. A rerun of the
 same request finishes the missing units only; index.json is written last, so a directory with an index is
 complete and a rerun of a finished job does nothing. Bad input (a UserError) removes the work, so nothing
 half-written is left behind; an interruption keeps it.
@@ -49,7 +54,19 @@ from depthlab.data.sources import (
     kind_of,
 )
 from depthlab.data.tokenizer import eot_id, load_tokenizer, tokenizer_hash, train_bpe
-from depthlab.data.tokens import encode_texts, held_out_count, is_val, token_dtype, val_period
+from depthlab.data.tokens import (
+    check_composition,
+    composition,
+    encode_texts,
+    generated,
+    held_chunks,
+    held_out_mask,
+    held_stream,
+    is_val,
+    rebalance,
+    token_dtype,
+    val_period,
+)
 from depthlab.ownership import claim, locked, write_whole
 from depthlab.paths import (
     PREPARED_FORMAT as FORMAT,
@@ -70,6 +87,7 @@ UNIT_MIN_BYTES, UNIT_MAX_BYTES = 16e6, 64e6
 # one unsplittable item of the held-out rule: the whole validation split, or none of it); a longer single line
 # is refused before any text is read.
 MAX_DOCUMENT_BYTES = 16_000_000
+HELD_OUT = ("balanced", "alternate")  # the held-out rules (depthlab.study.corpus.build_corpus's names)
 MIN_VOCAB = 257  # byte-level BPE: the 256 byte tokens and <|endoftext|>
 
 
@@ -191,9 +209,12 @@ def run_unit(unit: dict, settings: dict) -> dict:
     eot, dtype = eot_id(tok), token_dtype(tok.get_vocab_size())
     work, k = Path(settings["work"]), unit["index"]
     final = {"tokens": _unit_path(work, k, "bin"), "lengths": _unit_path(work, k, "lengths")}
+    balanced = settings["held_out"] == "balanced"
+    if balanced:  # per document a JSON line [name, generated, the chunks it keeps if held out]: _finalize routes it
+        final["held"] = _unit_path(work, k, "held")
     tmp = {name: path.with_name(f"{path.name}.tmp-{os.getpid()}") for name, path in final.items()}
     files = {name: open(path, "wb") for name, path in tmp.items()}
-    pending: list[str] = []
+    pending: list[Document] = []
     skipped, files_read, n_docs, n_tokens, chars = [], 0, 0, 0, 0
 
     def flush():
@@ -201,11 +222,13 @@ def run_unit(unit: dict, settings: dict) -> dict:
         if _worker.get("stop") is not None and _worker["stop"].is_set():
             raise Stopped
         if pending:
-            ids, lengths = encode_texts(tok, pending, eot, dtype)
+            ids, lengths = encode_texts(tok, [d.text for d in pending], eot, dtype)
             ids.tofile(files["tokens"])
             lengths.tofile(files["lengths"])
+            if balanced:
+                files["held"].write("".join(json.dumps(_held_line(d)) + "\n" for d in pending).encode())
             n_tokens += len(ids)
-            report(len(pending), sum(len(t.encode()) for t in pending))
+            report(len(pending), sum(len(d.text.encode()) for d in pending))
             pending.clear()
 
     try:
@@ -214,7 +237,7 @@ def run_unit(unit: dict, settings: dict) -> dict:
             mark = ({name: f.tell() for name, f in files.items()}, n_docs, n_tokens, list(pending))
             try:
                 for doc in documents(path, settings, (shard, shards)):
-                    pending.append(doc.text)
+                    pending.append(doc)
                     n_docs += 1
                     chars += len(doc.text)
                     if len(pending) >= BATCH_DOCS or chars >= BATCH_BYTES:
@@ -242,23 +265,35 @@ def run_unit(unit: dict, settings: dict) -> dict:
     return record
 
 
+def _held_line(doc: Document) -> list:
+    """What _finalize needs of a document to hold it out by the balanced rule: its name, whether it is generated,
+    and (if not) the chunks it keeps when held out."""
+    gen = generated(doc)
+    return [doc.name, gen, [] if gen else held_chunks(doc)]
+
+
 # ---------------------------------------------------------------- the whole job
 def _sample_texts(units: list[dict], settings: dict, max_bytes: float) -> list[str]:
     """Training documents (by the same held-out rule as the units) for training the BPE, up to max_bytes."""
-    texts, total, doc_index = [], 0, 0
+    texts, total, doc_index, eligible = [], 0, 0, 0  # documents, and those the balanced rule may hold out, so far
+    balanced, period = settings["held_out"] == "balanced", settings["period"]
     for unit in units:
         for path, shard, shards in unit["sources"]:
-            mine, start = [], doc_index
+            mine, start = [], (doc_index, eligible)
             try:
                 for doc in documents(path, settings, (shard, shards)):
-                    if not is_val(doc_index, settings["period"]):
+                    gen = balanced and generated(doc)
+                    held = held_out_mask(np.array([gen]), period, eligible)[0] if balanced else is_val(doc_index,
+                                                                                                        period)
+                    if not held:
                         mine.append(doc.text)
                         total += len(doc.text)
                     doc_index += 1
+                    eligible += not gen
                     if total >= max_bytes:
                         return texts + mine
             except BadFile:  # the unit will skip (or fail on) this file; leave it out here too
-                doc_index, total = start, total - sum(map(len, mine))
+                (doc_index, eligible), total = start, total - sum(map(len, mine))
                 continue
             texts += mine
     return texts
@@ -316,41 +351,67 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, se
     if not files_read:
         raise UserError(f"no usable text in {source}; skipped {len(skipped)}: "
                         + ", ".join(f"{p} ({why})" for p, why in skipped[:3]))
-    n_docs = sum(r["documents"] for r in records)
-    period = settings["period"]
-    n_val = held_out_count(n_docs, period)
-    if not n_val or n_val == n_docs:
-        raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by whole "
-                        f"documents; give more documents or a larger --val-fraction, or train on it directly with "
-                        f"`depthlab train --data {source}` (which cuts fewer than 20 documents into pieces at lines)")
+    n_docs, period = sum(r["documents"] for r in records), settings["period"]
+    balanced = settings["held_out"] == "balanced"
     dtype = token_dtype(tok.get_vocab_size())
-    docs, tokens, first = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0
-    held_sizes, held_at = [], []  # each validation document's tokens, and (unit, index in it)
+    docs, tokens, first, eligible, n_generated = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0, 0, 0
+    held_parts = []  # balanced: each held-out document's (name, the chunks it keeps)
+    held_sizes, held_at = [], []  # alternate: each validation document's tokens, and (unit, index in it)
     digests = {s: hashlib.sha256() for s in SPLITS}  # recorded in the index, checked whenever the data is opened
-    with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:
-        for r in records:
-            ids = np.fromfile(_unit_path(work, r["index"], "bin"), dtype=dtype)
-            lengths = np.fromfile(_unit_path(work, r["index"], "lengths"), dtype=np.int64)
-            held_out = is_val(np.arange(first, first + len(lengths)), period)
-            in_val = np.repeat(held_out, lengths)
-            held_sizes.append(lengths[held_out])
-            held_at += [(r["index"], int(i)) for i in np.flatnonzero(held_out)]
-            for split, f, part in (("train", train, ids[~in_val]), ("val", val, ids[in_val])):
-                part.tofile(f)
-                digests[split].update(part.tobytes())
-            docs["val"] += int(held_out.sum())
-            docs["train"] += len(lengths) - int(held_out.sum())
-            tokens["val"] += int(in_val.sum())
-            tokens["train"] += len(ids) - int(in_val.sum())
-            first += len(lengths)
+    try:
+        with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:
+            for r in records:
+                ids = np.fromfile(_unit_path(work, r["index"], "bin"), dtype=dtype)
+                lengths = np.fromfile(_unit_path(work, r["index"], "lengths"), dtype=np.int64)
+                if balanced:
+                    lines = [json.loads(x) for x in _unit_path(work, r["index"], "held").read_text().splitlines()]
+                    gen = np.array([g for _, g, _ in lines], dtype=bool)
+                    held_out = held_out_mask(gen, period, eligible)
+                    held_parts += [(name, cs) for (name, _, cs), h in zip(lines, held_out, strict=True) if h]
+                    eligible, n_generated = eligible + int((~gen).sum()), n_generated + int(gen.sum())
+                else:
+                    held_out = is_val(np.arange(first, first + len(lengths)), period)
+                    held_sizes.append(lengths[held_out])
+                    held_at += [(r["index"], int(i)) for i in np.flatnonzero(held_out)]
+                in_val = np.repeat(held_out, lengths)
+                parts = (("train", train, ids[~in_val]),) + (() if balanced else (("val", val, ids[in_val]),))
+                for split, f, part in parts:
+                    part.tofile(f)
+                    digests[split].update(part.tobytes())
+                    tokens[split] += len(part)
+                docs["val"] += int(held_out.sum())
+                docs["train"] += len(lengths) - int(held_out.sum())
+                first += len(lengths)
+            if not docs["val"] or not docs["train"]:
+                kept = f" (generated files are never held out: {n_generated} here)" if n_generated else ""
+                raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by whole "
+                                f"documents{kept}; give more documents or a larger --val-fraction, or train on it "
+                                f"directly with `depthlab train --data {source}` (which cuts fewer than 20 documents "
+                                "into pieces at lines)")
+            if balanced:
+                held_parts = rebalance(held_parts)
+                ids, doc_tokens = held_stream(tok, held_parts)
+                ids.tofile(val)
+                digests["val"].update(ids.tobytes())
+                tokens["val"] = len(ids)
+                make_up = composition([name for name, _ in held_parts], doc_tokens)
+            else:
+                make_up = _make_up(np.concatenate(held_sizes), held_at, plan, settings)
+            if settings["check"]:
+                check_composition("val", make_up, "give more documents or a larger --val-fraction (or leave out "
+                                  "--held-out to be warned instead)")
+    except BaseException:
+        for split in SPLITS:
+            (out / f"{split}.bin.tmp").unlink(missing_ok=True)
+        raise
     for s in SPLITS:
         os.replace(out / f"{s}.bin.tmp", out / f"{s}.bin")
-    make_up = _make_up(np.concatenate(held_sizes), held_at, plan, settings)
     tok.save(str(out / TOKENIZER_FILE))
     summary = f"{files_read} file(s), {n_docs} documents"
     if skipped:
         summary += f", {len(skipped)} bad file(s) skipped"
     index = {"format": FORMAT, "version": VERSION, "source": f"{source} ({summary})",
+             "held_out": settings["held_out"], **({"generated": n_generated} if balanced else {}),
              "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size(), "eot_id": eot_id(tok),
              "dtype": np.dtype(dtype).name, "files_read": files_read, "skipped": skipped,
              "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s],
@@ -438,25 +499,31 @@ def prepare(inputs: list[str], out: str | Path, *, tokenizer: str | None = None,
             text_field: str = "text", val_fraction: float = 0.05, workers: int = 0, fatal_bad_files: bool = False,
             streaming: bool = False, builtin_mb: float = 4.0, tokenizer_sample_mb: float = 200.0,
             unit_mb: float | None = None, progress: bool = True, overwrite: bool = False,
-            log=lambda msg: print(msg, file=sys.stderr)) -> dict:
+            held_out: str = "balanced", check: bool = False, log=lambda msg: print(msg, file=sys.stderr)) -> dict:
     """Prepare `inputs` (files, folders, globs, hf: specs; empty: the built-in corpus) into `out`; return the
     index. `tokenizer`: a tokenizer.json or transformers directory; None trains byte-level BPE of `vocab_size`
     on up to `tokenizer_sample_mb` of the training documents. `unit_mb`: input per unit of work (resume
-    granularity; default: automatic). `out` is locked for the whole job, so a concurrent prepare into it fails at
+    granularity; default: automatic). `held_out`: "balanced" (the rule of the study corpora: generated files never
+    held out, a held-out document a few chunks of it; with `check`, a validation split of Kish effective documents
+    < 30 or one document over 10% of it is refused) or "alternate" (every val_period-th document whole, the rule
+    of data prepared before issue 50). `out` is locked for the whole job, so a concurrent prepare into it fails at
     once; it must be missing, empty or prepared data (unless `overwrite`)."""
     _check_settings(val_fraction, vocab_size, workers, tokenizer)
+    if held_out not in HELD_OUT:
+        raise UserError(f"--held-out must be one of {', '.join(HELD_OUT)}, got {held_out!r}")
     items = [i if i.startswith(HF_PREFIX) else os.path.abspath(i)
              for i in (expand(inputs) if inputs else map(str, builtin_files(builtin_mb)))]
     check_line_lengths(items)
     source = describe_inputs(inputs) if inputs else "built-in corpus (Python standard library)"
     given = load_tokenizer(tokenizer) if tokenizer else None
     request = {"inputs": fingerprint(items), "text_field": text_field, "val_fraction": val_fraction,
-               "streaming": streaming,
+               "streaming": streaming, **({} if held_out == "alternate" else {"held_out": held_out}),
                "tokenizer": tokenizer_hash(given) if given else {"bpe_vocab": vocab_size,
                                                                  "sample_mb": tokenizer_sample_mb}}
     out = Path(out)
     settings = {"work": str(out / WORK), "text_field": text_field, "streaming": streaming,
-                "fatal_bad_files": fatal_bad_files, "period": val_period(val_fraction)}
+                "fatal_bad_files": fatal_bad_files, "period": val_period(val_fraction), "held_out": held_out,
+                "check": check}
     job = {"items": items, "request": request, "source": source, "given": given, "vocab_size": vocab_size,
            "sample_bytes": tokenizer_sample_mb * 1e6, "unit_bytes": unit_mb and unit_mb * 1e6,
            "workers": workers if workers > 0 else (os.cpu_count() or 1), "progress": progress}

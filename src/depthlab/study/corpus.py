@@ -75,16 +75,11 @@ def build_corpus(cfg, folder: Path, held_out: str = "balanced") -> dict:
 
 
 def _held_stream(tokenizer, part: list[tuple[str, list[str]]]) -> tuple[np.ndarray, dict]:
-    """A held-out split's packed stream (every chunk followed by EOT) and its make-up (composition, with each
+    """A held-out split's packed stream (depthlab.data.tokens.held_stream) and its make-up (composition, with each
     document's name and tokens in stream order)."""
-    from depthlab.data.dataset import composition
-    from depthlab.data.tokenizer import eot_id
-    from depthlab.data.tokens import encode_texts, token_dtype
+    from depthlab.data.tokens import composition, held_stream
 
-    ids, lengths = encode_texts(tokenizer, [c for _, cs in part for c in cs], eot_id(tokenizer),
-                                token_dtype(tokenizer.get_vocab_size()))
-    ends = np.cumsum([len(cs) for _, cs in part])
-    doc_tokens = [int(x) for x in np.add.reduceat(lengths, np.r_[0, ends[:-1]])] if part else []
+    ids, doc_tokens = held_stream(tokenizer, part)
     names = [n for n, _ in part]
     return ids, {**composition(names, doc_tokens), "names": names, "doc_tokens": doc_tokens}
 
