@@ -351,28 +351,18 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, se
     if not files_read:
         raise UserError(f"no usable text in {source}; skipped {len(skipped)}: "
                         + ", ".join(f"{p} ({why})" for p, why in skipped[:3]))
-    n_docs, period = sum(r["documents"] for r in records), settings["period"]
+    n_docs = sum(r["documents"] for r in records)
     balanced = settings["held_out"] == "balanced"
     dtype = token_dtype(tok.get_vocab_size())
-    docs, tokens, first, eligible, n_generated = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0, 0, 0
-    held_parts = []  # balanced: each held-out document's (name, the chunks it keeps)
-    held_sizes, held_at = [], []  # alternate: each validation document's tokens, and (unit, index in it)
+    docs, tokens, first = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0), 0
+    held = {"eligible": 0, "generated": 0, "parts": [], "sizes": [], "at": []}  # what _held_out collects
     digests = {s: hashlib.sha256() for s in SPLITS}  # recorded in the index, checked whenever the data is opened
     try:
         with open(out / "train.bin.tmp", "wb") as train, open(out / "val.bin.tmp", "wb") as val:
             for r in records:
                 ids = np.fromfile(_unit_path(work, r["index"], "bin"), dtype=dtype)
                 lengths = np.fromfile(_unit_path(work, r["index"], "lengths"), dtype=np.int64)
-                if balanced:
-                    lines = [json.loads(x) for x in _unit_path(work, r["index"], "held").read_text().splitlines()]
-                    gen = np.array([g for _, g, _ in lines], dtype=bool)
-                    held_out = held_out_mask(gen, period, eligible)
-                    held_parts += [(name, cs) for (name, _, cs), h in zip(lines, held_out, strict=True) if h]
-                    eligible, n_generated = eligible + int((~gen).sum()), n_generated + int(gen.sum())
-                else:
-                    held_out = is_val(np.arange(first, first + len(lengths)), period)
-                    held_sizes.append(lengths[held_out])
-                    held_at += [(r["index"], int(i)) for i in np.flatnonzero(held_out)]
+                held_out = _held_out(work, r["index"], lengths, first, settings, held)
                 in_val = np.repeat(held_out, lengths)
                 parts = (("train", train, ids[~in_val]),) + (() if balanced else (("val", val, ids[in_val]),))
                 for split, f, part in parts:
@@ -383,23 +373,13 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, se
                 docs["train"] += len(lengths) - int(held_out.sum())
                 first += len(lengths)
             if not docs["val"] or not docs["train"]:
-                kept = f" (generated files are never held out: {n_generated} here)" if n_generated else ""
+                kept = f" (generated files are never held out: {held['generated']} here)" if balanced else ""
                 raise UserError(f"{n_docs} document(s) in {source}: too few to hold out a validation set by whole "
                                 f"documents{kept}; give more documents or a larger --val-fraction, or train on it "
                                 f"directly with `depthlab train --data {source}` (which cuts fewer than 20 documents "
                                 "into pieces at lines)")
-            if balanced:
-                held_parts = rebalance(held_parts)
-                ids, doc_tokens = held_stream(tok, held_parts)
-                ids.tofile(val)
-                digests["val"].update(ids.tobytes())
-                tokens["val"] = len(ids)
-                make_up = composition([name for name, _ in held_parts], doc_tokens)
-            else:
-                make_up = _make_up(np.concatenate(held_sizes), held_at, plan, settings)
-            if settings["check"]:
-                check_composition("val", make_up, "give more documents or a larger --val-fraction (or leave out "
-                                  "--held-out to be warned instead)")
+            n_val, make_up = _finish_val(val, tok, held, plan, settings, digests["val"])
+            tokens["val"] = tokens["val"] if n_val is None else n_val
     except BaseException:
         for split in SPLITS:
             (out / f"{split}.bin.tmp").unlink(missing_ok=True)
@@ -411,7 +391,7 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, se
     if skipped:
         summary += f", {len(skipped)} bad file(s) skipped"
     index = {"format": FORMAT, "version": VERSION, "source": f"{source} ({summary})",
-             "held_out": settings["held_out"], **({"generated": n_generated} if balanced else {}),
+             "held_out": settings["held_out"], **({"generated": held["generated"]} if balanced else {}),
              "tokenizer_hash": tokenizer_hash(tok), "vocab_size": tok.get_vocab_size(), "eot_id": eot_id(tok),
              "dtype": np.dtype(dtype).name, "files_read": files_read, "skipped": skipped,
              "splits": {s: {"file": f"{s}.bin", "documents": docs[s], "tokens": tokens[s],
@@ -421,6 +401,43 @@ def _finalize(out: Path, work: Path, plan: dict, tok: Tokenizer, source: str, se
     write_json_atomic(out / INDEX, index)
     shutil.rmtree(work)
     return index
+
+
+def _finish_val(f, tok: Tokenizer, held: dict, plan: dict, settings: dict, digest) -> tuple[int | None, dict]:
+    """The validation split's make-up, checked with settings["check"]; by the balanced rule first its stream (the
+    held-out documents' chunks, fewer by `rebalance`, tokenized now) written to `f`, and its tokens (None:
+    written already, by the alternate rule)."""
+    n = None
+    if settings["held_out"] == "balanced":
+        parts = rebalance(held["parts"])
+        ids, doc_tokens = held_stream(tok, parts)
+        ids.tofile(f)
+        digest.update(ids.tobytes())
+        n, make_up = len(ids), composition([name for name, _ in parts], doc_tokens)
+    else:
+        make_up = _make_up(np.concatenate(held["sizes"]), held["at"], plan, settings)
+    if settings["check"]:
+        check_composition("val", make_up, "give more documents or a larger --val-fraction (or leave out --held-out "
+                          "to be warned instead)")
+    return n, make_up
+
+
+def _held_out(work: Path, unit: int, lengths: np.ndarray, first: int, settings: dict, held: dict) -> np.ndarray:
+    """Which of a unit's documents (`first`: the number before it in the whole input) are held out. Balanced:
+    held_out_mask over their generated-file flags, collecting each held-out one's (name, chunks) in held["parts"];
+    alternate: is_val by index, collecting each one's tokens and (unit, index in it) in held["sizes"], ["at"]."""
+    if settings["held_out"] == "balanced":
+        lines = [json.loads(x) for x in _unit_path(work, unit, "held").read_text().splitlines()]
+        gen = np.array([g for _, g, _ in lines], dtype=bool)
+        out = held_out_mask(gen, settings["period"], held["eligible"])
+        held["parts"] += [(name, cs) for (name, _, cs), h in zip(lines, out, strict=True) if h]
+        held["eligible"] += int((~gen).sum())
+        held["generated"] += int(gen.sum())
+        return out
+    out = is_val(np.arange(first, first + len(lengths)), settings["period"])
+    held["sizes"].append(lengths[out])
+    held["at"] += [(unit, int(i)) for i in np.flatnonzero(out)]
+    return out
 
 
 def _make_up(sizes: np.ndarray, at: list[tuple[int, int]], plan: dict, settings: dict, top: int = 3) -> dict:
