@@ -402,6 +402,7 @@ def test_balanced_keeps_the_table_out_and_no_document_fills_validation(tmp_path)
     assert idx["splits"]["val"]["composition"]["max_share"] > 0.10
 
 
+@pytest.mark.slow
 def test_the_same_split_whatever_the_units_and_workers(tmp_path):
     path, texts = rule_corpus(tmp_path, 300)
     parts = [tmp_path / f"p{k}.jsonl" for k in range(3)]
