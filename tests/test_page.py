@@ -10,7 +10,8 @@ import subprocess
 import pytest
 from scipy import stats as st
 
-from depthlab.study import declared, stats, transfer as t, verdicts
+from depthlab import stats
+from depthlab.study import declared, transfer as t, verdicts
 
 NOISY = [[-0.01, -0.05], [-0.02, -0.07, -0.03], [0.01, -0.04], [-0.06, -0.01]]  # seeds disagree by ~0.04 nats
 
