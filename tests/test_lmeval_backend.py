@@ -80,3 +80,13 @@ def test_model_args_reach_the_model(run):
     assert next(lm.scorer.logits.parameters()).dtype == torch.bfloat16
     (text,) = lm.generate_until([SimpleNamespace(args=("the quick brown", {}))])
     assert len(lm.tok_encode(text, add_special_tokens=False)) <= 5
+
+
+def test_registering_depthlab_keeps_lm_evals_own_models():
+    """Importing the backend must not hide lm-eval's built-in models (hf, ...) from the rest of the process: lm-eval
+    loads them only while its registry is empty."""
+    from lm_eval.api.registry import get_model
+
+    import depthlab.eval.lmeval  # noqa: F401
+
+    assert get_model("depthlab").__name__ == "DepthlabModel" and get_model("hf") is not None

@@ -21,6 +21,9 @@ from __future__ import annotations
 import sys
 
 try:
+    # lm-eval fills its registry with its own models (hf, ...) only while the registry is empty: load them first,
+    # or registering "depthlab" would hide every other model from the process
+    import lm_eval.models  # noqa: F401
     from lm_eval.api.registry import register_model
 except ImportError:
     if __name__ != "__main__":
