@@ -126,9 +126,10 @@ def test_analyze_reports_the_deep_half_beside_the_whole_interior():
 
 
 def test_the_figure_draws_the_t_interval_the_word_reads():
-    from depthlab.study.figures import _criterion, _plt
+    from depthlab.plots import pyplot
+    from depthlab.study.figures import _criterion
 
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots()
     cells = [verdicts.curse_reading([0.3, 0.4, 0.35], [0.5, 0.6, 0.4], 9)[k] for k in ("ratio", "inert")]
     cells.append(verdicts.curse_reading([0.9], [0.1], 9)["ratio"])  # one seed: a point, no bar

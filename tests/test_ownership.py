@@ -162,7 +162,7 @@ def test_import_never_writes_over_the_tokenizer_it_reads(tmp_path, capsys):
     assert "import's own input --tokenizer" in err and files(tmp_path / "out") == before
 
 
-@pytest.mark.parametrize("command", ["analyze", "eval"])
+@pytest.mark.parametrize("command", ["analyze", "eval ppl"])
 def test_an_offload_folder_is_never_the_model_nor_inside_what_the_command_reads(run, tmp_path, capsys, command):
     """The weights a device map puts on disk are written into --offload-folder (and left there by a killed run):
     never into the model's directory or its data; one line names the option and what the path is to the command."""
@@ -171,7 +171,7 @@ def test_an_offload_folder_is_never_the_model_nor_inside_what_the_command_reads(
     data = ["--data", tmp_path / "text.txt"]
     for folder, role in ((run, f"is {command}'s own input MODEL"), (run / "offload", f"is inside {command}'s own "
                          "input MODEL"), (tmp_path / "text.txt", f"is {command}'s own input --data")):
-        err = refused(capsys, command, run, *data, "--device-map", "auto", "--offload-folder", folder)
+        err = refused(capsys, *command.split(), run, *data, "--device-map", "auto", "--offload-folder", folder)
         assert err.startswith(f"depthlab: error: --offload-folder {folder} {role}") and \
             err.endswith("choose another --offload-folder"), err
     assert files(run) == before and not (run / "offload").exists()
