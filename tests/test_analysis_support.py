@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -120,3 +121,15 @@ def save_random_hf(folder: Path, config, layers_per_shard: int = 4) -> int:
     config.save_pretrained(folder)
     transformers.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(), eos_token=EOT).save_pretrained(folder)
     return sum(torch.Size(s).numel() for s in shapes.values())
+
+
+def hf_model_text_and_tasks(tmp_path: Path) -> tuple[Path, list[str], Path]:
+    """A random HF Llama, a calibration text and a 4-question multiple-choice file under tmp_path: (the model, the
+    analysis's data arguments, the task file)."""
+    hf = save_hf_model(tmp_path / "hf", "llama")
+    (tmp_path / "t.txt").write_text(TEXT)
+    lines = [{"question": f"def f{i}(x):\n    return x *", "choices": [str(i), "x", "line"], "answer": i % 3}
+             for i in range(4)]
+    (tmp_path / "mc.jsonl").write_text("\n".join(json.dumps(q) for q in lines) + "\n")
+    return hf, ["--data", str(tmp_path / "t.txt"), "--tokens", "64", "--seq-len", "32", "--no-jacobian",
+                "--no-progress"], tmp_path / "mc.jsonl"

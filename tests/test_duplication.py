@@ -123,14 +123,9 @@ def test_a_duplicated_lns_model_keeps_each_layer_its_own_scale(tmp_path):
 def test_analyze_duplicate_draws_the_heat_map_and_duplicate_writes_the_best_span(tmp_path, capsys):
     """The scan in the report (table, heat map, CSV, tasks); the best span written by `depthlab duplicate` scores,
     analysed on its own, the loss the scan measured for it."""
-    from tests.test_analysis_support import TEXT, save_hf_model
+    from tests.test_analysis_support import hf_model_text_and_tasks
 
-    hf = save_hf_model(tmp_path / "hf", "llama")
-    (tmp_path / "t.txt").write_text(TEXT)
-    lines = [{"question": f"def f{i}(x):\n    return x *", "choices": [str(i), "x", "line"], "answer": i % 3}
-             for i in range(4)]
-    (tmp_path / "mc.jsonl").write_text("\n".join(json.dumps(q) for q in lines) + "\n")
-    common = ["--data", str(tmp_path / "t.txt"), "--tokens", "64", "--seq-len", "32", "--no-jacobian", "--no-progress"]
+    hf, common, _ = hf_model_text_and_tasks(tmp_path)
     assert main(["analyze", str(hf), *common, "--duplicate", "2", "--removal-tasks", str(tmp_path / "mc.jsonl"),
                  "--out", str(tmp_path / "a")]) == 0
     printed = capsys.readouterr().out

@@ -120,14 +120,9 @@ def test_drop_lowest_prunes_the_analysis_choice_and_says_what_it_measured(tmp_pa
     """analyze ranks the blocks and scores the model without its k least useful; prune --drop-lowest writes that
     model, whose own loss and task accuracy are the ones the analysis measured."""
     from depthlab.eval.multiple_choice import evaluate_tasks, load_scorer
-    from tests.test_analysis_support import TEXT, save_hf_model
+    from tests.test_analysis_support import hf_model_text_and_tasks
 
-    hf = save_hf_model(tmp_path / "hf", "llama")
-    (tmp_path / "t.txt").write_text(TEXT)
-    lines = [{"question": f"def f{i}(x):\n    return x *", "choices": [str(i), "x", "line"], "answer": i % 3}
-             for i in range(4)]
-    (tmp_path / "mc.jsonl").write_text("\n".join(json.dumps(q) for q in lines) + "\n")
-    common = ["--data", str(tmp_path / "t.txt"), "--tokens", "64", "--seq-len", "32", "--no-jacobian", "--no-progress"]
+    hf, common, _ = hf_model_text_and_tasks(tmp_path)
     assert main(["analyze", str(hf), *common, "--removal-tasks", str(tmp_path / "mc.jsonl"), "--drop-lowest", "2",
                  "--out", str(tmp_path / "a")]) == 0
     res = json.loads((tmp_path / "a" / "metrics.json").read_text())
