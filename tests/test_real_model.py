@@ -61,3 +61,35 @@ def test_timed_reports_the_childs_own_peak_not_its_parents():
     big[::4096] = b"\1" * len(big[::4096])  # touched: resident
     small = timed([sys.executable, "-c", "x = bytearray(50 * 2**20); x[::4096] = b'1' * len(x[::4096])"])
     assert 50 <= small["peak_rss_mb"] < 200
+
+
+@pytest.mark.slow
+def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tmp_path, monkeypatch):
+    """`run --phases tasks` end to end on a tiny GGUF file and made-up plays: one analysis scores removal by loss,
+    by the continuation task and by generation, and the record holds the three profiles' rank correlations."""
+    import json
+    import random
+
+    import benchmarks.real_model as rm
+    from tests.gguf_fixtures import bpe_tokenizer, tiny_llama, write_gguf
+
+    cache = tmp_path / "cache"
+    (cache / "model").mkdir(parents=True)
+    tok = bpe_tokenizer()
+    write_gguf(cache / "model" / rm.GGUF, tiny_llama(tok.get_vocab_size()), tok)
+    (cache / "plays").mkdir()
+    words = "the quick brown fox jumps over lazy dog cat sleeps warm mat def add return".split()
+    for k, play in enumerate((*rm.CALIBRATION_PLAYS, *rm.TASK_PLAYS, rm.CONTINUE_PLAY)):
+        rng = random.Random(k)
+        text = " ".join(rng.choice(words) for _ in range(600))
+        (cache / "plays" / f"{play}_gut.txt").write_text(f"licence\nACT I\n{text}\n")
+    monkeypatch.setenv("DEPTHLAB_CACHE", str(tmp_path / "depthlab_cache"))
+    monkeypatch.setattr(rm, "RESULTS", tmp_path / "records")
+    rm.main(["run", "--phases", "tasks", "--cache", str(cache), "--out", str(tmp_path / "out"), "--tokens", "128",
+             "--seq-len", "32", "--questions", "12", "--generate-n", "4"])
+    rec = json.loads((tmp_path / "records" / "tasks.json").read_text())
+    assert rec["questions"] == 12 and len(rec["blocks"]) == 4
+    assert len(rec["generate_removal"]["tasks"]) == 4 and rec["generate"][0] == "add:digits=2,n=4"
+    assert all("per_question" not in t for t in rec["task_removal"]["tasks"].values())
+    assert set(rec["profiles"]["profiles"]) == {"loss", "choice", "generation"}
+    assert len(rec["profiles"]["correlations"]) == 3
