@@ -1,7 +1,7 @@
 """The statistics depthlab uses, written once, each from a statistics library (scipy.stats, statsmodels): no
 hand-written quantile, bootstrap or multiple-testing code. The studies' (depthlab.study: t-tests, equivalence,
-pooled noise, Holm) and the task-removal analysis's (depthlab.analysis.tasks: an accuracy's Wilson interval, a
-paired accuracy drop with its exact McNemar test)."""
+pooled noise, Holm, a bootstrap over held-out documents and seeds) and the task-removal analysis's
+(depthlab.analysis.tasks: an accuracy's Wilson interval, a paired accuracy drop with its exact McNemar test)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 from scipy import stats as st
 
 LEVEL = 0.95  # every interval on the page
@@ -101,6 +102,38 @@ def tost_pooled(values: Sequence[float], margin: float, noise: dict, level: floa
     lower = float(st.t.sf((t["mean"] + margin) / t["se"], t["df"]))
     upper = float(st.t.cdf((t["mean"] - margin) / t["se"], t["df"]))
     return {**out, "p_lower": lower, "p_upper": upper, "p": max(lower, upper)}
+
+
+DOC_REPLICATES = 2000  # replicates of document_bootstrap
+
+
+def document_bootstrap(values, weights, replicates: int = DOC_REPLICATES, seed: int = 0, level: float = LEVEL) -> dict:
+    """The percentile bootstrap interval (scipy.stats.bootstrap) of a held-out split's token-weighted mean over its
+    documents of a per-document quantity measured in several seeds: `values` has a row per seed and a column per
+    document (a run's per-document losses, or paired per-document differences), `weights` the tokens scored in each
+    document. Each replicate draws documents with replacement (one draw for every seed's row, so a paired
+    difference stays paired) and, where there are two or more seeds, seeds with replacement, independently of the
+    documents; the statistic is the weighted mean over the drawn documents of the mean over the drawn seeds. A
+    document with no scored token (weight 0, value None or nan) counts for nothing. {"mean": the statistic on the
+    data (the seed mean of the runs' weighted means), "ci", "seeds", "documents", "replicates", "level"}."""
+    v = np.asarray([[math.nan if x is None else x for x in row] for row in values], dtype=float)
+    w = np.asarray(weights, dtype=float)
+    w = np.where(np.isnan(v).any(axis=0), 0.0, w)
+    v = np.nan_to_num(v)
+
+    def mean(*idx, axis=-1):  # idx: (seeds, documents) or (documents,), each (..., n) indices drawn by scipy
+        seeds, docs = idx if len(idx) == 2 else (np.arange(len(v)), idx[0])
+        drawn = v[seeds[..., :, None], docs[..., None, :]].mean(axis=-2)
+        return (drawn * w[docs]).sum(axis=-1) / w[docs].sum(axis=-1)
+
+    data = ((np.arange(len(v)),) if len(v) > 1 else ()) + (np.arange(v.shape[1]),)
+    out = {"mean": float(mean(*data)), "seeds": len(v), "documents": int((w > 0).sum()), "replicates": replicates,
+           "level": level}
+    if (v == v[:1, :1]).all():  # no spread at all: every replicate is the point (scipy would warn of a degenerate set)
+        return {**out, "ci": [out["mean"], out["mean"]]}
+    res = st.bootstrap(data, mean, n_resamples=replicates, confidence_level=level, method="percentile",
+                       vectorized=True, paired=False, rng=np.random.default_rng(seed))
+    return {**out, "ci": [float(res.confidence_interval.low), float(res.confidence_interval.high)]}
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -33,7 +33,7 @@ import numpy as np
 from depthlab.plots import pyplot, save_figure
 from depthlab.stats import interval, mean_std, pooled_noise, pvalue, spread
 from depthlab.study import declared
-from depthlab.study.page.text import said
+from depthlab.study.page.text import composition_said, said
 from depthlab.study.records import cell_key, final_probe
 from depthlab.study.runner import Cell, run_cells, selection_value
 from depthlab.study.verdicts import (
@@ -461,7 +461,7 @@ def _setup(settings: dict, d: Design) -> str:
             f"rates selected on validation (seed 0's final loss), every loss below on the test split "
             f"({m.get('test_tokens', '?'):,} tokens) that no selection reads. L_base = {d.base_depth}; rates on a "
             f"sqrt(2) lattice; base grid {', '.join(f'{rate(k):g}' for k in d.base_grid)}, widened past an edge "
-            f"{d.widen} steps at most. `{settings.get('command', '')}`")
+            f"{d.widen} steps at most. Held-out text: {composition_said(corpus)}. `{settings.get('command', '')}`")
 
 
 def _transfer_lines(res: dict, d: Design) -> list[str]:

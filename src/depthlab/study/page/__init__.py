@@ -4,7 +4,8 @@
                  depth.py: the depth study and the ViT study), every word from depthlab.study.claims / verdicts
     systems.py   docs/benchmarks.md: speed, what LNS costs, the GPU run, memory, scale-out
     screen.py    docs/results.md's first screen from both studies, and the README's results bullets (the same lines)
-    own.py       docs/results.md's own-rate section: grids, the pair at each scheme's own rate, words by plan.json
+    own.py       docs/results.md's own-rate section: grids, the pair at each scheme's own rate, words by plan.json,
+                 intervals over test documents and seeds (stats.document_bootstrap), the cells still missing
     text.py      what every section prints alike: a comparison with n and its interval, a rate grid, a result file
 
 Formatting only: every number is computed from the runs (depthlab.study.summary, claims, verdicts); nothing is

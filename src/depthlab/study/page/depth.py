@@ -10,7 +10,7 @@ from pathlib import Path
 from depthlab.stats import mean_std, spread
 from depthlab.study import figures
 from depthlab.study.claims import LNS, PRE
-from depthlab.study.page.text import mechanism_table, number, said, settings_of
+from depthlab.study.page.text import composition_said, mechanism_table, number, said, settings_of
 from depthlab.study.records import load_records, upgrade
 from depthlab.study.summary import lm_study, vit_study
 from depthlab.study.verdicts import ci_cell, curse_word, deep_inert_fraction
@@ -47,7 +47,8 @@ def _setup_lines(res: dict) -> list[str]:
             f"{s['ref_depth']}, init std `auto` (width-matched {(2 / (5 * s['dim'])) ** 0.5:.3f}), embedding std "
             f"{s['embed_std']:.3f}, {s['steps']} steps of {s['batch']} x {s['seq']} = {tokens / 1e6:.2f}M tokens per "
             f"run, warmup 10%, cosine to 10%, fp32. Data: {s['corpus']['source']}, {s['corpus']['train_tokens']:,} "
-            f"training tokens, BPE vocabulary {s['vocab']}, sha256 `{s['corpus']['sha256'][:16]}…`. Validation "
+            f"training tokens, BPE vocabulary {s['vocab']}, sha256 `{s['corpus']['sha256'][:16]}…`; "
+            f"{composition_said(s['corpus'])}. Validation "
             f"loss on the first {s['val_tokens']:,} held-out tokens (it also selects each scheme's rate). Probe: "
             f"{how}. {res['runs']} runs, {res['train_s'] / 3600:.1f} h of one-thread training.", ""]
 

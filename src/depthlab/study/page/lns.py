@@ -10,7 +10,7 @@ from depthlab.stats import interval, proportion_ci, pvalue, spread
 from depthlab.study import figures
 from depthlab.study.claims import CLAIM_TEXT, against_paper, claims_table, decomposition
 from depthlab.study.page import screen
-from depthlab.study.page.text import grid, mechanism_table, said
+from depthlab.study.page.text import composition_said, grid, mechanism_table, said
 from depthlab.study.verdicts import (
     CURSE_RATIO,
     EQUIVALENCE_MARGIN,
@@ -98,7 +98,8 @@ def own_best_lines(res: dict) -> list[str]:
            "final models': the deep half's inert fraction (absolute threshold 0.005 nats) and the deep/shallow "
            "removal ratio, each with its 95% t-interval across seeds; the reading comes from those two intervals (the "
            "rule under the claims table). The whole interior's inert fraction, absolute and relative (5% of block "
-           "2's cost), mean ± std, describes the models and decides nothing.", "",
+           "2's cost), mean ± std, describes the models and decides nothing. Held-out text: "
+           + composition_said(res.get("corpus") or {}, "the LNS study's") + ".", "",
            "| N | pre grid | lns grid | Δ val loss | Δ test loss | Pre-LN inert, deep half | Pre-LN inert, whole "
            "interior (abs / rel) | Pre-LN deep/shallow | interior blocks | Pre-LN curse |",
            "|---|---|---|---|---|---|---|---|---|---|"]

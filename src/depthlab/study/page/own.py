@@ -1,12 +1,15 @@
 """docs/results.md's own-rate section (depthlab.study.own_rate) as far as its records go: each scheme's seed-0 rate
 grid at each depth with validation and test loss, the paired LNS − Pre-LN test loss at each one's own
 validation-selected rate read with the rules plan.json declared before the first cell (pooled seed noise across
-depths, Holm over the depths, at least 3 paired seeds for a word), and the cells not run yet."""
+depths, Holm over the depths, at least 3 paired seeds for a word), beside it an interval that also covers the
+sampling of test documents (a bootstrap over the records' per-document losses, stats.document_bootstrap; it gives no
+word), and, scheme by scheme and depth by depth, the cells the plan still lacks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from depthlab.stats import DOC_REPLICATES, document_bootstrap
 from depthlab.study import declared, own_rate as o, transfer as t
 from depthlab.study.page.text import composition_said, load, said, settings_of
 from depthlab.study.records import load_records
@@ -14,21 +17,54 @@ from depthlab.study.runner import Cell
 from depthlab.study.verdicts import compare, pooled_family
 
 FEW = "fewer than 3 paired seeds: no verdict"
+SPLIT = "test"  # the split every interval of the section reads (no selection reads it)
+
+
+def document_interval(rs: list[dict], paired_with: list[dict] | None = None) -> dict | None:
+    """document_bootstrap of the runs' test loss (one run per seed), or with `paired_with` (the other scheme's runs,
+    seed by seed) of the paired difference rs − paired_with; None where a run lacks per-document losses."""
+    runs = [*rs, *(paired_with or [])]
+    if not rs or any(SPLIT not in (r.get("doc_losses") or {}) for r in runs):
+        return None
+    rows = [r["doc_losses"][SPLIT] for r in rs]
+    if paired_with:
+        rows = [[None if x is None or y is None else x - y for x, y in zip(a, b["doc_losses"][SPLIT], strict=True)]
+                for a, b in zip(rows, paired_with, strict=True)]
+    return document_bootstrap(rows, rs[0]["doc_scored"][SPLIT])
+
+
+def boot_said(b: dict | None, f: str = ".4f", signed: bool = True) -> str:
+    """A document_bootstrap() as a table cell: the point, its percentile interval, what was resampled."""
+    if b is None:
+        return "no per-document losses"
+    sign = "+" if signed else ""
+    what = f"{b['documents']} documents" + (f" × {b['seeds']} seeds" if b["seeds"] > 1 else ", 1 seed")
+    return f"{b['mean']:{sign}{f}} [{b['ci'][0]:{sign}{f}}, {b['ci'][1]:{sign}{f}}] ({what})"
+
+
+def depths_of(d: o.Design) -> list[int]:
+    return [*d.depths, *([d.deep] if d.deep else [])]
+
+
+def seeds_at(d: o.Design, L: int) -> tuple[int, ...]:
+    return d.seeds if L in d.depths else d.deep_seeds
 
 
 def comparisons(records: dict, d: o.Design, min_seeds: int = 3) -> dict[int, dict]:
     """LNS − Pre-LN test loss by depth, paired by seed, each scheme at its own best rate: compare() read as one
-    family (pooled seed noise, Holm), with the word withheld below `min_seeds` paired seeds."""
+    family (pooled seed noise, Holm), with the word withheld below `min_seeds` paired seeds; "documents": the
+    difference's bootstrap over test documents and seeds (test_documents), which decides no word."""
     out = {}
-    for L in [*d.depths, *([d.deep] if d.deep else [])]:
+    for L in depths_of(d):
         rates = [o.best(records, d, v, L) for v in (o.PRE, o.LNS)]
         if None in rates:
             continue
-        seeds = d.seeds if L in d.depths else d.deep_seeds
         pairs = {s: [records.get(Cell(v, lr, s, L).key) for v, lr in zip((o.PRE, o.LNS), rates, strict=True)]
-                 for s in seeds}
-        diffs = {s: b[t.ENDPOINT] - a[t.ENDPOINT] for s, (a, b) in pairs.items() if a and b}
-        out[L] = {**compare(list(diffs.values())), "seeds": sorted(diffs), "rates": rates}
+                 for s in seeds_at(d, L)}
+        pairs = {s: (a, b) for s, (a, b) in pairs.items() if a and b}
+        diffs = [b[t.ENDPOINT] - a[t.ENDPOINT] for a, b in pairs.values()]
+        docs = document_interval([b for _, b in pairs.values()], [a for a, _ in pairs.values()])
+        out[L] = {**compare(diffs), "seeds": sorted(pairs), "rates": rates, "documents": docs}
     pooled_family([c for c in out.values() if c["n"] >= min_seeds])
     for c in out.values():
         if c["n"] < min_seeds:
@@ -44,10 +80,36 @@ def grid_row(records: dict, d: o.Design, v: str, L: int) -> str:
         if r is None:
             cells.append(f"{t.rate(k):g} not run yet")
             continue
-        text = f"{t.rate(k):g} {r['val_loss']:.4f} / {r[t.ENDPOINT]:.4f}"
+        b = document_interval([r])
+        ci = f" [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}]" if b else ""
+        text = f"{t.rate(k):g} {r['val_loss']:.4f} / {r[t.ENDPOINT]:.4f}{ci}"
         cells.append(f"**{text}**" if k == g["best"] else text)
     best = "-" if g["best"] is None else f"{t.rate(g['best']):g}" + (" (at an edge)" if g["edge"] else "")
     return f"| {L} | {v} | {', '.join(cells)} | {best} |"
+
+
+def progress_row(records: dict, d: o.Design, v: str, L: int) -> str:
+    """Where v's cells at depth L stand against the plan: its seed-0 grid (rates run, widened past which edge), the
+    seeds run at its best rate with their test loss (documents and seeds resampled), and the cells still missing
+    (those known now, and those that wait on the grid)."""
+    g, seeds = o.grid(records, d, v, L), seeds_at(d, L)
+    c = d.centre(v, L)
+    ran = [k for k in g["ks"] if t.find(records, d.lattice, v, L, k, 0)]
+    steps = {"lower": c - 1 - min(g["ks"]), "upper": max(g["ks"]) - c - 1}
+    widened = [f"{n} {'step' if n == 1 else 'steps'} past its {side} edge" for side, n in steps.items() if n > 0]
+    grid = f"{len(ran)} of {len(g['ks'])} rates run" + "".join(f", widened {w}" for w in widened)
+    later = [s for s in seeds if s != 0]
+    if g["best"] is None:
+        missing = [f"{t.rate(k):g} (seed 0)" for k in g["ks"] if k not in ran]
+        rest = f"; then seeds {', '.join(map(str, later))} at the grid's best" if later else ""
+        return f"| {L} | {v} | {grid}; best not known yet | - | - | {', '.join(missing)}{rest} |"
+    lr = t.rate(g["best"])
+    done = [s for s in seeds if Cell(v, lr, s, L).key in records]
+    lacking = [s for s in seeds if s not in done]
+    best = f"best {lr:g}" + (" (at an edge)" if g["edge"] else "")
+    todo = f"seeds {', '.join(map(str, lacking))} at {lr:g}" if lacking else "none"
+    loss = boot_said(document_interval([records[Cell(v, lr, s, L).key] for s in done]), ".3f", signed=False)
+    return f"| {L} | {v} | {grid}; {best} | {', '.join(map(str, done))} | {loss} | {todo} |"
 
 
 def page_lines(out: Path) -> list[str]:
@@ -60,26 +122,46 @@ def page_lines(out: Path) -> list[str]:
     d = o.Design.of(settings.get("design") or (load(out / "plan.json") or {}).get("design") or {})
     order = declared.plan_order(out, records)
     counts = o.counts(records, d)
+    variants = {L: [v for v in (*d.pair, *(d.parts if L == d.deep else ()))] for L in depths_of(d)}
     lines = head + [
         f"Made by `{settings.get('command', '?')}` on the corpus sha256 {settings['corpus']['sha256'][:8]}… "
         f"({composition_said(settings['corpus'])}). What decides the words is plan.json beside the records"
         + f" ({order['status']}: {order['why']})."
         + f" Cells done: {counts['done']}; known and missing: {counts['missing']}; at least "
           f"{counts['waiting_at_least']} more wait on those.", "",
-        "Each scheme's seed-0 grid: rate, final validation loss / test loss (bold: the best by validation, the "
-        "rate every seed of that scheme and depth runs at).", "",
-        "| N | scheme | rate: val / test | best |", "|---|---|---|---|"]
-    for L in [*d.depths, *([d.deep] if d.deep else [])]:
-        lines += [grid_row(records, d, v, L) for v in (*d.pair, *(d.parts if L == d.deep else ()))
-                  if o.grid(records, d, v, L)["ks"] and any(t.find(records, d.lattice, v, L, k, 0)
-                                                            for k in o.grid(records, d, v, L)["ks"])]
+        "Each scheme's seed-0 grid: rate, final validation loss / test loss and, in brackets, the test loss's 95% "
+        "interval over test documents (bold: the best by validation, the rate every seed of that scheme and depth "
+        "runs at).", "",
+        "| N | scheme | rate: val / test [documents resampled] | best |", "|---|---|---|---|"]
+    for L, vs in variants.items():
+        lines += [grid_row(records, d, v, L) for v in vs
+                  if any(t.find(records, d.lattice, v, L, k, 0) for k in o.grid(records, d, v, L)["ks"])]
     cs = comparisons(records, d)
-    lines += ["", "LNS − Pre-LN test loss, paired by seed, each at its own best rate (pooled seed noise across "
-              "depths, Holm over the depths; the plan asks 3 paired seeds before a word):", "",
-              "| N | rates (pre, lns) | seeds | lns − pre |", "|---|---|---|---|"]
-    for L, c in cs.items():
+    lines += ["", "LNS − Pre-LN test loss, paired by seed, each at its own best rate. The word is the plan's: the "
+              "t-interval with seed noise pooled across depths, Holm over the depths, and 3 paired seeds before a "
+              "word. Beside it, an interval that also covers which documents the test split happened to hold: a "
+              f"percentile bootstrap (scipy.stats.bootstrap, {DOC_REPLICATES} replicates, numpy seed 0) over the "
+              "records' per-document test losses, each replicate drawing the test documents with replacement (one "
+              "draw for both schemes and every seed, so the difference stays paired) and, where a depth has 2 or "
+              "more paired seeds, the seeds with replacement, independently of the documents; its statistic is the "
+              "token-weighted mean over the drawn documents of the mean over the drawn seeds. It is not "
+              "Holm-adjusted and gives no word.", "",
+              "| N | rates (pre, lns) | seeds | lns − pre (the plan's reading) | lns − pre, documents and seeds "
+              "resampled (95% bootstrap) |", "|---|---|---|---|---|"]
+    for L in depths_of(d):
+        c = cs.get(L)
+        if c is None:
+            lines.append(f"| {L} | - | - | not run yet: a grid has not finished (see below) | - |")
+            continue
         shown = said(c, ".4f") if c["n"] >= 3 else (f"{c['mean']:+.4f} (n = {c['n']}: *{c['word']}*)" if c["n"]
                                                      else "no runs")
         lines.append(f"| {L} | {c['rates'][0]:g}, {c['rates'][1]:g} | {', '.join(map(str, c['seeds'])) or '-'} | "
-                     f"{shown} |")
+                     f"{shown} | {boot_said(c['documents']) if c['n'] else '-'} |")
+    lines += ["", "Each scheme at its own best rate: the seeds run there, their test loss (mean over seeds; 95% "
+              "interval with documents and seeds resampled as above), and what the plan still lacks (the seed-0 "
+              "grid first, then every other seed at the grid's best; a grid whose best lies at an edge widens one "
+              f"rate past it, {d.widen} times at most):", "",
+              "| N | scheme | seed-0 grid | seeds at its best rate | test loss (documents and seeds resampled) | "
+              "still missing |", "|---|---|---|---|---|---|"]
+    lines += [progress_row(records, d, v, L) for L, vs in variants.items() for v in vs]
     return lines + [""]

@@ -11,7 +11,7 @@ from pathlib import Path
 from depthlab.study import declared, figures
 from depthlab.study.claims import LNS, PRE
 from depthlab.study.page import depth, lns, own, screen
-from depthlab.study.page.text import grid, load, rate, said
+from depthlab.study.page.text import composition_said, grid, load, rate, said
 from depthlab.study.records import load_records
 from depthlab.study.summary import along_pairs, lns_study, matched_rates, reruns
 from depthlab.study.verdicts import EQUIVALENCE_MARGIN
@@ -70,9 +70,10 @@ def along_lines(results: Path, planned: Pairs, img: Path) -> list[str]:
     out = ["## 6. The curse along training (one seed per pair)", ""]
     if not records:
         return out + ["Not run yet (`make study-along`).", ""]
-    command = (load(results / "lns_study_along" / "settings.json") or {}).get("command", "?")
-    out += [f"Made by `{command}`. Each pair is one seed, so no pair gives a verdict: the table shows how the gap "
-            "and both indices move, for the next study to test with seeds.", ""]
+    settings = load(results / "lns_study_along" / "settings.json") or {}
+    corpus = composition_said(settings.get("meta", {}).get("corpus") or {}, "its corpus's")
+    out += [f"Made by `{settings.get('command', '?')}`; {corpus}. Each pair is one seed, so no pair gives a "
+            "verdict: the table shows how the gap and both indices move, for the next study to test with seeds.", ""]
     if figures.plot_along(records, img / "lns_study_along_along.png"):
         out += depth.along_table(records) + ["![Δ and the curse index along training](img/lns_study_along_along.png)",
                                              ""]

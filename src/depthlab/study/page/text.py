@@ -73,9 +73,18 @@ def mechanism_table(res: dict, claims: bool = False) -> list[str]:
 def composition_said(corpus: dict, whose: str = "its") -> str:
     """A study corpus's held-out splits as the page prints them: each split's documents, Kish's effective number of
     documents and its largest document's share, from the corpus record's "splits"; where the record has none, that
-    it is not recorded."""
+    the composition is not recorded, and what the record does hold (each held-out split's documents and tokens, as
+    far as it counted them)."""
     splits = corpus.get("splits") or {}
-    if not splits:
-        return f"{whose} held-out splits' composition (documents, largest share, effective count) is not recorded"
-    return f"{whose} " + "; ".join(f"{name} split {s['documents']} documents, Kish effective {s['effective']:g}, "
-                                   f"largest {s['top'][0][0]} {s['top'][0][1]:.0%}" for name, s in splits.items())
+    if splits:
+        return f"{whose} " + "; ".join(f"{name} split {s['documents']} documents, Kish effective {s['effective']:g}"
+                                       + "".join(f", largest {doc} {share:.0%}" for doc, share in s["top"][:1])
+                                       for name, s in splits.items())
+    docs = corpus.get("documents") or {}
+    held = [f"{name} split " + (f"{docs[name]} documents ({corpus[f'{name}_tokens']:,} tokens)" if name in docs else
+                                f"{corpus[f'{name}_tokens']:,} tokens (documents not counted)")
+            for name in ("val", "test") if corpus.get(f"{name}_tokens")]
+    held += [] if corpus.get("test_tokens") or not held else ["no test split"]
+    known = f"; the records hold only: {', '.join(held)}" if held else ""
+    return (f"{whose} held-out splits' composition (each document's share, Kish's effective number of documents) is "
+            f"not recorded{known}")
