@@ -145,7 +145,8 @@ def page_lines(out: Path) -> list[str]:
               "draw for both schemes and every seed, so the difference stays paired) and, where a depth has 2 or "
               "more paired seeds, the seeds with replacement, independently of the documents; its statistic is the "
               "token-weighted mean over the drawn documents of the mean over the drawn seeds. It is not "
-              "Holm-adjusted and gives no word.", "",
+              "Holm-adjusted and gives no word: with a few seeds a bootstrap understates the seed spread (two seeds "
+              "give three draws), so read it for what the documents add.", "",
               "| N | rates (pre, lns) | seeds | lns − pre (the plan's reading) | lns − pre, documents and seeds "
               "resampled (95% bootstrap) |", "|---|---|---|---|---|"]
     for L in depths_of(d):
