@@ -21,10 +21,11 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 `analyze --drop-lowest 4` on each text: per-block removal cost by loss with t-intervals over the
                 windows, the curse index, the k cheapest blocks removed together; phase costs from its progress
     sublayers   `analyze --sublayers --linear-replacement` on the prose: attention-only, MLP-only, linear replacement
-    tasks       `analyze --removal-tasks --removal-generate` on the prose: a 4-choice continuation task
-                (benchmarks/figure_one_run.py's) of --questions questions from plays the calibration does not read,
-                and greedy generation (exact match) of GENERATE and of continuing CONTINUE_PLAY verbatim, --generate-n
-                questions each; the three removal profiles (loss, choice, generation) and their rank correlations
+    tasks       `analyze --removal-tasks --removal-generate` on the prose (runs of blocks left out: NO_RUNS): a
+                4-choice continuation task (benchmarks/figure_one_run.py's) of --questions questions from plays the
+                calibration does not read, and greedy generation (exact match) of GENERATE and of continuing
+                CONTINUE_PLAY verbatim, --generate-n questions each; the three removal profiles (loss, choice,
+                generation) and their rank correlations
     duplication `analyze --no-removal --duplicate MAX_SPAN` on the prose: every span of 1..--max-span blocks run
                 twice, the best one with its paired bootstrap interval over the windows
     greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
@@ -316,10 +317,21 @@ def phase_removal(name: str):
 def phase_sublayers(a, files, data) -> dict:
     folder = a.out / "sublayers_prose"
     t = timed(analyze_cmd(files["model"], data["prose"], folder, a, "--sublayers", "--linear-replacement",
-                          "--linear-fit-tokens", str(a.tokens)))
+                          "--linear-fit-tokens", str(a.fit_tokens or a.tokens)))
     r = json.loads((folder / "metrics.json").read_text())["removal"]
     return {**t, **{k: [{"block": x["block"], "delta_loss": x["delta_loss"]} for x in r[k]]
                     for k in ("single", "attn", "mlp", "linear")}}
+
+
+# `depthlab analyze ARGS` with the removal of runs of 2..L-1 blocks (chosen by angular distance) left out: on one
+# core of this machine, scoring them by the questions and the generations too would double the tasks phase.
+NO_RUNS = """import sys
+import depthlab.analysis.analyze as analyze
+later = analyze.later_plans
+analyze.later_plans = lambda *args: [p for p in later(*args) if p.key[0] != "run"]
+from depthlab.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 def generation_specs(a, files, out: Path) -> list[str]:
@@ -356,8 +368,9 @@ def phase_tasks(a, files, data) -> dict:
     task.write_text("".join(json.dumps(q) + "\n" for q in qs))
     generate = generation_specs(a, files, a.out)
     folder = a.out / "tasks_prose"
-    t = timed(analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest",
-                          "4", *(["--removal-generate", *generate] if a.generate_n else [])))
+    cmd = analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest", "4",
+                      *(["--removal-generate", *generate] if a.generate_n else []))
+    t = timed([cmd[0], "-c", NO_RUNS, *cmd[3:]])
     res = json.loads((folder / "metrics.json").read_text())
     return {**t, "questions": len(qs), "generate": generate, "task_removal": without_questions(res.get("task_removal")),
             "generate_removal": without_questions(res.get("generate_removal")), "profiles": res.get("profiles"),
@@ -566,6 +579,7 @@ def main(argv=None) -> None:
     p.add_argument("--questions", type=int, default=300)
     p.add_argument("--choice-tokens", type=int, default=3)
     p.add_argument("--context-tokens", type=int, default=24)
+    p.add_argument("--fit-tokens", type=int, help="sublayers: the linear maps' fit tokens (default: --tokens)")
     p.add_argument("--generate-n", type=int, default=50, help="tasks: questions per generation task (0: none)")
     p.add_argument("--max-span", type=int, default=2, help="duplication: spans of 1..MAX_SPAN blocks")
     p.add_argument("--greedy-tokens", type=int, default=256, help="greedy: the tokens scored (default 256)")

@@ -93,3 +93,4 @@ def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tmp_path,
     assert all("per_question" not in t for t in rec["task_removal"]["tasks"].values())
     assert set(rec["profiles"]["profiles"]) == {"loss", "choice", "generation"}
     assert len(rec["profiles"]["correlations"]) == 3
+    assert all(t["runs"] == [] for t in rec["task_removal"]["tasks"].values())  # NO_RUNS
