@@ -511,7 +511,9 @@ def phase_costs(a, files, data) -> dict:
 
 def figures(img: Path) -> list[Path]:
     """docs/img/real_model_*.png from the records present: the stream's variance by depth with and without the
-    massive-activation positions, and each block's removal cost with its interval, per text."""
+    massive-activation positions, each block's removal cost with its interval, per text, the cost of taking out
+    its attention, its MLP or replacing it by a linear map, and the three removal profiles (loss, choice,
+    generation) over depth."""
     from depthlab.plots import pyplot, save_figure
 
     plt = pyplot()
@@ -549,6 +551,23 @@ def figures(img: Path) -> list[Path]:
         ax.set_title("SmolLM2-135M (Q4_1): the cost of removing each block")
         ax.legend()
         written.append(save_figure(fig, img / "real_model_removal.png"))
+    if "sublayers" in rec:
+        r = rec["sublayers"]
+        fig, ax = plt.subplots(figsize=(10, 3.8))
+        for k, label in (("single", "block removed"), ("attn", "attention only"), ("mlp", "MLP only"),
+                         ("linear", "linear replacement")):
+            ax.plot([x["block"] for x in r[k]], [x["delta_loss"] for x in r[k]], "o-", ms=3, label=label)
+        ax.set_yscale("symlog", linthresh=0.05)
+        ax.set_xlabel("block")
+        ax.set_ylabel("loss increase (nats)")
+        ax.set_title(f"SmolLM2-135M (Q4_1) on Shakespeare, {r['settings']['tokens']} tokens: parts of a block "
+                     "taken out")
+        ax.legend()
+        written.append(save_figure(fig, img / "real_model_sublayers.png"))
+    if len((rec.get("tasks") or {}).get("profiles", {}).get("profiles", {})) > 1:
+        from depthlab.analysis.removal_report import plot_profiles
+
+        written.append(plot_profiles([("SmolLM2-135M", rec["tasks"])], img / "real_model_profiles.png"))
     return written
 
 

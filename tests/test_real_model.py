@@ -94,3 +94,19 @@ def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tmp_path,
     assert set(rec["profiles"]["profiles"]) == {"loss", "choice", "generation"}
     assert len(rec["profiles"]["correlations"]) == 3
     assert all(t["runs"] == [] for t in rec["task_removal"]["tasks"].values())  # NO_RUNS
+
+
+def test_figures_draw_the_sublayers_and_the_three_profiles_from_their_records(tmp_path, monkeypatch):
+    import json
+
+    import benchmarks.real_model as rm
+
+    monkeypatch.setattr(rm, "RESULTS", tmp_path / "records")
+    rm.RESULTS.mkdir()
+    rows = [{"block": b, "delta_loss": 0.1 * b} for b in (1, 2, 3)]
+    (rm.RESULTS / "sublayers.json").write_text(json.dumps({"settings": {"tokens": "1024"}, **{
+        k: rows for k in ("single", "attn", "mlp", "linear")}}))
+    (rm.RESULTS / "tasks.json").write_text(json.dumps({"profiles": {"profiles": {
+        "loss": [3.0, 0.1, 1.0], "choice": [0.5, 0.0, 0.2], "generation": [0.4, 0.1, 0.0]}}}))
+    got = {p.name for p in rm.figures(tmp_path / "img")}
+    assert got == {"real_model_sublayers.png", "real_model_profiles.png"}
