@@ -30,6 +30,8 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 twice, the best one with its paired bootstrap interval over the windows
     greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
                 --greedy-seq-len): the loss after each greedy step beside the one-shot choice's at the same k
+    lns_recovery  `apply_scheme(model, "lns")`, then the norm gains alone trained for --recovery-steps steps on
+                other plays: the prose's loss before and after
     costs       the default `analyze --no-jacobian` of the prose with each part timed (lens, removal, metrics) as a
                 multiple of a plain forward pass over the same batches, side by side in one process; then wall time,
                 peak RSS and agreement of whole-model and --layer-by-layer (`--no-removal`), RSS against the weights
@@ -58,6 +60,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CALIBRATION_PLAYS = ("hamlet", "macbeth", "tempest", "lear")  # the prose the analyses read
 TASK_PLAYS = ("othello", "twelfth_night", "julius_caesar", "as_you_like_it", "winters_tale", "coriolanus")
 CONTINUE_PLAY = "romeo_and_juliet"  # the generation task's held-out text: read by neither the calibration nor the task
+RECOVERY_PLAYS = ("merchant_of_venice", "much_ado_about_nothing", "richard_iii")  # lns_recovery's training text
 GENERATE = ("add:digits=2", "copy", "brackets")  # the built-in generation families the tasks phase scores removal by
 PYTHON_SOURCES = ("src/depthlab/analysis", "src/depthlab/data")  # written in 2026: after SmolLM2's training
 
@@ -240,6 +243,44 @@ def phase_lns(a, files, data) -> dict:
     lns = {name: perplexity(model, x)[0] for name, x in ids.items()}
     return {name: {"loss": own[name], "ppl": math.exp(own[name]), "lns_loss": lns[name],
                    "lns_ppl": math.exp(min(lns[name], 50.0))} for name in ids}
+
+
+def phase_lns_recovery(a, files, data) -> dict:
+    """`apply_scheme(model, "lns")` post hoc, then a short continued training of the norm gains alone (Adam,
+    --recovery-steps steps of one --seq-len window each, from RECOVERY_PLAYS, which no other phase reads): LNS's
+    scale 1/sqrt(l) folds into those gains, so they alone can undo it. The prose's loss before and after."""
+    import torch
+
+    from depthlab.model.apply import apply_scheme
+
+    model, tok, _ = load_dense(files["model"])
+    ids = calibration_ids(tok, data["prose"], a.tokens, a.seq_len)
+    own = perplexity(model, ids)[0]
+    apply_scheme(model, "lns")
+    before = perplexity(model, ids)[0]
+    plays = a.out / "recovery"
+    plays.mkdir(parents=True, exist_ok=True)
+    for name in RECOVERY_PLAYS:
+        (plays / f"{name}.txt").write_text(body((files["plays"] / f"{name}_gut.txt").read_text(errors="replace")))
+    train = calibration_ids(tok, plays, a.recovery_steps * a.seq_len, a.seq_len)
+    gains = [p for n, p in model.named_parameters() if n.endswith("norm.weight")]
+    for p in model.parameters():
+        p.requires_grad_(any(p is g for g in gains))
+    opt = torch.optim.Adam(gains, lr=a.recovery_lr)
+    torch.manual_seed(0)
+    losses, t0 = [], time.perf_counter()
+    for x in train:
+        loss = model(x[None], labels=x[None]).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        print(f"lns_recovery: step {len(losses)}/{len(train)}, loss {losses[-1]:.3f}", flush=True)
+    wall = time.perf_counter() - t0
+    after = perplexity(model, ids)[0]
+    return {"loss": own, "lns_loss": before, "recovered_loss": after, "steps": len(train), "train_tokens":
+            train.numel(), "lr": a.recovery_lr, "trained": f"{len(gains)} norm gains ({sum(g.numel() for g in gains)} "
+            "numbers)", "train_losses": losses, "train_wall_s": wall}
 
 
 def phase_massive(a, files, data) -> dict:
@@ -582,7 +623,7 @@ def phase_duplication(a, files, data) -> dict:
 PHASES = {"forward": phase_forward, "lns": phase_lns, "massive": phase_massive, "modes": phase_modes,
           "removal_prose": phase_removal("prose"), "removal_python": phase_removal("python"),
           "sublayers": phase_sublayers, "tasks": phase_tasks, "duplication": phase_duplication,
-          "greedy": phase_greedy, "costs": phase_costs}
+          "greedy": phase_greedy, "costs": phase_costs, "lns_recovery": phase_lns_recovery}
 
 
 def main(argv=None) -> None:
@@ -598,6 +639,8 @@ def main(argv=None) -> None:
     p.add_argument("--questions", type=int, default=300)
     p.add_argument("--choice-tokens", type=int, default=3)
     p.add_argument("--context-tokens", type=int, default=24)
+    p.add_argument("--recovery-steps", type=int, default=100, help="lns_recovery: training steps (default 100)")
+    p.add_argument("--recovery-lr", type=float, default=0.02, help="lns_recovery: Adam's rate (default 0.02)")
     p.add_argument("--fit-tokens", type=int, help="sublayers: the linear maps' fit tokens (default: --tokens)")
     p.add_argument("--generate-n", type=int, default=50, help="tasks: questions per generation task (0: none)")
     p.add_argument("--max-span", type=int, default=2, help="duplication: spans of 1..MAX_SPAN blocks")

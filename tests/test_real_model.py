@@ -63,11 +63,10 @@ def test_timed_reports_the_childs_own_peak_not_its_parents():
     assert 50 <= small["peak_rss_mb"] < 200
 
 
-@pytest.mark.slow
-def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tmp_path, monkeypatch):
-    """`run --phases tasks` end to end on a tiny GGUF file and made-up plays: one analysis scores removal by loss,
-    by the continuation task and by generation, and the record holds the three profiles' rank correlations."""
-    import json
+@pytest.fixture
+def tiny_cache(tmp_path, monkeypatch):
+    """benchmarks.real_model with a cache holding a tiny GGUF file and made-up plays, its records under tmp_path:
+    (the module, the arguments of `run` that point it there)."""
     import random
 
     import benchmarks.real_model as rm
@@ -79,21 +78,41 @@ def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tmp_path,
     write_gguf(cache / "model" / rm.GGUF, tiny_llama(tok.get_vocab_size()), tok)
     (cache / "plays").mkdir()
     words = "the quick brown fox jumps over lazy dog cat sleeps warm mat def add return".split()
-    for k, play in enumerate((*rm.CALIBRATION_PLAYS, *rm.TASK_PLAYS, rm.CONTINUE_PLAY)):
+    for k, play in enumerate((*rm.CALIBRATION_PLAYS, *rm.TASK_PLAYS, rm.CONTINUE_PLAY, *rm.RECOVERY_PLAYS)):
         rng = random.Random(k)
         text = " ".join(rng.choice(words) for _ in range(600))
         (cache / "plays" / f"{play}_gut.txt").write_text(f"licence\nACT I\n{text}\n")
     monkeypatch.setenv("DEPTHLAB_CACHE", str(tmp_path / "depthlab_cache"))
     monkeypatch.setattr(rm, "RESULTS", tmp_path / "records")
-    rm.main(["run", "--phases", "tasks", "--cache", str(cache), "--out", str(tmp_path / "out"), "--tokens", "128",
-             "--seq-len", "32", "--questions", "12", "--generate-n", "4"])
-    rec = json.loads((tmp_path / "records" / "tasks.json").read_text())
+    return rm, ["--cache", str(cache), "--out", str(tmp_path / "out"), "--tokens", "128", "--seq-len", "32"]
+
+
+@pytest.mark.slow
+def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tiny_cache):
+    """`run --phases tasks` end to end on a tiny GGUF file and made-up plays: one analysis scores removal by loss,
+    by the continuation task and by generation, and the record holds the three profiles' rank correlations."""
+    import json
+
+    rm, args = tiny_cache
+    rm.main(["run", "--phases", "tasks", *args, "--questions", "12", "--generate-n", "4"])
+    rec = json.loads((rm.RESULTS / "tasks.json").read_text())
     assert rec["questions"] == 12 and len(rec["blocks"]) == 4
     assert len(rec["generate_removal"]["tasks"]) == 4 and rec["generate"][0] == "add:digits=2,n=4"
     assert all("per_question" not in t for t in rec["task_removal"]["tasks"].values())
     assert set(rec["profiles"]["profiles"]) == {"loss", "choice", "generation"}
     assert len(rec["profiles"]["correlations"]) == 3
     assert all(t["runs"] == [] for t in rec["task_removal"]["tasks"].values())  # NO_RUNS
+
+
+def test_lns_recovery_trains_the_norm_gains_alone_on_a_tiny_gguf(tiny_cache):
+    import json
+
+    rm, args = tiny_cache
+    rm.main(["run", "--phases", "lns_recovery", *args, "--recovery-steps", "3"])
+    rec = json.loads((rm.RESULTS / "lns_recovery.json").read_text())
+    assert rec["steps"] == 3 and rec["train_tokens"] == 96 and len(rec["train_losses"]) == 3
+    assert rec["trained"].startswith("9 norm gains")  # 2 per block and the final norm
+    assert rec["lns_loss"] != rec["loss"] and rec["recovered_loss"] != rec["lns_loss"]
 
 
 def test_figures_draw_the_sublayers_and_the_three_profiles_from_their_records(tmp_path, monkeypatch):
