@@ -1,11 +1,12 @@
 """What `analyze --removal-generate`'s sweep costs against L independent generations
 (PYTHONPATH=src:. nice -n 10 python -m benchmarks.generate_cost [--model PATH] [--questions N] [--rounds R]).
 
-sweep: the model's own generation recorded once per question, each single-block removal then generated from that
-record (blocks before the removed one replay their output and KV; the model's own answer is the one-pass draft).
-naive: for each block, the model with that block pruned generates every question from scratch (prefill, then one
-decode step a token), as `prune` then greedy `generate` would. Both must give the same tokens' exact match; CPU
-time of each, interleaved rounds; the ratio is printed beside each figure and written to
+sweep: the model itself run once per question over the prompt and the answer, recorded; each single-block removal
+then scored from that record (blocks before the removed one replay their output and KV, the rest run once over the
+prompt and the answer, and exact match is read off the greedy token at each answer position).
+naive: for each block, the model with that block pruned generates every question from scratch (prefill with the
+head at the last position, then one decode step a token), as `prune` then greedy `generate` would. Both must give
+the same exact match; CPU time of each, interleaved rounds; the ratio is printed beside each figure and written to
 benchmarks/results/generate_cost.json. Default model: SmolLM2-135M from benchmarks/real_model.py's cache (a random
 16-block Llama when it is not there).
 """
@@ -46,12 +47,13 @@ def load(path: str | None, tmp: Path):
 
 
 def questions(tok, n: int) -> tuple[list, str]:
-    """n questions of 2-digit addition (3 shots) and n continuations of a text (32 words, then 8)."""
+    """n questions of each family: 2-digit addition, copying 8 letters, closing 4 brackets (3 shots each), and
+    continuing a text (32 words, then 8; a play from real_model's cache, when there)."""
     from depthlab.eval.gen_tasks import read_task
     from depthlab.eval.generate import encode_pair
 
     text = next(iter(sorted(SMOLLM.parent.parent.glob("plays/*.txt"))), None)
-    specs = [f"add:digits=2,n={n}"] + ([f"continue:{text},n={n}"] if text else [f"copy:len=6,n={n}"])
+    specs = [f"add:digits=2,n={n}", f"copy:n={n}", f"brackets:n={n}"] + ([f"continue:{text},n={n}"] if text else [])
     encode = lambda s: tok(s)["input_ids"]  # noqa: E731
     return [encode_pair(encode, p, a) for s in specs for p, a in read_task(s).pairs], " + ".join(specs)
 
@@ -62,7 +64,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="any model path analyze reads, or 'random' (default: SmolLM2-135M if "
                     "cached)")
-    ap.add_argument("--questions", type=int, default=4, help="questions of each task (default 4)")
+    ap.add_argument("--questions", type=int, default=4, help="questions of each family (default 4)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", help="the result file (default benchmarks/results/generate_cost.json)")
     a = ap.parse_args(argv)

@@ -35,30 +35,60 @@ def hf_greedy(model, prompt, n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def from_record(g, prompt, removal, want, answer) -> list[int]:
+    """The removal's tokens from the model's own record of (prompt, answer), checked against `want`, its tokens
+    decoded from scratch: they are want's up to its first that is not the answer's (all of want when none is)."""
+    q = GenQuestion(prompt, tuple(answer))
+    got = g.generate_from(g.record(q), q, removal)
+    parts = next((i for i, (a, b) in enumerate(zip(want, answer)) if a != b), len(want) - 1)
+    assert got == want[:parts + 1]
+    return got
+
+
 def test_generation_with_a_block_removed_is_prune_then_transformers_generate():
     from depthlab.hf.pruning import drop_layers
 
     model = tiny_hf_model("llama", n_layers=5)
     g = Greedy(model, eos={model.generation_config.eos_token_id})
     for prompt in prompts():
-        rec = g.record(prompt, 8)
-        assert rec.tokens == hf_greedy(model, prompt, 8) == g.generate(prompt, 8)
+        own = hf_greedy(model, prompt, 8)
+        assert own == g.generate(prompt, 8) == g.record(GenQuestion(prompt, tuple(own))).tokens
         for removed in ({0}, {1}, {2}, {3}, {4}, {1, 2}):
             pruned = drop_layers(copy.deepcopy(model), sorted(removed))
             want = hf_greedy(pruned, prompt, 8)
             removal = Removal(frozenset(removed))
             assert g.generate(prompt, 8, removal) == want  # from scratch
-            assert g.generate_from(rec, prompt, 8, removal) == want  # reusing the model's own record
-    assert hf_greedy(model, prompts()[0], 8) == g.record(prompts()[0], 8).tokens  # the model is left as it was
+            assert from_record(g, prompt, removal, want, want) == want  # the answer is the pruned model's own
+            from_record(g, prompt, removal, want, own)  # the model's own: up to where the removal parts from it
+    assert hf_greedy(model, prompts()[0], 8) == g.generate(prompts()[0], 8)  # the model is left as it was
+
+
+def test_an_eos_token_before_the_answers_end_loses_it():
+    """Generation stops at an eos token, as `generate` does: an answer that holds one before its last token is
+    never matched, one that ends with it is."""
+    model = tiny_hf_model("llama", n_layers=4)
+    prompt = prompts(1)[0]
+    own = Greedy(model).generate(prompt, 6)
+    eos = [own[2]]
+    qs = [GenQuestion(prompt, tuple(own)), GenQuestion(prompt, tuple(own[:3]))]
+    removals = {l: Removal(frozenset({l})) for l in range(4)}
+    base, outcomes = generation_sweep(model, qs, removals, eos)
+    assert base == [False, True] == score_generation(model, qs, eos=eos)
+    assert all(outcomes[l] == score_generation(model, qs, [l], eos) for l in range(4))
 
 
 def test_an_identity_block_changes_no_generation_and_a_real_block_does():
+    """... and the sweep runs the model once a question and once a removal, with no decode steps."""
     model = tiny_hf_model("llama", n_layers=4)
     identity_block(model, 2)
     g = Greedy(model)
     questions = [GenQuestion(p, tuple(g.generate(p, 6))) for p in prompts(6)]  # the model's own answers
     removals = {l: Removal(frozenset({l})) for l in range(4)}
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, a: calls.append(1))
     base, outcomes = generation_sweep(model, questions, removals)
+    hook.remove()
+    assert len(calls) == len(questions) * (1 + len(removals))
     assert all(base) and outcomes[2] == base
     assert not all(outcomes[1])
     assert score_generation(model, questions, [2]) == base and score_generation(model, questions, [1]) == outcomes[1]
@@ -72,10 +102,12 @@ def test_a_zeroed_sublayer_is_generated_with_its_hook():
     lm = from_hf(model, "llama")
     g = Greedy(model)
     for prompt in prompts(3):
-        rec = g.record(prompt, 6)
+        own = g.generate(prompt, 6)
         for part in ("attn", "mlp"):
             removal = Removal(first=2, patch=lambda part=part: lm.without(2, part))
-            assert g.generate_from(rec, prompt, 6, removal) == g.generate(prompt, 6, removal)
+            want = g.generate(prompt, 6, removal)
+            assert from_record(g, prompt, removal, want, want) == want
+            from_record(g, prompt, removal, want, own)
 
 
 @pytest.mark.slow

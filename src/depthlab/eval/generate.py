@@ -5,23 +5,23 @@ whose attention layers write the cache at their `layer_idx`).
 Removing blocks runs the model as `depthlab prune` would leave it: the block list without them, each kept
 attention renumbered to its new place in the KV cache; nothing is copied and the model is restored afterwards.
 
-A sweep (`generation_sweep`) first generates with the model itself, recording each block's output and KV at every
-position it saw (the prompt and the tokens it generated). A removal whose first changed block is l then reuses
-that record twice:
+A sweep (`generation_sweep`) needs exact match only, and greedy decoding gives the answer exactly when, at each of
+the answer's positions, the model's greedy token after the prompt and the answer's earlier tokens is the answer's
+token (and no eos token comes before its last). So nothing is decoded one token at a time: each question is run
+once through the model itself over the prompt and the answer (its last token aside), recording each block's
+output and KV there. A removal whose first changed block is l then reuses that record:
 - blocks 0..l-1 are not run: they hand on the recorded outputs and KV (a removal changes nothing before block l);
-- the model's own generation is the draft: blocks l.. run once over the prompt and the model's own answer, in one
-  pass, and the removed model's greedy tokens agree with the model's own up to the first position where its
-  prediction differs. Only the tokens after that are decoded one at a time, and those decode steps run every kept
-  block (what the removed model generates after it parts from the model's own depends on the removed block, so
-  no earlier record holds it).
-The tokens are those of decoding from scratch with the blocks pruned (a test pins it against transformers'
-`generate`); the one-pass prefix sums in another order, so a near-tie between two tokens could in principle fall
-the other way.
+- blocks l.. run once over the prompt and the answer together, and the head only at the answer's positions.
+Its greedy tokens up to the first that differs from the answer's are those of decoding from scratch with the
+blocks pruned (a test pins them against transformers' `generate`); what it would generate after that is not
+computed (exact match is already lost). The one pass sums in another order than decoding one token at a time, so
+a near-tie between two tokens could in principle fall the other way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -61,27 +61,24 @@ class Removal:
 
 @dataclass
 class Record:
-    """The model's own generation of one question: its tokens, and per block its output and KV at each position
-    it saw (the prompt, then each generated token but the last)."""
+    """The model's own pass over a question's prompt and answer (its last token aside): per block its output and KV
+    at each position, and its greedy tokens (`Greedy._forced`)."""
     tokens: list[int]
-    outputs: list[torch.Tensor] = field(default_factory=list)
+    outputs: list = field(default_factory=list)  # as each block returned it (a tensor, or a tuple)
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class _Replay(nn.Module):
-    """Block j of the model itself, whose first call returns its recorded output and writes its recorded KV; the
-    block runs on later calls (the decode steps)."""
+    """Block j of the model itself as recorded: it writes its recorded KV to the cache and returns its recorded
+    output."""
 
-    def __init__(self, block: nn.Module, j: int, out, kv, cache):
+    def __init__(self, j: int, out, kv, cache):
         super().__init__()
-        self.block, self.j, self.record, self.cache = block, j, (out, kv), cache
+        self.j, self.out, self.kv, self.cache = j, out, kv, cache
 
     def forward(self, *args, **kwargs):
-        if self.record is None:
-            return self.block(*args, **kwargs)
-        (out, kv), self.record = self.record, None
-        self.cache.update(*kv, self.j)
-        return out
+        self.cache.update(*self.kv, self.j)
+        return self.out
 
 
 class Greedy:
@@ -91,6 +88,7 @@ class Greedy:
     def __init__(self, model: nn.Module, eos: Iterable[int] = ()):
         self.model, self.eos = model.eval(), frozenset(eos)
         self.path, self.blocks = find_blocks(model)
+        self.keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @contextlib.contextmanager
     def _with_blocks(self, blocks: list[nn.Module]):
@@ -101,16 +99,11 @@ class Greedy:
         finally:
             set_blocks(self.model, self.path, self.blocks)
 
-    def _logits(self, ids: list[int], cache) -> torch.Tensor:
+    def _logits(self, ids: list[int], cache, keep: int = 1) -> torch.Tensor:
+        """The logits at the last `keep` positions of `ids` (the head applied there only, as `generate` does)."""
         x = torch.tensor([ids], device=next(self.model.parameters()).device)
-        return self.model(input_ids=x, cache=cache, use_cache=True).logits[0].float()
-
-    def _decode(self, first: int, n: int, cache, out: list[int]) -> list[int]:
-        """Append `first` and then greedy tokens to `out` until it holds n tokens or ends with eos."""
-        out.append(first)
-        while len(out) < n and out[-1] not in self.eos:
-            out.append(int(self._logits([out[-1]], cache)[-1].argmax()))
-        return out
+        extra = {"logits_to_keep": keep} if self.keeps else {}
+        return self.model(input_ids=x, cache=cache, use_cache=True, **extra).logits[0, -keep:].float()
 
     @torch.no_grad()
     def generate(self, prompt: Iterable[int], n: int, removal: Removal = Removal()) -> list[int]:
@@ -120,49 +113,52 @@ class Greedy:
         kept = [i for i in range(len(self.blocks)) if i not in removal.skip]
         cache = DynamicCache()
         with self._with_blocks([self.blocks[i] for i in kept]), (removal.patch or contextlib.nullcontext)():
-            return self._decode(int(self._logits(list(prompt), cache)[-1].argmax()), n, cache, [])
+            out = [int(self._logits(list(prompt), cache)[-1].argmax())]
+            while len(out) < n and out[-1] not in self.eos:
+                out.append(int(self._logits([out[-1]], cache)[-1].argmax()))
+            return out
+
+    def _forced(self, q: GenQuestion, cache) -> list[int]:
+        """One pass over the prompt and the answer (its last token aside), the head at the answer's positions only:
+        the greedy tokens, the answer's up to the first prediction that differs from it, which ends them, as an eos
+        token does (what decoding gives up to there; after it, exact match is lost)."""
+        out: list[int] = []
+        for pred, want in zip(self._logits([*q.prompt, *q.answer[:-1]], cache, len(q.answer)).argmax(-1).tolist(),
+                              q.answer):
+            out.append(pred)
+            if pred != want or pred in self.eos:
+                break
+        return out
 
     @torch.no_grad()
-    def record(self, prompt: Iterable[int], n: int) -> Record:
-        """The model's own generation, with every block's output and KV recorded (for `generate_from`)."""
+    def record(self, q: GenQuestion) -> Record:
+        """The model's own pass over the question, every block's output and KV recorded (for `generate_from`)."""
         from transformers import DynamicCache
 
-        outs: list[list[torch.Tensor]] = [[] for _ in self.blocks]
-        hooks = [b.register_forward_hook(lambda m, a, o, j=j: outs[j].append(o)) for j, b in enumerate(self.blocks)]
+        outs: list = [None] * len(self.blocks)
+        hooks = [b.register_forward_hook(lambda m, a, o, j=j: outs.__setitem__(j, o))
+                 for j, b in enumerate(self.blocks)]
         cache = DynamicCache()
         try:
-            tokens = self._decode(int(self._logits(list(prompt), cache)[-1].argmax()), n, cache, [])
+            tokens = self._forced(q, cache)
         finally:
             for h in hooks:
                 h.remove()
         kv = [(layer.keys, layer.values) for layer in cache.layers]
-        return Record(tokens, [_cat(o) for o in outs], kv)
+        return Record(tokens, outs, kv)
 
     @torch.no_grad()
-    def generate_from(self, rec: Record, prompt: tuple[int, ...], n: int, removal: Removal) -> list[int]:
-        """What `generate` gives for `removal`, from the model's own record (see the module's docstring)."""
+    def generate_from(self, rec: Record, q: GenQuestion, removal: Removal) -> list[int]:
+        """What `generate` gives for `removal`, up to its first token that is not the answer's (all of it when
+        none is), from the model's own record (see the module's docstring)."""
         from transformers import DynamicCache
 
         l = removal.start
         kept = [i for i in range(len(self.blocks)) if i not in removal.skip]
         cache = DynamicCache()
-        seen = [*prompt, *rec.tokens[:-1]]  # the positions the record holds
-        blocks = [_Replay(self.blocks[j], j, rec.outputs[j], rec.kv[j], cache) if j < l else self.blocks[j]
-                  for j in kept]
+        blocks = [_Replay(j, rec.outputs[j], rec.kv[j], cache) if j < l else self.blocks[j] for j in kept]
         with self._with_blocks(blocks), (removal.patch or contextlib.nullcontext)():
-            pred = self._logits(seen, cache)[len(prompt) - 1:].argmax(-1).tolist()
-            agree = next((i for i, (a, b) in enumerate(zip(pred, rec.tokens)) if a != b), len(rec.tokens))
-            if agree == len(rec.tokens):
-                return list(rec.tokens)
-            cache.crop(-(len(seen) - len(prompt) - agree))  # back to the prompt and the agreed tokens
-            return self._decode(pred[agree], n, cache, list(rec.tokens[:agree]))
-
-
-def _cat(outputs: list) -> object:
-    """One block's outputs over several calls, joined along the sequence (tuple outputs: their first element)."""
-    if isinstance(outputs[0], torch.Tensor):
-        return torch.cat(outputs, 1)
-    return (torch.cat([o[0] for o in outputs], 1), *outputs[0][1:])
+            return self._forced(q, cache)
 
 
 def exact_match(generated: list[int], q: GenQuestion) -> bool:
@@ -184,10 +180,10 @@ def generation_sweep(model: nn.Module, questions: list[GenQuestion], removals: d
     base: list[bool] = []
     out: dict[object, list[bool]] = {key: [] for key in removals}
     for q in progress(questions):
-        rec = g.record(q.prompt, len(q.answer))
+        rec = g.record(q)
         base.append(exact_match(rec.tokens, q))
         for key, removal in removals.items():
-            out[key].append(exact_match(g.generate_from(rec, q.prompt, len(q.answer), removal), q))
+            out[key].append(exact_match(g.generate_from(rec, q, removal), q))
     return base, out
 
 
