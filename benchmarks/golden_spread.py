@@ -9,6 +9,7 @@ and is compared with tests/golden/losses.json: per case, the largest absolute di
 
     python -m benchmarks.golden_spread                 every variant (about 2 minutes each on 2 cores)
     python -m benchmarks.golden_spread --variants "2 threads" --cases pre lns     (added to the file's others)
+    python -m benchmarks.golden_spread --cases muon-lns      a new case, beside the cases measured before
     -> benchmarks/results/golden_spread.json
 """
 
@@ -67,8 +68,9 @@ def main(argv: list[str] | None = None) -> dict:
         env, sets = VARIANTS[name]
         got = run_variant(env, sets, a.cases)
         per_case = {c: spread(got[c], want["cases"][c]["losses"]) for c in a.cases}
-        result["variants"][name] = {"env": env, "set": sets, "cases": per_case,
-                                    "max_abs_diff": max(s["max_abs_diff"] for s in per_case.values())}
+        cases = {**earlier.get(name, {}).get("cases", {}), **per_case}  # --cases adds to the variant's others
+        result["variants"][name] = {"env": env, "set": sets, "cases": cases,
+                                    "max_abs_diff": max(s["max_abs_diff"] for s in cases.values())}
         print(f"{name:28s} max |diff| {result['variants'][name]['max_abs_diff']:.3g}  " + "  ".join(
             f"{c} {s['max_abs_diff']:.2g}" for c, s in per_case.items()), flush=True)
         a.out.parent.mkdir(parents=True, exist_ok=True)

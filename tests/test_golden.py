@@ -108,3 +108,22 @@ def test_the_default_tolerance_is_the_measured_spread_and_fails_a_one_line_chang
     assert golden.main(["check", "--cases", "lns", "--steps", str(CI_STEPS)]) == 1
     assert "lns: first differing step 1 " in capsys.readouterr().out
     assert golden.main(["check", "--cases", "lns", "--steps", "1", "--bitwise"]) == 1
+
+
+def test_the_spread_benchmark_adds_a_case_beside_those_measured_before(tmp_path, monkeypatch):
+    """`python -m benchmarks.golden_spread --cases muon-lns` measures a new case under every variant and keeps the
+    cases each variant measured before (it replaced them: the other cases' tolerances fell to the floor). The
+    training is the golden file's own losses here (a spread of 0); the benchmark's part is the record."""
+    import json
+
+    from benchmarks import golden_spread
+
+    want = golden.load_golden()["cases"]
+    monkeypatch.setattr(golden_spread, "run_variant", lambda env, sets, cases: {c: want[c]["losses"] for c in cases})
+    out = tmp_path / "spread.json"
+    before = {"cases": {"sandwich": {"max_abs_diff": 0.5, "first_differing_step": 3, "steps_differing": 9}}}
+    out.write_text(json.dumps({"variants": {"ATen AVX2": before}}))
+    golden_spread.main(["--variants", "ATen AVX2", "--cases", "lns", "--out", str(out)])
+    variant = json.loads(out.read_text())["variants"]["ATen AVX2"]
+    assert variant["cases"]["sandwich"] == before["cases"]["sandwich"] and variant["cases"]["lns"]["max_abs_diff"] == 0
+    assert variant["max_abs_diff"] == 0.5
