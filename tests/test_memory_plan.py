@@ -142,3 +142,16 @@ def test_the_measured_step_is_the_trainers():
     source = inspect.getsource(memtrack)
     assert "backward_steps(" in source
     assert not any(own in source for own in (".backward()", "grad_sync", "autocast(", "loss_chunk=tc"))
+
+
+def test_a_fake_rank_is_sharded_by_the_trainers_own_layout():
+    """memtrack's fake rank shards the model with depthlab.train.distributed.shard_model, the function
+    build_parallel shards a real run with, not a copy of its layout kept beside it."""
+    import inspect
+
+    from depthlab import memtrack
+    from depthlab.train import distributed
+
+    assert "shard_model(" in inspect.getsource(distributed.build_parallel)
+    source = inspect.getsource(memtrack)
+    assert "shard_model(" in source and "fully_shard(" not in source and "MixedPrecisionPolicy" not in source

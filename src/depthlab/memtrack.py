@@ -165,15 +165,15 @@ def measure(cfg: Config, world_size: int = 1, fake: bool = False, tick=lambda: N
 
 
 def _fake_rank(cfg: Config, world_size: int) -> dict[str, int]:
-    """Rank 0 of `world_size` under FakeTensorMode. build_parallel's layout, built another way: a fake parameter
-    cannot be moved or copied in place (FakeTensorMode keeps a weak reference to it, so torch refuses to swap it),
-    and a device mesh cannot be formed inside the mode (it reads tensor values)."""
+    """Rank 0 of `world_size` under FakeTensorMode. build_parallel's layout (the same shard_model), built another
+    way: a fake parameter cannot be moved or copied in place (FakeTensorMode keeps a weak reference to it, so torch
+    refuses to swap it), and a device mesh cannot be formed inside the mode (it reads tensor values)."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from depthlab.model import build_model
-    from depthlab.train.distributed import apply_activation_checkpointing, mesh_shape
+    from depthlab.train.distributed import apply_activation_checkpointing, mesh_shape, shard_model
 
     cpu, tc = torch.device("cpu"), cfg.train
     if world_size == 1:
@@ -192,26 +192,12 @@ def _fake_rank(cfg: Config, world_size: int) -> dict[str, int]:
                 model = build_model(cfg.model, init=False)
             if tc.activation_checkpointing:
                 apply_activation_checkpointing(model)
-            _fully_shard(model, cfg.model, tc, mesh)
+            shard_model(model, cfg.model, tc, mesh)
             model.to_empty(device=cpu)
             return _peak(cfg, (model, model), world_size, cpu, fake=True)
     finally:
         dist.destroy_process_group()
 
-
-def _fully_shard(model, m, tc, mesh) -> None:
-    """build_parallel's FSDP layout: the token embedding in its own group, one per block, the root; parameters
-    gathered in bf16 under bf16. (Its twin until depthlab.train.distributed offers the layout on its own.)"""
-    from torch import nn
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if tc.dtype == "bf16" else MixedPrecisionPolicy()
-    if isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and not m.tie_embeddings:
-        fully_shard(model.embed_tokens, mesh=mesh, mp_policy=mp)
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
 
 
 def _spawn(cfg: Config, world_size: int) -> list[dict[str, int]]:

@@ -132,26 +132,12 @@ def build_parallel(cfg: ModelConfig, tc: TrainConfig, env: DistEnv, device: torc
         apply_activation_checkpointing(model)
     fsdp = env.enabled and tc.parallel == "fsdp"
     if fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        # bf16: gather parameters in bf16 (half the traffic and memory), reduce gradients in fp32
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if tc.dtype == "bf16" else MixedPrecisionPolicy()
         from torch.distributed.device_mesh import init_device_mesh
 
         replicate, shard = mesh_shape(tc, env.world_size)
         mesh = init_device_mesh(device.type, (replicate, shard), mesh_dim_names=("replicate", "shard")) \
             if replicate > 1 else init_device_mesh(device.type, (shard,))
-        # the token embedding in its own group, as torchtitan does: the root group (head, final norm) stays small,
-        # and so does what accumulation adds while a group's reduce-scattered gradient is summed into the last one
-        # (the LM head has no group of its own: the chunked loss reads its weight without calling its forward)
-        if isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and not cfg.tie_embeddings:
-            fully_shard(model.embed_tokens, mesh=mesh, mp_policy=mp)
-        for layer in model.layers:
-            if tc.compile:
-                layer.compile()
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+        shard_model(model, cfg, tc, mesh)
     if constants is not None:
         materialize(model, device, constants)
     wrapped = model
@@ -161,6 +147,26 @@ def build_parallel(cfg: ModelConfig, tc: TrainConfig, env: DistEnv, device: torc
     if tc.compile and not fsdp:
         wrapped = torch.compile(wrapped)
     return model, wrapped
+
+
+def shard_model(model: nn.Module, cfg: ModelConfig, tc: TrainConfig, mesh) -> None:
+    """FSDP2's layout over `mesh` (build_parallel's, and depthlab.memtrack's fake rank's): the token embedding in its
+    own group, one group per block (each compiled first under train.compile), the root; under bf16 parameters
+    gathered in bf16 (half the traffic and memory) and gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if tc.dtype == "bf16" else MixedPrecisionPolicy()
+    # the token embedding in its own group, as torchtitan does: the root group (head, final norm) stays small,
+    # and so does what accumulation adds while a group's reduce-scattered gradient is summed into the last one
+    # (the LM head has no group of its own: the chunked loss reads its weight without calling its forward)
+    if isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and not cfg.tie_embeddings:
+        fully_shard(model.embed_tokens, mesh=mesh, mp_policy=mp)
+    for layer in model.layers:
+        if tc.compile:
+            layer.compile()
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
 
 
 def grad_sync(model: nn.Module, enabled: bool):
