@@ -61,13 +61,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=OUT)
     a = p.parse_args(argv)
     want = golden.load_golden()
-    earlier = json.loads(a.out.read_text())["variants"] if a.out.is_file() else {}  # --variants adds to them
-    result = {"made_with": want["made_with"], "measured_with": golden.made_with(), "steps": golden.STEPS,
-              "variants": earlier}
+    before = json.loads(a.out.read_text()) if a.out.is_file() else {}
+    earlier = before.get("variants", {})  # --variants adds to them
+    now = golden.made_with()
+    # a case measured after the file's first run names its own commit; measured_with is that first run's
+    result = {"made_with": want["made_with"], "measured_with": before.get("measured_with", now),
+              "steps": golden.STEPS, "variants": earlier}
     for name in a.variants:
         env, sets = VARIANTS[name]
         got = run_variant(env, sets, a.cases)
-        per_case = {c: spread(got[c], want["cases"][c]["losses"]) for c in a.cases}
+        per_case = {c: {**spread(got[c], want["cases"][c]["losses"]),
+                        **({"commit": now["commit"]} if before else {})} for c in a.cases}
         cases = {**earlier.get(name, {}).get("cases", {}), **per_case}  # --cases adds to the variant's others
         result["variants"][name] = {"env": env, "set": sets, "cases": cases,
                                     "max_abs_diff": max(s["max_abs_diff"] for s in cases.values())}
