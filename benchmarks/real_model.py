@@ -23,9 +23,9 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
     sublayers   `analyze --sublayers --linear-replacement` on the prose: attention-only, MLP-only, linear replacement
     tasks       `analyze --removal-tasks --removal-generate` on the prose (runs of blocks left out: NO_RUNS): a
                 4-choice continuation task (benchmarks/figure_one_run.py's) of --questions questions from plays the
-                calibration does not read, and greedy generation (exact match) of GENERATE and of continuing
-                CONTINUE_PLAY verbatim, --generate-n questions each; the three removal profiles (loss, choice,
-                generation) and their rank correlations
+                calibration does not read, and greedy generation (exact match) of --generate's tasks (GENERATE),
+                --generate-n questions each; the three removal profiles (loss, choice, generation) and their rank
+                correlations
     duplication `analyze --no-removal --duplicate MAX_SPAN` on the prose: every span of 1..--max-span blocks run
                 twice, the best one with its paired bootstrap interval over the windows
     greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
@@ -61,7 +61,10 @@ CALIBRATION_PLAYS = ("hamlet", "macbeth", "tempest", "lear")  # the prose the an
 TASK_PLAYS = ("othello", "twelfth_night", "julius_caesar", "as_you_like_it", "winters_tale", "coriolanus")
 CONTINUE_PLAY = "romeo_and_juliet"  # the generation task's held-out text: read by neither the calibration nor the task
 RECOVERY_PLAYS = ("merchant_of_venice", "much_ado_about_nothing", "richard_iii")  # lns_recovery's training text
-GENERATE = ("add:digits=2", "copy", "brackets")  # the built-in generation families the tasks phase scores removal by
+# the generation tasks the tasks phase scores removal by ("continue": continuing CONTINUE_PLAY verbatim); sized so
+# that SmolLM2 itself answers many of them (with 15 questions each it answered add:digits=2 0, add:digits=1 6,
+# copy 13, brackets 6, brackets:depth=2 14, continue 0: a task it never answers loses nothing to a removal)
+GENERATE = ("add:digits=1", "copy", "brackets:depth=2")
 PYTHON_SOURCES = ("src/depthlab/analysis", "src/depthlab/data")  # written in 2026: after SmolLM2's training
 
 
@@ -376,11 +379,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 def generation_specs(a, files, out: Path) -> list[str]:
-    """--removal-generate's tasks: GENERATE and `continue:` on CONTINUE_PLAY, --generate-n questions each."""
+    """--removal-generate's tasks: --generate's, --generate-n questions each; `continue` continues CONTINUE_PLAY."""
     play = out / f"{CONTINUE_PLAY}.txt"
     play.write_text(body((files["plays"] / f"{CONTINUE_PLAY}_gut.txt").read_text(errors="replace")))
-    return [f"{spec}{',' if ':' in spec else ':'}n={a.generate_n}" for spec in GENERATE] + \
-        [f"continue:{play},n={a.generate_n}"]
+    specs = [f"continue:{play}" if spec == "continue" else spec for spec in a.generate]
+    return [f"{spec}{',' if ':' in spec else ':'}n={a.generate_n}" for spec in specs]
 
 
 def without_questions(removal: dict | None) -> dict | None:
@@ -409,7 +412,8 @@ def phase_tasks(a, files, data) -> dict:
     task.write_text("".join(json.dumps(q) + "\n" for q in qs))
     generate = generation_specs(a, files, a.out)
     folder = a.out / "tasks_prose"
-    cmd = analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest", "4",
+    cmd = analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest",
+                      str(a.drop_lowest),
                       *(["--removal-generate", *generate] if a.generate_n else []))
     t = timed([cmd[0], "-c", NO_RUNS, *cmd[3:]])
     res = json.loads((folder / "metrics.json").read_text())
@@ -642,6 +646,9 @@ def main(argv=None) -> None:
     p.add_argument("--recovery-steps", type=int, default=100, help="lns_recovery: training steps (default 100)")
     p.add_argument("--recovery-lr", type=float, default=0.02, help="lns_recovery: Adam's rate (default 0.02)")
     p.add_argument("--fit-tokens", type=int, help="sublayers: the linear maps' fit tokens (default: --tokens)")
+    p.add_argument("--generate", nargs="+", default=list(GENERATE), help="tasks: the generation tasks "
+                   "(--removal-generate's specs without n; `continue`: continuing a held-out play)")
+    p.add_argument("--drop-lowest", type=int, default=4, help="tasks: --drop-lowest K (default 4)")
     p.add_argument("--generate-n", type=int, default=50, help="tasks: questions per generation task (0: none)")
     p.add_argument("--max-span", type=int, default=2, help="duplication: spans of 1..MAX_SPAN blocks")
     p.add_argument("--greedy-tokens", type=int, default=256, help="greedy: the tokens scored (default 256)")

@@ -94,10 +94,12 @@ def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tiny_cach
     import json
 
     rm, args = tiny_cache
-    rm.main(["run", "--phases", "tasks", *args, "--questions", "12", "--generate-n", "4"])
+    rm.main(["run", "--phases", "tasks", *args, "--questions", "12", "--generate-n", "4",
+             "--generate", "add:digits=2", "copy", "brackets", "continue"])
     rec = json.loads((rm.RESULTS / "tasks.json").read_text())
     assert rec["questions"] == 12 and len(rec["blocks"]) == 4
     assert len(rec["generate_removal"]["tasks"]) == 4 and rec["generate"][0] == "add:digits=2,n=4"
+    assert rec["generate"][3].startswith("continue:") and rec["generate"][3].endswith("romeo_and_juliet.txt,n=4")
     assert all("per_question" not in t for t in rec["task_removal"]["tasks"].values())
     assert set(rec["profiles"]["profiles"]) == {"loss", "choice", "generation"}
     assert len(rec["profiles"]["correlations"]) == 3
