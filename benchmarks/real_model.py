@@ -30,6 +30,7 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 twice, the best one with its paired bootstrap interval over the windows
     greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
                 --greedy-seq-len): the loss after each greedy step beside the one-shot choice's at the same k
+    generate_base  the model itself on candidate generation tasks: how many of each it answers (GENERATE's choice)
     lns_recovery  `apply_scheme(model, "lns")`, then the norm gains alone trained for --recovery-steps steps on
                 other plays: the prose's loss before and after
     costs       the default `analyze --no-jacobian` of the prose with each part timed (lens, removal, metrics) as a
@@ -386,6 +387,29 @@ def generation_specs(a, files, out: Path) -> list[str]:
     return [f"{spec}{',' if ':' in spec else ':'}n={a.generate_n}" for spec in specs]
 
 
+CANDIDATES = ("add:digits=2", "add:digits=1", "copy", "copy:len=4", "brackets", "brackets:depth=2", "continue:PLAY",
+              "continue:PLAY,answer=3")  # generate_base: how many of each the model itself answers (PLAY: the play)
+
+
+def phase_generate_base(a, files, data) -> dict:
+    """The model itself (no removal) on each candidate generation task, --generate-n questions each (the tasks
+    phase's questions where the spec is the same): its exact-match count, what GENERATE was chosen by."""
+    from depthlab.eval.gen_tasks import read_task
+    from depthlab.eval.generate import encode_pair, eos_of, score_generation
+
+    model, tok, _ = load_dense(files["model"])
+    play = a.out / f"{CONTINUE_PLAY}.txt"
+    play.write_text(body((files["plays"] / f"{CONTINUE_PLAY}_gut.txt").read_text(errors="replace")))
+    out = {}
+    for spec in CANDIDATES:
+        full = spec.replace("PLAY", str(play)) + f"{',' if ':' in spec else ':'}n={a.generate_n}"
+        qs = [encode_pair(lambda t: tok(t).input_ids, q, ans) for q, ans in read_task(full).pairs]
+        right = score_generation(model, qs, eos=eos_of(model))
+        out[spec] = {"spec": full, "right": sum(right), "n": len(right)}
+        print(f"generate_base: {spec} {sum(right)}/{len(right)}", flush=True)
+    return {"tasks": out}
+
+
 def without_questions(removal: dict | None) -> dict | None:
     """A task or generation removal's results less each question's own scores (metrics.json keeps them)."""
     if not removal:
@@ -627,7 +651,8 @@ def phase_duplication(a, files, data) -> dict:
 PHASES = {"forward": phase_forward, "lns": phase_lns, "massive": phase_massive, "modes": phase_modes,
           "removal_prose": phase_removal("prose"), "removal_python": phase_removal("python"),
           "sublayers": phase_sublayers, "tasks": phase_tasks, "duplication": phase_duplication,
-          "greedy": phase_greedy, "costs": phase_costs, "lns_recovery": phase_lns_recovery}
+          "greedy": phase_greedy, "costs": phase_costs, "lns_recovery": phase_lns_recovery,
+          "generate_base": phase_generate_base}
 
 
 def main(argv=None) -> None:

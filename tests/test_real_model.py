@@ -131,3 +131,13 @@ def test_figures_draw_the_sublayers_and_the_three_profiles_from_their_records(tm
         "loss": [3.0, 0.1, 1.0], "choice": [0.5, 0.0, 0.2], "generation": [0.4, 0.1, 0.0]}}}))
     got = {p.name for p in rm.figures(tmp_path / "img")}
     assert got == {"real_model_sublayers.png", "real_model_profiles.png"}
+
+
+def test_generate_base_counts_the_models_own_answers_per_candidate_task_on_a_tiny_gguf(tiny_cache):
+    import json
+
+    rm, args = tiny_cache
+    rm.main(["run", "--phases", "generate_base", *args, "--generate-n", "2"])
+    rec = json.loads((rm.RESULTS / "generate_base.json").read_text())["tasks"]
+    assert list(rec) == list(rm.CANDIDATES) and all(t["n"] == 2 and 0 <= t["right"] <= 2 for t in rec.values())
+    assert rec["continue:PLAY,answer=3"]["spec"].endswith("romeo_and_juliet.txt,answer=3,n=2")
