@@ -114,6 +114,45 @@ def test_the_memory_plan_counts_muons_one_momentum_buffer_as_the_tracker_measure
     _within(plan["bytes"], measured)
 
 
+# wide blocks, few tokens: the Newton-Schulz step of the 256 x 1024 down projection is the run's peak
+MUON_STEP = ("train.optimizer=muon", "model.dim=256", "model.n_heads=4", "model.ffn_dim=1024", "train.batch_size=2",
+             "data.seq_len=16")
+
+
+def test_the_memory_plan_counts_muons_newton_schulz_step_as_the_tracker_measures_it():
+    """What Muon's step holds beyond its momentum at its largest matrix (the fp32 update, two bfloat16 iterates, two
+    Gram matrices: 8 n + 4 m^2 bytes) is the plan's `Muon step`; where it is the peak, the plan's total is too."""
+    from depthlab.memtrack import measure
+    from depthlab.train.plan import memory_plan
+    from tests.test_memory_plan import tiny
+
+    cfg = tiny(*MUON_STEP)
+    plan, measured = memory_plan(cfg, 1)["bytes"], measure(cfg)
+    assert plan["Muon step"] == 8 * 256 * 1024 + 4 * 256**2 == measured["Muon step"]
+    assert measured["optimizer"] == pytest.approx(plan["optimizer"], abs=64)  # the states (and AdamW step counts)
+    assert plan["total"] == pytest.approx(measured["total"], rel=0.01)
+    assert plan["total"] > plan["parameters"] + plan["optimizer"] + plan["gradients"] + plan["activations"]
+
+
+@pytest.mark.slow
+def test_the_tracker_measures_muon_on_fsdp2_ranks_and_the_plan_counts_the_gathered_matrix():
+    """On 2 FSDP2 ranks (FSDPMemTracker, which hooks one optimizer, given Muon's two) the step gathers the wide down
+    projection whole: the rank's part of the update and iterates (8 n / 2), the gathered matrix and its buffer
+    (4 n), the row-sharded Gram matrices (4 m^2 / 2), as planned; the tracker reads that or a little more, by run
+    (some of DTensor's temporaries are freed late: 1.00 and 1.03 x measured), never the 0.53 x of no gather."""
+    from depthlab.memtrack import measure
+    from depthlab.train.plan import memory_plan
+    from tests.test_memory_plan import tiny
+
+    cfg = tiny(*MUON_STEP, "train.parallel=fsdp")
+    plan, measured = memory_plan(cfg, 2)["bytes"], measure(cfg, 2)
+    n, m = 256 * 1024, 256
+    assert plan["Muon step"] == 8 * n / 2 + 4 * n + 4 * m * m / 2
+    assert plan["Muon step"] <= measured["Muon step"] <= 1.5 * plan["Muon step"]
+    assert measured["optimizer"] == pytest.approx(plan["optimizer"], rel=0.01)
+    assert plan["total"] == pytest.approx(measured["total"], rel=0.1)
+
+
 @pytest.mark.slow
 def test_muon_under_fsdp2_matches_one_process_and_resumes_on_another_rank_count(tmp_path, corpus):
     """To 1e-4, not AdamW's 1e-5: the sharded step is the whole matrix's bitwise for the same gradient (the test

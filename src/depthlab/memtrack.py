@@ -1,16 +1,17 @@
 """What a training step holds at its peak, measured by PyTorch's own trackers, in the dry-run plan's categories.
 
 The step is the trainer's: the model and its parallel wrapping from depthlab.train.distributed.build_parallel, the
-trainer's optimizer (make_optimizer), its forward and backward per micro-batch (depthlab.train.trainer.backward_steps,
-the function Trainer.train_step runs: the loss by chunks under autocast), clipping, the optimizer step, gradients
-set to None. It runs on random tokens
-of the plan's shape (memory does not depend on their values) -- two steps, the second holding AdamW's moments, of
-at most two micro-batches (the second is where the first one's gradients meet a forward's activations; more add
-nothing new) -- under torch.distributed._tools.mem_tracker.MemTracker, or on an FSDP rank under FSDPMemTracker,
-which also tells the gathered blocks apart. Each category is read at the total's peak, the gradients and the
-activations at their own. Real tensors on the CPU (FSDP ranks are spawned processes over gloo),
-or everything under FakeTensorMode: shapes only, no memory, FSDP against a fake process group of the plan's world
-size, so that one rank of a 7B run is measured on a laptop.
+trainer's optimizer (make_optimizer), its forward and backward per micro-batch
+(depthlab.train.trainer.backward_steps, the function Trainer.train_step runs: the loss by chunks under autocast),
+clipping, the optimizer step, gradients set to None. It runs on random tokens of the plan's shape (memory does not
+depend on their values) -- two steps, the second holding AdamW's moments, of at most two micro-batches (the second
+is where the first one's gradients meet a forward's activations; more add nothing new) -- under
+torch.distributed._tools.mem_tracker.MemTracker, or on an FSDP rank under FSDPMemTracker, which also tells the
+gathered blocks apart. Each category is read at the total's peak, the gradients and the activations at their own,
+the optimizer's states after the steps (the trackers count whatever a step makes as optimizer state: under
+train.optimizer=muon the most Muon's step holds beyond its states is its own category). Real tensors on the CPU
+(FSDP ranks are spawned processes over gloo), or everything under FakeTensorMode: shapes only, no memory, FSDP
+against a fake process group of the plan's world size, so that one rank of a 7B run is measured on a laptop.
 
 Below them, the meters the memory benchmarks read (benchmarks/memory.py, benchmarks/scaleout.py): the bytes autograd
 saves for backward, by the module that saved them; the peak of live tensor bytes from the profiler's allocation
@@ -101,6 +102,8 @@ def _tracker(module, opt):
             super().__init__(*args)
             self.timeline: dict[str, list[int]] = {c: [] for c in OWN_PEAK}  # bytes after each operation
             self.born: dict[int, int] = {}  # id of a storage's record -> the operation it appeared after
+            self.optimizer_bytes: list[int] = []  # the optimizer category after each operation
+            self.step_extra = 0  # _watch_step's
 
         def own_peak(self) -> dict[str, int]:
             return {c: max(t, default=0) for c, t in self.timeline.items()}
@@ -119,21 +122,51 @@ def _tracker(module, opt):
             now = _by_category(next(iter(self._curr_mem_snap.values()), {}))
             for c, t in self.timeline.items():
                 t.append(now[c])
+            self.optimizer_bytes.append(now["optimizer"])
 
-    if base is FSDPMemTracker:
-        return Tracker(module, opt)
-    tracker = Tracker()
-    tracker.track_external(module, *(opt if isinstance(opt, list) else [opt]))  # train.optimizer=muon: two
+        def _instrument_optimizer(self) -> None:
+            # FSDPMemTracker hooks the one optimizer it is given (an Optimizers list has no hooks): each in turn
+            handles = []
+            for self._optm in optimizers:
+                super()._instrument_optimizer()
+                handles += self._optimizer_hook_handles
+            self._optimizer_hook_handles = tuple(handles)
+
+    optimizers = opt if isinstance(opt, list) else [opt]  # train.optimizer=muon: two
+    tracker = Tracker(module) if base is FSDPMemTracker else Tracker()
+    if base is MemTracker:
+        tracker.track_external(module, *optimizers)
+    for o in optimizers:
+        if isinstance(o, torch.optim.Muon):
+            _watch_step(tracker, o)
     return tracker
+
+
+def _watch_step(tracker, optimizer) -> None:
+    """Keep in tracker.step_extra the most `optimizer`'s steps hold beyond the optimizer states: the trackers count
+    everything made during a step as optimizer state, so a step's temporaries are its peak of the category
+    (tracker.optimizer_bytes, after each operation) less the category once the step has returned."""
+    start = [0]
+
+    def before(*_) -> None:
+        start[0] = len(tracker.optimizer_bytes)
+
+    def after(*_) -> None:
+        now = _by_category(next(iter(tracker.get_tracker_snapshot().values())))["optimizer"]
+        tracker.step_extra = max(tracker.step_extra, max(tracker.optimizer_bytes[start[0]:], default=now) - now)
+
+    optimizer.register_step_pre_hook(before)
+    optimizer.register_step_post_hook(after)
 
 
 def _peak(cfg: Config, built: tuple, world_size: int, device: torch.device, fake: bool = False,
           tick=lambda: None) -> dict[str, int]:
-    """Bytes per plan category at the total's peak (the gradients and activations at their own), and the total,
-    over the steps of `cfg` on this rank, for the (model, what the step calls) that build_parallel returns; `tick`
-    is called after every micro-batch (a progress bar's). Fake
-    steps leave clipping out: under FakeTensorMode a sharded gradient's norm gathers the whole gradient (8 x the
-    shard on 8 ranks), which real ranks do not (a peak 2 KiB over the gradients on 2 gloo ranks, against 7 MiB)."""
+    """Bytes per plan category at the total's peak (the gradients and activations at their own, the optimizer's
+    states once the steps are done, under train.optimizer=muon the most Muon's step held beyond them), and the
+    total, over the steps of `cfg` on this rank, for the (model, what the step calls) that build_parallel returns;
+    `tick` is called after every micro-batch (a progress bar's). Fake steps leave clipping out: under
+    FakeTensorMode a sharded gradient's norm gathers the whole gradient (8 x the shard on 8 ranks), which real ranks
+    do not (a peak 2 KiB over the gradients on 2 gloo ranks, against 7 MiB)."""
     from depthlab.train.optim import make_optimizer
 
     module, model = built
@@ -143,8 +176,10 @@ def _peak(cfg: Config, built: tuple, world_size: int, device: torch.device, fake
         for _ in _train_steps(cfg, model, opt, device, world_size, clip=not fake):
             tracker.reset_mod_stats()  # per-module statistics are per forward; the peaks are kept
             tick()
+        states = _by_category(next(iter(tracker.get_tracker_snapshot().values())))["optimizer"]  # steps done
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    return {**_by_category(peak), **tracker.own_peak(), "total": peak[_TOTAL]}
+    muon = {"Muon step": tracker.step_extra} if cfg.train.optimizer == "muon" else {}
+    return {**_by_category(peak), "optimizer": states, **tracker.own_peak(), **muon, "total": peak[_TOTAL]}
 
 
 def measure(cfg: Config, world_size: int = 1, fake: bool = False, tick=lambda: None) -> dict[str, int]:
@@ -246,8 +281,9 @@ def measure_plan(cfg: Config, plan: dict, progress: bool = True) -> dict:
           "large model)", file=sys.stderr, flush=True)
     with progress_bar(total=n, enabled=progress, desc="measuring the plan", unit="micro-batches") as bar:
         measured = measure(cfg, tick=bar.update)
-    what = (f"PyTorch's MemTracker over {STEPS} training steps on the CPU (random tokens; the second holds AdamW's "
-            "moments): each category at the total's peak, the gradients and activations at their own")
+    what = (f"PyTorch's MemTracker over {STEPS} training steps on the CPU (random tokens; the second holds the "
+            "optimizer's states): each category at the total's peak, the gradients and activations at their own, the "
+            "optimizer's states after the steps")
     return {**plan, "measured": {"bytes": measured, "what": what}}
 
 
@@ -284,6 +320,7 @@ def ladder_row(shape: dict | str, ranks: int, fake: bool, overrides: list[str]) 
                        "batch": per_rank_batch(tc, ranks), "seq": cfg.data.seq_len, "dtype": tc.dtype,
                        "loss_chunk": tc.loss_chunk, "grad_accum": tc.grad_accum, "world_size": ranks,
                        "parallel": tc.parallel if ranks > 1 else None, "tensors": "fake" if fake else "real",
+                       "optimizer": tc.optimizer,
                        "activation_checkpointing": tc.activation_checkpointing},
             "categories": compare(memory_plan(cfg, ranks)["bytes"], measured), "wall_s": round(time.time() - t0, 1)}
 

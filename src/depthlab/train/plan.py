@@ -3,13 +3,15 @@
 The model is built on the meta device (no memory), two of its blocks at most (blocks are alike: the rest are
 counted), so the plan of a 7B run takes a second on a laptop. Parameters, gradients and AdamW's two moments
 (train.optimizer=muon: Muon's one momentum buffer for the blocks' matrices) are exact byte counts (fp32, divided by
-the ranks that shard them). What FSDP gathers (two blocks, one block's fp32 gradient, the LM head) and the
-activations are estimates, from what depthlab's own code keeps: per block and micro-batch its norms' inputs, q, k, v
-and attention's output, SwiGLU's gate and up; the loss head's share (depthlab.model.loss) or the SwiGLU gradient's
-fp32 temporaries, whichever is larger; with activation checkpointing each block's input and one block recomputed.
-The total is the peak, not the sum: the gradients are counted where they are present. benchmarks/memory_plan.py
-checks every category against PyTorch's MemTracker (depthlab.memtrack), on real ranks and under FakeTensorMode up to
-olmo-7b.
+the ranks that shard them); Muon's step, what its Newton-Schulz iteration holds at its largest matrix, is counted
+from torch's code (newton_schulz_bytes; under FSDP2 a wide matrix is gathered whole). What FSDP gathers (two blocks,
+one block's fp32 gradient, the LM head) and the activations are estimates, from what depthlab's own code keeps: per
+block and micro-batch its norms' inputs, q, k, v and attention's output, SwiGLU's gate and up; the loss head's share
+(depthlab.model.loss) or the SwiGLU gradient's fp32 temporaries, whichever is larger; with activation checkpointing
+each block's input and one block recomputed. The total is the peak, not the sum: the gradients are counted where
+they are present, and under Muon the peak may be its step (every gradient, no activations).
+benchmarks/memory_plan.py checks every category against PyTorch's MemTracker (depthlab.memtrack), on real ranks and
+under FakeTensorMode up to olmo-7b.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from depthlab.train.distributed import mesh_shape
 GIB = 2**30
 
 
-def parameter_counts(m) -> tuple[int, int, int]:
-    """Parameters of the model, of one block, and of the blocks' 2-D weights (what Muon takes under
+def parameter_counts(m) -> tuple[int, int, list[tuple[int, int]]]:
+    """Parameters of the model and of one block, and the shapes of one block's 2-D weights (what Muon takes under
     train.optimizer=muon, depthlab.train.optim.muon_params). Every block of a scheme has as many as the others
     (only their values and constants differ with depth), so a model of at most two blocks is built, on the meta
     device, and the rest counted: a 100,000-block plan takes as long as a 2-block one."""
@@ -36,9 +38,27 @@ def parameter_counts(m) -> tuple[int, int, int]:
     with torch.device("meta"):
         model = build_model(small, init=False)
     block = sum(p.numel() for p in model.layers[0].parameters())
-    matrices = sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
-    return sum(p.numel() for p in model.parameters()) + (m.n_layers - small.n_layers) * block, block, \
-        m.n_layers * matrices
+    matrices = [tuple(p.shape) for p in model.layers[0].parameters() if p.dim() == 2]
+    return sum(p.numel() for p in model.parameters()) + (m.n_layers - small.n_layers) * block, block, matrices
+
+
+def newton_schulz_bytes(shapes: list[tuple[int, int]], shard: int) -> float:
+    """What Muon's step holds beside its momentum buffers, at its largest matrix (torch.optim.Muon orthogonalizes
+    one at a time): the update in fp32 and two bfloat16 iterates X of it (8 bytes a parameter of the rank's part),
+    and the Gram matrix A = X X^T and b A + c A^2 (m x m in bfloat16, m the smaller side). Under FSDP2 (`shard`
+    ranks, each a block of rows) DTensor runs Newton-Schulz on the shards: a wide matrix (rows <= columns) is
+    gathered whole for the products, into the gather's buffer and then the matrix (2 + 2 bytes a parameter), its
+    Gram matrices left row-sharded; a tall one is worked on transposed, so the products sum over the sharded side:
+    nothing is gathered, and the m x m Gram matrix is summed across the ranks (the partial sum, the sum and the
+    polynomial). Measured on 2 gloo ranks (docs/scaling.md)."""
+    def one(rows: int, cols: int) -> float:
+        n, m = rows * cols, min(rows, cols)
+        if shard == 1:
+            return 8 * n + 4 * m * m
+        if rows <= cols:
+            return 8 * n / shard + 4 * n + 4 * m * m / shard
+        return 8 * n / shard + 6 * m * m
+    return max((one(*s) for s in shapes), default=0)
 
 
 def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
@@ -77,8 +97,8 @@ def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
 def memory_plan(cfg: Config, world_size: int) -> dict:
     """The layout and the bytes per rank of a run of `cfg` on `world_size` ranks."""
     m, tc = cfg.model, cfg.train
-    n, block, matrices = parameter_counts(m)
-    muon = matrices if tc.optimizer == "muon" else 0
+    n, block, shapes = parameter_counts(m)
+    muon = m.n_layers * sum(r * c for r, c in shapes) if tc.optimizer == "muon" else 0
     batch = per_rank_batch(tc, world_size)
     fsdp = world_size > 1 and tc.parallel == "fsdp"
     ddp = world_size > 1 and not fsdp
@@ -97,12 +117,17 @@ def memory_plan(cfg: Config, world_size: int) -> dict:
         "gathered blocks": (2 * block * a + 4 * block + head * a) if fsdp else 0,
     }
     plan["activations"], last_block = activation_bytes(cfg, batch, fsdp)
+    if muon:  # Newton-Schulz's temporaries at Muon's largest matrix (under FSDP2 a wide one gathered whole)
+        plan["Muon step"] = newton_schulz_bytes(shapes, shard)
     # the peak: where the last micro-batch's activations peak, beside the gradients accumulated so far (and DDP's
     # buckets) -- with one micro-batch none yet, they are set to None after each step -- or at the end of its
     # backward, with every gradient and the last block's backward (later under activation checkpointing)
     at_peak = grads - (4 * n / shard if tc.grad_accum == 1 else 0)
     rest = plan["parameters"] + plan["optimizer"] + plan["gathered blocks"]
-    plan["total"] = rest + max(plan["activations"] + at_peak, plan["gradients"] + last_block)
+    backward = rest + max(plan["activations"] + at_peak, plan["gradients"] + last_block)
+    # or in Muon's step: every gradient and Muon's temporaries, nothing gathered, no activations
+    step = plan["parameters"] + plan["optimizer"] + grads + plan.get("Muon step", 0)
+    plan["total"] = max(backward, step)
     layout = {"world_size": world_size, "parallel": tc.parallel if world_size > 1 else "single process",
               "mesh": f"{replicate} replicate x {shard} shard" if fsdp else None, "params": n,
               "batch_per_rank": batch, "grad_accum": tc.grad_accum,
