@@ -2,8 +2,9 @@
 
 For a ladder of configs -- widths, depths, batch x sequence, fp32 and bf16, the loss through full logits and by
 chunks, one and two micro-batches, activation checkpointing off and on, one process, two FSDP (and DDP) ranks over
-gloo, and the paper presets up to olmo-7b at one rank's shard under FakeTensorMode -- depthlab.memtrack measures
-two training steps and each category is printed beside the plan's figure, with estimate / measured.
+gloo, and the paper presets up to olmo-7b at one rank's shard under FakeTensorMode, then train.optimizer=muon on one
+process and two FSDP ranks -- depthlab.memtrack measures two training steps and each category is printed beside
+the plan's figure, with estimate / measured.
 
     python -m benchmarks.memory_plan    # about 10 minutes on one core; writes benchmarks/results/memory_plan.json
 """
@@ -24,6 +25,7 @@ NOTES = {"ddp": "DDP's buckets are rebuilt during the first step, so the tracker
                 "plan counts them as gradients (the total agrees)"}
 SMALL = {"dim": 128, "n_layers": 4, "batch": 8, "seq": 128}
 WIDE = {"dim": 256, "n_layers": 8, "batch": 8, "seq": 128}
+MUON_STEP = {"dim": 512, "n_layers": 2, "batch": 1, "seq": 16}
 LADDER = [  # (shape or preset, ranks, fake, overrides, note)
     ({"dim": 64, "n_layers": 2, "batch": 4, "seq": 64}, 1, False, [], None),
     (SMALL, 1, False, [], None),
@@ -44,6 +46,12 @@ LADDER = [  # (shape or preset, ranks, fake, overrides, note)
     ("olmo-1b", 8, True, [], None),
     ("olmo-7b", 16, True, [], None),
     ("olmo-7b", 16, True, ["train.activation_checkpointing=true"], None),
+    # train.optimizer=muon: Muon's one momentum buffer, and its Newton-Schulz step (the "Muon step" column), the
+    # run's peak at few tokens on one process; on 2 FSDP2 ranks the wide down projection gathered whole for it
+    (SMALL, 1, False, ["train.optimizer=muon"], None),
+    (MUON_STEP, 1, False, ["train.optimizer=muon"], None),
+    (SMALL, 2, False, ["train.parallel=fsdp", "train.optimizer=muon"], None),
+    (WIDE, 2, False, ["train.parallel=fsdp", "train.loss_chunk=256", "train.optimizer=muon"], None),
 ]
 
 

@@ -123,10 +123,14 @@ def test_the_results_page_section(tmp_path):
 
     assert memory_plan_lines(load(tmp_path / "none.json")) == []
     out = tmp_path / "memory_plan.json"
-    bench.main(["--rows", "0", "--out", str(out)])
+    muon = next(i for i, row in enumerate(bench.LADDER) if "train.optimizer=muon" in row[3])
+    bench.main(["--rows", "0", str(muon), "--out", str(out)])
     lines = memory_plan_lines(load(out))
     assert lines[0] == "## Memory: the dry-run plan against a tracker"
-    assert any(line.startswith("| 64 x 2, 4 x 64 | 1 | off | real |") for line in lines)
+    assert any(line.startswith("| config | ") and line.endswith(" | Muon step | total |") for line in lines)
+    adamw = next(line for line in lines if line.startswith("| 64 x 2, 4 x 64 | 1 | off | real |"))
+    assert " |  | " in adamw  # no Muon step
+    assert any(line.startswith("| 128 x 4, 8 x 128, Muon | 1 | off | real |") for line in lines)
     assert any("Largest |estimate / measured - 1|" in line and "`python -m benchmarks.memory_plan`" in line
                for line in lines)
 
