@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -76,15 +77,34 @@ def main(argv=None) -> None:
     removals = {l: Removal(frozenset({l})) for l in range(L)}
 
     got: dict = {}
+    split: dict = {}  # the last round's model calls of each contender: {kind: [calls, CPU s]}, the running one last
+
+    def begin(name: str) -> None:
+        split.pop(name, None)
+        split[name] = {}
 
     def naive():
         g = Greedy(model, eos)
+        begin("naive")
         got["naive"] = {l: [exact_match(g.generate(q.prompt, len(q.answer), r), q) for q in qs]
                         for l, r in removals.items()}
 
     def sweep():
+        begin("sweep")
         got["sweep"] = generation_sweep(model, qs, removals, eos)
 
+    def timed(m, args, kwargs, out=None):
+        """Pre and post hook of the model's forward: its CPU time, by kind of call (a pass over many tokens, or
+        a decode step of one), added to the running contender's split."""
+        if out is None:
+            m.t0 = time.process_time()
+            return
+        kind = "decode_steps" if kwargs["input_ids"].shape[1] == 1 else "passes"
+        c = split[next(reversed(split))].setdefault(kind, [0, 0.0])
+        c[0], c[1] = c[0] + 1, c[1] + time.process_time() - m.t0
+
+    model.register_forward_pre_hook(timed, with_kwargs=True)
+    model.register_forward_hook(timed, with_kwargs=True)
     with torch.no_grad():
         t = interleaved({"sweep": sweep, "naive": naive}, a.rounds, 1, warmup=0)
     base, cached = got["sweep"]
@@ -98,6 +118,8 @@ def main(argv=None) -> None:
               "sweep_cpu_s": min(t["sweep"]), "L_independent_generations_cpu_s": min(t["naive"]),
               "sweep_over_L_generations": paired_ratio(t["sweep"], t["naive"]),
               "sweep_over_L_generations_best": best_ratio(t["sweep"], t["naive"]),
+              "model_calls_last_round": {c: {k: {"calls": n, "cpu_s": sec} for k, (n, sec) in v.items()}
+                                         for c, v in split.items()},
               "environment": environment()}
     for k, v in result.items():
         print(f"{k}: {v}")
