@@ -117,8 +117,8 @@ class TaskScorer(Scorer):
 
 
 class GenerationScorer(TaskScorer):
-    """By exact match of greedy generation (depthlab.eval.generate): each removal decoded from the model's own
-    record of each question, as `analyze --removal-generate` scores it."""
+    """By exact match of greedy generation (depthlab.eval.generate): each removal scored in one pass from the
+    model's own record of each question, as `analyze --removal-generate` scores it."""
 
     by = "generate"
 
