@@ -73,7 +73,7 @@ def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
     corpus = s.meta["corpus"]
     s.meta.update(design=d.describe(), dedup_removed=(corpus.get("dedup") or {}).get("removed"),
                   test_tokens=corpus.get("test_tokens"), val_fraction=a.val_fraction)
-    from depthlab.data.dataset import describe_composition
+    from depthlab.data.tokens import describe_composition
 
     for split, comp in (corpus.get("splits") or {}).items():
         print(describe_composition(split, comp))
