@@ -418,6 +418,33 @@ def without_questions(removal: dict | None) -> dict | None:
                                  for k, t in removal["tasks"].items()}}
 
 
+def each_window_once(res: dict) -> dict:
+    """`res` with each calibration window counted once. With no later plans (NO_RUNS and --drop-lowest 0),
+    analyze's second removal pass falls back to every single block and scores each window again: the means are
+    the same, but the windows' intervals, the curse index's bootstrap and the profiles' would count each window
+    twice. Keeps the first pass's windows and recomputes those from them (as analyze does)."""
+    from depthlab.analysis.curse import curse_index
+    from depthlab.analysis.profiles import removal_profiles
+
+    w, n = res["removal"]["windows"], res["sequences"]
+    if len(w["count"]) == 2 * n and w["count"][:n] == w["count"][n:] and w["base_loss"][:n] == w["base_loss"][n:]:
+        res["removal"]["windows"] = {"count": w["count"][:n], "base_loss": w["base_loss"][:n],
+                                     "single_delta": [d[:n] for d in w["single_delta"]]}
+        res["curse_index"] = {**res["curse_index"], **curse_index(res)}
+        res["profiles"] = removal_profiles(res)
+        res["windows_counted_twice"] = True
+    return res
+
+
+def tasks_record(folder: Path, run: dict, questions: int, generate: list[str]) -> dict:
+    """The tasks phase's record from its analysis folder and its `timed` run."""
+    res = each_window_once(json.loads((folder / "metrics.json").read_text()))
+    return {**run, "questions": questions, "generate": generate,
+            "task_removal": without_questions(res.get("task_removal")),
+            "generate_removal": without_questions(res.get("generate_removal")), "profiles": res.get("profiles"),
+            "windows_counted_twice_in_analyze": res.get("windows_counted_twice", False), **removal_summary(res)}
+
+
 def phase_tasks(a, files, data) -> dict:
     """One `analyze` of the prose scoring every removal three ways: loss, the multiple-choice continuation task,
     and greedy generation (exact match); `analyze` compares the three profiles by rank (`profiles`)."""
@@ -439,11 +466,7 @@ def phase_tasks(a, files, data) -> dict:
     cmd = analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest",
                       str(a.drop_lowest),
                       *(["--removal-generate", *generate] if a.generate_n else []))
-    t = timed([cmd[0], "-c", NO_RUNS, *cmd[3:]])
-    res = json.loads((folder / "metrics.json").read_text())
-    return {**t, "questions": len(qs), "generate": generate, "task_removal": without_questions(res.get("task_removal")),
-            "generate_removal": without_questions(res.get("generate_removal")), "profiles": res.get("profiles"),
-            **removal_summary(res)}
+    return tasks_record(folder, timed([cmd[0], "-c", NO_RUNS, *cmd[3:]]), len(qs), generate)
 
 
 def phase_greedy(a, files, data) -> dict:
