@@ -139,3 +139,16 @@ def test_analyze_samples_windows_over_the_whole_text(tmp_path, kind):
     sampled, head = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("s", "h"))
     assert sampled["sequences"] == 8 and "8 windows sampled over all of it (seed 0)" in sampled["data"]["source"]
     assert sampled["removal"]["base_loss"] != head["removal"]["base_loss"]  # other text than the first windows
+
+
+@pytest.mark.slow
+def test_each_window_is_counted_once_when_no_later_removal_is_planned(tmp_path):
+    """A 2-block model has no run of 2..L-1 blocks and, without --drop-lowest, no later plan: the second removal
+    pass then fell back to every single block and scored each window again (the bootstrap saw each twice)."""
+    model = save_llama(tmp_path / "llama", 2, [])
+    (tmp_path / "text.txt").write_text(TEXT)
+    out = tmp_path / "report"
+    assert main(["analyze", str(model), "--data", str(tmp_path / "text.txt"), "--tokens", "128", "--seq-len", "32",
+                 "--no-jacobian", "--no-progress", "--out", str(out)]) == 0
+    res = json.loads((out / "metrics.json").read_text())
+    assert len(res["removal"]["windows"]["count"]) == res["sequences"] == res["curse_index"]["windows"]

@@ -256,11 +256,12 @@ def analyze(lm: LayeredLM, batches: list[Batch | ImageBatch], opts: Options = Op
     if opts.removal:
         task_sweep(lm, questions or {}, plans, tsums, linear, _bar(opts))
         later = later_plans(res, sums.results(L), tsums.results() if tsums.tasks else None, opts, L)
-        bar, tick = plan_bar(opts, len(batches), later, "analyze: removal of runs and of the k least useful")
-        with bar:
-            for b in batches:
-                single_layer_sweep(lm, b, lm.trace(b.inputs, b.mask), sums, later, tick=tick)
-        task_sweep(lm, questions or {}, later, tsums, None, _bar(opts))
+        if later:  # none: single_layer_sweep's default (every single block) would score each window again
+            bar, tick = plan_bar(opts, len(batches), later, "analyze: removal of runs and of the k least useful")
+            with bar:
+                for b in batches:
+                    single_layer_sweep(lm, b, lm.trace(b.inputs, b.mask), sums, later, tick=tick)
+            task_sweep(lm, questions or {}, later, tsums, None, _bar(opts))
         removal_results(res, sums, tsums, linear, L)
         if generation:
             res["generate_removal"] = generation_removal(lm, generation, [*plans, *later], _bar(opts))
