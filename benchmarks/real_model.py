@@ -420,9 +420,10 @@ def without_questions(removal: dict | None) -> dict | None:
 
 def each_window_once(res: dict) -> dict:
     """`res` with each calibration window counted once. With no later plans (NO_RUNS and --drop-lowest 0),
-    analyze's second removal pass falls back to every single block and scores each window again: the means are
-    the same, but the windows' intervals, the curse index's bootstrap and the profiles' would count each window
-    twice. Keeps the first pass's windows and recomputes those from them (as analyze does)."""
+    analyze's second removal pass fell back to every single block and scored each window again (fixed since: it
+    skips that pass): the means are the same, but the windows' intervals, the curse index's bootstrap and the
+    profiles' counted each window twice. Keeps the first pass's windows and recomputes those from them (as analyze
+    does); a no-op on an analysis that counted each window once, as the recorded tasks run did not."""
     from depthlab.analysis.curse import curse_index
     from depthlab.analysis.profiles import removal_profiles
 
