@@ -21,21 +21,33 @@ def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     return family_of(cfg).train_flops_per_token(cfg, seq_len)
 
 
+def thread_seconds() -> float:
+    """The process's CPU time per intra-op thread: a clock that stops while the process is not scheduled."""
+    return time.process_time() / torch.get_num_threads()
+
+
 @functools.cache
 def measured_matmul_peak(device: str, dtype: str, n: int = 1024, seconds: float = 0.5) -> float:
-    """Achievable matmul FLOP/s on this device, measured once per process with square n x n products."""
+    """Achievable matmul FLOP/s on this device, measured once per process with square n x n products.
+
+    On a CPU the clock is the process's CPU time divided by its intra-op threads (torch.get_num_threads()), not the
+    wall clock: time the process is not scheduled (other jobs, `nice`) would otherwise count as matmul time and
+    shrink the peak. With one thread this is the time spent computing exactly; with several it never undercounts
+    (each thread's spin-waits and any other thread's work count too), so the peak is at most the true one. On a GPU
+    the clock is the wall clock, synchronized."""
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
     g = torch.Generator(device).manual_seed(0)  # not the global one: training's dropout (LoRA) draws from that
     a = torch.randn(n, n, device=device, dtype=dt, generator=g)
     b = torch.randn(n, n, device=device, dtype=dt, generator=g)
     a @ b  # warm-up
-    iters, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    clock = thread_seconds if device.startswith("cpu") else time.perf_counter
+    iters, start = 0, clock()
+    while clock() - start < seconds:
         a @ b
         iters += 1
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return 2 * n**3 * iters / (time.perf_counter() - start)
+    return 2 * n**3 * iters / (clock() - start)
 
 
 def peak_flops(device: torch.device, dtype: str, configured: float = 0.0) -> float:
@@ -83,9 +95,14 @@ class Meter:
         """A metrics record's headline figures, as the bar and the log lines show them."""
         parts = [f"loss {record['loss']:.4f}"]
         if "tokens_per_s" in record:  # a log step's (an evaluation-only step has no throughput)
-            parts += [f"lr {record['lr']:.2e}", f"{record['tokens_per_s']:,.0f} tok/s", f"mfu {record['mfu']:.1%}"]
+            parts += [f"lr {record['lr']:.2e}", f"{record['tokens_per_s']:,.0f} tok/s", mfu_text(record["mfu"])]
         return " ".join(parts + [f"{k} {v:.4f}" for k, v in record.items()
                                  if k.startswith("val_") and isinstance(v, float)])
+
+
+def mfu_text(mfu: float) -> str:
+    """MFU for a log line; over 100% it can only be a peak measured too low, and the line says so."""
+    return f"mfu {mfu:.1%}" + (" (peak suspect)" if mfu > 1 else "")
 
 
 def peak_memory_mib(device: torch.device) -> float:
