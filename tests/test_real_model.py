@@ -106,6 +106,7 @@ def test_the_tasks_phase_records_three_removal_profiles_on_a_tiny_gguf(tiny_cach
     assert all(t["runs"] == [] for t in rec["task_removal"]["tasks"].values())  # NO_RUNS
 
 
+@pytest.mark.slow
 def test_lns_recovery_trains_the_norm_gains_alone_on_a_tiny_gguf(tiny_cache):
     import json
 
@@ -133,6 +134,7 @@ def test_figures_draw_the_sublayers_and_the_three_profiles_from_their_records(tm
     assert got == {"real_model_sublayers.png", "real_model_profiles.png"}
 
 
+@pytest.mark.slow
 def test_generate_base_counts_the_models_own_answers_per_candidate_task_on_a_tiny_gguf(tiny_cache):
     import json
 
