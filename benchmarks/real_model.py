@@ -470,6 +470,15 @@ def phase_tasks(a, files, data) -> dict:
     return tasks_record(folder, timed([cmd[0], "-c", NO_RUNS, *cmd[3:]]), len(qs), generate)
 
 
+def phase_choice(a, files, data) -> dict:
+    """The tasks phase scored by the multiple-choice task alone (no generation), at --questions (default 300, so
+    that a 5-point drop is resolvable), in its own folder."""
+    from types import SimpleNamespace
+
+    (a.out / "choice").mkdir(parents=True, exist_ok=True)
+    return phase_tasks(SimpleNamespace(**{**vars(a), "generate_n": 0, "out": a.out / "choice"}), files, data)
+
+
 def phase_greedy(a, files, data) -> dict:
     folder = a.out / "greedy_prose"
     t = timed([sys.executable, "-m", "depthlab", "prune", str(files["model"]), str(folder), "--drop-lowest", "4",
@@ -674,7 +683,7 @@ def phase_duplication(a, files, data) -> dict:
 
 PHASES = {"forward": phase_forward, "lns": phase_lns, "massive": phase_massive, "modes": phase_modes,
           "removal_prose": phase_removal("prose"), "removal_python": phase_removal("python"),
-          "sublayers": phase_sublayers, "tasks": phase_tasks, "duplication": phase_duplication,
+          "sublayers": phase_sublayers, "tasks": phase_tasks, "choice": phase_choice, "duplication": phase_duplication,
           "greedy": phase_greedy, "costs": phase_costs, "lns_recovery": phase_lns_recovery,
           "generate_base": phase_generate_base}
 
