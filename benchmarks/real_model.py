@@ -30,6 +30,7 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 twice, the best one with its paired bootstrap interval over the windows
     greedy      `prune --drop-lowest 4 --greedy` by loss on the prose (--greedy-tokens, in windows of
                 --greedy-seq-len): the loss after each greedy step beside the one-shot choice's at the same k
+    choice      the tasks phase with the continuation task alone, --questions of it (300), no generation
     generate_base  the model itself on candidate generation tasks: how many of each it answers (GENERATE's choice)
     lns_recovery  `apply_scheme(model, "lns")`, then the norm gains alone trained for --recovery-steps steps on
                 other plays: the prose's loss before and after
