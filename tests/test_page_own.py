@@ -129,3 +129,20 @@ def test_every_text_section_of_the_committed_page_prints_its_held_out_compositio
                  "Depth transfer:", "The own-rate study:"):
         body = next(s for h, s in sections.items() if h.startswith(head))
         assert "Kish effective" in body or "Kish's effective number of documents) is not recorded" in body, head
+
+
+def test_a_running_studys_word_is_held_to_the_whole_declared_family():
+    """One depth of the plan's three has its seeds: its Holm p is bounded by counting the two depths still to come
+    at p = 1 (3 x p here), so p 0.02 gives no word now; and no later outcome of those two can give a larger p."""
+    from depthlab.study.verdicts import holm_words
+
+    def one(p):
+        return {"p": p, "verdict": "lower"}
+
+    alone = holm_words([one(0.02)], family_size=3)[0]
+    assert alone["p_holm"] == pytest.approx(0.06) and alone["word"] == "inconclusive"
+    assert holm_words([one(0.02)])[0]["word"] == "lower"  # what the page said when the family was what had run
+    for later in ([0.5, 0.9], [0.001, 0.9], [0.001, 0.002]):
+        full = holm_words([one(0.02), *map(one, later)])[0]
+        assert full["p_holm"] <= alone["p_holm"] + 1e-12
+    assert holm_words([one(0.01)], family_size=3)[0]["word"] == "lower"

@@ -142,22 +142,26 @@ def reread(comparisons: list[dict], noise: dict) -> list[dict]:
     return comparisons
 
 
-def pooled_family(comparisons: list[dict], rerun_var: float = 0.0) -> dict:
+def pooled_family(comparisons: list[dict], rerun_var: float = 0.0, family_size: int = 0) -> dict:
     """One section's family of comparable comparisons: read again with their pooled noise (reread), then each
     given its Holm-adjusted p over the family ("p_holm") and a word that survives it ("word": lower / higher only
-    where the adjusted p is below ALPHA, else inconclusive). Returns the noise model."""
+    where the adjusted p is below ALPHA, else inconclusive). Returns the noise model. family_size: the family the
+    plan declared, when some of its members are not yet testable (holm_words)."""
     cs = [c for c in comparisons if c]
     noise = noise_of(cs, rerun_var)
-    holm_words(reread(cs, noise))
+    holm_words(reread(cs, noise), family_size)
     return noise
 
 
-def holm_words(comparisons: list[dict]) -> list[dict]:
+def holm_words(comparisons: list[dict], family_size: int = 0) -> list[dict]:
     """A section's family: each comparison (in place) with its Holm-adjusted p over the family ("p_holm") and the
     word that survives it ("word": its lower / higher only where the adjusted p is below ALPHA, else
-    inconclusive)."""
+    inconclusive). A declared family larger than the comparisons at hand (a study still running) counts each
+    member not yet tested at p = 1: the largest Holm p any outcome of theirs could give, so that a word given now
+    is not undone by the members still to come."""
     cs = [c for c in comparisons if c]
-    for c, p in zip(cs, holm([c.get("p", math.nan) for c in cs]), strict=True):
+    untested = [1.0] * max(0, family_size - len(cs))
+    for c, p in zip(cs, holm([c.get("p", math.nan) for c in cs] + untested)[:len(cs)], strict=True):
         directed = c["verdict"] in ("lower", "higher")
         c["p_holm"] = p
         c["word"] = c["verdict"] if not directed else c["verdict"] if p < ALPHA else "inconclusive"

@@ -1,9 +1,10 @@
 """docs/results.md's own-rate section (depthlab.study.own_rate) as far as its records go: each scheme's seed-0 rate
 grid at each depth with validation and test loss, the paired LNS − Pre-LN test loss at each one's own
 validation-selected rate read with the rules plan.json declared before the first cell (pooled seed noise across
-depths, Holm over the depths, at least 3 paired seeds for a word), beside it an interval that also covers the
-sampling of test documents (a bootstrap over the records' per-document losses, stats.document_bootstrap; it gives no
-word), and, scheme by scheme and depth by depth, the cells the plan still lacks."""
+depths, Holm over the plan's depths with those not yet compared at p = 1, at least 3 paired seeds for a word),
+beside it an interval that also covers the sampling of test documents (a bootstrap over the records' per-document
+losses, stats.document_bootstrap; it gives no word),
+and, scheme by scheme and depth by depth, the cells the plan still lacks."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def comparisons(records: dict, d: o.Design, min_seeds: int = 3) -> dict[int, dic
         diffs = [b[t.ENDPOINT] - a[t.ENDPOINT] for a, b in pairs.values()]
         docs = document_interval([b for _, b in pairs.values()], [a for a, _ in pairs.values()])
         out[L] = {**compare(diffs), "seeds": sorted(pairs), "rates": rates, "documents": docs}
-    pooled_family([c for c in out.values() if c["n"] >= min_seeds])
+    pooled_family([c for c in out.values() if c["n"] >= min_seeds], family_size=len(depths_of(d)))
     for c in out.values():
         if c["n"] < min_seeds:
             c["word"] = FEW if c["n"] else "no runs"
@@ -138,8 +139,10 @@ def page_lines(out: Path) -> list[str]:
                   if any(t.find(records, d.lattice, v, L, k, 0) for k in o.grid(records, d, v, L)["ks"])]
     cs = comparisons(records, d)
     lines += ["", "LNS − Pre-LN test loss, paired by seed, each at its own best rate. The word is the plan's: the "
-              "t-interval with seed noise pooled across depths, Holm over the depths, and 3 paired seeds before a "
-              "word. Beside it, an interval that also covers which documents the test split happened to hold: a "
+              "t-interval with seed noise pooled across depths, Holm over the plan's depths (a depth not yet compared "
+              "counts at p = 1, so that a word given now stands whatever the depths still to come show), and 3 "
+              "paired seeds before a word. Beside it, an interval that also covers which documents the test split "
+              "happened to hold: a "
               f"percentile bootstrap (scipy.stats.bootstrap, {DOC_REPLICATES} replicates, numpy seed 0) over the "
               "records' per-document test losses, each replicate drawing the test documents with replacement (one "
               "draw for both schemes and every seed, so the difference stays paired) and, where a depth has 2 or "
