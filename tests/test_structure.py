@@ -256,7 +256,7 @@ def test_ruff_covers_src_tests_and_benchmarks():
 def unresolved_imports(paths: dict[str, Path], root: Path = ROOT) -> list[str]:
     """`from depthlab... import x` / `from benchmarks... import x` lines, lazy ones inside functions too, whose x is
     neither an attribute nor a submodule of the module they name (a rename that missed a caller)."""
-    import importlib
+    import importlib.util
 
     bad = []
     for path in paths.values():
