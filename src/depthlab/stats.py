@@ -57,6 +57,20 @@ def tost(diffs: Sequence[float], margin: float, level: float = LEVEL) -> dict:
     return {**out, "ci": [float(ci.low), float(ci.high)], "p_lower": lower, "p_upper": upper, "p": max(lower, upper)}
 
 
+def welch(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> dict:
+    """Welch's t-test of mean(a) - mean(b) for two independent samples of unequal variances (scipy.stats.ttest_ind,
+    equal_var=False): "n" (n_a, n_b), the difference "mean", its `level` interval (Welch-Satterthwaite df) and the
+    two-sided p. Interval and p are nan below two values on either side."""
+    x, y = finite(a), finite(b)
+    out = {"n": (len(x), len(y)), "mean": mean_std(x)["mean"] - mean_std(y)["mean"], "ci": [math.nan, math.nan],
+           "p": math.nan, "df": math.nan}
+    if min(len(x), len(y)) < 2 or statistics.pstdev(x) == statistics.pstdev(y) == 0:
+        return out
+    res = st.ttest_ind(x, y, equal_var=False)
+    ci = res.confidence_interval(level)
+    return {**out, "ci": [float(ci.low), float(ci.high)], "p": float(res.pvalue), "df": float(res.df)}
+
+
 def pooled_noise(samples: Iterable[Sequence[float]], extra_var: float = 0.0) -> dict:
     """Seed noise pooled across comparable cells: each cell's values (one per seed: paired differences, or one
     variant's losses) deviate from their own cell mean; the pooled variance is the sum of squared deviations over the

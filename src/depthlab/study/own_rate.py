@@ -76,19 +76,21 @@ def best(records: dict, d: Design, v: str, L: int) -> float | None:
     return t.rate(g["best"]) if g["best"] is not None else None
 
 
-def stages(records: dict, d: Design) -> list[tuple[str, list[Cell] | None, int]]:
-    """(label, the cells it lacks now or None while they are not known, cells done) for every stage, in run order."""
+def stages(records: dict, d: Design) -> list[tuple[str, list[Cell] | None, list[str]]]:
+    """(label, the cells it lacks now or None while they are not known, the keys of its cells done) for every stage,
+    in run order. Two stages may share a cell (N = 6's best rate is often on a deeper grid)."""
     out = []
 
     def grids(pairs):
         for v, L in pairs:
             g = grid(records, d, v, L)
-            out.append((f"{v} rate grid at N = {L}", g["missing"], len(g["ks"]) - len(g["missing"])))
+            ran = [Cell(v, t.rate(k), 0, L).key for k in g["ks"]]
+            out.append((f"{v} rate grid at N = {L}", g["missing"], [k for k in ran if k in records]))
 
     def one(label, v, lr, s, L):  # one cell at a rate known once a grid has finished (None: not known yet)
         cell = Cell(v, lr, s, L) if lr is not None else None
         done = bool(cell and cell.key in records)
-        out.append((label, cell and ([] if done else [cell]), int(done)))
+        out.append((label, cell and ([] if done else [cell]), [cell.key] if done else []))
 
     def seeds(pairs, ss):
         for s in [s for s in ss if s != 0]:  # seed 0 at the best rate is the grid's cell
@@ -117,11 +119,11 @@ def next_cells(records: dict, d: Design) -> list[Cell]:
 
 
 def counts(records: dict, d: Design) -> dict:
-    """Cells done, known and still missing, and the stages whose cells are not known yet (minimum count: a grid is
-    three cells before any widening, a seed stage one cell)."""
+    """Cells done, known and still missing (each cell once, whichever stages share it), and the stages whose cells
+    are not known yet (minimum count: a grid is three cells before any widening, a seed stage one cell)."""
     st = stages(records, d)
-    done = sum(n for _, _, n in st)
-    missing = sum(len(c) for _, c, _ in st if c)
+    done = len({k for _, _, keys in st for k in keys})
+    missing = len({c.key for _, cs, _ in st for c in cs or []})
     waiting = sum(3 if "grid" in label else 1 for label, c, _ in st if c is None)
     return {"done": done, "missing": missing, "waiting_at_least": waiting, "planned_at_least": done + missing + waiting}
 

@@ -278,14 +278,19 @@ def exponent_reading(grids: dict[int, dict[int, float]], sd: float, margin: dict
     depth" where the 95% percentile interval excludes 0; "holds its rate" where the 90% interval lies inside ±
     the margin and that margin was declared before the data (depthlab.study.declared; a margin set after gives
     no word, its numbers stay); "inconclusive" otherwise. The word stands only where the grids' argmin and each
-    drop-one-depth fit read the same (each bootstrapped alike); else "inconclusive", with what moved it."""
+    drop-one-depth fit read the same (each bootstrapped alike); else "inconclusive", with what moved it. Beside
+    it, the bootstrap's p for a family to adjust: "p_move" (two-sided, slope 0) and "p_hold" (the larger one-sided
+    share beyond ± the margin; below 0.05 where the 90% interval lies inside)."""
     def read(slopes: np.ndarray) -> dict:
         lo, hi = (float(x) for x in np.quantile(slopes, [(1 - level) / 2, (1 + level) / 2]))
         tlo, thi = (float(x) for x in np.quantile(slopes, [1 - level, level]))
         inside = -margin["value"] < tlo and thi < margin["value"]
         word = ("falls with depth" if hi < 0 else "rises with depth" if lo > 0 else
                 "holds its rate" if inside and margin.get("declared") else "inconclusive")
-        return {"ci": [lo, hi], "tost_ci": [tlo, thi], "inside": inside, "word": word}
+        p_move = min(1.0, 2 * min(float(np.mean(slopes <= 0)), float(np.mean(slopes >= 0))))
+        p_hold = max(float(np.mean(slopes <= -margin["value"])), float(np.mean(slopes >= margin["value"])))
+        return {"ci": [lo, hi], "tost_ci": [tlo, thi], "inside": inside, "word": word, "p_move": p_move,
+                "p_hold": p_hold}
 
     if len(grids) < 3 or not math.isfinite(sd):
         return {"word": "no bootstrap (under 3 depths)", "ci": [math.nan] * 2, "tost_ci": [math.nan] * 2,

@@ -91,6 +91,7 @@ from depthlab.stats import (
     t_test,
     tost,
     tost_pooled,
+    welch,
 )
 
 COMPARISONS = ("lower", "higher", "inconclusive", "one seed: no verdict", "no runs")
@@ -122,6 +123,14 @@ def compare(diffs: list[float]) -> dict:
     """The reading of paired differences b - a: the word, n, mean ± std, the t-interval and p."""
     t = t_test(diffs)
     return {"verdict": _word(t), **t, "per_seed": list(diffs)}
+
+
+def contrast(a: list[float], b: list[float]) -> dict:
+    """The reading of two independent samples' mean difference mean(a) - mean(b) (stats.welch), with compare()'s
+    word; "n" is the smaller sample's size (the rule's seeds), "sizes" both."""
+    w = welch(a, b)
+    t = {**w, "n": min(w["n"]), "sizes": list(w["n"])}
+    return {"verdict": _word(t), **t}
 
 
 def noise_of(comparisons: list[dict], rerun_var: float = 0.0) -> dict:

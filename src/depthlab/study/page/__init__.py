@@ -6,6 +6,8 @@
     screen.py    docs/results.md's first screen from both studies, and the README's results bullets (the same lines)
     own.py       docs/results.md's own-rate section: grids, the pair at each scheme's own rate, words by plan.json,
                  intervals over test documents and seeds (stats.document_bootstrap), the cells still missing
+    muon.py      docs/results.md's Muon section: the same tables under Muon, beside AdamW's own-rate numbers,
+                 the best rate's slope on depth and what N = 6's rate costs deeper, words by its plan.json
     text.py      what every section prints alike: a comparison with n and its interval, a rate grid, a result file
 
 Formatting only: every number is computed from the runs (depthlab.study.summary, claims, verdicts); nothing is

@@ -113,6 +113,45 @@ def progress_row(records: dict, d: o.Design, v: str, L: int) -> str:
     return f"| {L} | {v} | {grid}; {best} | {', '.join(map(str, done))} | {loss} | {todo} |"
 
 
+def design_of(out: Path, settings: dict, study=o) -> o.Design:
+    """The design a study's records were made under: settings.json's, else plan.json's (`study`: its module)."""
+    return study.Design.of(settings.get("design") or (load(out / "plan.json") or {}).get("design") or {})
+
+
+def made_by(out: Path, records: dict, settings: dict, d: o.Design) -> str:
+    """The section's first line: the command, the corpus and its held-out splits, whether plan.json was declared
+    before the records (declared.plan_order), and the cells done and missing (own_rate.counts)."""
+    order, counts = declared.plan_order(out, records), o.counts(records, d)
+    return (f"Made by `{settings.get('command', '?')}` on the corpus sha256 {settings['corpus']['sha256'][:8]}… "
+            f"({composition_said(settings['corpus'])}). What decides the words is plan.json beside the records"
+            f" ({order['status']}: {order['why']}). Cells done: {counts['done']}; known and missing: "
+            f"{counts['missing']}; at least {counts['waiting_at_least']} more wait on those.")
+
+
+def grid_lines(records: dict, d: o.Design, rows: list[tuple[int, str]]) -> list[str]:
+    """Each (depth, scheme)'s seed-0 grid as a table, its best by validation in bold."""
+    return ["Each scheme's seed-0 grid: rate, final validation loss / test loss and, in brackets, the test loss's 95% "
+            "interval over test documents (bold: the best by validation, the rate every seed of that scheme and depth "
+            "runs at).", "", "| N | scheme | rate: val / test [documents resampled] | best |", "|---|---|---|---|",
+            *[grid_row(records, d, v, L) for L, v in rows], ""]
+
+
+def pair_said(c: dict) -> str:
+    """A comparison's cell: the plan's reading with 3 or more seeds, else its mean, n and why there is no word."""
+    if c["n"] >= 3:
+        return said(c, ".4f")
+    return f"{c['mean']:+.4f} (n = {c['n']}: *{c['word']}*)" if c["n"] else "no runs"
+
+
+def progress_lines(records: dict, d: o.Design, rows: list[tuple[int, str]]) -> list[str]:
+    return ["Each scheme at its own best rate: the seeds run there, their test loss (mean over seeds; 95% "
+            "interval with documents and seeds resampled as above), and what the plan still lacks (the seed-0 "
+            "grid first, then every other seed at the grid's best; a grid whose best lies at an edge widens one "
+            f"rate past it, {d.widen} times at most):", "",
+            "| N | scheme | seed-0 grid | seeds at its best rate | test loss (documents and seeds resampled) | "
+            "still missing |", "|---|---|---|---|---|---|", *[progress_row(records, d, v, L) for L, v in rows], ""]
+
+
 def page_lines(out: Path) -> list[str]:
     """The section, from OUT/runs.jsonl, OUT/settings.json and OUT/plan.json; a line saying it has not run where
     OUT has no records."""
@@ -120,25 +159,13 @@ def page_lines(out: Path) -> list[str]:
     records, settings = load_records(out / "runs.jsonl"), settings_of(out) or {}
     if not records:
         return head + ["Not run yet (`make study-own-rate`; docs/method.md section 5.3).", ""]
-    d = o.Design.of(settings.get("design") or (load(out / "plan.json") or {}).get("design") or {})
-    order = declared.plan_order(out, records)
-    counts = o.counts(records, d)
-    variants = {L: [v for v in (*d.pair, *(d.parts if L == d.deep else ()))] for L in depths_of(d)}
-    lines = head + [
-        f"Made by `{settings.get('command', '?')}` on the corpus sha256 {settings['corpus']['sha256'][:8]}… "
-        f"({composition_said(settings['corpus'])}). What decides the words is plan.json beside the records"
-        + f" ({order['status']}: {order['why']})."
-        + f" Cells done: {counts['done']}; known and missing: {counts['missing']}; at least "
-          f"{counts['waiting_at_least']} more wait on those.", "",
-        "Each scheme's seed-0 grid: rate, final validation loss / test loss and, in brackets, the test loss's 95% "
-        "interval over test documents (bold: the best by validation, the rate every seed of that scheme and depth "
-        "runs at).", "",
-        "| N | scheme | rate: val / test [documents resampled] | best |", "|---|---|---|---|"]
-    for L, vs in variants.items():
-        lines += [grid_row(records, d, v, L) for v in vs
-                  if any(t.find(records, d.lattice, v, L, k, 0) for k in o.grid(records, d, v, L)["ks"])]
+    d = design_of(out, settings)
+    rows = [(L, v) for L in depths_of(d) for v in (*d.pair, *(d.parts if L == d.deep else ()))]
+    lines = head + [made_by(out, records, settings, d), ""]
+    lines += grid_lines(records, d, [(L, v) for L, v in rows if any(t.find(records, d.lattice, v, L, k, 0)
+                                                                    for k in o.grid(records, d, v, L)["ks"])])
     cs = comparisons(records, d)
-    lines += ["", "LNS − Pre-LN test loss, paired by seed, each at its own best rate. The word is the plan's: the "
+    lines += ["LNS − Pre-LN test loss, paired by seed, each at its own best rate. The word is the plan's: the "
               "t-interval with seed noise pooled across depths, Holm over the plan's depths (a depth not yet compared "
               "counts at p = 1, so that a word given now stands whatever the depths still to come show), and 3 "
               "paired seeds before a word. Beside it, an interval that also covers which documents the test split "
@@ -157,15 +184,6 @@ def page_lines(out: Path) -> list[str]:
         if c is None:
             lines.append(f"| {L} | - | - | not run yet: a grid has not finished (see below) | - |")
             continue
-        shown = said(c, ".4f") if c["n"] >= 3 else (f"{c['mean']:+.4f} (n = {c['n']}: *{c['word']}*)" if c["n"]
-                                                     else "no runs")
         lines.append(f"| {L} | {c['rates'][0]:g}, {c['rates'][1]:g} | {', '.join(map(str, c['seeds'])) or '-'} | "
-                     f"{shown} | {boot_said(c['documents']) if c['n'] else '-'} |")
-    lines += ["", "Each scheme at its own best rate: the seeds run there, their test loss (mean over seeds; 95% "
-              "interval with documents and seeds resampled as above), and what the plan still lacks (the seed-0 "
-              "grid first, then every other seed at the grid's best; a grid whose best lies at an edge widens one "
-              f"rate past it, {d.widen} times at most):", "",
-              "| N | scheme | seed-0 grid | seeds at its best rate | test loss (documents and seeds resampled) | "
-              "still missing |", "|---|---|---|---|---|---|"]
-    lines += [progress_row(records, d, v, L) for L, vs in variants.items() for v in vs]
-    return lines + [""]
+                     f"{pair_said(c)} | {boot_said(c['documents']) if c['n'] else '-'} |")
+    return lines + [""] + progress_lines(records, d, rows)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from depthlab.study import declared, figures
 from depthlab.study.claims import LNS, PRE
-from depthlab.study.page import depth, lns, own, screen
+from depthlab.study.page import depth, lns, muon, own, screen
 from depthlab.study.page.text import composition_said, grid, load, rate, said
 from depthlab.study.records import load_records
 from depthlab.study.summary import along_pairs, lns_study, matched_rates, reruns
@@ -183,6 +183,7 @@ def write(results: Path, docs: Path, parts: list[str], unstable: list[str], plan
         lines += noise_lines(results, rerun, meta_of(results, "lns_study"))
     lines += transfer_lines(results, img)
     lines += own.page_lines(results / "own_rate")
+    lines += muon.page_lines(results / "muon", results / "own_rate")
     if res is not None:
         lines += ["## Every cell of the LNS study", ""] + depth.cell_tables(results / "lns_study") + [""]
     path = docs / "results.md"

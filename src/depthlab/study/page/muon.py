@@ -1,0 +1,264 @@
+"""docs/results.md's Muon section (depthlab.study.muon, issue 53) as far as its records go, every word by the rules
+its plan.json declared before the first cell (3 paired seeds before any word; Holm within each family, a member
+not yet testable counted at p = 1):
+
+    grids          each scheme's seed-0 grid at each depth, its best by validation (own.grid_lines)
+    primary        LNS − Pre-LN test loss under Muon at each depth, paired by seed (own.comparisons: seed noise
+                   pooled across depths), beside the own-rate study's AdamW reading at the same depth, and the
+                   against_adamw family: Welch's t on the two studies' per-seed differences (verdicts.contrast),
+                   read only where both have 3 paired seeds
+    rate_exponent  each scheme's slope of log(best rate) on log(N), read from the depth-transfer study's bootstrap
+                   over grid noise (transfer.exponent_reading), Holm over the two schemes; "holds its rate" only
+                   inside the plan's margin and only where the plan precedes the records (depthlab.study.declared)
+    transfer       N = 6's best rate at each deeper depth minus that depth's own best (test loss, paired by seed):
+                   "costs" where higher, else "no cost shown"
+    missing        the cells the plan still lacks (own.progress_lines, then the transfer cells)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from depthlab.stats import holm, interval, pvalue
+from depthlab.study import declared, muon as m, own_rate as o, transfer as t
+from depthlab.study.page import own
+from depthlab.study.page.text import rate, settings_of
+from depthlab.study.records import load_records
+from depthlab.study.runner import Cell, selection_value
+from depthlab.study.verdicts import ALPHA, compare, contrast, holm_words
+
+HEAD = "## The Muon study: does LNS still help under Muon?"
+MIN_SEEDS = 3
+FALLS, RISES, HOLDS = "falls with depth", "rises with depth", "holds its rate"
+
+
+def _family_words(cs: list[dict], size: int) -> None:
+    """Holm over a declared family of `size` (in place): the members with MIN_SEEDS or more get "p_holm" and
+    "word" (verdicts.holm_words), every other its reason for none."""
+    holm_words([c for c in cs if c["n"] >= MIN_SEEDS], family_size=size)
+    for c in cs:
+        if c["n"] < MIN_SEEDS:
+            c["word"] = own.FEW if c["n"] else "no runs"
+
+
+def against_adamw(muon: dict[int, dict], adamw: dict[int, dict], depths: list[int]) -> dict[int, dict]:
+    """(LNS − Pre-LN under Muon) − (LNS − Pre-LN under AdamW) at each of `depths` (the plan's against_adamw family):
+    Welch's t on the two studies' per-seed differences (different runs: unpaired), Holm over the family, a word only
+    where both studies have MIN_SEEDS paired seeds there."""
+    out = {L: contrast((muon.get(L) or {}).get("per_seed", []), (adamw.get(L) or {}).get("per_seed", []))
+           for L in depths}
+    _family_words(list(out.values()), len(depths))
+    return out
+
+
+def _exponent_family(readings: list[dict], size: int) -> None:
+    """Holm over the rate_exponent family (in place): each bootstrap p ("p_move": slope 0; "p_hold": outside the
+    margin) adjusted over `size` schemes; a direction or "holds its rate" the adjusted p does not carry reads
+    inconclusive ("holm_word")."""
+    for key in ("p_move", "p_hold"):
+        adjusted = holm([r[key] for r in readings] + [1.0] * (size - len(readings)))
+        for r, p in zip(readings, adjusted, strict=False):
+            r[f"{key}_holm"] = p
+    for r in readings:
+        lost = (r["word"] in (FALLS, RISES) and r["p_move_holm"] >= ALPHA) or (
+            r["word"] == HOLDS and r["p_hold_holm"] >= ALPHA)
+        r["holm_word"] = "inconclusive" if lost else r["word"]
+
+
+def exponents(records: dict, d: m.Design, out: Path) -> dict[str, dict]:
+    """Each scheme's best rate at every depth (the grid's best and the vertex of the parabola through it,
+    transfer.vertex) and, once every depth's grid has finished, the exponent's reading (transfer.exponent_reading:
+    each grid point redrawn with one validation loss's seed noise pooled over the cells of 2 or more seeds,
+    transfer.loss_noise; none below MIN_SEEDS - 1 degrees of freedom, what one cell's 3 seeds give), the plan's
+    margin for the depths fitted, Holm over the schemes."""
+    depths = own.depths_of(d)
+    noise = t.loss_noise(records)
+    margin = declared.margin(out, "holds_its_rate_slope", t.hold_margin(depths), records,
+                             f"{min(depths)}-{max(depths)}")
+    rows = {}
+    for v in d.pair:
+        gs = {L: o.grid(records, d, v, L) for L in depths}
+        done = {L: g for L, g in gs.items() if g["best"] is not None}
+        rates = {L: {"best": t.rate(g["best"]), "edge": g["edge"], "estimate": t.ANCHOR * 2 ** (
+            (g["best"] if g["edge"] else t.vertex(g["records"], g["best"])) / 2)} for L, g in done.items()}
+        waiting = [L for L in depths if L not in done]
+        reading = None if waiting or noise["df"] < MIN_SEEDS - 1 else t.exponent_reading(
+            {L: {k: selection_value(r) for k, r in g["records"].items()} for L, g in done.items()}, noise["sd"],
+            margin)
+        rows[v] = {"rates": rates, "waiting": waiting, "reading": reading}
+    _exponent_family([r["reading"] for r in rows.values() if r["reading"] and r["reading"].get("checks")],
+                     len(d.pair))
+    return {"rows": rows, "margin": margin, "noise": noise, "depths": depths}
+
+
+def _losses(records: dict, v: str, lr: float, L: int, seeds) -> dict[int, float]:
+    found = {s: records.get(Cell(v, lr, s, L).key) for s in seeds}
+    return {s: r[t.ENDPOINT] for s, r in found.items() if r and r.get("status") == "ok" and t.ENDPOINT in r}
+
+
+def transfer_costs(records: dict, d: m.Design) -> dict[tuple[str, int], dict]:
+    """The transfer family: at each deeper depth, each scheme's test loss at N = transfer_from's best rate minus that
+    at its own best, paired by seed (compare()), Holm over the family; "costs" where higher, "no cost shown"
+    otherwise. Where the two rates are one the cells are the same runs (difference 0, counted at p = 1)."""
+    base, out = d.transfer_from, {}
+    for v in d.pair:
+        lr0 = o.best(records, d, v, base)
+        for L in [L for L in d.depths if L != base]:
+            lr = o.best(records, d, v, L)
+            row = {"from": lr0, "own": lr, "missing": [] if lr0 is None else
+                   [s for s in d.seeds if Cell(v, lr0, s, L).key not in records]}
+            if lr0 is None or lr is None:
+                row.update(n=0, word=f"not run yet: the N = {base if lr0 is None else L} grid has not finished")
+            elif lr0 == lr:
+                row.update(n=0, word=f"no cost: N = {base}'s rate is its own best here (the same runs)")
+            else:
+                a, b = _losses(records, v, lr, L, d.seeds), _losses(records, v, lr0, L, d.seeds)
+                seeds = sorted(set(a) & set(b))
+                row.update(compare([b[s] - a[s] for s in seeds]), seeds=seeds)
+            out[(v, L)] = row
+    tested = [r for r in out.values() if "verdict" in r]
+    _family_words(tested, len(out))
+    for r in tested:
+        if r["n"] >= MIN_SEEDS:
+            r["word"] = "costs" if r["word"] == "higher" else "no cost shown"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- the page
+def _welch_said(c: dict) -> str:
+    if c["n"] < MIN_SEEDS:
+        return (f"no verdict: {c['sizes'][0]} paired seeds under Muon, {c['sizes'][1]} under AdamW ({MIN_SEEDS} each "
+                "needed)")
+    return (f"{c['mean']:+.4f} {interval(c, '.4f')}, p {pvalue(c['p'])} (Holm {pvalue(c['p_holm'])}), "
+            f"n = {c['sizes'][0]} and {c['sizes'][1]}: *{c['word']}*")
+
+
+def pair_lines(records: dict, d: m.Design, adamw: Path) -> list[str]:
+    """LNS − Pre-LN under Muon at each depth (the primary family), beside AdamW's (the own-rate study's records in
+    `adamw`) and the against_adamw family."""
+    cs = own.comparisons(records, d, MIN_SEEDS)
+    a_records = load_records(adamw / "runs.jsonl")
+    a_design = own.design_of(adamw, settings_of(adamw) or {})
+    acs = own.comparisons(a_records, a_design, MIN_SEEDS) if a_records else {}
+    common = [L for L in own.depths_of(d) if L in own.depths_of(a_design)]
+    vs = against_adamw(cs, acs, common)
+    lines = ["**LNS − Pre-LN under Muon, beside AdamW.** Test loss, paired by seed, each scheme at its own best rate "
+             "under Muon, read by the plan's rule (the t-interval with seed noise pooled across depths, Holm over the "
+             f"plan's {len(own.depths_of(d))} depths, a depth not yet compared at p = 1, {MIN_SEEDS} paired seeds "
+             "before a word); beside it the interval with test documents and seeds resampled (as in the own-rate "
+             "section; no word), the own-rate study's AdamW reading at the same depth (its own plan's rule and "
+             "family), and the difference of the two: Welch's t-test on the two studies' per-seed differences "
+             f"(different runs, so unpaired), Holm over the plan's against_adamw family (N = "
+             f"{', '.join(map(str, common))}), read only where both have {MIN_SEEDS} paired seeds (*higher*: LNS "
+             "gains less under Muon than under AdamW).", "",
+             "| N | rates under Muon (pre, lns) | seeds | lns − pre under Muon (the plan's reading) | documents and "
+             "seeds resampled (95% bootstrap) | lns − pre under AdamW (the own-rate study) | Muon − AdamW (Welch) |",
+             "|---|---|---|---|---|---|---|"]
+    for L in own.depths_of(d):
+        c, a = cs.get(L), acs.get(L)
+        if c is None:
+            muon_cells = "- | - | not run yet: a grid has not finished (see below) | -"
+        else:
+            muon_cells = (f"{c['rates'][0]:g}, {c['rates'][1]:g} | {', '.join(map(str, c['seeds'])) or '-'} | "
+                          f"{own.pair_said(c)} | {own.boot_said(c['documents']) if c['n'] else '-'}")
+        if L not in common:
+            adamw_cell, welch_cell = "no own-rate cell at this depth (that study runs N = " + ", ".join(
+                map(str, own.depths_of(a_design))) + ")", "not in the family"
+        else:
+            adamw_cell = (f"{own.pair_said(a)} (rates {a['rates'][0]:g}, {a['rates'][1]:g})" if a else
+                          "not run yet: a grid has not finished" if a_records else "no own-rate records")
+            welch_cell = _welch_said(vs[L])
+        lines.append(f"| {L} | {muon_cells} | {adamw_cell} | {welch_cell} |")
+    return lines + [""]
+
+
+def _rate_cell(r: dict | None) -> str:
+    if r is None:
+        return "not run yet"
+    return f"{r['best']:g}{' (at an edge)' if r['edge'] else ''} ({r['estimate']:.3g})"
+
+
+def _reading_said(row: dict, res: dict) -> str:
+    r = row["reading"]
+    if row["waiting"]:
+        return f"no verdict: the grid at N = {', '.join(map(str, row['waiting']))} has not finished"
+    if r is None:
+        return (f"no verdict: the seed noise the bootstrap draws has {res['noise']['df']} degrees of freedom "
+                f"({MIN_SEEDS - 1} needed, as one cell's {MIN_SEEDS} seeds give)")
+    if not r.get("checks"):
+        return r["word"]
+    moved = f"; the bootstrap reads {r['bootstrap_word']}, {', '.join(r['moved_by'])} does not" if r["moved_by"] \
+        else ""
+    return (f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}] ([{r['tost_ci'][0]:+.2f}, {r['tost_ci'][1]:+.2f}]), p slope 0 "
+            f"{pvalue(r['p_move'])} (Holm {pvalue(r['p_move_holm'])}), p outside ±{res['margin']['value']:.3g} "
+            f"{pvalue(r['p_hold'])} (Holm {pvalue(r['p_hold_holm'])}){moved}: *{r['holm_word']}*")
+
+
+def exponent_lines(res: dict) -> list[str]:
+    hold, noise, depths = res["margin"], res["noise"], res["depths"]
+    sd = f"sd {noise['sd']:.4f} nats over {noise['cells']} cells" if math.isfinite(noise["sd"]) else "none yet"
+    lines = ["**Does Muon's best rate move with depth?** Each depth's grid best (seed 0, validation) and, in "
+             "brackets, the vertex of the parabola through it and its neighbours in log(rate); best rate ∝ N^slope. "
+             "The reading is the depth-transfer study's: every grid point's validation loss redrawn "
+             f"{t.BOOTSTRAP:,} times with one loss's seed noise pooled over the cells of 2 or more seeds ({sd}), "
+             "each depth's vertex found again and the slope refitted, the 95% (90%) percentile interval; the "
+             "word stands only where the grids' argmin reads alike. *Falls*/*rises with depth* where the slope's "
+             "bootstrap p (against 0) survives Holm over the two schemes; *holds its rate* where the p of lying "
+             f"outside ±{hold['value']:.3g} (the slope that moves the rate one √2 step across N = {min(depths)}-"
+             f"{max(depths)}) survives it, and only by a margin declared before the data: this one is "
+             f"{hold['status']} ({hold['why']}).", "",
+             "| scheme | " + " | ".join(f"N = {L}" for L in depths) + " | bootstrap 95% (90%), p, reading |",
+             "|---" * (len(depths) + 2) + "|"]
+    for v, row in res["rows"].items():
+        lines.append(f"| {v} | " + " | ".join(_rate_cell(row["rates"].get(L)) for L in depths)
+                     + f" | {_reading_said(row, res)} |")
+    return lines + [""]
+
+
+def _cost_said(r: dict) -> str:
+    if "verdict" not in r:
+        return r["word"]
+    if r["n"] < MIN_SEEDS:
+        return f"{r['mean']:+.4f} (n = {r['n']}: *{r['word']}*)" if r["n"] else "not run yet"
+    return (f"{r['mean']:+.4f} {interval(r, '.4f')}, p {pvalue(r['p'])} (Holm {pvalue(r['p_holm'])}), "
+            f"n = {r['n']}: *{r['word']}*")
+
+
+def transfer_lines(costs: dict, d: m.Design) -> list[str]:
+    base = d.transfer_from
+    lines = [f"**What N = {base}'s rate costs deeper.** Each scheme at N = {base}'s best rate (every seed) minus at "
+             "its own best there, test loss paired by seed; the plan's transfer family, Holm over its "
+             f"{len(costs)} members (a member not yet testable at p = 1), {MIN_SEEDS} paired seeds before a word: "
+             "*costs* where the transferred rate is higher, else *no cost shown*.", "",
+             f"| N | scheme | N = {base}'s rate | its own best | transferred − own | seeds still missing at "
+             f"N = {base}'s rate |", "|---|---|---|---|---|---|"]
+    for (v, L), r in costs.items():
+        missing = ("-" if r["from"] is None else
+                   ", ".join(map(str, r["missing"])) if r["missing"] else "none")
+        lines.append(f"| {L} | {v} | {rate(r['from'])} | {rate(r['own'])} | {_cost_said(r)} | {missing} |")
+    return lines + [""]
+
+
+def page_lines(out: Path, adamw: Path) -> list[str]:
+    """The section, from OUT/runs.jsonl, OUT/settings.json and OUT/plan.json, beside the own-rate study's records in
+    `adamw`; a line saying it has not run where OUT has no records."""
+    head = [HEAD, ""]
+    records, settings = load_records(out / "runs.jsonl"), settings_of(out) or {}
+    if not records:
+        return head + ["Not run yet (`make study-muon`; docs/method.md section 5.4).", ""]
+    d = own.design_of(out, settings, m)
+    rows = [(L, v) for L in own.depths_of(d) for v in d.pair]
+    deep = f" and {d.deep}" if d.deep else ""
+    lines = head + [
+        "Pre-LN and LNS with the blocks' matrices trained by Muon (`train.optimizer=muon`, match-RMS-to-AdamW, one "
+        "rate for both optimizers) on the own-rate study's model, corpus and splits, at N = "
+        f"{', '.join(map(str, d.depths))}{deep} (docs/method.md section 5.4)"
+        + ("" if d.deep else "; N = 48 is not in this run's design (`--deep 48`, as the cores allow)") + ". "
+        + own.made_by(out, records, settings, d), ""]
+    lines += own.grid_lines(records, d, rows)
+    lines += pair_lines(records, d, adamw)
+    lines += exponent_lines(exponents(records, d, out))
+    costs = transfer_costs(records, d)
+    lines += transfer_lines(costs, d)
+    return lines + own.progress_lines(records, d, rows)
