@@ -194,3 +194,16 @@ def test_the_rate_exponents_words_are_held_to_holm_over_the_two_schemes():
     held = [reading(0.9, 0.03, "holds its rate")]
     page._exponent_family(held, 2)
     assert held[0]["holm_word"] == "inconclusive"
+
+
+def test_the_first_screen_line_says_the_sections_words_and_none_below_three_seeds(tmp_path):
+    partial = _muon_study(tmp_path / "partial", lambda c: c.layers != 24 and c.seed < 2)
+    line = page.screen_line(tmp_path / "partial")
+    assert f"{len(partial)} cells done" in line and "*" not in line.replace("**Under Muon**", "")
+    assert "N = 6 +0.002 (n = 2: no verdict); N = 12 -0.049 (n = 2: no verdict); N = 24 not run yet" in line
+    assert line.endswith("Best rate against depth: pre no verdict; lns no verdict.")
+    _muon_study(tmp_path / "complete")
+    line = page.screen_line(tmp_path / "complete")  # no git here: "holds its rate" is not verifiable, no word
+    assert "N = 12 -0.052 [-0.060, -0.044] (Holm <0.001), n = 3: *lower*" in line
+    assert line.endswith("pre *falls with depth*; lns *inconclusive*.")
+    assert page.screen_line(tmp_path / "none") is None

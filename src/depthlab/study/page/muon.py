@@ -262,3 +262,26 @@ def page_lines(out: Path, adamw: Path) -> list[str]:
     costs = transfer_costs(records, d)
     lines += transfer_lines(costs, d)
     return lines + own.progress_lines(records, d, rows)
+
+
+def _pair_short(c: dict | None) -> str:
+    if c is None:
+        return "not run yet"
+    if c["n"] < MIN_SEEDS:
+        return f"{c['mean']:+.3f} (n = {c['n']}: no verdict)" if c["n"] else "not run yet"
+    return f"{c['mean']:+.3f} {interval(c)} (Holm {pvalue(c['p_holm'])}), n = {c['n']}: *{c['word']}*"
+
+
+def screen_line(out: Path) -> str | None:
+    """The first screen's line on the Muon study (the section's own readings, shortened): LNS − Pre-LN under Muon
+    by depth and each scheme's best rate against depth, with the cells done; None before its first record."""
+    records, settings = load_records(out / "runs.jsonl"), settings_of(out) or {}
+    if not records:
+        return None
+    d = own.design_of(out, settings, m)
+    cs, ex, counts = own.comparisons(records, d, MIN_SEEDS), exponents(records, d, out), o.counts(records, d)
+    rates = "; ".join(f"{v} *{row['reading']['holm_word']}*" if row["reading"] and row["reading"].get("checks")
+                      else f"{v} no verdict" for v, row in ex["rows"].items())
+    return (f"- **Under Muon** (the Muon study, {counts['done']} cells done, {counts['missing']} known and missing; "
+            "test split): LNS − Pre-LN " + "; ".join(f"N = {L} {_pair_short(cs.get(L))}" for L in own.depths_of(d))
+            + f". Best rate against depth: {rates}.")
