@@ -12,7 +12,7 @@ not yet testable counted at p = 1):
                    inside the plan's margin and only where the plan precedes the records (depthlab.study.declared)
     transfer       N = 6's best rate at each deeper depth minus that depth's own best (test loss, paired by seed):
                    "costs" where higher, else "no cost shown"
-    missing        the cells the plan still lacks (own.progress_lines, then the transfer cells)
+    missing        the cells the plan still lacks (own.progress_lines; the transfer cells in their own table)
 """
 
 from __future__ import annotations
