@@ -447,6 +447,8 @@ CASES = [
      "--probes has no effect with --no-jacobian"),
     ("analyze-inert-delta-without-removal", "analyze {run} --no-removal --inert-delta 0.01",
      "--inert-delta has no effect with --no-removal"),
+    ("analyze-no-removal-runs-without-removal", "analyze {run} --no-removal --no-removal-runs",
+     "--no-removal-runs has no effect with --no-removal"),
     ("analyze-tokens-with-windows", "analyze {run} --windows 4 --tokens 100", "--tokens has no effect with --windows"),
     ("analyze-inert-delta-inf", "analyze {run} --inert-delta inf", "--inert-delta must be a finite number"),
     ("theory-power-inf", "theory --power inf --out {tmp}/o", "--power must be a finite number"),

@@ -60,6 +60,7 @@ class Options:
     sublayers: bool = False  # also each block's attention alone and MLP alone taken out
     linear: bool = False  # also each block replaced by its least-squares linear map (fitted on separate windows)
     drop_lowest: int = 0  # also the k least useful blocks taken out together, k = 1..drop_lowest
+    runs: bool = True  # also the contiguous runs of 2..L-1 blocks chosen by angular distance taken out
     duplicate: int = 0  # also every span of 1..duplicate blocks run twice (depthlab.analysis.duplication)
     activation_mb: float = 1024.0  # layer-by-layer: removal streams kept in memory up to this, the rest on disk
     jacobian: bool = True
@@ -162,10 +163,10 @@ def first_plans(n_layers: int, opts: Options) -> list[Plan]:
 
 
 def later_plans(res: dict, removal: dict, task_removal: dict | None, opts: Options, n_layers: int) -> list[Plan]:
-    """Plans that need the first pass's results: the contiguous runs chosen by angular distance, and the k least
-    useful blocks (by loss, and by tasks when there are questions) removed together."""
+    """Plans that need the first pass's results: the contiguous runs chosen by angular distance (with opts.runs),
+    and the k least useful blocks (by loss, and by tasks when there are questions) removed together."""
     runs = [(r["start_block"] - 1, r["n"]) for r in res["angular"]["best_block"] if 1 < r["n"] < n_layers]
-    plans = run_plans(runs)
+    plans = run_plans(runs) if opts.runs else []
     if opts.drop_lowest:
         for by, order in usefulness_orders(removal, task_removal).items():
             plans += drop_plans(by, [b - 1 for b in order], opts.drop_lowest)
@@ -331,8 +332,10 @@ def analyze_layerwise(skel, batches: list[Batch], opts: Options = Options(), spi
         res = acc.results()
         if opts.removal:
             later = later_plans(res, sums.results(L), tsums.results() if tsums.tasks else None, opts, L)
-            with BlockBar(opts, L, "analyze: blocks, runs and the k least useful") as bar:
-                stream(lm, L, bar.counted(load), [dataclasses.replace(u, observe=None) for u in units], later, store)
+            if later:  # none: the pass would load every block again and score nothing
+                with BlockBar(opts, L, "analyze: blocks, runs and the k least useful") as bar:
+                    stream(lm, L, bar.counted(load), [dataclasses.replace(u, observe=None) for u in units], later,
+                           store)
             removal_results(res, sums, tsums, linear or None, L)
             res["removal"]["streams"] = store.sizes()
     if opts.jacobian:

@@ -94,6 +94,9 @@ def _add_removal_args(p) -> None:
     p.add_argument("--drop-lowest", type=at_least(0), default=0, metavar="K", help="also score the model without "
                    "its k least useful blocks (by loss, and by tasks when given), k = 1..K; `depthlab prune "
                    "--drop-lowest k` writes that model")
+    p.add_argument("--no-removal-runs", action="store_true", help="skip removing the contiguous runs of 2..L-1 "
+                   "blocks chosen by angular distance (removal_runs.csv): one plan per run fewer on every window, "
+                   "question and generation; the single blocks, --sublayers and --drop-lowest are still scored")
     p.add_argument("--duplicate", type=at_least(1), default=0, metavar="MAX_SPAN", help="also score the model with "
                    "each span of 1..MAX_SPAN blocks run twice (blocks 0..j, then i..j again, then the rest), by loss "
                    "(and by tasks when given), drawn as an (i, j) heat map; `depthlab duplicate MODEL --span "
@@ -143,6 +146,7 @@ def _request(args, model: str):
                              ("--tokens", args.tokens != TOKENS, args.windows and "--windows"),  # reads all the text
                              ("--inert-delta", args.inert_delta != CurseSpec.delta, off),
                              ("--sublayers", args.sublayers, off), ("--drop-lowest", args.drop_lowest, off),
+                             ("--no-removal-runs", args.no_removal_runs, off),
                              ("--linear-replacement", args.linear_replacement, off),
                              ("--duplicate", args.duplicate, args.layer_by_layer and "--layer-by-layer")):
         if given and why:  # the option would be dropped without a word
@@ -151,7 +155,7 @@ def _request(args, model: str):
     curse = CurseSpec(delta=args.inert_delta, skip_first=args.interior[0], skip_last=args.interior[1])
     opts = Options(removal=removal, sublayers=args.sublayers, linear=args.linear_replacement,
                    drop_lowest=args.drop_lowest, activation_mb=args.activation_memory, jacobian=not args.no_jacobian,
-                   duplicate=args.duplicate,
+                   duplicate=args.duplicate, runs=not args.no_removal_runs,
                    probes=args.probes, curse=curse, progress=not args.no_progress,
                    lens_tokens=args.lens_tokens or None)
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
