@@ -21,8 +21,8 @@ as it ends (a killed run keeps the phases it finished and runs the others next t
                 `analyze --drop-lowest 4` on each text: per-block removal cost by loss with t-intervals over the
                 windows, the curse index, the k cheapest blocks removed together; phase costs from its progress
     sublayers   `analyze --sublayers --linear-replacement` on the prose: attention-only, MLP-only, linear replacement
-    tasks       `analyze --removal-tasks --removal-generate` on the prose (runs of blocks left out: NO_RUNS): a
-                4-choice continuation task (benchmarks/figure_one_run.py's) of --questions questions from plays the
+    tasks       `analyze --removal-tasks --removal-generate --no-removal-runs` on the prose: a 4-choice
+                continuation task (benchmarks/figure_one_run.py's) of --questions questions from plays the
                 calibration does not read, and greedy generation (exact match) of --generate's tasks (GENERATE),
                 --generate-n questions each; the three removal profiles (loss, choice, generation) and their rank
                 correlations
@@ -369,17 +369,6 @@ def phase_sublayers(a, files, data) -> dict:
                     for k in ("single", "attn", "mlp", "linear")}}
 
 
-# `depthlab analyze ARGS` with the removal of runs of 2..L-1 blocks (chosen by angular distance) left out: on one
-# core of this machine, scoring them by the questions and the generations too would double the tasks phase.
-NO_RUNS = """import sys
-import depthlab.analysis.analyze as analyze
-later = analyze.later_plans
-analyze.later_plans = lambda *args: [p for p in later(*args) if p.key[0] != "run"]
-from depthlab.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def generation_specs(a, files, out: Path) -> list[str]:
     """--removal-generate's tasks: --generate's, --generate-n questions each; `continue` continues CONTINUE_PLAY."""
     play = out / f"{CONTINUE_PLAY}.txt"
@@ -420,11 +409,12 @@ def without_questions(removal: dict | None) -> dict | None:
 
 
 def each_window_once(res: dict) -> dict:
-    """`res` with each calibration window counted once. With no later plans (NO_RUNS and --drop-lowest 0),
-    analyze's second removal pass fell back to every single block and scored each window again (fixed since: it
-    skips that pass): the means are the same, but the windows' intervals, the curse index's bootstrap and the
-    profiles' counted each window twice. Keeps the first pass's windows and recomputes those from them (as analyze
-    does); a no-op on an analysis that counted each window once, as the recorded tasks run did not."""
+    """`res` with each calibration window counted once. With no later plans (the runs of blocks left out and
+    --drop-lowest 0), analyze's second removal pass once fell back to every single block and scored each window
+    again (fixed since: it skips that pass): the means are the same, but the windows' intervals, the curse index's
+    bootstrap and the profiles' counted each window twice. Keeps the first pass's windows and recomputes those
+    from them (as analyze does); a no-op on a run of today's analyze, not on the recorded tasks run (made before
+    the fix), whose record says so."""
     from depthlab.analysis.curse import curse_index
     from depthlab.analysis.profiles import removal_profiles
 
@@ -465,10 +455,12 @@ def phase_tasks(a, files, data) -> dict:
     task.write_text("".join(json.dumps(q) + "\n" for q in qs))
     generate = generation_specs(a, files, a.out)
     folder = a.out / "tasks_prose"
+    # the runs of 2..L-1 blocks left out: on one core of this machine, scoring them by the questions and the
+    # generations too would double the phase
     cmd = analyze_cmd(files["model"], data["prose"], folder, a, "--removal-tasks", str(task), "--drop-lowest",
-                      str(a.drop_lowest),
+                      str(a.drop_lowest), "--no-removal-runs",
                       *(["--removal-generate", *generate] if a.generate_n else []))
-    return tasks_record(folder, timed([cmd[0], "-c", NO_RUNS, *cmd[3:]]), len(qs), generate)
+    return tasks_record(folder, timed(cmd), len(qs), generate)
 
 
 def phase_choice(a, files, data) -> dict:
