@@ -11,7 +11,7 @@ from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.layerwise import load_skeleton
 from depthlab.analysis.run import load_layered
 from depthlab.cli import main
-from tests.test_analysis_support import TEXT, hf_model_text_and_tasks, save_hf_model
+from tests.test_analysis_support import TEXT, hf_model_text_and_tasks, save_depthlab_checkpoint, save_hf_model
 
 
 @pytest.mark.slow
@@ -69,3 +69,18 @@ def test_without_runs_the_analysis_runs_fewer_blocks(tmp_path, monkeypatch, laye
         assert (full["loads"], lean["loads"]) == (1 + 2 * 4, 1 + 4)  # block 0 to discover, then 4 blocks a pass
     else:
         assert full["traces"] - lean["traces"] == len(batches)  # each batch traced again for the runs
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_the_index_at_initialisation_plans_no_run(tmp_path, monkeypatch, layerwise):
+    """`curse_index.at_init` keeps no contiguous runs, so the analysis at initialisation removes none: it plans no
+    later removal and makes no second pass."""
+    import depthlab.analysis.analyze as analysis
+    from depthlab.analysis.run import index_at_init
+
+    loaded = load_layered(str(save_depthlab_checkpoint(tmp_path / "ck", "pre", 4)))
+    batches = calibration_batches(loaded.tokenizer, [TEXT], 96, 24, 2, 300)
+    planned, later = [], analysis.later_plans
+    monkeypatch.setattr(analysis, "later_plans", lambda *args: planned.append(later(*args)) or planned[-1])
+    idx = index_at_init(loaded.cfg, batches, Options(jacobian=False), "cpu", layerwise=layerwise)
+    assert planned == [[]] and "contiguous" not in idx and "removal_deep_over_shallow" in idx

@@ -110,7 +110,8 @@ def index_at_init(cfg, batches: list, opts: Options, device: str, device_map: di
     from depthlab.model import build_model
 
     torch.manual_seed(cfg.train.seed)
-    index_only = dataclasses.replace(opts, sublayers=False, linear=False, drop_lowest=0, duplicate=0)  # block removal
+    # block removal alone: the index kept here has no contiguous runs
+    index_only = dataclasses.replace(opts, sublayers=False, linear=False, drop_lowest=0, duplicate=0, runs=False)
     if layerwise:
         from depthlab.analysis.layerwise import init_skeleton
 
