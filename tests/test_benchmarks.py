@@ -303,9 +303,10 @@ def test_the_results_page_answers_on_its_first_screen_with_one_rule(tmp_path):
     lines = science.lns_lines(report.RESULTS, res, science.reruns(report.RESULTS), [], tmp_path, (tres[0], tres[2]))
     first = lines[:lines.index("")]
     assert len(first) <= screen.MAX_LINES and first[0].startswith("**Does LNS help?")
-    assert re.search(r"-0\.0\d\d nats, 95% CI \[-0\.0\d\d, -0\.0\d\d\], p <0\.001 \(Holm <0\.001\), n = 9 ",
-                     first[0])
-    assert any(x.startswith("- **On a test split no selection read**") for x in first)
+    assert re.search(r"\(the own-rate study\):\*\* N = 12 -0\.0\d+ \[-0\.0\d+, -0\.0\d+\], p ", first[0])
+    assert any(re.search(r"^- The older LNS study .* -0\.0\d\d \[-0\.0\d\d, -0\.0\d\d\], p <0\.001 \(Holm <0\.001\), "
+                         r"n = 9 \(depth, seed\) pairs; no word here", x) for x in first)
+    assert any(x.startswith("- **Replicated on another test split**") for x in first)
     lines += depth.vit_section(report.RESULTS / "vit_study", "v.png")
     lines += depth.depth_section(report.RESULTS / "depth_study", "d_")
     assert "refut" not in "\n".join(lines).lower()

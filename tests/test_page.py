@@ -6,6 +6,7 @@ first screen word for word."""
 
 import math
 import subprocess
+from pathlib import Path
 
 import pytest
 from scipy import stats as st
@@ -166,8 +167,9 @@ def test_the_readme_results_bullets_are_the_pages_first_screen_word_for_word():
 
 def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails():
     """On the committed records: no margin set after the data gives a word (no "holds its rate", no "equivalent"),
-    Pre-LN's N = 48 index is not "present" on two closely agreeing seeds, and every word in the depth-transfer
-    section's family survives Holm."""
+    Pre-LN's N = 48 index is not "present" on two closely agreeing seeds, every word in the depth-transfer
+    section's family survives Holm, and every direction word of the first screen has 3 or more paired seeds and a
+    Holm p below 0.05 (a per-cell reading beside a pooled one is the only other place such a word appears)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -175,6 +177,13 @@ def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails()
     first = page.split("## The paper's claims, one rule")[0]
     assert "holds its rate*" not in first and "*equivalent*" not in first
     assert "no word: margin set after the data" in first and "reads present at N = 48" not in first
+    # every direction word of the first screen rests on 3 or more paired seeds and carries its Holm p
+    import re
+
+    words = re.findall(r"\(Holm ([^)]+)\), n = (\d+): \*(lower|higher)\*", first)
+    assert words and all(int(n) >= 3 and (p.startswith("<") or float(p) < 0.05) for p, n, _ in words)
+    assert len(re.findall(r": \*(lower|higher)\*", first)) == len(words) + first.count("per cell (df = ")
+    assert "Bonferroni over its 5 parameterizations" in first  # the rate exponents' family
     res = t.study_summary(root / "benchmarks" / "results" / "depth_transfer")[0]
     family = [c for row in res["transfer"].values() for c in row.get("vs_pre", {}).values()]
     assert family and all(c["word"] == "inconclusive" or c["p_holm"] < 0.05 for c in family)
@@ -216,3 +225,149 @@ def test_the_own_rate_section_reads_the_pair_at_each_schemes_own_rate_and_withho
     assert cs[12]["rates"] == [t.rate(o.CENTRES[(o.PRE, 12)]), t.rate(o.CENTRES[(o.LNS, 12)])]
     assert "p_holm" in cs[12] and cs[12]["mean"] == pytest.approx(-0.0485)
     assert "*lower*" in "\n".join(own.page_lines(tmp_path))
+
+
+# ------------------------------------------------------------------ the first screen (screen.py) on own-rate records
+DOC_SPREAD = [-0.3, 0.1, 0.25, -0.05, 0.0]  # per-document test losses around the record's mean (equal weights)
+
+
+def _own_study(out, test_loss, keep=lambda c: True, d=None):
+    """An own-rate study in `out` run as far as `keep` lets its plan go: every grid best at its centre (validation
+    loss), test loss test_loss(cell), per-document test losses that average to it, and settings.json with the
+    held-out splits' composition."""
+    import json
+
+    from depthlab.study import own_rate as o
+    from depthlab.study.records import append_record
+
+    d = d or o.Design()
+    out.mkdir(parents=True, exist_ok=True)
+    splits = {s: {"documents": 50, "effective": 38.5, "top": [["a.py", 0.04]]} for s in ("val", "test")}
+    (out / "settings.json").write_text(json.dumps({"command": "python -m benchmarks.own_rate run", "meta": {
+        "design": d.describe(), "corpus": {"sha256": "ab" * 32, "splits": splits}}}))
+    records: dict = {}
+    while cells := [c for c in o.next_cells(records, d) if keep(c)]:
+        for c in cells:
+            test = test_loss(c)
+            records[c.key] = r = {
+                "study": "own_rate", "variant": c.variant, "lr": c.lr, "seed": c.seed, "layers": c.layers,
+                "status": "ok", "val_loss": 3.7 + 0.01 * abs(t.lattice(c.lr) - o.CENTRES[(c.variant, c.layers)]),
+                "test_loss": test, "doc_losses": {"test": [test + x for x in DOC_SPREAD]},
+                "doc_scored": {"test": [100] * len(DOC_SPREAD)}}
+            append_record(out / "runs.jsonl", r)
+    return records
+
+
+def _answer(out) -> str:
+    from depthlab.study.page import screen
+
+    return screen.own_lines(screen.own_screen(out), None)[0]
+
+
+def test_two_paired_seeds_give_no_word_on_the_first_screen_even_where_their_interval_excludes_zero(tmp_path):
+    """The plan asks 3 paired seeds for a word: at N = 12 with two seeds that agree (LNS 0.050 and 0.051 lower) the
+    per-cell t-interval and the document bootstrap both exclude 0, yet the answer gives no word."""
+    from depthlab.study import own_rate as o
+    from depthlab.study.page import own
+
+    shift = {0: -0.050, 1: -0.051}
+    _own_study(tmp_path, lambda c: 3.7 + (shift[c.seed] if c.variant == o.LNS else 0.0),
+               keep=lambda c: c.layers == 12 and c.seed < 2)
+    assert verdicts.compare([-0.050, -0.051])["ci"][1] < 0  # alone, two seeds would read "lower"
+    s = own.study(tmp_path)
+    c = own.comparisons(s[0], s[2])[12]
+    assert c["n"] == 2 and c["documents"]["ci"][1] < 0
+    line = _answer(tmp_path)
+    assert f"N = 12 -0.0505 (n = 2: *{own.FEW}*) (documents and seeds resampled: [-0.0510, -0.0500])" in line
+    assert "*lower*" not in line and "unadjusted" not in line and "Holm" not in line
+    assert "N = 24 not run yet; N = 48 not run yet" in line
+
+
+def test_a_raw_p_below_alpha_whose_holm_p_over_the_plans_depths_is_not_gives_no_lower(tmp_path):
+    """Four seeds at N = 12 only: p 0.03 alone, but Holm over the plan's three depths (24 and 48 not yet run, counted
+    at p = 1) gives 0.09: the answer reads inconclusive, not lower."""
+    from depthlab.study import own_rate as o
+
+    diffs = [-0.012, -0.024, -0.006, -0.018]
+    _own_study(tmp_path, lambda c: 3.7 + (diffs[c.seed] if c.variant == o.LNS else 0.0),
+               keep=lambda c: c.layers == 12)
+    raw = verdicts.compare(diffs)
+    assert raw["verdict"] == "lower" and 0.0167 < raw["p"] < 0.05
+    line = _answer(tmp_path)
+    assert f"p {stats.pvalue(raw['p'])} (Holm {stats.pvalue(3 * raw['p'])}), n = 4: *inconclusive* (unadjusted: " \
+           "lower)" in line
+    assert "*lower*" not in line
+
+
+def _parts_study(out, plan_first: bool) -> None:
+    """Every cell of the plan, gain-init within 0.002 nats of LNS at N = 48; plan.json committed before the records
+    (`plan_first`) or after them."""
+    import json
+
+    from depthlab.study import own_rate as o
+
+    subprocess.run(["git", "init", "-q", str(out)], check=True)
+    loss = {o.PRE: 3.70, o.LNS: 3.65, o.GAIN_INIT: 3.65, o.UNIFORM: 3.68}
+    _own_study(out, lambda c: loss[c.variant] + 0.0005 * ((3 * c.seed + list(loss).index(c.variant)) % 4))
+    plan, runs = ("plan.json", json.dumps(o.plan(o.Design()))), ("runs.jsonl", (out / "runs.jsonl").read_text())
+    for i, (name, text) in enumerate([plan, runs] if plan_first else [runs, plan]):
+        _commit(out, name, text, 1_700_000_000 + 100 * i)
+
+
+@pytest.mark.parametrize("plan_first", [True, False])
+def test_a_margin_set_after_the_data_gives_no_word_on_the_first_screen(tmp_path, plan_first):
+    """The N = 48 decomposition from the own-rate study's parts (once they have 3 paired seeds it replaces the
+    depth-transfer study's): gain-init − LNS inside ±0.01 nats reads "equivalent" only where plan.json's commit
+    precedes the records; committed after them, the margin gives its numbers and no word."""
+    from depthlab.study.page import own, screen
+
+    _parts_study(tmp_path, plan_first)
+    tres = t.study_summary(Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "depth_transfer")[0]
+    lines = screen.own_lines(screen.own_screen(tmp_path), tres)
+    (parts,) = [x for x in lines if "taken apart" in x]
+    assert parts.startswith("- **N = 48 taken apart** (the own-rate study, test split")
+    assert "gain-init − Pre-LN -0.0500 [-0.0512, -0.0488], p <0.001 (Holm <0.001), n = 4: *lower*" in parts
+    if plan_first:
+        assert parts.endswith("TOST ±0.01 nats declared before the data: *equivalent*.")
+    else:
+        assert parts.endswith(f"TOST ±0.01 nats set after the data: *{verdicts.NO_WORD}*.")
+        assert "*equivalent*" not in "\n".join(lines)
+    assert "the plan's parts family" in "\n".join(own.page_lines(tmp_path))
+
+
+def test_the_decomposition_stays_the_depth_transfer_studys_until_the_own_rate_parts_have_three_seeds(tmp_path):
+    from depthlab.study import own_rate as o
+    from depthlab.study.page import screen
+
+    _own_study(tmp_path, lambda c: 3.7 - 0.01 * (c.variant != o.PRE), keep=lambda c: c.layers != 48 or c.seed < 2)
+    s = screen.own_screen(tmp_path)
+    assert s["parts"]["tests"]["gain-init − Pre-LN"]["n"] == 2
+    tres = t.study_summary(Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "depth_transfer")[0]
+    (parts,) = [x for x in screen.own_lines(s, tres) if "taken apart" in x]
+    assert "(the depth-transfer study's test split and family, until the own-rate study's N = 48 parts have 3 " \
+           "paired seeds)" in parts
+
+
+@pytest.mark.slow
+def test_the_first_screen_fits_sixteen_lines_and_the_readme_holds_it_word_for_word(tmp_path):
+    """The page written (science.write) from the committed records with the own-rate study complete (every depth
+    and the N = 48 parts): at most MAX_LINES lines before the claims table, and the README's block is those lines."""
+    import shutil
+
+    from benchmarks import lns_study
+    from depthlab.study.page import science, screen
+
+    results = tmp_path / "results"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "benchmarks" / "results", results,
+                    ignore=shutil.ignore_patterns("own_rate"))
+    _parts_study(results / "own_rate", plan_first=True)
+    (tmp_path / "README.md").write_text(f"# x\n\nbefore\n{screen.START}\nstale bullets\n{screen.END}\nafter\n")
+    page = science.write(results, tmp_path / "docs", list(lns_study.PARTS), list(lns_study.UNSTABLE), []).read_text()
+    first = [x for x in page.split("## The paper's claims, one rule")[0].splitlines()[4:] if x]
+    assert len(first) <= screen.MAX_LINES and first[0].startswith("**Does LNS help?")
+    assert "N = 48 -0.0500" in first[0] and "not run yet" not in first[0]
+    assert any(x.startswith("- **N = 48 taken apart** (the own-rate study") for x in first)
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("# x\n\nbefore\n") and readme.endswith("\nafter\n") and "stale" not in readme
+    block = readme.split(screen.START, 1)[1].split(screen.END, 1)[0]
+    assert [x for x in block.splitlines() if x] == first

@@ -3,7 +3,8 @@
     science.py   docs/results.md: does LNS help and why (lns.py: first screen, claims table, sections 1-4;
                  depth.py: the depth study and the ViT study), every word from depthlab.study.claims / verdicts
     systems.py   docs/benchmarks.md: speed, what LNS costs, the GPU run, memory, scale-out
-    screen.py    docs/results.md's first screen from both studies, and the README's results bullets (the same lines)
+    screen.py    docs/results.md's first screen (the own-rate study's answer, the depth-transfer study's replication,
+                 the N = 48 parts, the LNS study as numbers), and the README's results bullets (the same lines)
     own.py       docs/results.md's own-rate section: grids, the pair at each scheme's own rate, words by plan.json,
                  intervals over test documents and seeds (stats.document_bootstrap), the cells still missing
     muon.py      docs/results.md's Muon section: the same tables under Muon, beside AdamW's own-rate numbers,

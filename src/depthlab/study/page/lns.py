@@ -176,14 +176,16 @@ def decomposition_lines(res: dict, parts: list[dict]) -> list[str]:
 
 
 def science(res: dict, unigram: float | None, matched: list[dict], equal_rate: list[dict], rerun: dict,
-            tpp: dict[int, float], val_tokens: int, img: Path, transfer: tuple | None = None) -> list[str]:
-    """The first screen (from this study and the depth-transfer study's summary, `transfer`: (result, settings)),
+            tpp: dict[int, float], val_tokens: int, img: Path, transfer: tuple | None = None,
+            results: Path | None = None) -> list[str]:
+    """The first screen (from this study, the depth-transfer study's summary, `transfer`: (result, settings), and the
+    own-rate and Muon studies' records under `results`),
     the claims table and sections 1-4 (figures written into img)."""
     table, parts = claims_table(res, unigram), decomposition(res)
     img.mkdir(parents=True, exist_ok=True)
     figures.plot_own_best(res, img / "lns_own_best.png")
     figures.plot_decomposition(res, parts, img / "lns_decomposition.png")
     tres, tsettings = transfer or (None, None)
-    return (screen.first_screen(res, table, tres, tsettings, equal_rate, rerun, tpp, val_tokens)
+    return (screen.first_screen(res, table, tres, tsettings, equal_rate, rerun, tpp, val_tokens, results)
             + claims_lines(table) + own_best_lines(res) + matched_lines(matched) + mechanism_lines(res)
             + decomposition_lines(res, parts))

@@ -3,8 +3,9 @@ grid at each depth with validation and test loss, the paired LNS − Pre-LN test
 validation-selected rate read with the rules plan.json declared before the first cell (pooled seed noise across
 depths, Holm over the plan's depths with those not yet compared at p = 1, at least 3 paired seeds for a word),
 beside it an interval that also covers the sampling of test documents (a bootstrap over the records' per-document
-losses, stats.document_bootstrap; it gives no word),
-and, scheme by scheme and depth by depth, the cells the plan still lacks."""
+losses, stats.document_bootstrap; it gives no word), LNS taken apart at N = 48 once its parts have run (the plan's
+parts family and its equivalence margin, `parts`), and, scheme by scheme and depth by depth, the cells the plan still
+lacks. The first screen (screen.py) reads the same comparisons."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from depthlab.study import declared, own_rate as o, transfer as t
 from depthlab.study.page.text import composition_said, load, said, settings_of
 from depthlab.study.records import load_records
 from depthlab.study.runner import Cell
-from depthlab.study.verdicts import compare, pooled_family
+from depthlab.study.verdicts import EQUIVALENCE_MARGIN, compare, equivalent, holm_words, pooled_family
 
-FEW = "fewer than 3 paired seeds: no verdict"
+MIN_SEEDS = 3  # paired seeds before a word (plan.json's min_seeds_for_a_word)
+FEW = f"fewer than {MIN_SEEDS} paired seeds: no verdict"
 SPLIT = "test"  # the split every interval of the section reads (no selection reads it)
 
 
@@ -51,26 +53,92 @@ def seeds_at(d: o.Design, L: int) -> tuple[int, ...]:
     return d.seeds if L in d.depths else d.deep_seeds
 
 
-def comparisons(records: dict, d: o.Design, min_seeds: int = 3) -> dict[int, dict]:
-    """LNS − Pre-LN test loss by depth, paired by seed, each scheme at its own best rate: compare() read as one
-    family (pooled seed noise, Holm), with the word withheld below `min_seeds` paired seeds; "documents": the
-    difference's bootstrap over test documents and seeds (test_documents), which decides no word."""
-    out = {}
-    for L in depths_of(d):
-        rates = [o.best(records, d, v, L) for v in (o.PRE, o.LNS)]
-        if None in rates:
-            continue
-        pairs = {s: [records.get(Cell(v, lr, s, L).key) for v, lr in zip((o.PRE, o.LNS), rates, strict=True)]
-                 for s in seeds_at(d, L)}
-        pairs = {s: (a, b) for s, (a, b) in pairs.items() if a and b}
-        diffs = [b[t.ENDPOINT] - a[t.ENDPOINT] for a, b in pairs.values()]
-        docs = document_interval([b for _, b in pairs.values()], [a for a, _ in pairs.values()])
-        out[L] = {**compare(diffs), "seeds": sorted(pairs), "rates": rates, "documents": docs}
-    pooled_family([c for c in out.values() if c["n"] >= min_seeds], family_size=len(depths_of(d)))
-    for c in out.values():
+def at_best(records: dict, d: o.Design, v: str, L: int) -> tuple[float | None, dict[int, dict]]:
+    """v's validation-selected rate at depth L and its records there, by seed (None and {} before its grid has
+    finished)."""
+    lr = o.best(records, d, v, L)
+    return lr, {} if lr is None else {s: r for s in seeds_at(d, L) if (r := records.get(Cell(v, lr, s, L).key))}
+
+
+def paired(records: dict, d: o.Design, a: str, b: str, L: int) -> dict:
+    """b − a test loss at depth L, paired by seed, each at its own best rate: compare() with "seeds", "rates" and
+    "documents" (the difference's bootstrap over test documents and seeds, document_interval)."""
+    (ra, A), (rb, B) = at_best(records, d, a, L), at_best(records, d, b, L)
+    seeds = sorted(set(A) & set(B))
+    return {**compare([B[s][t.ENDPOINT] - A[s][t.ENDPOINT] for s in seeds]), "seeds": seeds, "rates": [ra, rb],
+            "documents": document_interval([B[s] for s in seeds], [A[s] for s in seeds])}
+
+
+def plan_words(cs: list[dict], family_size: int, min_seeds: int = MIN_SEEDS) -> dict:
+    """One family of the plan, in place: the comparisons with at least `min_seeds` paired seeds read with their
+    pooled seed noise and Holm over `family_size` tests (verdicts.pooled_family: a test not yet run counts at p = 1);
+    the others get FEW (or "no runs") as their word. Returns the noise model."""
+    noise = pooled_family([c for c in cs if c["n"] >= min_seeds], family_size=family_size)
+    for c in cs:
         if c["n"] < min_seeds:
             c["word"] = FEW if c["n"] else "no runs"
+    return noise
+
+
+def comparisons(records: dict, d: o.Design, min_seeds: int = MIN_SEEDS) -> dict[int, dict]:
+    """LNS − Pre-LN test loss by depth, paired by seed, each scheme at its own best rate (`paired`): one family
+    (pooled seed noise, Holm over the plan's depths), with the word withheld below `min_seeds` paired seeds
+    (`plan_words`); "documents" decides no word."""
+    out = {L: paired(records, d, o.PRE, o.LNS, L) for L in depths_of(d)
+           if None not in (o.best(records, d, o.PRE, L), o.best(records, d, o.LNS, L))}
+    plan_words(list(out.values()), len(depths_of(d)), min_seeds)
     return out
+
+
+PART_TESTS = ((o.PRE, o.GAIN_INIT, "gain-init − Pre-LN"), (o.PRE, o.UNIFORM, "uniform gain − Pre-LN"),
+              (o.GAIN_INIT, o.UNIFORM, "uniform gain − gain-init"))  # the plan's parts_at_deep family
+
+
+def parts(records: dict, d: o.Design, study: Path | None = None, min_seeds: int = MIN_SEEDS) -> dict | None:
+    """LNS taken apart at the plan's deep depth, each variant at its own best rate, test loss paired by seed: the
+    parts family (PART_TESTS, read by `plan_words`) and gain-init − LNS against the plan's equivalence margin (TOST
+    with the family's pooled noise; a word only for a margin declared before the data, depthlab.study.declared, and
+    at `min_seeds` paired seeds). None where no part has a paired seed against Pre-LN yet."""
+    P = d.deep
+    if not P or not d.parts:
+        return None
+    tests = {label: paired(records, d, a, b, P) for a, b, label in PART_TESTS}
+    if not any(tests[label]["n"] for _, _, label in PART_TESTS[:2]):
+        return None
+    noise = plan_words(list(tests.values()), len(PART_TESTS), min_seeds)
+    m = declared.margin(study, "equivalence_nats", EQUIVALENCE_MARGIN, records)
+    c = paired(records, d, o.LNS, o.GAIN_INIT, P)
+    holm_words([c])  # the equivalence family is this one test
+    tost = equivalent(c["per_seed"], m["value"], noise if noise["df"] else None, m["declared"])
+    return {"layers": P, "tests": tests, "margin": m, "tost": {**tost, "comparison": c}}
+
+
+def pair_said(c: dict, f: str = ".4f", min_seeds: int = MIN_SEEDS) -> str:
+    """A comparison's cell: the plan's reading (text.said) with `min_seeds` or more paired seeds, else its mean, n
+    and why there is no word (FEW)."""
+    if c.get("n", 0) >= min_seeds:
+        return said(c, f)
+    return f"{c['mean']:+{f}} (n = {c['n']}: *{FEW}*)" if c.get("n") else "no runs"
+
+
+def parts_said(p: dict, f: str = ".4f") -> str:
+    """parts() (or a study's decomposition in its shape) in prose: each test of the family, then gain-init − LNS
+    with its TOST word (none below MIN_SEEDS paired seeds)."""
+    t, m = p["tost"], p["margin"]
+    n = t["comparison"]["n"]
+    word = t["verdict"] if n >= MIN_SEEDS else FEW if n else "no runs"
+    return ("; ".join(f"{label} {pair_said(c, f)}" for label, c in p["tests"].items())
+            + f"; gain-init − LNS {pair_said(t['comparison'], f)}, TOST ±{m['value']:g} nats {m['status']}: *{word}*")
+
+
+def study(out: Path) -> tuple[dict, dict, o.Design] | None:
+    """The own-rate study in `out`: its records, settings (settings.json, else plan.json) and design; None where it
+    has no records."""
+    records = load_records(out / "runs.jsonl")
+    if not records:
+        return None
+    settings = settings_of(out) or {}
+    return records, settings, design_of(out, settings)
 
 
 def grid_row(records: dict, d: o.Design, v: str, L: int) -> str:
@@ -136,13 +204,6 @@ def grid_lines(records: dict, d: o.Design, rows: list[tuple[int, str]]) -> list[
             *[grid_row(records, d, v, L) for L, v in rows], ""]
 
 
-def pair_said(c: dict) -> str:
-    """A comparison's cell: the plan's reading with 3 or more seeds, else its mean, n and why there is no word."""
-    if c["n"] >= 3:
-        return said(c, ".4f")
-    return f"{c['mean']:+.4f} (n = {c['n']}: *{c['word']}*)" if c["n"] else "no runs"
-
-
 def progress_lines(records: dict, d: o.Design, rows: list[tuple[int, str]]) -> list[str]:
     return ["Each scheme at its own best rate: the seeds run there, their test loss (mean over seeds; 95% "
             "interval with documents and seeds resampled as above), and what the plan still lacks (the seed-0 "
@@ -156,10 +217,9 @@ def page_lines(out: Path) -> list[str]:
     """The section, from OUT/runs.jsonl, OUT/settings.json and OUT/plan.json; a line saying it has not run where
     OUT has no records."""
     head = ["## The own-rate study: LNS against Pre-LN on balanced held-out splits", ""]
-    records, settings = load_records(out / "runs.jsonl"), settings_of(out) or {}
-    if not records:
+    if not (found := study(out)):
         return head + ["Not run yet (`make study-own-rate`; docs/method.md section 5.3).", ""]
-    d = design_of(out, settings)
+    records, settings, d = found
     rows = [(L, v) for L in depths_of(d) for v in (*d.pair, *(d.parts if L == d.deep else ()))]
     lines = head + [made_by(out, records, settings, d), ""]
     lines += grid_lines(records, d, [(L, v) for L, v in rows if any(t.find(records, d.lattice, v, L, k, 0)
@@ -186,4 +246,9 @@ def page_lines(out: Path) -> list[str]:
             continue
         lines.append(f"| {L} | {c['rates'][0]:g}, {c['rates'][1]:g} | {', '.join(map(str, c['seeds'])) or '-'} | "
                      f"{pair_said(c)} | {boot_said(c['documents']) if c['n'] else '-'} |")
+    if p := parts(records, d, out):
+        lines += ["", f"LNS taken apart at N = {p['layers']}, each variant at its own best rate, test loss paired by "
+                  "seed (the plan's parts family: seed noise pooled over its three tests, Holm over them, 3 paired "
+                  f"seeds for a word; the equivalence margin {declared.said(p['margin'], ' nats')}): "
+                  f"{parts_said(p)}."]
     return lines + [""] + progress_lines(records, d, rows)

@@ -150,7 +150,7 @@ def lns_lines(results: Path, res: dict, rerun: dict, planned: Pairs, img: Path,
     equal = [{**r, "layers": shared["settings"]["ref_depth"]} for r in shared.get("equal_rate", [])]
     vocab = meta_of(results, "lns_study").get("vocab", 2048)
     return (lns.science(res, res["unigram_loss"], matched_rates(lns_records(results)), equal, rerun, tpp,
-                        res["val_tokens"] or 0, img, transfer)
+                        res["val_tokens"] or 0, img, transfer, results)
             + stability_lines(res, vocab, img) + along_lines(results, planned, img))
 
 

@@ -26,7 +26,7 @@ def settings_of(out: Path) -> dict | None:
 def said(c: dict, f: str = ".3f") -> str:
     """A comparison as the page prints it everywhere: mean, its interval, p (and, inside a family, Holm's) and n, then
     the word (the family's, where it has one); under the pooled noise model the per-cell reading (df = n − 1) beside
-    it where the two words differ."""
+    it where it differs from both the word and the pooled reading before Holm (the "unadjusted" note says that)."""
     if not c or not c.get("n"):
         return "no runs"
     n = f"n = {c['n']}"
@@ -36,7 +36,7 @@ def said(c: dict, f: str = ".3f") -> str:
     word, cell = c.get("word", c["verdict"]), c.get("cell")
     moved = f" (unadjusted: {c['verdict']})" if word != c["verdict"] else ""
     beside = (f"; per cell (df = {c['n'] - 1}) {interval(cell, f)}: *{cell['verdict']}*"
-              if cell and cell["verdict"] != word else "")
+              if cell and cell["verdict"] not in (word, c["verdict"]) else "")
     return f"{c['mean']:+{f}} {interval(c, f)}, p {pvalue(c['p'])}{holm}, {n}: *{word}*{moved}{beside}"
 
 
