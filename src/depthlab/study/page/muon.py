@@ -23,13 +23,12 @@ from pathlib import Path
 from depthlab.stats import holm, interval, pvalue
 from depthlab.study import declared, muon as m, own_rate as o, transfer as t
 from depthlab.study.page import own
-from depthlab.study.page.text import rate, settings_of
-from depthlab.study.records import load_records
+from depthlab.study.page.text import rate
 from depthlab.study.runner import Cell, selection_value
 from depthlab.study.verdicts import ALPHA, compare, contrast, holm_words
 
 HEAD = "## The Muon study: does LNS still help under Muon?"
-MIN_SEEDS = 3
+MIN_SEEDS = own.MIN_SEEDS
 FALLS, RISES, HOLDS = "falls with depth", "rises with depth", "holds its rate"
 
 
@@ -138,9 +137,8 @@ def pair_lines(records: dict, d: m.Design, adamw: Path) -> list[str]:
     """LNS − Pre-LN under Muon at each depth (the primary family), beside AdamW's (the own-rate study's records in
     `adamw`) and the against_adamw family."""
     cs = own.comparisons(records, d, MIN_SEEDS)
-    a_records = load_records(adamw / "runs.jsonl")
-    a_design = own.design_of(adamw, settings_of(adamw) or {})
-    acs = own.comparisons(a_records, a_design, MIN_SEEDS) if a_records else {}
+    a_records, _, a_design = own.study(adamw) or ({}, {}, o.Design())
+    acs = own.comparisons(a_records, a_design, MIN_SEEDS)
     common = [L for L in own.depths_of(d) if L in own.depths_of(a_design)]
     vs = against_adamw(cs, acs, common)
     lines = ["**LNS − Pre-LN under Muon, beside AdamW.** Test loss, paired by seed, each scheme at its own best rate "
@@ -243,11 +241,10 @@ def transfer_lines(costs: dict, d: m.Design) -> list[str]:
 def page_lines(out: Path, adamw: Path) -> list[str]:
     """The section, from OUT/runs.jsonl, OUT/settings.json and OUT/plan.json, beside the own-rate study's records in
     `adamw`; a line saying it has not run where OUT has no records."""
-    head = [HEAD, ""]
-    records, settings = load_records(out / "runs.jsonl"), settings_of(out) or {}
-    if not records:
+    head, found = [HEAD, ""], own.study(out, m)
+    if not found:
         return head + ["Not run yet (`make study-muon`; docs/method.md section 5.4).", ""]
-    d = own.design_of(out, settings, m)
+    records, settings, d = found
     rows = [(L, v) for L in own.depths_of(d) for v in d.pair]
     deep = f" and {d.deep}" if d.deep else ""
     lines = head + [
@@ -275,10 +272,10 @@ def _pair_short(c: dict | None) -> str:
 def screen_line(out: Path) -> str | None:
     """The first screen's line on the Muon study (the section's own readings, shortened): LNS − Pre-LN under Muon
     by depth and each scheme's best rate against depth, with the cells done; None before its first record."""
-    records, settings = load_records(out / "runs.jsonl"), settings_of(out) or {}
-    if not records:
+    found = own.study(out, m)
+    if not found:
         return None
-    d = own.design_of(out, settings, m)
+    records, _, d = found
     cs, ex, counts = own.comparisons(records, d, MIN_SEEDS), exponents(records, d, out), o.counts(records, d)
     rates = "; ".join(f"{v} *{row['reading']['holm_word']}*" if row["reading"] and row["reading"].get("checks")
                       else f"{v} no verdict" for v, row in ex["rows"].items())

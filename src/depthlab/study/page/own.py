@@ -131,14 +131,14 @@ def parts_said(p: dict, f: str = ".4f") -> str:
             + f"; gain-init − LNS {pair_said(t['comparison'], f)}, TOST ±{m['value']:g} nats {m['status']}: *{word}*")
 
 
-def study(out: Path) -> tuple[dict, dict, o.Design] | None:
-    """The own-rate study in `out`: its records, settings (settings.json, else plan.json) and design; None where it
-    has no records."""
+def study(out: Path, module=o) -> tuple[dict, dict, o.Design] | None:
+    """The own-rate study in `out` (or another built on it: `module`, its design's module): its records, settings
+    (settings.json, else plan.json) and design; None where it has no records."""
     records = load_records(out / "runs.jsonl")
     if not records:
         return None
     settings = settings_of(out) or {}
-    return records, settings, design_of(out, settings)
+    return records, settings, design_of(out, settings, module)
 
 
 def grid_row(records: dict, d: o.Design, v: str, L: int) -> str:
