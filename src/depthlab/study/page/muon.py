@@ -25,20 +25,11 @@ from depthlab.study import declared, muon as m, own_rate as o, transfer as t
 from depthlab.study.page import own
 from depthlab.study.page.text import rate
 from depthlab.study.runner import Cell, selection_value
-from depthlab.study.verdicts import ALPHA, compare, contrast, holm_words
+from depthlab.study.verdicts import ALPHA, compare, contrast
 
 HEAD = "## The Muon study: does LNS still help under Muon?"
 MIN_SEEDS = own.MIN_SEEDS
 FALLS, RISES, HOLDS = "falls with depth", "rises with depth", "holds its rate"
-
-
-def _family_words(cs: list[dict], size: int) -> None:
-    """Holm over a declared family of `size` (in place): the members with MIN_SEEDS or more get "p_holm" and
-    "word" (verdicts.holm_words), every other its reason for none."""
-    holm_words([c for c in cs if c["n"] >= MIN_SEEDS], family_size=size)
-    for c in cs:
-        if c["n"] < MIN_SEEDS:
-            c["word"] = own.FEW if c["n"] else "no runs"
 
 
 def against_adamw(muon: dict[int, dict], adamw: dict[int, dict], depths: list[int]) -> dict[int, dict]:
@@ -47,7 +38,7 @@ def against_adamw(muon: dict[int, dict], adamw: dict[int, dict], depths: list[in
     where both studies have MIN_SEEDS paired seeds there."""
     out = {L: contrast((muon.get(L) or {}).get("per_seed", []), (adamw.get(L) or {}).get("per_seed", []))
            for L in depths}
-    _family_words(list(out.values()), len(depths))
+    own.plan_words(list(out.values()), len(depths), pool=False)
     return out
 
 
@@ -117,7 +108,7 @@ def transfer_costs(records: dict, d: m.Design) -> dict[tuple[str, int], dict]:
                 row.update(compare([b[s] - a[s] for s in seeds]), seeds=seeds)
             out[(v, L)] = row
     tested = [r for r in out.values() if "verdict" in r]
-    _family_words(tested, len(out))
+    own.plan_words(tested, len(out), pool=False)
     for r in tested:
         if r["n"] >= MIN_SEEDS:
             r["word"] = "costs" if r["word"] == "higher" else "no cost shown"

@@ -69,11 +69,15 @@ def paired(records: dict, d: o.Design, a: str, b: str, L: int) -> dict:
             "documents": document_interval([B[s] for s in seeds], [A[s] for s in seeds])}
 
 
-def plan_words(cs: list[dict], family_size: int, min_seeds: int = MIN_SEEDS) -> dict:
+def plan_words(cs: list[dict], family_size: int, min_seeds: int = MIN_SEEDS, pool: bool = True) -> dict | None:
     """One family of the plan, in place: the comparisons with at least `min_seeds` paired seeds read with their
-    pooled seed noise and Holm over `family_size` tests (verdicts.pooled_family: a test not yet run counts at p = 1);
-    the others get FEW (or "no runs") as their word. Returns the noise model."""
-    noise = pooled_family([c for c in cs if c["n"] >= min_seeds], family_size=family_size)
+    pooled seed noise (`pool`; else each its own, as Welch's tests are) and Holm over `family_size` tests
+    (verdicts.pooled_family / holm_words: a test not yet run counts at p = 1); the others get FEW (or "no runs") as
+    their word. Returns the pooled noise model (None without `pool`)."""
+    read = [c for c in cs if c["n"] >= min_seeds]
+    noise = pooled_family(read, family_size=family_size) if pool else None
+    if not pool:
+        holm_words(read, family_size=family_size)
     for c in cs:
         if c["n"] < min_seeds:
             c["word"] = FEW if c["n"] else "no runs"
