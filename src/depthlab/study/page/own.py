@@ -174,13 +174,13 @@ def progress_row(records: dict, d: o.Design, v: str, L: int) -> str:
     later = [s for s in seeds if s != 0]
     if g["best"] is None:
         missing = [f"{t.rate(k):g} (seed 0)" for k in g["ks"] if k not in ran]
-        rest = f"; then seeds {', '.join(map(str, later))} at the grid's best" if later else ""
+        rest = f"; then seed{'s' * (len(later) > 1)} {', '.join(map(str, later))} at the grid's best" if later else ""
         return f"| {L} | {v} | {grid}; best not known yet | - | - | {', '.join(missing)}{rest} |"
     lr = t.rate(g["best"])
     done = [s for s in seeds if Cell(v, lr, s, L).key in records]
     lacking = [s for s in seeds if s not in done]
     best = f"best {lr:g}" + (" (at an edge)" if g["edge"] else "")
-    todo = f"seeds {', '.join(map(str, lacking))} at {lr:g}" if lacking else "none"
+    todo = f"seed{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))} at {lr:g}" if lacking else "none"
     loss = boot_said(document_interval([records[Cell(v, lr, s, L).key] for s in done]), ".3f", signed=False)
     return f"| {L} | {v} | {grid}; {best} | {', '.join(map(str, done))} | {loss} | {todo} |"
 
