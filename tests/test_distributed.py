@@ -33,9 +33,9 @@ def _entry(rank, world, port, backend, fn, args, errors):
     except BaseException:
         errors.put(f"rank {rank}: {traceback.format_exc()}")
         raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    finally:  # leave the group as every depthlab process does: a bare destroy_process_group lets the last
+        # collective's gloo thread free its tensors while the interpreter finalizes, which aborts the rank (SIGABRT)
+        distributed.shutdown()
 
 
 def run_ranks(fn, *args, world: int = 2, backend: str | None = "gloo") -> None:
