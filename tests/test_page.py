@@ -166,11 +166,11 @@ def test_the_readme_results_bullets_are_the_pages_first_screen_word_for_word():
 
 
 def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails():
-    """On the committed records: no margin set after the data gives a word (no "holds its rate"; an equivalence word only where
-    the margin was declared before the data),
-    Pre-LN's N = 48 index is not "present" on two closely agreeing seeds, every word in the depth-transfer
-    section's family survives Holm, and every direction word of the first screen has 3 or more paired seeds and a
-    Holm p below 0.05 (a per-cell reading beside a pooled one is the only other place such a word appears)."""
+    """On the committed records: no margin set after the data gives a word (no "holds its rate"; an equivalence
+    word only where its margin was declared before the data), Pre-LN's N = 48 index is not "present" on two closely
+    agreeing seeds, every word in the depth-transfer section's family survives Holm, and every direction word of
+    the first screen has 3 or more paired seeds and a Holm p below 0.05 (a per-cell reading beside a pooled one is
+    the only other place such a word appears)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
