@@ -183,6 +183,7 @@ def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails()
     tosts = re.findall(r"TOST ±[\d.]+ nats (declared before|set after) the data: \*([^*]+)\*", first)
     assert tosts and all(when == "declared before" or word == "no word: margin set after the data"
                          for when, word in tosts), tosts
+    assert first.count("*equivalent*") == tosts.count(("declared before", "equivalent"))  # no other way to the word
     # every direction word of the first screen rests on 3 or more paired seeds and carries its Holm p
     words = re.findall(r"\(Holm ([^)]+)\), n = (\d+): \*(lower|higher)\*", first)
     assert words and all(int(n) >= 3 and (p.startswith("<") or float(p) < 0.05) for p, n, _ in words)
