@@ -60,29 +60,36 @@ def _made_up(cell, optimum) -> dict:
             "status": "ok", "val_loss": loss, "test_loss": loss + 0.1}
 
 
-def test_run_plans_again_after_every_batch_of_jobs_cells(monkeypatch):
+def test_run_reads_the_plan_again_whenever_a_cell_finishes(monkeypatch):
     """A cell made known by a finished grid (pre's transferred cells) runs before deeper cells known earlier: run
-    hands the runner `jobs` cells at a time, the cheapest first, and plans again (the runner's training is
-    tests/test_study.py's; here it writes made-up records)."""
-    records, batches = {}, []
+    hands the runner the plan, which a freed worker reads again for the cheapest cell not yet running (the
+    runner's training and its pool are tests/test_study.py's; here a pool of `jobs` workers is played out in order,
+    the oldest running cell finishing first, with made-up records)."""
+    records, started, most = {}, [], []
 
     class Study:
         def records(self):
             return dict(records)
 
-    def run_cells(study, cells, jobs, **kw):
-        batches.append(cells)
-        records.update({c.key: _made_up(c, lambda v, L: 8) for c in cells})
-        return cells
+    def run_cells(study, cells, jobs, more, **kw):
+        running = []
+        while True:
+            running += [c for c in more(dict(records)) if c not in running][:jobs - len(running)]
+            started.extend(c for c in running if c not in started)
+            most.append(len(running))
+            if not running:
+                return
+            c = running.pop(0)
+            records[c.key] = _made_up(c, lambda v, L: 8)
 
     monkeypatch.setattr(t, "run_cells", run_cells)
     d = t.Design()
     base = t.next_cells({}, d)  # the two base grids
     records.update({c.key: _made_up(c, lambda v, L: 8) for c in base if c.variant == "lns"})
     t.run(Study(), d, jobs=2)
-    assert all(len(b) <= 2 for b in batches) and not t.next_cells(records, d)
-    first_pre = next(i for i, b in enumerate(batches) if any(c.variant == "pre" and c.layers == 12 for c in b))
-    first_48 = next(i for i, b in enumerate(batches) if any(c.layers == 48 for c in b))
+    assert max(most) == 2 and not t.next_cells(records, d)
+    first_pre = next(i for i, c in enumerate(started) if c.variant == "pre" and c.layers == 12)
+    first_48 = next(i for i, c in enumerate(started) if c.layers == 48)
     assert first_pre < first_48  # pre's N = 12 cells did not wait behind every lns cell down to N = 48
 
 

@@ -104,6 +104,31 @@ def test_a_tiny_study_grid_best_rate_seeds_and_resume(tmp_path, corpus):
     assert set(again.records()) == set(records) and "reuse" not in again.settings()
 
 
+@pytest.mark.slow
+def test_a_freed_worker_takes_the_cell_the_plan_asks_for_next_while_a_slow_cell_trains(tmp_path, corpus):
+    """With a plan (`more`), the runner reads it again whenever a cell finishes: the worker that trained the quick
+    cell takes the cell the plan has just made known while the slow cell still trains, so the records land quick,
+    later, slow (a batch-at-a-time runner waits for the slow cell before it plans again: quick, slow, later)."""
+    from depthlab.study.runner import Cell
+
+    slow_steps = ["train.max_steps=1500", "train.eval_every=1500", "train.monitor_every=1500"]
+    study = Study("refill", str(tmp_path / "out"), {"slow": ["model.norm_scheme=pre", *slow_steps],
+                                                    "quick": ["model.norm_scheme=pre"]},
+                  base=[*TINY, f"data.paths=[{corpus}]"])
+    slow, quick, later = Cell("slow", 1e-2, 0, 2), Cell("quick", 1e-2, 0, 2), Cell("quick", 1e-2, 1, 2)
+    asked = []
+
+    def plan(records: dict) -> list:
+        asked.append(sorted(records))
+        return [slow, quick, *([later] if quick.key in records else [])]
+
+    assert len(run_cells(study, [], jobs=2, log=lambda m: None, more=plan)) == 3
+    assert [json.loads(line)["key"] for line in study.runs_file.read_text().splitlines()] == [
+        quick.key, later.key, slow.key]
+    assert asked[-1] == sorted([slow.key, quick.key, later.key])  # read to the end: nothing left to ask for
+    assert run_cells(study, [], jobs=2, more=plan) == []  # all recorded: nothing trains again
+
+
 def _train_one(study, cell):  # a spawned process: train one cell in this process (the test kills it)
     from depthlab.study.runner import train_cell
 

@@ -129,11 +129,10 @@ def counts(records: dict, d: Design) -> dict:
 
 
 def run(study, d: Design, jobs: int = 1, log=None) -> None:
-    """Train until the plan has nothing left, `jobs` cells at a time, planned again after each batch."""
-    kw = {"log": log} if log else {}
-    while cells := next_cells(study.records(), d):
-        if not run_cells(study, cells[:jobs], jobs, **kw):
-            raise AssertionError(f"the plan asks for cells the runner holds already: {cells[:3]}")
+    """Train until the plan has nothing left, `jobs` cells at a time, the plan read again whenever one finishes."""
+    run_cells(study, [], jobs, **({"log": log} if log else {}), more=lambda records: next_cells(records, d))
+    if cells := next_cells(study.records(), d):
+        raise AssertionError(f"the plan asks for cells the runner holds already: {cells[:3]}")
 
 
 # ---------------------------------------------------------------------------------------------------- the plan

@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
@@ -160,48 +160,71 @@ def _same_corpus(study: Study, settings: Path) -> None:
                         "give a new --out (or the old corpus's --runs-dir)")
 
 
-def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: print(msg, file=sys.stderr)) -> list:
-    """Train every cell that has no record yet (each in a fresh process), appending each record when it finishes."""
+def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: print(msg, file=sys.stderr),
+              more=None) -> list:
+    """Train every cell that has no record yet (each in a fresh process, `jobs` at a time), appending each record
+    when it finishes. With `more` (the records so far -> the cells that can be trained now, as a study's plan
+    reads them), the plan is read again whenever a cell finishes and the freed worker takes its first cell that is
+    neither recorded nor running: no worker waits for the slowest cell of a batch. Returns the new records."""
     out = Path(study.out)
     out.mkdir(parents=True, exist_ok=True)
     _same_corpus(study, out / "settings.json")
     write_whole(out / "settings.json", json.dumps(study.settings(), indent=2) + "\n")  # read by every rerun
-    done = study.records()
-    todo = list(dict.fromkeys(c for c in cells if c.key not in done))
-    if not todo:
-        return []
-    log(f"{study.name}: {len(todo)} runs")
-    records, failed = [], []
-    # spawn: no inherited thread pools. A study killed outright (SIGKILL) sends its workers SIGTERM: each running
-    # cell saves its step and stops, none trains on alone or holds its run directory from the rerun
-    pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=exit_with_parent,
-                               initargs=(os.getpid(), signal.SIGTERM))
-    futures = {pool.submit(_cell_in_worker, study, c): c for c in todo}
+    queue = list(dict.fromkeys(cells))
+    records, failed, running = [], {}, {}
+    pool = None
+
+    def fill() -> None:
+        nonlocal pool
+        done = study.records()
+        busy = {c.key for c in running.values()} | set(failed)
+        wanted = [*queue, *(more(done) if more else [])]
+        todo = [c for c in dict.fromkeys(wanted) if c.key not in done and c.key not in busy][:jobs - len(running)]
+        if todo and pool is None:
+            log(f"{study.name}: " + (f"the plan's cells, {jobs} at a time" if more else f"{len(queue)} runs"))
+            # spawn: no inherited thread pools. A study killed outright (SIGKILL) sends its workers SIGTERM: each
+            # running cell saves its step and stops, none trains on alone or holds its run directory from the rerun
+            pool = ProcessPoolExecutor(jobs, get_context("spawn"), exit_with_parent, (os.getpid(), signal.SIGTERM))
+        for c in todo:
+            running[pool.submit(_cell_in_worker, study, c)] = c
+            if c in queue:
+                queue.remove(c)
+
     try:
-        for f in as_completed(futures):
-            try:
-                rec = f.result()
-            except UserError as e:  # a cell that cannot run (its run directory held by another process, say)
-                failed.append(f"{futures[f].key}: {e}")  # does not cost the records of the cells that can
-                log(f"  {failed[-1]}")
-                continue
-            append_record(study.runs_file, rec)
-            records.append(rec)
-            log(f"  {rec['key']}: {study.select} {rec['val'].get(study.select, rec['val_loss']):.4f} "
-                f"({rec['wall_s']:.0f} s)")
+        fill()
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in finished:
+                _record(study, running.pop(f), f, records, failed, log)
+            fill()
     except BrokenProcessPool:  # a worker killed on its own (the OOM killer, a signal sent to its pid)
-        _stop_cells(pool, futures, log)
+        _stop_cells(pool, running, log)
         raise UserError(f"a worker process of {study.name} died (out of memory? killed?); {len(records)} finished "
                         "cells are recorded, the running ones saved what they could: rerun the same command to go "
                         "on") from None
     except BaseException:  # Ctrl-C, SIGTERM, a bug: no cell is left training, none starts
-        _stop_cells(pool, futures, log)
+        if pool is not None:
+            _stop_cells(pool, running, log)
         raise
-    pool.shutdown()
+    if pool is not None:
+        pool.shutdown()
     if failed:
-        raise UserError(f"{len(failed)} of {len(todo)} runs of {study.name} failed ({'; '.join(failed)}); "
-                        "the others are recorded")
+        raise UserError(f"{len(failed)} of {len(records) + len(failed)} runs of {study.name} failed "
+                        f"({'; '.join(failed.values())}); the others are recorded")
     return records
+
+
+def _record(study: Study, cell: Cell, future, records: list, failed: dict, log) -> None:
+    """A finished cell's record appended to the study's runs file (and to `records`), or its error to `failed`."""
+    try:
+        rec = future.result()
+    except UserError as e:  # a cell that cannot run (its run directory held by another process, say)
+        failed[cell.key] = f"{cell.key}: {e}"  # does not cost the records of the cells that can
+        log(f"  {failed[cell.key]}")
+        return
+    append_record(study.runs_file, rec)
+    records.append(rec)
+    log(f"  {rec['key']}: {study.select} {rec['val'].get(study.select, rec['val_loss']):.4f} ({rec['wall_s']:.0f} s)")
 
 
 STOP_GRACE_S = 60.0  # how long the running cells get to stop by themselves before they are sent SIGTERM

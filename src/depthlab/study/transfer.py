@@ -220,13 +220,12 @@ def next_cells(records: dict, d: Design) -> list[Cell]:
 
 
 def run(study, d: Design, jobs: int = 1, log=None) -> None:
-    """Train the study until its plan has nothing left: `jobs` cells at a time, the cheapest known first, planned
-    again after each batch, so a cell that a grid's end has just made known (pre's transferred cells, once pre's
-    base grid finished) runs before the deeper cells of schemes that were known earlier."""
-    kw = {"log": log} if log else {}
-    while cells := next_cells(study.records(), d):
-        if not run_cells(study, cells[:jobs], jobs, **kw):
-            raise AssertionError(f"the plan asks for cells the runner holds already: {cells[:3]}")
+    """Train the study until its plan has nothing left: `jobs` cells at a time, the cheapest known first, the plan
+    read again whenever a cell finishes, so a cell that a grid's end has just made known (pre's transferred cells,
+    once pre's base grid finished) runs before the deeper cells of schemes that were known earlier."""
+    run_cells(study, [], jobs, **({"log": log} if log else {}), more=lambda records: next_cells(records, d))
+    if cells := next_cells(study.records(), d):
+        raise AssertionError(f"the plan asks for cells the runner holds already: {cells[:3]}")
 
 
 # ---------------------------------------------------------------------------------------------------- results
