@@ -170,7 +170,6 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
     out.mkdir(parents=True, exist_ok=True)
     _same_corpus(study, out / "settings.json")
     write_whole(out / "settings.json", json.dumps(study.settings(), indent=2) + "\n")  # read by every rerun
-    queue = list(dict.fromkeys(cells))
     records, failed, running = [], {}, {}
     pool = None
 
@@ -178,17 +177,15 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
         nonlocal pool
         done = study.records()
         busy = {c.key for c in running.values()} | set(failed)
-        wanted = [*queue, *(more(done) if more else [])]
-        todo = [c for c in dict.fromkeys(wanted) if c.key not in done and c.key not in busy][:jobs - len(running)]
+        todo = [c for c in dict.fromkeys([*cells, *(more(done) if more else [])])
+                if c.key not in done and c.key not in busy]
         if todo and pool is None:
-            log(f"{study.name}: " + (f"the plan's cells, {jobs} at a time" if more else f"{len(queue)} runs"))
+            log(f"{study.name}: " + (f"the plan's cells, {jobs} at a time" if more else f"{len(todo)} runs"))
             # spawn: no inherited thread pools. A study killed outright (SIGKILL) sends its workers SIGTERM: each
             # running cell saves its step and stops, none trains on alone or holds its run directory from the rerun
             pool = ProcessPoolExecutor(jobs, get_context("spawn"), exit_with_parent, (os.getpid(), signal.SIGTERM))
-        for c in todo:
+        for c in todo[:jobs - len(running)]:
             running[pool.submit(_cell_in_worker, study, c)] = c
-            if c in queue:
-                queue.remove(c)
 
     try:
         fill()
