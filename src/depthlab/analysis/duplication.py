@@ -102,20 +102,20 @@ def duplication_lines(res: dict) -> list[str]:
 @contextlib.contextmanager
 def duplicating(lm: LayeredLM, i: int, j: int):
     """The naive way, for the benchmark and as a cross-check: the model's block list is the duplicated order (the
-    repeated blocks are the same modules), and an HF config's num_hidden_layers follows it while it runs."""
+    repeated blocks are the same modules), and an HF config follows it while it runs (num_hidden_layers and the
+    per-layer lists: each repeated block keeps its own kind of attention, as `depthlab duplicate` writes it)."""
+    from depthlab.hf.pruning import config_in_order
+
     parent_path, _, attr = lm.blocks_path.rpartition(".")
     parent = lm.model.get_submodule(parent_path)
     blocks, cfg = lm.blocks, getattr(lm.model, "config", None)
-    n = getattr(cfg, "num_hidden_layers", None)
-    setattr(parent, attr, nn.ModuleList(blocks[k] for k in duplicated_order(len(blocks), i, j)))
-    if n is not None:
-        cfg.num_hidden_layers = n + j - i + 1
+    order = duplicated_order(len(blocks), i, j)
+    setattr(parent, attr, nn.ModuleList(blocks[k] for k in order))
     try:
-        yield
+        with config_in_order(cfg, len(blocks), order) if cfg is not None else contextlib.nullcontext():
+            yield
     finally:
         setattr(parent, attr, blocks)
-        if n is not None:
-            cfg.num_hidden_layers = n
 
 
 @torch.no_grad()

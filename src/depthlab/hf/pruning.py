@@ -94,6 +94,20 @@ def relayer(model: nn.Module, order: list[int]) -> nn.Module:
 _NOT_PER_LAYER = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}
 
 
+@contextlib.contextmanager
+def config_in_order(cfg, n: int, order: list[int]):
+    """An HF config made, while the `with` lasts, that of the model whose n blocks run in `order`: what gives each
+    block the attention mask and RoPE table of its own kind (Gemma-3 reads `layer_types[i]` by position), as
+    `relayer` makes it for good."""
+    saved = dict(vars(cfg))
+    _relayer_config(cfg, n, order)
+    try:
+        yield cfg
+    finally:
+        for key, value in saved.items():
+            setattr(cfg, key, value)
+
+
 def _relayer_config(cfg, n: int, order: list[int]) -> None:
     for key, value in list(vars(cfg).items()):  # per-layer fields: layer_types, depthlab_layer_scales, ...
         if isinstance(value, (list, tuple)) and len(value) == n and key not in _NOT_PER_LAYER:
