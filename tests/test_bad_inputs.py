@@ -559,6 +559,13 @@ CASES = [
      "--greedy scores the blocks itself"),
     ("prune-data-without-greedy", "prune {hf} {tmp}/o --remove 0:1 --data {txt}",
      "--data has no effect without --greedy"),
+    # issue 60: an input named inside a task spec is read like any other (the folder holding it is never replaced)
+    ("analyze-out-holds-its-continue-file", "analyze {hf} --removal-generate continue:{victim_docs}/README.md,n=3 "
+     "--out {victim_docs} --overwrite --tokens 64 --no-jacobian", "holds analyze's own input --removal-generate"),
+    ("compare-out-holds-its-continue-file", "compare {hf} {hf} --removal-generate continue:{victim_docs}/README.md "
+     "--out {victim_docs} --overwrite --tokens 64 --no-jacobian", "holds compare's own input --removal-generate"),
+    ("prune-out-holds-its-continue-file", "prune {hf} {victim_docs} --drop-lowest 1 --greedy --by generate "
+     "--generate continue:{victim_docs}/README.md,n=3 --overwrite", "holds prune's own input --generate"),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",

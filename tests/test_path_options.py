@@ -14,11 +14,13 @@ import pytest
 
 from depthlab import UserError
 from depthlab.cli import make_parser
-from depthlab.ownership import CONTINUED, INPUT, READ, UPDATED, PathRole, option_name
+from depthlab.eval.gen_tasks import TASK_SPECS
+from depthlab.ownership import CONTINUED, INPUT, UPDATED, PathRole, option_name
 
 COMPANIONS = {"--device-map": ["auto"], "--greedy": []}  # what an option acting only with another needs: the
 # other's value (--offload-folder needs --device-map auto; prune's --data a bare --greedy)
 PATH_WORDS = re.compile(r"\b(DIR|FILE|PATH|PREFIX|CKPT|file|files|folder|folders|directory|checkpoint)\b")
+IN_SPEC = re.compile(r"\b([a-z][\w-]*):(FILE|DIR|PATH)\b")  # a spec naming a path inside it: continue:FILE, hf:DIR
 
 
 def commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
@@ -49,6 +51,29 @@ def test_every_value_an_option_takes_is_declared():
     assert text_paths == [], "these plain-text options speak of files or folders: give them a path role"
 
 
+def test_every_path_a_spec_names_is_read_by_its_option(tmp_path):
+    """A value may name a path inside a spec (`--removal-generate continue:FILE,n=3`): the option's role must find
+    the path there, or `--out` over FILE's folder with --overwrite deletes it (issue 60). For every spec an option's
+    help shows with a path in it, the role given it reads that path out of such a value."""
+    (tmp_path / "f").write_text("x")
+    missed, seen = [], 0
+    for words, parser in commands(make_parser()):
+        for action in valued(parser):
+            for prefix, _ in IN_SPEC.findall(action.help or ""):
+                seen += 1
+                role = action.type
+                found = role.paths([f"{prefix}:{tmp_path / 'f'}"]) if isinstance(role, PathRole) and role.reads \
+                    else []
+                if str(tmp_path / "f") not in found:
+                    missed.append(f"{' '.join(words)} {option_name(action)} ({prefix}:...)")
+    assert seen >= 2 and missed == [], "these options take specs naming files their role does not read"
+
+
+def test_generation_specs_name_their_files():
+    assert TASK_SPECS.paths(["add:digits=3,n=5", "continue:d/t.txt,n=3", "continue:,n=3", "copy", "p/q.jsonl"]) == \
+        ["d/t.txt", "p/q.jsonl"]
+
+
 def test_the_walk_sees_every_command_and_the_paths_it_read_unchecked():
     """The options the audit of issue 48 found read or written outside the own-input rule are all declared."""
     seen = {" ".join(words): parser for words, parser in commands(make_parser())}
@@ -63,6 +88,8 @@ def test_the_walk_sees_every_command_and_the_paths_it_read_unchecked():
                   "--removal-mmlu"), ("analyze", "--removal-commonsense"), ("analyze", "--device-map"),
                   ("compare", "--device-map"), ("data dedup", "INPUT"), ("data info", "PATH")]:
         assert roles[found] is INPUT, found
+    for found in [("analyze", "--removal-generate"), ("compare", "--removal-generate"), ("prune", "--generate")]:
+        assert roles[found] is TASK_SPECS, found
     assert roles[("train", "--resume")] is roles[("finetune", "--resume")] is CONTINUED
     assert all(roles[(f"eval {kind}", "--card")] is UPDATED for kind in ("ppl", "images", "tasks", "mmlu",
                                                                           "commonsense"))  # read, README.md rewritten
@@ -87,7 +114,7 @@ def pairs():
         for w in opts:
             if isinstance(w.type, PathRole) and w.type.refuses:
                 for r in opts:
-                    if r.type in READ:
+                    if isinstance(r.type, PathRole) and r.type.reads:
                         yield pytest.param(words, option_name(w), option_name(r), id=f"{'-'.join(words)}"
                                            f"{option_name(w)}-in{option_name(r)}")
 

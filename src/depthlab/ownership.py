@@ -6,9 +6,10 @@ Every command that writes a run or an output directory holds its advisory lock (
 naming the holder's PID. Whether a command may write a directory is decided by `claim`, for every writer (train's
 run directory, `data prepare --out`, export, prune, import, every `--out`): never one of its inputs, never a file;
 a missing or empty directory, the command's own kind of output, or, with --overwrite, any directory. What a command
-reads and writes is declared on its options (each path option's argparse type is a PathRole: INPUT, OUTPUT, FOLDER,
-PREFIX, CONTINUED, UPDATED), and the CLI's parser refuses a written path inside, above or at a read one before the
-command runs (`path_refusal`); commands check again what they only know later (a default path). Outputs are
+reads and writes is declared on its options (each path option's argparse type is a PathRole: INPUT, OUTPUT,
+FOLDER, PREFIX, CONTINUED, UPDATED, or a reading role of its own that finds the files a spec names), and the CLI's
+parser refuses a written path inside, above or at a read one before the command runs (`path_refusal`); commands
+check again what they only know later (a default path). Outputs are
 written whole (`writing`, `writing_files`; `write_whole` for a small file such as a settings or
 records file): into a temporary sibling that replaces the target only when complete.
 
@@ -253,10 +254,17 @@ def _named(out, inp, how: str) -> str:
 class PathRole:
     """What a command does with the path an option names, given as the option's argparse `type` (the value stays
     the text given): it reads it, writes it, makes new things inside it, or writes files named after it.
-    `refuses` are the ways a path of this role may not stand to a path the command reads (`_relation`)."""
+    `refuses` are the ways a path of this role may not stand to a path the command reads (`_relation`); a role that
+    `reads` names its files through `paths` (the values as given -> the local paths behind them): a plain path, a
+    glob or an `hf:` folder (`input_paths`), or a spec that names a file inside it (`continue:FILE,n=3`)."""
 
-    def __init__(self, name: str, refuses: tuple[str, ...] = ()):
-        self.__name__, self.refuses = name, refuses  # argparse names a type by its __name__
+    def __init__(self, name: str, refuses: tuple[str, ...] = (), reads: bool = False,
+                 paths: Callable[[Iterable[str]], list[str]] | None = None):
+        self.__name__, self.refuses, self.reads = name, refuses, reads  # argparse names a type by its __name__
+        self._paths = paths
+
+    def paths(self, values: Iterable[str]) -> list[str]:
+        return (self._paths or input_paths)(values)
 
     def __call__(self, text: str) -> str:
         return text
@@ -265,19 +273,19 @@ class PathRole:
         return f"PathRole({self.__name__})"
 
 
-INPUT = PathRole("input")  # read: what a command writes is never it, above it or inside it
+INPUT = PathRole("input", reads=True)  # read: what a command writes is never it, above it or inside it
 CONTINUED = PathRole("continued")  # a run the command continues, in place or as a branch: the run folder's rule
 OUTPUT = PathRole("output", ("is", "holds", "is inside"))  # written (replaced whole) at this path
 FOLDER = PathRole("folder", ("is", "is inside"))  # new things are made inside it: a run's parent, an offload folder
 PREFIX = PathRole("prefix", ("is inside",))  # files PREFIX.md, PREFIX.json are written beside it
-UPDATED = PathRole("updated")  # read, and one file in it rewritten whole (eval --card's README.md): read, to the rule
-READ = (INPUT, UPDATED)
+UPDATED = PathRole("updated", reads=True)  # read, and one file in it rewritten whole (eval --card's README.md)
 
 
 def path_refusal(parser, args) -> str | None:
     """The one-line refusal of a path the command would write (an OUTPUT, FOLDER or PREFIX option given on the
-    command line) that stands to an existing path it reads (an INPUT or UPDATED option) as its role forbids, naming both
-    options; None when there is none. The CLI's parser asks it of every command before the command runs."""
+    command line) that stands to an existing path it reads (an option whose role reads: INPUT, UPDATED, a spec that
+    names files) as its role forbids, naming both options; None when there is none. The CLI's parser asks it of
+    every command before the command runs."""
     what = parser.prog.removeprefix("depthlab").strip() or parser.prog
     reads, writes = [], []
     for action in parser._actions:
@@ -285,8 +293,9 @@ def path_refusal(parser, args) -> str | None:
             continue
         value = getattr(args, action.dest, None)
         values = value if isinstance(value, list) else [] if value is None else [value]
-        if action.type in READ:
-            reads += [(action, p) for p in input_paths(values) if os.path.lexists(p)]  # a missing one cannot be lost
+        if action.type.reads:
+            # a missing path cannot be lost
+            reads += [(action, p) for p in action.type.paths(values) if os.path.lexists(p)]
         elif action.type.refuses and value != action.default:  # a default (eval's --table) is the command's to check
             writes += [(action, v) for v in values]
     for w, out in writes:

@@ -60,6 +60,7 @@ def _add_model_args(p) -> None:
 
 
 def _add_removal_args(p) -> None:
+    from depthlab.eval.gen_tasks import TASK_SPECS
     from depthlab.flags import at_least, only_with
     from depthlab.ownership import INPUT
 
@@ -78,7 +79,7 @@ def _add_removal_args(p) -> None:
                    "under DIR (DIR/<task>/test.json), in their log-likelihood form")
     p.add_argument("--task-limit", type=at_least(1), metavar="N", help="at most N questions of each task file, MMLU "
                    "subject and commonsense task (default: all)")
-    p.add_argument("--removal-generate", nargs="+", metavar="TASK", type=INPUT, help="also score each removal by "
+    p.add_argument("--removal-generate", nargs="+", metavar="TASK", type=TASK_SPECS, help="also score each removal by "
                    "greedy generation (KV cache, exact match; Hugging Face models): "
                    "add[:digits=3,n=50,seed=0,shots=3], copy[:len=8,...], brackets[:depth=4,...], "
                    "continue:FILE[,words=32,answer=8,...], or a jsonl file of {\"prompt\", \"answer\"} pairs "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from depthlab import UserError
 from depthlab.jsonl import json_line
+from depthlab.ownership import PathRole
 
 FAMILIES = {"add": {"digits": 3}, "copy": {"len": 8}, "brackets": {"depth": 4}, "continue": {"words": 32, "answer": 8}}
 COMMON = {"n": 50, "seed": 0, "shots": 3}
@@ -46,6 +47,24 @@ def _numbers(spec: str, items: list[str], allowed: dict) -> dict[str, int]:
     return got
 
 
+def _file_of(spec: str) -> str | None:
+    """The file a spec reads (continue:FILE's text, a jsonl file of pairs; anything not a family is read as one),
+    None for a drawn family or a continue without one."""
+    family, _, rest = spec.partition(":")
+    if family not in FAMILIES:
+        return spec
+    first = rest.split(",")[0]
+    return first if family == "continue" and first and "=" not in first else None
+
+
+def spec_paths(specs) -> list[str]:
+    """The files generation task specs read: what the command that takes them may not write over."""
+    return [str(Path(f).expanduser()) for f in map(_file_of, map(str, specs)) if f]
+
+
+TASK_SPECS = PathRole("generation task", reads=True, paths=spec_paths)  # the argparse type of an option taking specs
+
+
 def read_task(spec: str) -> GenTask:
     """The task a spec names (module docstring); a bad spec or an unreadable file is one UserError line."""
     family, _, rest = spec.partition(":")
@@ -56,7 +75,7 @@ def read_task(spec: str) -> GenTask:
                         "jsonl file of prompt/answer pairs")
     items = [x for x in rest.split(",") if x] if rest else []
     if family == "continue":
-        if not items or "=" in items[0]:
+        if _file_of(spec) is None:
             raise UserError(f"generation task {spec!r}: continue needs a text file, continue:FILE[,words=32,...]")
         path, items = Path(items[0]), items[1:]
         p = _numbers(spec, items, {**FAMILIES[family], **COMMON, "shots": 0})

@@ -90,7 +90,7 @@ def prune_greedy(args) -> None:
         raise UserError(f"{other[0]} has no effect with --by {by}; drop it, or rank by what it scores")
     if by != "loss" and not given[by]:
         raise UserError(f"--greedy --by {by} needs {GREEDY_NEEDS[by]}")
-    from depthlab.eval.gen_tasks import read_task
+    from depthlab.eval.gen_tasks import read_task, spec_paths
     from depthlab.eval.suite import TaskSuite
 
     tasks = TaskSuite.read(args.tasks or (), args.mmlu, 0, args.commonsense, args.task_limit) if sources else None
@@ -105,7 +105,7 @@ def prune_greedy(args) -> None:
         return [b - 1 for b in record["removed"]]
 
     reads = [*input_paths(args.data or []), *(args.tasks or []), *(p for p in (args.mmlu, args.commonsense) if p),
-             *(spec for spec in args.generate or [] if Path(spec).exists())]
+             *spec_paths(args.generate or [])]
     out, layers = prune_blocks(args.model, choose, args.out_dir, args.overwrite, f", greedily by {by}, each "
                                f"step re-scoring every remaining block ({GREEDY_RECORD})", reads=tuple(reads),
                                record=record)
@@ -248,6 +248,7 @@ def _add_prune(sub) -> None:
 
 
 def _add_greedy(p) -> None:
+    from depthlab.eval.gen_tasks import TASK_SPECS
     from depthlab.flags import at_least, only_with
     from depthlab.ownership import INPUT
     from depthlab.paths import GREEDY_RECORD
@@ -271,7 +272,7 @@ def _add_greedy(p) -> None:
                    "under DIR, in their log-likelihood form")
     p.add_argument("--task-limit", type=at_least(1), metavar="N", help="with --greedy --by tasks: at most N "
                    "questions of each task file, MMLU subject and commonsense task (default: all)")
-    p.add_argument("--generate", nargs="+", type=INPUT, metavar="TASK", help="with --greedy --by generate: "
+    p.add_argument("--generate", nargs="+", type=TASK_SPECS, metavar="TASK", help="with --greedy --by generate: "
                    "generation tasks scored by exact match of greedy decoding, as `analyze --removal-generate` "
                    "takes them (add[:digits=3,n=50,...], copy, brackets, continue:FILE, or a jsonl file)")
     p.add_argument("--device", type=str, default="auto", help="with --greedy: where the blocks are scored (cpu, "
