@@ -193,3 +193,39 @@ def test_layer_by_layer_mode_equals_prune_then_eval(world):
         assert row["loss"] == pytest.approx(pruned_loss(world, [l], f"single{l}"), abs=TOL), l
     assert res["lens"]["ce"] == pytest.approx(world["res"]["lens"]["ce"], rel=1e-5)
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2"])
+def test_analyze_of_a_gemma3_or_qwen2_gguf_is_analyze_of_its_dequantized_directory(arch, tmp_path):
+    """The panel's two other families as GGUF files (Gemma-3: 5 sliding-window blocks to 1 global, windows of 32
+    tokens past its window of 8; Qwen2: biases on q, k, v, an untied head): `analyze` of the file gives exactly the
+    numbers of the directory transformers dequantizes it to."""
+    import json
+
+    from depthlab.cli import main
+    from depthlab.gguf import plain
+    from tests.gguf_fixtures import TEXT, bpe_tokenizer, gguf_gemma3, sentencepiece_pieces, tiny_qwen2, write_gguf
+
+    tok = bpe_tokenizer()
+    (tmp_path / "file").mkdir()
+    f = tmp_path / "file" / f"tiny-{arch}-F16.gguf"
+    vocab = len(sentencepiece_pieces()) if arch == "gemma3" else tok.get_vocab_size()
+    write_gguf(f, (gguf_gemma3 if arch == "gemma3" else tiny_qwen2)(vocab), tok)
+    dense = tmp_path / "dense"
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(f.parent), gguf_file=f.name, dtype=torch.float32)
+    if arch == "gemma3":
+        assert model.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+    plain(model).save_pretrained(dense)
+    transformers.AutoTokenizer.from_pretrained(str(f.parent), gguf_file=f.name).save_pretrained(dense)
+    (tmp_path / "text.txt").write_text(TEXT)
+    got = {}
+    for name, path in (("file", f), ("dense", dense)):
+        assert main(["analyze", str(path), "--data", str(tmp_path / "text.txt"), "--tokens", "128", "--seq-len", "32",
+                     "--probes", "1", "--sublayers", "--duplicate", "2", "--no-progress",
+                     "--out", str(tmp_path / f"out-{name}")]) == 0
+        got[name] = json.loads((tmp_path / f"out-{name}" / "metrics.json").read_text())
+    numbers = lambda res: {k: v for k, v in res.items() if k not in ("model", "notes", "wall_s")}  # noqa: E731
+    assert numbers(got["file"]) == numbers(got["dense"])
+    assert got["file"]["model"]["gguf"]["architecture"] == arch and len(got["file"]["removal"]["mlp"]) == (
+        6 if arch == "gemma3" else 4)
