@@ -566,6 +566,14 @@ CASES = [
      "--out {victim_docs} --overwrite --tokens 64 --no-jacobian", "holds compare's own input --removal-generate"),
     ("prune-out-holds-its-continue-file", "prune {hf} {victim_docs} --drop-lowest 1 --greedy --by generate "
      "--generate continue:{victim_docs}/README.md,n=3 --overwrite", "holds prune's own input --generate"),
+    # issue 60: results are keyed by name: a task given twice is refused; a card that does not parse is one line
+    ("eval-tasks-same-file-twice", "eval tasks {run} --tasks {tasks} {tasks}", "--tasks names"),
+    ("analyze-removal-generate-twice", "analyze {hf} --removal-generate add add --tokens 64 --no-jacobian --out "
+     "{tmp}/o", "--removal-generate names add twice"),
+    ("prune-generate-twice", "prune {hf} {tmp}/o --drop-lowest 1 --greedy --by generate --generate copy copy",
+     "--generate names copy twice"),
+    ("eval-card-metadata-not-yaml", "eval tasks {hf_bad_card} --tasks {tasks} --card {hf_bad_card}",
+     "README.md: its metadata (the YAML between the --- lines) does not parse at line"),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",
@@ -629,6 +637,10 @@ def build_world(root: Path) -> dict[str, str]:
     w["hf"] = str(root / "hf")
     shutil.copytree(root / "hf", root / "user_hf")  # an HF directory depthlab did not write
     (root / "user_hf" / "depthlab_export.json").unlink()
+    shutil.copytree(root / "hf", root / "hf_bad_card")  # an export whose card's metadata does not parse
+    card = root / "hf_bad_card" / "README.md"
+    card.write_text(card.read_text().replace("library_name: transformers", "library_name: [transformers", 1))
+    w["hf_bad_card"] = str(root / "hf_bad_card")
     docs = root / "docs"
     docs.mkdir()
     for i in range(40):

@@ -90,7 +90,7 @@ def test_eval_card_adds_the_accuracies_eval_printed(world, tmp_path, capsys):
     # the export itself, evaluated and carded: the same numbers replace the same entries, nothing is duplicated
     assert main(["eval", "tasks", str(export), "--tasks", str(world / "animals.jsonl"), "--card", str(export)]) == 0
     again = card(export)
-    assert len(again.data.eval_results) == 4 and "| animals | animals.jsonl | acc |" in again.text
+    assert len(again.data.eval_results) == 4 and f"| animals | {world / 'animals.jsonl'} | acc |" in again.text
     assert again.text.count("## Evaluation") == 1
 
 
@@ -157,6 +157,19 @@ def test_export_again_keeps_the_results_of_the_same_weights_only(world, tmp_path
     other = card(export)
     assert "scheme-pre" in other.data.tags and {r.task_name for r in other.data.eval_results} == {"validation"}
     assert "folded" not in other.text  # pre multiplies nothing
+
+
+def test_export_again_over_a_card_whose_metadata_does_not_parse_says_so_in_one_line(world, tmp_path, capsys):
+    export = tmp_path / "hf"
+    shutil.copytree(world / "hf", export)
+    text = (export / "README.md").read_text()
+    (export / "README.md").write_text(text.replace("library_name: transformers", "library_name: [transformers", 1))
+    capsys.readouterr()
+    assert main(["export", str(world / "run"), str(export)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"depthlab: warning: {export / 'README.md'}: cannot read its results "
+                                               "(its metadata (the YAML between the --- lines) does not parse at line")
+    assert card(export).data.library_name == "transformers"  # the new card, the checkpoint's own results
 
 
 def test_a_vit_export_has_an_image_classification_card(tmp_path):

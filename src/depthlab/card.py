@@ -25,7 +25,8 @@ from depthlab.paths import EXPORT_INFO, METRICS, Kind, read_json, run_of, what_i
 
 CARD = "README.md"
 LICENSE = "other"  # a placeholder: the weights' license follows the data's and the base model's, which we cannot know
-RESULTS = "## Evaluation"  # the card's last section, rewritten whenever its results change
+RESULTS = "## Evaluation"  # the card's section depthlab rewrites whenever its results change; the rest is kept
+_HEADING = re.compile(r"^#{1,2} ", re.M)  # where the Evaluation section ends: the next heading of its level or above
 _HUB_CACHE = re.compile(r"models--([^/]+?)--([^/]+)")  # huggingface_hub's cache folder of a model: models--OWNER--NAME
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
@@ -80,7 +81,7 @@ def write_card(out: Path, final: str | Path, loaded) -> None:
     results = _validation(cfg, meta)
     if (earlier / CARD).is_file() and (earlier / EXPORT_INFO).is_file() and _same_model(earlier, out):
         try:
-            results = merged(hub.ModelCard.load(earlier / CARD).data.eval_results or [], results)
+            results = merged(_load(earlier / CARD).data.eval_results or [], results)
         except ValueError as e:  # a card edited by hand beyond reading: its results are not carried over
             warn(f"{earlier / CARD}: cannot read its results ({e}); the new card has the checkpoint's own")
     base = base_model(cfg, meta)
@@ -243,6 +244,20 @@ def _results(results: list) -> str:
                       "| task | data | metric | value |", "|---|---|---|---|", *rows])
 
 
+def _load(path: Path):
+    """huggingface_hub's ModelCard of the card at `path`; a ValueError of one line when its metadata cannot be read
+    (YAML that does not parse gives yaml's own error, several lines long)."""
+    import yaml
+
+    try:
+        return _hub().ModelCard.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)  # counted from the line after the opening ---, from 0
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"its metadata (the YAML between the --- lines) does not parse{where}: {why}") from None
+
+
 def card_of(directory: str | Path):
     """The model card of an export `directory`, read; one line when it is none (missing, not an export, no card, a
     card huggingface_hub cannot read)."""
@@ -255,24 +270,37 @@ def card_of(directory: str | Path):
     if not (d / CARD).is_file():
         raise UserError(f"--card {d} has no model card ({CARD}); write one with `depthlab export`")
     try:
-        return _hub().ModelCard.load(d / CARD)
+        return _load(d / CARD)
     except ValueError as e:
         raise UserError(f"--card {d}: cannot read its {CARD}: {e}") from None
 
 
 def add_results(directory: str | Path, scores: list[Scores]) -> Path:
     """Add what `scores` measured to the card of the export `directory` (each result replaces one of the same task,
-    data and metric), under its lock, the file written whole."""
+    data and metric; no two of them may share those), under its lock, the file written whole; the card's other
+    sections are kept as they are (`with_results`)."""
     from depthlab.ownership import locked, write_whole
 
+    new = [r for s in scores for r in s.results()]
+    if len({_key(r) for r in new}) < len(new):  # one would hide another: the count said would not be on the card
+        twice = next(r for i, r in enumerate(new) if _key(r) in map(_key, new[:i]))
+        raise UserError(f"two results named {twice.task_name} {twice.metric_type} on {twice.dataset_name}; "
+                        "evaluate each task once")
     with locked(directory, "eval --card"):
         card, path = card_of(directory), Path(directory) / CARD
-        card.data.eval_results = merged(card.data.eval_results or [], [r for s in scores for r in s.results()])
+        card.data.eval_results = merged(card.data.eval_results or [], new)
         card.data.model_name = card.data.model_name or Path(directory).resolve().name
-        text = card.text.split(f"\n{RESULTS}\n")[0].rstrip("\n")
-        card.text = f"{text}\n\n{_results(card.data.eval_results)}\n"
+        card.text = with_results(card.text, card.data.eval_results)
         write_whole(path, str(card))
     return path
+
+
+def with_results(text: str, results: list) -> str:
+    """The card's text with its Evaluation section, up to the next heading of its level or above, showing `results`
+    (added at the end when it has none); every other section is kept as it was, a user's own included."""
+    head, found, rest = f"\n{text}".partition(f"\n{RESULTS}\n")
+    after = rest[m.start():] if found and (m := _HEADING.search(rest)) else ""
+    return f"{head[1:].rstrip()}\n\n{_results(results)}\n" + (f"\n{after.rstrip()}\n" if after else "")
 
 
 def check_card(directory: str | Path, models: list[str]) -> None:

@@ -149,3 +149,24 @@ def model_path(path: str | Path, hf: bool = True, warn: Callable[[str], None] = 
 def find_checkpoint(path: str | Path) -> Path:
     """The depthlab checkpoint a model path names (see model_path)."""
     return model_path(path, hf=False)[1]
+
+
+def short_names(paths, flag: str, taken=()) -> list[str]:
+    """A name for each of the files `paths` that tells it from the others and from the names `taken`, for results
+    keyed by name: its stem, or, where stems collide, its stem after as many of its folders as tell them apart
+    (`arc/test`, `piqa/test`). The same file twice, or a name that cannot be told apart, is one line naming `flag`."""
+    real = [Path(p).expanduser().resolve() for p in paths]
+    for i, r in enumerate(real):
+        if r in real[:i]:
+            raise UserError(f"{flag} names {paths[real.index(r)]} twice ({paths[i]}); give each file once")
+    names = [r.stem for r in real]
+    for depth in range(1, max((len(r.parts) for r in real), default=1)):
+        clash = {n for n in names if names.count(n) > 1}
+        if not clash:
+            break
+        names = [str(Path(*r.parts[-1 - depth:-1], r.stem)) if n in clash else n for n, r in zip(names, real)]
+    for i, (n, p) in enumerate(zip(names, paths)):
+        if n in taken or n in names[:i]:
+            raise UserError(f"{flag}: the results of {p} would be named {n!r}, as another task's are; rename the "
+                            "file")
+    return names

@@ -119,7 +119,7 @@ def _removal_tasks(args):
     from depthlab.eval.suite import TaskSuite
 
     return TaskSuite.read(args.removal_tasks or (), args.removal_mmlu, args.mmlu_shots, args.removal_commonsense,
-                          args.task_limit)
+                          args.task_limit, "--removal-tasks")
 
 
 def _generation_tasks(args) -> list | None:
@@ -130,9 +130,9 @@ def _generation_tasks(args) -> list | None:
         if why:
             raise UserError(f"--removal-generate has no effect with {flag}; drop one of them"
                             + (" (generation needs the whole model)" if flag == "--layer-by-layer" else ""))
-    from depthlab.eval.gen_tasks import read_task
+    from depthlab.eval.gen_tasks import read_tasks
 
-    return [read_task(spec) for spec in args.removal_generate]
+    return read_tasks(args.removal_generate, "--removal-generate")
 
 
 def _request(args, model: str):

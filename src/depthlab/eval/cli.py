@@ -37,12 +37,14 @@ def cmd_images(args) -> list:
 def cmd_tasks(args) -> list:
     from depthlab.card import Scores
     from depthlab.eval.multiple_choice import evaluate_tasks, scorer_for
+    from depthlab.paths import short_names
 
+    names = short_names(args.tasks, "--tasks")  # results keyed by name: a/mc.jsonl and b/mc.jsonl stay two
     scorer, scores = scorer_for(load(args)), []
-    for task in args.tasks:
+    for task, name in zip(args.tasks, names):
         res = evaluate_tasks(scorer, task)
         print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
-        scores.append(Scores(Path(task).stem, Path(task).name, {"acc": res["acc"], "acc_norm": res["acc_norm"]}))
+        scores.append(Scores(name, task, {"acc": res["acc"], "acc_norm": res["acc_norm"]}))
     return scores
 
 
@@ -177,8 +179,6 @@ def new_spelling(argv: list[str]) -> list[str]:
     """`eval MODEL ...` as the spelling before the subcommands chose its kind (by --harness, --commonsense, --mmlu
     or --tasks; without them a ViT's images, else perplexity): `eval KIND MODEL ...`, said in one line on stderr.
     Any other command line stays as it is (a word that names no path is a kind mistyped: argparse says so)."""
-    from pathlib import Path
-
     if len(argv) < 2 or argv[0] != "eval" or argv[1] in (*KINDS, "ppl", "images") or argv[1].startswith("-"):
         return argv
     given = {a.split("=")[0] for a in argv[1:]}

@@ -65,6 +65,21 @@ def spec_paths(specs) -> list[str]:
 TASK_SPECS = PathRole("generation task", reads=True, paths=spec_paths)  # the argparse type of an option taking specs
 
 
+def read_tasks(specs: list[str], flag: str) -> list[GenTask]:
+    """The tasks specs name, each under a name of its own (results are keyed by it): a drawn family's is its spec,
+    a jsonl file's its stem, or with the folders that tell it from another file's (depthlab.paths.short_names).
+    A task given twice, or two that would share a name, is one line naming `flag`."""
+    from depthlab.paths import short_names
+
+    files = [s for s in specs if s.partition(":")[0] not in FAMILIES]
+    drawn = [s for s in specs if s not in files]
+    for i, spec in enumerate(drawn):
+        if spec in drawn[:i]:
+            raise UserError(f"{flag} names {spec} twice; give each task once")
+    named = dict(zip(files, short_names(files, flag, taken=drawn)))
+    return [GenTask(named[s], t.pairs) if s in named else t for s, t in zip(specs, map(read_task, specs))]
+
+
 def read_task(spec: str) -> GenTask:
     """The task a spec names (module docstring); a bad spec or an unreadable file is one UserError line."""
     family, _, rest = spec.partition(":")

@@ -10,6 +10,7 @@ from pathlib import Path
 from depthlab.eval.commonsense import loglik_questions, read_task, task_files
 from depthlab.eval.mmlu import mmlu_questions, read_mmlu, shot_examples
 from depthlab.eval.multiple_choice import ScoredQuestion, Scorer, read_tasks, task_questions, text_scorer
+from depthlab.paths import short_names
 
 
 @dataclass
@@ -26,11 +27,14 @@ class TaskSuite:
     limit: int | None = None  # at most this many questions of each file, MMLU subject and commonsense task
 
     @classmethod
-    def read(cls, files=(), mmlu=None, shots: int = 0, commonsense=None, limit: int | None = None) -> TaskSuite:
-        stems = [Path(f).stem for f in files]
-        names = [stem if stems.count(stem) == 1 else str(f) for stem, f in zip(stems, files)]
+    def read(cls, files=(), mmlu=None, shots: int = 0, commonsense=None, limit: int | None = None,
+             flag: str = "--tasks") -> TaskSuite:
+        """Every source read and checked; each file's results named apart from every other task's (`flag`, the
+        option giving the files, names the one that cannot be)."""
+        common = task_files(commonsense) if commonsense else {}
+        names = short_names(list(map(str, files)), flag, {*common, *(["mmlu"] if mmlu else [])})
         suite = cls({n: read_tasks(f) for n, f in zip(names, files)}, read_mmlu(mmlu) if mmlu else None, shots,
-                    {t: read_task(t, f) for t, f in task_files(commonsense).items()} if commonsense else {}, limit)
+                    {t: read_task(t, f) for t, f in common.items()}, limit)
         if suite.mmlu is not None:
             for subject, splits in suite.mmlu.items():  # too few dev questions: said now, not after a model loads
                 shot_examples(subject, splits, shots)

@@ -90,11 +90,11 @@ def prune_greedy(args) -> None:
         raise UserError(f"{other[0]} has no effect with --by {by}; drop it, or rank by what it scores")
     if by != "loss" and not given[by]:
         raise UserError(f"--greedy --by {by} needs {GREEDY_NEEDS[by]}")
-    from depthlab.eval.gen_tasks import read_task, spec_paths
+    from depthlab.eval.gen_tasks import read_tasks, spec_paths
     from depthlab.eval.suite import TaskSuite
 
     tasks = TaskSuite.read(args.tasks or (), args.mmlu, 0, args.commonsense, args.task_limit) if sources else None
-    generate = [read_task(spec) for spec in args.generate] if args.generate else None
+    generate = read_tasks(args.generate, "--generate") if args.generate else None
     request = dict(data=args.data, tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch_size,
                    tasks=tasks, generate=generate)
     device, record = str(resolve_device(args.device, "--device")), {}
