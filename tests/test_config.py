@@ -125,7 +125,8 @@ SWITCHED = {"model.depth_base": 6, "model.norm_gain_const": 0.3, "model.lns_powe
             "model.pool": "mean", "model.pos_embed": "sincos", "data.builtin_mb": 1.0, "train.max_skips": 3,
             "train.dp_replicate": 2, "train.dp_shard": 2, "train.lora.alpha": 16.0, "train.lora.dropout": 0.1,
             "train.lora.targets": "[q, v]", "train.muon_lr": 0.01, "train.muon_momentum": 0.9,
-            "train.muon_weight_decay": 0.1, "train.muon_adjust_lr": "match_rms_adamw"}
+            "train.muon_weight_decay": 0.1, "train.muon_adjust_lr": "match_rms_adamw",
+            "model.resid_lambda_init": 0.9, "model.x0_lambda_init": 0.1, "train.scalar_lr_mult": 10.0}
 COMPANION_SET = {"model.depth_alpha": 1.0, "train.lora.rank": 4}
 
 

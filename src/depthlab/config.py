@@ -68,6 +68,13 @@ class ModelConfig:
     depth_base: int = 0  # L_base, the depth whose tuned rate is to carry over (needed with depth_alpha)
     prores_steps: int = 0  # ProRes: block l's branches ramp linearly from 0 to 1 over its first l * prores_steps steps
     branch_scale: str = "none"  # none | 1/L | 1/sqrtL | 1/sqrtl: a fixed multiplier on every branch output
+    # the stream scalars (nanochat's per-layer lambdas; docs/method.md): before block l, h = r_l h + a_l x0, x0 the
+    # embedding output, r_l and a_l learnable (their own optimizer groups, train.scalar_lr_mult); every pre-norm scheme
+    resid_lambda: bool = False  # r_l, a learnable multiplier on the stream before each block
+    x0_lambda: bool = False  # a_l, a learnable share of the embedding output added to the stream before each block
+    resid_lambda_init: float = 1.0  # r_l at initialisation (1: the plain stream)
+    x0_lambda_init: float = 0.0  # a_l at initialisation (0: no x0 yet; with both at their defaults step 0 is the
+    # plain model's)
     # model.family=vit only: images in, classes out (depthlab.model.vit)
     image_size: int = 224
     patch_size: int = 16
@@ -167,6 +174,9 @@ class TrainConfig:
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.0  # decoupled, as AdamW's weight_decay
     muon_adjust_lr: str = "original"  # original: lr sqrt(max(1, A/B)) | match_rms_adamw: lr 0.2 sqrt(max(A, B))
+    scalar_lr_mult: float = 25.0  # model.x0_lambda's AdamW rate: lr times this; model.resid_lambda's: 1/100 of that
+    # (nanochat's rule: a multiplier on the stream compounds over the blocks); 25: nanochat's scalar rate over its
+    # Muon rate (0.5 / 0.02)
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: only LoRA adapters train, the weights frozen
 
 
@@ -185,6 +195,9 @@ COMPANIONS: dict[str, dict[str, tuple | str]] = {
     **{f"model.{name}": {"model.norm_scheme": ()}
        for name in ("lns_placement", "mixln_ratio", "layerscale_init", "skip_alpha_init", "dyt_alpha_init")},
     "model.gpas_gate": {"model.gpas": (True,)},
+    "model.resid_lambda_init": {"model.resid_lambda": (True,)},
+    "model.x0_lambda_init": {"model.x0_lambda": (True,)},
+    "train.scalar_lr_mult": {"model.resid_lambda": (True,), "model.x0_lambda": (True,)},
     **{f"model.{name}": {"model.family": ("vit",)}
        for name in ("image_size", "patch_size", "channels", "num_classes", "pool", "pos_embed")},
     "data.builtin_mb": {"data.paths": ([],)},  # the built-in corpus

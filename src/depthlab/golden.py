@@ -58,13 +58,16 @@ class Case:
 
 
 def cases() -> dict[str, Case]:
-    """One run per registered scheme, a 2-rank FSDP run of lns (each rank 2 of the 4 sequences) and lns under
-    train.optimizer=muon."""
+    """One run per registered scheme, a 2-rank FSDP run of lns (each rank 2 of the 4 sequences), lns under
+    train.optimizer=muon and lns with the stream scalars."""
     from depthlab.model.schemes import SCHEMES
 
     out = {s: Case(s, (f"model.norm_scheme={s}",)) for s in SCHEMES}
     out["fsdp2-lns"] = Case("fsdp2-lns", ("model.norm_scheme=lns", "train.parallel=fsdp", "train.batch_size=2"), 2)
     out["muon-lns"] = Case("muon-lns", ("model.norm_scheme=lns", "train.optimizer=muon"))  # torch.optim.Muon's step
+    # the stream scalars (model.resid_lambda, model.x0_lambda) on lns, in their own AdamW groups
+    out["scalars-lns"] = Case("scalars-lns", ("model.norm_scheme=lns", "model.resid_lambda=true",
+                                              "model.x0_lambda=true"))
     return out
 
 

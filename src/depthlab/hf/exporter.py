@@ -35,6 +35,10 @@ from depthlab.model.families import family_of
 from depthlab.model.schemes import GPAS_EXPORT_REFUSAL as GPAS_REFUSAL, SCHEMES, scheme_class
 
 REFUSED = {name: cls.hf_export_refusal for name, cls in SCHEMES.items() if cls.hf_export is None}
+# a multiplier on the stream before block l does not fold into one weight (it scales the skip path, which has none),
+# and x0 reaches every block through no stock module
+STREAM_SCALARS_REFUSAL = ("a stock decoder block adds its branches to the stream as it is: no stock class scales "
+                          "the stream before a block or adds the embedding output to it")
 _BRANCH_OUTPUTS = {"attn_gain": "attn.o_proj", "mlp_gain": "mlp.down_proj"}
 
 
@@ -43,6 +47,9 @@ def hf_weights_and_config(model: Transformer) -> tuple[dict[str, torch.Tensor], 
     cfg = model.cfg
     if cfg.gpas:
         raise UserError(f"cannot export {cfg.norm_scheme} + gpas as a stock checkpoint: {GPAS_REFUSAL}")
+    if cfg.resid_lambda or cfg.x0_lambda:
+        option = "model.resid_lambda" if cfg.resid_lambda else "model.x0_lambda"
+        raise UserError(f"cannot export {option} as a stock checkpoint: {STREAM_SCALARS_REFUSAL}")
     block = scheme_class(cfg.norm_scheme)
     if block.hf_export is None:
         raise UserError(f"cannot export scheme {cfg.norm_scheme!r} as a stock checkpoint: {block.hf_export_refusal}")

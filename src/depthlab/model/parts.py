@@ -1,4 +1,5 @@
-"""LLaMA building blocks: RMSNorm, DyT, OLMo-1's LayerNorm, RoPE, attention, the gated MLP, the residual add and GPAS.
+"""LLaMA building blocks: RMSNorm, DyT, OLMo-1's LayerNorm, RoPE, attention, the gated MLP, the residual add, the
+stream scalars and GPAS.
 
 Architecture only: no training plumbing. The blocks of every normalization scheme are assembled from these
 parts in `schemes.py`, each family (depthlab.model.families) choosing its variant of each part. Numerics follow
@@ -369,6 +370,26 @@ class Residual(nn.Module):
         return ", ".join([f"alpha={self.alpha:.4g}"] * (self.alpha != 1.0) + [
             f"branch_multiplier={self.branch_multiplier:.4g}"] * (self.branch_multiplier != 1.0) +
             ["ramp"] * (self.ramp is not None))
+
+
+class StreamMix(nn.Module):
+    """The stream as a block reads it: resid_lambda * h + x0_lambda * x0, x0 the embedding output (the stream
+    entering block 1). Each of the two learnable scalars is present only when its option is on (model.resid_lambda,
+    model.x0_lambda); without one its term is h (or nothing). nanochat's per-layer scalars (docs/method.md)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        # one element, not 0-d (FSDP2 shards dim 0 and refuses scalars); torch.full, not torch.empty: a meta-device
+        # build keeps the value (depthlab.model.meta)
+        self.resid_lambda = nn.Parameter(torch.full((1,), float(cfg.resid_lambda_init))) if cfg.resid_lambda else None
+        self.x0_lambda = nn.Parameter(torch.full((1,), float(cfg.x0_lambda_init))) if cfg.x0_lambda else None
+
+    def forward(self, h: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        if self.resid_lambda is not None:
+            h = self.resid_lambda.to(h.dtype) * h
+        if self.x0_lambda is not None:
+            h = h + self.x0_lambda.to(h.dtype) * x0
+        return h
 
 
 class GPASGate(nn.Module):

@@ -24,6 +24,8 @@ Everything the rest of depthlab asks about a scheme is declared once, on its cla
     branch_multiplier(cfg, l)  constant multiplier on block l's branch outputs   the block's residual adds; export
                             (depth parameterizations, LNS's branch placement)
     depth_alpha_refusal     why model.depth_alpha makes no sense for it, or ""   validate
+    stream_scalars_refusal  why model.resid_lambda / x0_lambda make no sense     validate
+                            for it, or "" (every pre-norm scheme takes them)
 
 To add a scheme, subclass PreLNBlock (or the scheme closest to yours), override what differs and decorate it
 with @register("name"); config validation, `depthlab schemes`, init, export, analysis and hf.apply_scheme read
@@ -46,6 +48,8 @@ model's final norm before the LM head, unscaled.
     layerscale,         h ─┬──────────────────(+)─>   g: per-channel (layerscale) or
     skipinit               └─ norm ─ F ─ x g ──┘      scalar (skipinit)
     rezero              skipinit without the norm
+    + resid_lambda,     before each block: h = resid_lambda_l h + x0_lambda_l x0, x0 the embedding output; two
+      x0_lambda         learnable scalars per block (StreamMix), on every pre-norm scheme
     + gpas (pre, lns)   after each (+): x (1 - SiLU(a)) forward, x 1 backward; a: one per block (the default,
                         model.gpas_gate=per_block, as GPAS's reference) or one per add (per_add)
 
@@ -68,7 +72,7 @@ from depthlab import UserError
 from depthlab.config import COMPANIONS, ModelConfig
 from depthlab.model import depth as depth_options
 from depthlab.model.families import Family, family_of
-from depthlab.model.parts import DyT, GPASGate, GPASResidual, Residual, RMSNorm
+from depthlab.model.parts import DyT, GPASGate, GPASResidual, Residual, RMSNorm, StreamMix
 
 SCHEMES: dict[str, type[PreLNBlock]] = {}
 _MUST_DECLARE = ("supports_gpas", "hf_patchable", "hf_export")
@@ -158,6 +162,7 @@ class PreLNBlock(nn.Module):
     norms_after_branch: ClassVar[bool] = False
     norms_around_branch: ClassVar[bool] = False
     depth_alpha_refusal: ClassVar[str] = ""
+    stream_scalars_refusal: ClassVar[str] = ""
     reads: ClassVar[tuple[str, ...]] = ()  # the model settings only this scheme (and its subclasses) acts on
 
     @classmethod
@@ -214,13 +219,23 @@ class PreLNBlock(nn.Module):
         if self.sandwiched:
             self.attn_out_norm = self.make_norm(cfg, attn_scale)
             self.mlp_out_norm = self.make_norm(cfg, mlp_scale)
+        # model.resid_lambda / x0_lambda: the block's own scalars, so that FSDP shards them with it and a block
+        # removed or repeated takes its scalars along
+        self.stream_mix = StreamMix(cfg) if cfg.resid_lambda or cfg.x0_lambda else None
+
+    def mix_in(self, h: torch.Tensor, x0: torch.Tensor | None) -> torch.Tensor:
+        """The stream this block reads: h, or resid_lambda h + x0_lambda x0 where the model passes x0 (the
+        embedding output; only a model with the stream scalars does)."""
+        return h if x0 is None else self.stream_mix(h, x0)
 
     @property
     def branch_multiplier_now(self) -> float:
         """The multiplier on both branch outputs now (constant times ProRes's ramp): what export folds."""
         return self.attn_add.branch_multiplier_now
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                x0: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.mix_in(h, x0)
         if self.output_norms:  # reordered, and the olmo2 family: h + Norm(F(h))
             h = self.attn_add(h, self.attn_norm(self.attn(h, rope)))
             return self.mlp_add(h, self.mlp_norm(self.mlp(h)))
@@ -280,6 +295,8 @@ class PostLNBlock(PreLNBlock):
     hf_export_refusal = f"the norm sits on the residual stream after the add; {_REWIRED}"
     depth_alpha_refusal = ("a norm after every add already resets the stream's scale, so there is no sum of L "
                            "branches for m^(-alpha) to keep depth-free; use pre, lns or another pre-norm scheme")
+    stream_scalars_refusal = ("a norm after every add resets the stream's scale, so a multiplier on the stream "
+                              "before the block is undone by it; use pre, lns or another pre-norm scheme")
 
     def forward(self, h, rope):
         h = self.attn_norm(self.attn_add(h, self.attn(h, rope)))
@@ -306,6 +323,7 @@ class DeepNormBlock(PostLNBlock):
     hf_export_refusal = f"the norm sits after the add and the residual is weighted by alpha; {_REWIRED}"
     depth_alpha_refusal = ("DeepNorm is a depth parameterization already: its skip weight (2N)^(1/4) and init gain "
                            "(8N)^(-1/4) set the branch's share with depth, and a norm follows every add")
+    stream_scalars_refusal = PostLNBlock.stream_scalars_refusal
     default_init = "deepnorm"
 
     @classmethod
@@ -323,6 +341,8 @@ class MixLNBlock(PreLNBlock):
     hf_export_refusal = f"its first blocks are Post-LN (norm after the add); {_REWIRED}"
     depth_alpha_refusal = ("its first blocks are Post-LN, whose norm after the add resets the stream's scale; one "
                            "m^(-alpha) cannot serve both kinds of block")
+    stream_scalars_refusal = ("its first blocks are Post-LN, whose norm after the add resets the stream's scale "
+                              "(a multiplier on the stream is undone there); use pre, lns or another pre-norm scheme")
 
     def __init__(self, cfg: ModelConfig, layer_id: int):
         super().__init__(cfg, layer_id)
@@ -377,7 +397,8 @@ class LayerScaleBlock(PreLNBlock):
         self.attn_gain = nn.Parameter(torch.full((cfg.dim,), cfg.layerscale_init))
         self.mlp_gain = nn.Parameter(torch.full((cfg.dim,), cfg.layerscale_init))
 
-    def forward(self, h, rope):
+    def forward(self, h, rope, x0=None):
+        h = self.mix_in(h, x0)
         h = self.attn_add(h, self.attn_gain * self.attn(self.attn_norm(h), rope))
         h = self.mlp_add(h, self.mlp_gain * self.mlp(self.mlp_norm(h)))
         return h

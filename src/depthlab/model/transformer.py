@@ -17,6 +17,7 @@ from depthlab.model.vit import ViT
 class Transformer(nn.Module):
     """The LLaMA-style decoder of config `cfg`: token embedding, cfg.n_layers blocks of scheme cfg.norm_scheme
     (depthlab.model.schemes) built with the family's parts (cfg.family), the final norm (never scaled), the LM head;
+    with model.resid_lambda / x0_lambda each block also reads the embedding output x0 (its StreamMix);
     the family may scale the embedding's output and soft-cap the logits (Gemma's). init=False leaves the weights
     undrawn (a meta-device build, or weights about to be loaded)."""
 
@@ -56,8 +57,9 @@ class Transformer(nn.Module):
             h = h * torch.tensor(self.embed_scale).to(h.dtype)
         h = self.embed_norm(h)
         hidden = [h]
+        x0 = (h,) if self.cfg.resid_lambda or self.cfg.x0_lambda else ()  # the stream scalars' x0, for every block
         for layer in self.layers:
-            h = layer(h, rope)
+            h = layer(h, rope, *x0)
             if return_hidden:
                 hidden.append(h)
         if targets is not None:

@@ -164,6 +164,14 @@ def _check_model(m: ModelConfig) -> None:
     require(str(m.norm_gain_init) in (*GAIN_RULES, "uniform"),
             f"model.norm_gain_init must be {' or '.join(GAIN_RULES)} or uniform, got {m.norm_gain_init!r}")
     depth.check(m, scheme.depth_alpha_refusal, require)
+    if m.resid_lambda or m.x0_lambda:
+        option = "model.resid_lambda" if m.resid_lambda else "model.x0_lambda"
+        require(not scheme.stream_scalars_refusal, f"{option} with scheme {m.norm_scheme!r}: "
+                f"{scheme.stream_scalars_refusal}")
+        require(not m.is_vit, f"{option} is the language model's (x0 is the token embedding's output), not "
+                "model.family=vit's")
+    for name in ("resid_lambda_init", "x0_lambda_init"):
+        _number(m, "model", name, lambda v: True, "a finite number")
     family.check(m)
 
 
@@ -203,6 +211,7 @@ def _check_train(t: TrainConfig) -> None:
     require(t.dtype in ("fp32", "bf16"), f"train.dtype must be fp32 or bf16, got {t.dtype!r}")
     require(t.optimizer in ("adamw", "muon"), f"train.optimizer must be adamw or muon, got {t.optimizer!r}")
     _number(t, "train", "muon_lr", lambda v: v > 0, "a positive number")
+    _number(t, "train", "scalar_lr_mult", lambda v: v > 0, "a positive number")
     _number(t, "train", "muon_momentum", lambda v: 0 <= v < 1, "in [0, 1)")
     _number(t, "train", "muon_weight_decay", lambda v: v >= 0, "a number >= 0")
     require(t.muon_adjust_lr in MUON_ADJUST_LR,

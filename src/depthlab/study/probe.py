@@ -32,7 +32,8 @@ KEPT = ("inert_fraction", "inert_fraction_ci", "inert_fraction_rel", "inert_frac
 @torch.no_grad()
 def probe_model(model, val: np.ndarray, spec: ProbeSpec = ProbeSpec()) -> dict:
     """Per block (update ratio, variance after it, adjacent angular distance at the last token and over all tokens,
-    removal cost) and the curse index of a depthlab language model on `spec.windows` windows of `val`."""
+    removal cost, and the learned stream scalars where the model has them) and the curse index of a depthlab
+    language model on `spec.windows` windows of `val`."""
     from depthlab.analysis.analyze import Options, analyze
     from depthlab.analysis.calibration import probe_batches
     from depthlab.analysis.layers import from_depthlab
@@ -46,13 +47,23 @@ def probe_model(model, val: np.ndarray, spec: ProbeSpec = ProbeSpec()) -> dict:
     model.train(was_training)
     L, ang = len(res["blocks"]), res["angular"]
     idx = res["curse_index"]
-    return {"probe_loss": res["removal"]["base_loss"], "probe_tokens": res["tokens"],
+    return {**stream_scalars(model), "probe_loss": res["removal"]["base_loss"], "probe_tokens": res["tokens"],
             "update_ratio": [b["update_ratio"] for b in res["blocks"]],
             "var": [res["states"][l + 1]["variance"] for l in range(L)],
             "angular_last": [ang["last_token"][l][l + 1] for l in range(L)],
             "angular_all": [ang["all_tokens"][l][l + 1] for l in range(L)],
             "removal": [r["delta_loss"] for r in res["removal"]["single"]],
             "curse": {k: idx[k] for k in KEPT if k in idx}}
+
+
+def stream_scalars(model) -> dict:
+    """{"stream_scalars": {"resid_lambda": [r_1 .. r_N], "x0_lambda": [a_1 .. a_N]}} of a model with the stream scalars
+    (model.resid_lambda / x0_lambda; None where one is off), what a record keeps of what they learned; {} without."""
+    mixes = [m.stream_mix for m in model.modules() if getattr(m, "stream_mix", None) is not None]
+    if not mixes:
+        return {}
+    return {"stream_scalars": {kind: [None if getattr(m, kind) is None else getattr(m, kind).item() for m in mixes]
+                               for kind in ("resid_lambda", "x0_lambda")}}
 
 
 def index_from_costs(costs: list[float], update_ratio: list[float], spec: CurseSpec | None = None) -> dict:

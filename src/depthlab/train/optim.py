@@ -1,6 +1,7 @@
 """AdamW with decay only on matrices (p.dim() >= 2), or (train.optimizer=muon) Muon on the blocks' matrices and AdamW
 on the rest; linear warmup then cosine decay to a floor; the depth parameterizations' per-group rates and epsilons,
-and ProRes's ramp advanced after every step (depthlab.model.depth)."""
+ProRes's ramp advanced after every step (depthlab.model.depth); the stream scalars in AdamW groups of their own
+(stream_scalars)."""
 
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def lr_scales(model: torch.nn.Module, config: Config) -> dict[int, float]:
     """Learning-rate multipliers by parameter id (1 where absent): train.block_lr=depth puts every parameter of
     block l at l^(-p), a plain depth-wise rate decay; train.norm_gain_lr=depth block l's norm gains (both: the
     product); model.depth_alpha every block parameter at m^(alpha - 1) (times the others); the embeddings, the
-    final norm and the head keep lr."""
+    final norm and the head keep lr; the stream scalars learn at train.scalar_lr_mult (stream_scalars)."""
     out: dict[int, float] = {}
     m, cfg, lns_power = config.model, config.train, config.model.lns_power
     if m.depth_alpha:
@@ -150,6 +151,24 @@ def lr_scales(model: torch.nn.Module, config: Config) -> dict[int, float]:
     if str(cfg.norm_gain_lr) == "depth":
         for g, s in block_norm_gains(model, lns_power):
             out[id(g)] = out.get(id(g), 1.0) * s
+    for p, s in stream_scalars(model, cfg.scalar_lr_mult):
+        out[id(p)] = out.get(id(p), 1.0) * s
+    return out
+
+
+RESID_LAMBDA_SHARE = 0.01  # resid_lambda learns at 1/100 of x0_lambda's rate (nanochat: a multiplier compounds)
+
+
+def stream_scalars(model: torch.nn.Module, mult: float) -> list[tuple[torch.nn.Parameter, float]]:
+    """(parameter, rate multiplier) of every block's stream scalars (model.resid_lambda / x0_lambda): x0_lambda at
+    train.scalar_lr_mult, resid_lambda at RESID_LAMBDA_SHARE of it. Their multipliers are no other parameter's, so
+    each kind gets an AdamW group of its own (scaled_groups), under Muon too (they are not matrices)."""
+    out = []
+    for block in blocks(model):
+        mix = getattr(block, "stream_mix", None)
+        if mix is not None:
+            out += [(p, mult * share) for p, share in ((mix.resid_lambda, RESID_LAMBDA_SHARE), (mix.x0_lambda, 1.0))
+                    if p is not None]
     return out
 
 

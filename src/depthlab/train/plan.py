@@ -1,12 +1,13 @@
 """`depthlab train --dry-run`: the layout a run would have and its memory per rank, before any data is read.
 
-The model is built on the meta device (no memory), two of its blocks at most (blocks are alike: the rest are
-counted), so the plan of a 7B run takes a second on a laptop. Parameters, gradients and AdamW's two moments
-(train.optimizer=muon: Muon's one momentum buffer for the blocks' matrices) are exact byte counts (fp32, divided by
-the ranks that shard them); Muon's step, what its Newton-Schulz iteration holds at its largest matrix, is counted
-from torch's code (newton_schulz_bytes; under FSDP2 a wide matrix is gathered whole). What FSDP gathers (two blocks,
-one block's fp32 gradient, the LM head) and the activations are estimates, from what depthlab's own code keeps: per
-block and micro-batch its norms' inputs, q, k, v and attention's output, SwiGLU's gate and up; the loss head's share
+The model is built on the meta device (no memory), two of its blocks at most (blocks are alike, their stream
+scalars included: the rest are counted), so the plan of a 7B run takes a second on a laptop. Parameters, gradients
+and AdamW's two moments (train.optimizer=muon: Muon's one momentum buffer for the blocks' matrices) are exact byte
+counts (fp32, divided by the ranks that shard them); Muon's step, what its Newton-Schulz iteration holds at its
+largest matrix, is counted from torch's code (newton_schulz_bytes; under FSDP2 a wide matrix is gathered whole).
+What FSDP gathers (two blocks, one block's fp32 gradient, the LM head) and the activations are estimates, from what
+depthlab's own code keeps: per block and micro-batch its norms' inputs, q, k, v and attention's output, SwiGLU's
+gate and up (and the stream before the stream scalars' mix, x0 once); the loss head's share
 (depthlab.model.loss) or the SwiGLU gradient's fp32 temporaries, whichever is larger; with activation checkpointing
 each block's input and one block recomputed. The total is the peak, not the sum: the gradients are counted where
 they are present, and under Muon the peak may be its step (every gradient, no activations).
@@ -77,6 +78,10 @@ def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
     family = family_of(m)
     norm = p * d if family.norm == "rms" else (4 + a) * d
     per_block = tokens * (2 * norm + a * (2 * q + 2 * kv) + family.qk_norm * a * (q + kv) + 2 * a * f)
+    # the stream scalars: resid_lambda's product keeps the stream before the mix in every block (its gradient's
+    # input), x0_lambda's keeps x0, one tensor for all blocks
+    per_block += m.resid_lambda * tokens * d * p
+    x0 = m.x0_lambda * tokens * d * p
     # its backward forms the SwiGLU gradient in fp32: five ffn-wide fp32 temporaries, under bf16 also fp32 copies
     # of gate, up and the incoming gradient
     swiglu_grad = tokens * f * (20 if a == 4 else 34)
@@ -90,8 +95,8 @@ def activation_bytes(cfg: Config, batch: int, fsdp: bool) -> tuple[int, int]:
         head = 12 * rows * classes + 2 * rows * d * p
     last_block = per_block + swiglu_grad
     if tc.activation_checkpointing:  # each block's input kept; in backward, one block recomputed at a time
-        return m.n_layers * tokens * d * p + max(head, last_block), last_block
-    return m.n_layers * per_block + max(head, swiglu_grad), last_block
+        return m.n_layers * tokens * d * p + x0 + max(head, last_block), last_block
+    return m.n_layers * per_block + x0 + max(head, swiglu_grad), last_block
 
 
 def memory_plan(cfg: Config, world_size: int) -> dict:
