@@ -112,10 +112,11 @@ def _nontrivial(model):
     return model
 
 
-def write_gguf(path, model, tok, matrix_dtype=np.float16) -> None:
+def write_gguf(path, model, tok, matrix_dtype=np.float16, leave_out=()) -> None:
     """`model` (a Llama, Qwen2 or Gemma-3 for causal LM) and `tok` as a GGUF file as llama.cpp's converter writes it:
     matrices in `matrix_dtype` (float16: type F16; float64: F64, a type no GGUF reader dequantizes), norms and
-    biases in float32; Llama's q and k rows permuted, Gemma's norm weights stored as 1 + w."""
+    biases in float32; Llama's q and k rows permuted, Gemma's norm weights stored as 1 + w. The tensors named in
+    `leave_out` (GGUF names, e.g. "output_norm.weight") are not stored, though the header still implies them."""
     cfg = model.config
     arch = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3"}[cfg.model_type]
     w = gguf.GGUFWriter(str(path), arch)
@@ -154,6 +155,8 @@ def write_gguf(path, model, tok, matrix_dtype=np.float16) -> None:
     sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
     def put(name, a, matrix=True):
+        if name in leave_out:
+            return
         if arch == "gemma3" and not matrix and name.endswith("norm.weight"):
             a = a + 1  # llama.cpp stores Gemma's (1 + w); the reader takes the 1 off
         w.add_tensor(name, np.ascontiguousarray(a.astype(matrix_dtype if matrix else np.float32)))

@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -203,6 +204,14 @@ CASES = [
     # --- prune
     ("analyze-gguf-f64", "analyze {gguf_f64} --out {tmp}/o", "tensor type F64 cannot be dequantized"),
     ("import-gguf-f64", "import {gguf_f64} {tmp}/o", "tensor type F64 cannot be dequantized"),
+    # issue 60: a GGUF file lacking a tensor its header implies (transformers would start it at random), a cache
+    # that cannot be written (blamed on the cache, not on a new --out)
+    ("import-gguf-no-output-norm", "DEPTHLAB_CACHE={tmp}/cache import {gguf_no_norm} {tmp}/o",
+     "lacks 1 tensor(s) its header implies (model.norm.weight"),
+    ("analyze-gguf-2-blocks-1-stored", "DEPTHLAB_CACHE={tmp}/cache analyze {gguf_cut_block} --out {tmp}/o",
+     "lacks 9 tensor(s) its header implies (model.layers.1."),
+    ("analyze-gguf-cache-is-a-file", "DEPTHLAB_CACHE={txt} analyze {gguf_ok} --out {tmp}/o " + AN,
+     "a.txt/gguf cannot be used (Not a directory"),
     ("prune-span-syntax", "prune {hf} --remove 5 {tmp}/o", "--remove expects START:END"),
     ("prune-span-letters", "prune {hf} --remove a:b {tmp}/o", "--remove expects START:END"),
     ("prune-span-too-far", "prune {hf} --remove 0:99 {tmp}/o", "cannot remove layers"),
@@ -706,6 +715,11 @@ def build_world(root: Path) -> dict[str, str]:
     tok = bpe_tokenizer()  # a GGUF file whose matrices are of a type no reader dequantizes (F64)
     write_gguf(root / "f64.gguf", tiny_llama(tok.get_vocab_size(), n_layers=1), tok, matrix_dtype=np.float64)
     w["gguf_f64"] = str(root / "f64.gguf")
+    blocks = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_norm", "ffn_norm")
+    for name, layers, leave_out in (("gguf_ok", 1, ()), ("gguf_no_norm", 1, ("output_norm.weight",)),
+                                    ("gguf_cut_block", 2, tuple(f"blk.1.{b}.weight" for b in blocks))):
+        write_gguf(root / f"{name}.gguf", tiny_llama(tok.get_vocab_size(), n_layers=layers), tok, leave_out=leave_out)
+        w[name] = str(root / f"{name}.gguf")
     (root / "analysis").mkdir()
     (root / "analysis" / "metrics.json").write_text("{}\n")
     (root / "analysis" / "report.html").write_text("<html></html>\n")
@@ -907,15 +921,18 @@ def run_case(world: dict, root: Path, case: tuple) -> dict:
         if "{" + victim + "}" in command:
             shutil.copytree(world.get(source) or root / source, tmp / victim)
             places[victim] = str(tmp / victim)
-    argv = []
+    argv, env = [], {}
     for word in command.split():
-        if word == "{T}":
+        if not argv and re.fullmatch(r"[A-Z_]+=\S*", word):  # an environment variable the case sets
+            key, value = word.split("=", 1)
+            env[key] = value.format(**places)
+        elif word == "{T}":
             argv += TINY.split()
         else:
             argv.append(word.format(**places))
     world_dirs = [root / k for k in sorted(os.listdir(root)) if k != "cases"]
     before = snapshot(tmp, *world_dirs)
-    with _small_document_limit():
+    with _small_document_limit(), _environment(env):
         code, err, tb = invoke(argv)
     after = snapshot(tmp, *world_dirs)
     lines = err.strip().splitlines()
@@ -934,6 +951,20 @@ def run_case(world: dict, root: Path, case: tuple) -> dict:
         outcome = "unclear"
     return {"outcome": outcome, "code": code, "stderr": err, "traceback": tb, "changed": changed, "created": created,
             "line": errors[0] if len(errors) == 1 else None}
+
+
+@contextlib.contextmanager
+def _environment(env: dict):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import torch
 
 from depthlab.cli import main
 from depthlab.gguf import plain
-from tests.gguf_fixtures import TEXT, bpe_tokenizer, tiny_llama, write_gguf
+from tests.gguf_fixtures import PARTS, TEXT, bpe_tokenizer, tiny_llama, write_gguf
 
 transformers = pytest.importorskip("transformers")
 
@@ -126,3 +126,61 @@ def test_an_architecture_transformers_does_not_read_is_one_line(tmp_path, capsys
     assert main(["import", str(tmp_path / "odd.gguf"), str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "GGUF architecture 'notanarch' is not one transformers reads" in err
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEPTHLAB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "gguf"
+
+
+@pytest.mark.parametrize("leave_out, named", [
+    (("output_norm.weight",), "model.norm.weight"),  # transformers would make it all ones
+    (tuple(f"blk.3.{p}.weight" for p in PARTS.values()), "model.layers.3."),  # a header of 4 blocks, 3 stored
+], ids=["no-output-norm", "4-blocks-3-stored"])
+def test_a_file_missing_a_tensor_its_header_implies_is_refused_in_one_line(tmp_path, cache, capsys, leave_out,
+                                                                          named):
+    tok = bpe_tokenizer()
+    write_gguf(tmp_path / "cut.gguf", tiny_llama(tok.get_vocab_size()), tok, leave_out=leave_out)
+    for argv in (["import", str(tmp_path / "cut.gguf"), str(tmp_path / "ck")],
+                 ["analyze", str(tmp_path / "cut.gguf"), "--out", str(tmp_path / "an")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "lacks" in err and named in err and "header implies" in err, err
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "an").exists()
+    assert not cache.parent.exists()  # no cache folder, no lock file: nothing was cached
+
+
+def test_a_damaged_cache_entry_is_said_and_made_again(tiny, cache, capsys):
+    from depthlab.gguf import dequantized
+
+    entry = dequantized(tiny[0])
+    weights = entry / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])  # a disk that filled, a copy cut short
+    assert dequantized(tiny[0]) == entry
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GGUF cache entry" in err and "damaged" in err and "model.safetensors" in err
+    assert weights.read_bytes() == whole
+    assert dequantized(tiny[0]) == entry and capsys.readouterr().err == ""  # whole again: no second word
+
+
+def test_what_a_killed_dequantization_left_is_cleared_by_the_next(tiny, cache):
+    from depthlab.gguf import dequantized
+
+    entry = dequantized(tiny[0])
+    shutil.rmtree(entry)
+    debris = cache / f".{entry.name}-k1ll3d"  # the temporary folder of a dequantization killed by SIGKILL
+    debris.mkdir()
+    (debris / "model.safetensors").write_bytes(b"half")
+    assert dequantized(tiny[0]) == entry and not debris.exists()
+    assert [p.name for p in cache.iterdir()] == [entry.name]
+
+
+def test_a_cache_that_cannot_be_written_is_blamed_on_the_cache_not_on_the_output(tiny, tmp_path, monkeypatch, capsys):
+    (tmp_path / "not_a_folder").write_text("a file where the cache should be\n")
+    monkeypatch.setenv("DEPTHLAB_CACHE", str(tmp_path / "not_a_folder"))
+    assert main(["analyze", str(tiny[0]), "--out", str(tmp_path / "new_out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "GGUF cache" in err and "DEPTHLAB_CACHE" in err and "not_a_folder" in err, err
+    assert "new_out" not in err and not (tmp_path / "new_out").exists()

@@ -1,5 +1,6 @@
 """Initialisation that transfers across width, and a tied LM head that starts near ln V."""
 
+import dataclasses
 import math
 import statistics
 
@@ -49,3 +50,29 @@ def test_tied_model_starts_near_log_vocab(init_std):
     with torch.no_grad():
         loss = lm_loss(model(idx[:, :-1]), idx[:, 1:]).item()
     assert abs(loss - math.log(cfg.vocab_size)) < 1.0
+
+
+@pytest.mark.parametrize("init", ["scaled", "depth_scaled"])
+def test_scaled_inits_change_exactly_the_output_projections(init):
+    """GPT-2 / Megatron's rule scales the matrices that write into the residual stream, attention's o_proj and the
+    MLP's down_proj, and nothing else: not SwiGLU's up_proj beside down_proj (torchtitan's and llama2.c's
+    depth-scaled init scale w3 with w2), nor gate_proj, q, k or v. Drawn from one seed, every matrix is the
+    normal init's, those two multiplied by their factor (sigma / sqrt(2N), or sigma / sqrt(2l) in block l)."""
+    n = 4
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=n, n_heads=2, ffn_dim=64, norm_scheme="pre", init_std=0.02)
+    models = {}
+    for name in ("normal", init):
+        torch.manual_seed(0)
+        models[name] = dict(Transformer(dataclasses.replace(cfg, init=name)).named_parameters())
+    scaled = set()
+    for key, base in models["normal"].items():
+        got = models[init][key]
+        if torch.equal(got, base):
+            continue
+        block = int(key.split(".")[1]) + 1
+        factor = (2 * (n if init == "scaled" else block)) ** -0.5
+        torch.testing.assert_close(got, base * factor, rtol=1e-6, atol=0)
+        scaled.add(key.split(".")[-2])
+    assert scaled == {"o_proj", "down_proj"}
+    assert {k.split(".")[-2] for k in models["normal"] if k.startswith("layers.0.") and k.endswith("proj.weight")} \
+        == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}  # the names checked

@@ -12,11 +12,15 @@ Needs the optional extra `depthlab[gguf]` (transformers, gguf, accelerate). Sits
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -97,41 +101,126 @@ def describe(f: Path) -> dict:
 
 def dequantized(path: str | Path) -> Path:
     """The HF model directory holding the GGUF file `path` (see gguf_file) dequantized to float32; made on first
-    use, from the cache after that."""
+    use, from the cache after that. An entry whose files are missing or not the size they were written at (a disk
+    that filled, a file someone truncated) is said and made again; what a dequantization killed outright left
+    (its `.NAME-SHA-xxxx` temporary folder) is cleared by the next one. A cache that cannot be read or written is
+    one line naming it and DEPTHLAB_CACHE."""
     f = gguf_file(path)
     _need_packages(f)
     info = describe(f)
     with open(f, "rb") as fh:
         info["sha256"] = hashlib.file_digest(fh, "sha256").hexdigest()
-    out = cache_root() / "gguf" / f"{f.stem}-{info['sha256'][:16]}"
-    if (out / SOURCE).is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    root = cache_root() / "gguf"
+    out = root / f"{f.stem}-{info['sha256'][:16]}"
+    made = [d for d in (root, *root.parents) if not d.exists()]  # removed again when nothing was cached
     try:
-        _write_dense(f, tmp)
-        (tmp / SOURCE).write_text(json.dumps(info, indent=1) + "\n")
-        try:
-            tmp.rename(out)
-        except OSError:  # another process made it first
-            if not (out / SOURCE).is_file():
-                raise
+        if _intact(out, info["sha256"]):
+            return out
+        root.mkdir(parents=True, exist_ok=True)
+        with _building(out):  # one builder per entry: a second process waits for it, then finds the entry made
+            if _intact(out, info["sha256"]):
+                return out
+            for debris in root.glob(f".{out.name}-*"):  # temporary folders of killed builders (the lock is ours)
+                shutil.rmtree(debris)
+            if out.exists():
+                print(f"depthlab: warning: the GGUF cache entry {out} is damaged ({_damage(out)}); making it "
+                      "again", file=sys.stderr)
+                shutil.rmtree(out)
+            _build(f, info, out)
+    except OSError as e:
+        raise UserError(f"the GGUF cache {root} cannot be used ({e.strerror or e}"
+                        f"{f': {e.filename}' if e.filename else ''}); point DEPTHLAB_CACHE at a writable folder") \
+            from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only an empty one: a refused file leaves no cache behind
     return out
 
 
+def _build(f: Path, info: dict, out: Path) -> None:
+    """Dequantize `f` into a temporary sibling of `out`, record its files' sizes, and rename it into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        _write_dense(f, tmp)
+        sizes = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / SOURCE).write_text(json.dumps({**info, "files": sizes}, indent=1) + "\n")
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _building(out: Path):
+    """Hold the entry's lock (flock on `.NAME.lock` beside it, released by the OS however its holder dies; removed
+    by the holder before it lets go, so a waiter that took the removed file takes the new one)."""
+    lock = out.parent / f".{out.name}.lock"
+    while True:
+        fh = open(lock, "a")
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fh.fileno()).st_ino == os.stat(lock).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        fh.close()
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        fh.close()
+
+
+def _damage(out: Path) -> str | None:
+    """What is wrong with a cache entry, in a few words; None for a whole one (its source record says which file
+    sizes it was written with; an entry from before that record counts as whole when its record reads)."""
+    try:
+        recorded = json.loads((out / SOURCE).read_text())
+    except FileNotFoundError:
+        return f"no {SOURCE}"
+    except (OSError, ValueError) as e:
+        return f"{SOURCE} does not read: {e}"
+    if not isinstance(recorded, dict):
+        return f"{SOURCE} is not a record"
+    for name, size in (recorded.get("files") or {}).items():
+        p = out / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != size:
+            return f"{name} is {p.stat().st_size:,} bytes, written as {size:,}"
+    return None
+
+
+def _intact(out: Path, sha256: str) -> bool:
+    if not out.is_dir() or _damage(out) is not None:
+        return False
+    return json.loads((out / SOURCE).read_text()).get("sha256") == sha256
+
+
 def _write_dense(f: Path, out: Path) -> None:
+    """The file loaded by transformers, refused when the file lacks a tensor its header implies (transformers would
+    start it at random, or at ones for a norm, and say so only in a load report), saved as an HF directory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(f.parent), gguf_file=f.name, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(str(f.parent), gguf_file=f.name)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # its load report of missing tensors: what is missing is refused below instead
+    try:  # its GGUF reader draws a progress bar no setting turns off: an error must stay one line
+        with contextlib.redirect_stderr(io.StringIO()):
+            model, loading = AutoModelForCausalLM.from_pretrained(str(f.parent), gguf_file=f.name,
+                                                                  dtype=torch.float32, output_loading_info=True)
+            tok = AutoTokenizer.from_pretrained(str(f.parent), gguf_file=f.name)
     except (ValueError, NotImplementedError, KeyError, OSError) as e:
         raise UserError(f"{f}: transformers cannot load this GGUF file ({str(e).splitlines()[0]})") from None
+    finally:
+        logging.set_verbosity(verbosity)
+    missing = sorted(loading.get("missing_keys") or ())
+    if missing:
+        raise UserError(f"{f} lacks {len(missing)} tensor(s) its header implies ({', '.join(missing[:4])}"
+                        f"{', ...' if len(missing) > 4 else ''}, as transformers names them); refused: transformers "
+                        "would start them at random (was the file written incompletely?)")
     dense = {p.dtype for p in model.parameters()}
     if dense != {torch.float32}:
         raise UserError(f"{f}: transformers kept weights of type {sorted(map(str, dense))} instead of dequantizing "
@@ -156,7 +245,7 @@ def source_of(path: str | Path) -> dict | None:
     directory dequantized from one; None for any other path. Reads no tensor."""
     p = Path(path)
     if (p / SOURCE).is_file():
-        return json.loads((p / SOURCE).read_text())
+        return {k: v for k, v in json.loads((p / SOURCE).read_text()).items() if k != "files"}
     try:
         f = gguf_file(p)
     except UserError:
