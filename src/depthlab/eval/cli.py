@@ -31,7 +31,7 @@ def cmd_images(args) -> list:
     loaded = load(args)
     if loaded.cfg is None or not loaded.cfg.model.is_vit:
         raise UserError(f"{loaded.path} is not a depthlab ViT: score a language model with `depthlab eval ppl`")
-    return eval_images(loaded, args.data, args.batch_size, loaded.device)
+    return eval_images(loaded, args.data, args.batch_size, loaded.device, progress=not args.no_progress)
 
 
 def cmd_tasks(args) -> list:
@@ -42,7 +42,7 @@ def cmd_tasks(args) -> list:
     names = short_names(args.tasks, "--tasks")  # results keyed by name: a/mc.jsonl and b/mc.jsonl stay two
     scorer, scores = scorer_for(load(args)), []
     for task, name in zip(args.tasks, names):
-        res = evaluate_tasks(scorer, task)
+        res = evaluate_tasks(scorer, task, progress=not args.no_progress)
         print(f"{task}: {res['n']} questions  acc {res['acc']:.4f}  acc_norm {res['acc_norm']:.4f}")
         scores.append(Scores(name, task, {"acc": res["acc"], "acc_norm": res["acc_norm"]}))
     return scores
@@ -99,7 +99,8 @@ def cmd_table(args) -> list:
     inputs = [p for p in (*args.models, args.commonsense, args.mmlu) if p]
     with writing_files([md, js], is_table, f"eval {args.eval_command}", args.overwrite, inputs) as tmps:  # first
         results = evaluate_models(args.models, args.commonsense, str(device), args.max_new_tokens,
-                                  log=lambda msg: print(msg, file=sys.stderr), mmlu=args.mmlu, shots=args.mmlu_shots)
+                                  log=lambda msg: print(msg, file=sys.stderr), mmlu=args.mmlu, shots=args.mmlu_shots,
+                                  progress=not args.no_progress)
         write_tables(results, *tmps)
     print(markdown(results))
     print(f"wrote {md} and {js}")
@@ -109,7 +110,7 @@ def cmd_table(args) -> list:
             for task, r in results[args.models[0]].items()]
 
 
-def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> list:
+def eval_images(loaded, data: list[str] | None, batch_size: int, device, progress: bool = False) -> list:
     """Loss and top-1 accuracy of a ViT on the validation split of `data` (default: the run's own data)."""
     from depthlab.card import Scores
     from depthlab.data.images import build_image_data
@@ -121,7 +122,7 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device) -> list
     if len(split.val_y) and int(split.val_y.max()) >= m.num_classes:
         raise UserError(f"{split.source}: labels go up to {int(split.val_y.max())}, but the model has "
                         f"{m.num_classes} classes (0..{m.num_classes - 1})")
-    res = evaluate_images(loaded.model, split.val_x, split.val_y, batch_size, device, cfg.train.dtype)
+    res = evaluate_images(loaded.model, split.val_x, split.val_y, batch_size, device, cfg.train.dtype, progress)
     print(f"{loaded.path}: ViT, scheme {m.norm_scheme}, data {split.source}")
     print(f"loss {res['val_loss']:.4f}  top-1 accuracy {res['val_acc']:.4f}  images {res['val_images']}")
     return [Scores("images", split.source, {"loss": res["val_loss"], "accuracy": res["val_acc"]},
@@ -279,6 +280,7 @@ def _add_images(kinds) -> None:
               "depthlab ViT on the validation split of --data, by default of the run's own images.")
     _data(p, "images to evaluate on (what `train --data` takes for a ViT: an ImageFolder tree, a .npz, CIFAR-10)")
     _device(p)
+    _no_progress(p, "the evaluation's batches")
 
 
 def _add_tasks(kinds) -> None:
@@ -290,6 +292,7 @@ def _add_tasks(kinds) -> None:
     p.add_argument("--tasks", nargs="+", required=True, type=INPUT, metavar="FILE.jsonl", help="multiple-choice "
                    "task files (question, choices, answer index)")
     _device(p, batch=False)
+    _no_progress(p, "each file's questions")
 
 
 def _add_harness(kinds) -> None:
@@ -332,3 +335,4 @@ def _add_table(kinds, kind: str) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace PREFIX.md / PREFIX.json even if they are not "
                    "an earlier table")
     _device(p, batch=False, placed=False)
+    _no_progress(p, "each model's tasks")

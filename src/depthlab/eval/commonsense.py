@@ -126,11 +126,13 @@ def evaluate_task(scorer: Scorer, task: str, path: Path, max_new_tokens: int = 3
 
 
 def evaluate_models(models: list[str], root: str | Path | None, device: str = "auto", max_new_tokens: int = 32,
-                    log=print, mmlu: str | Path | None = None, shots: int = 0) -> dict:
+                    log=print, mmlu: str | Path | None = None, shots: int = 0, progress: bool = False) -> dict:
     """{model: {task: evaluate_task(...)}} for every model and every task present under root, and with `mmlu`
-    (an MMLU directory, depthlab.eval.mmlu) {model: {"mmlu": evaluate_mmlu(...)}} too."""
+    (an MMLU directory, depthlab.eval.mmlu) {model: {"mmlu": evaluate_mmlu(...)}} too (`progress`: a bar of each
+    model's tasks on a terminal)."""
     from depthlab.eval.mmlu import evaluate_mmlu, read_mmlu
     from depthlab.eval.multiple_choice import load_scorer
+    from depthlab.progress import progress_bar
 
     files = task_files(root) if root is not None else {}
     subjects = read_mmlu(mmlu) if mmlu is not None else None  # every input is read before the first model
@@ -138,14 +140,18 @@ def evaluate_models(models: list[str], root: str | Path | None, device: str = "a
     for model in models:
         scorer = load_scorer(model, device)
         results[model] = {}
-        for task, path in files.items():
-            res = results[model][task] = evaluate_task(scorer, task, path, max_new_tokens)
-            log(f"{model} {task}: {res['n']} questions  generation {res['generation']:.4f}  "
-                f"log-likelihood {res['loglik']:.4f}")
-        if subjects is not None:
-            res = results[model]["mmlu"] = evaluate_mmlu(scorer, subjects, shots)
-            log(f"{model} mmlu ({shots}-shot): {res['n']} questions in {len(res['subjects'])} subjects  micro "
-                f"{res['micro']:.4f}  macro {res['macro']:.4f}")
+        with progress_bar(total=len(files) + (subjects is not None), enabled=progress, desc=str(model),
+                          unit="task") as bar:
+            for task, path in files.items():
+                res = results[model][task] = evaluate_task(scorer, task, path, max_new_tokens)
+                log(f"{model} {task}: {res['n']} questions  generation {res['generation']:.4f}  "
+                    f"log-likelihood {res['loglik']:.4f}")
+                bar.update(1)
+            if subjects is not None:
+                res = results[model]["mmlu"] = evaluate_mmlu(scorer, subjects, shots)
+                log(f"{model} mmlu ({shots}-shot): {res['n']} questions in {len(res['subjects'])} subjects  micro "
+                    f"{res['micro']:.4f}  macro {res['macro']:.4f}")
+                bar.update(1)
     return results
 
 

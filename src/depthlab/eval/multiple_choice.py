@@ -267,13 +267,15 @@ def picks(lls: list[float], choices: list[str]) -> dict[str, int]:
             "acc_bytes": argmax([s / float(len(c.encode("utf-8"))) for s, c in zip(lls, choices)])}
 
 
-def evaluate_tasks(model: str | Path | Scorer, tasks: str | Path, device: str = "auto") -> dict:
+def evaluate_tasks(model: str | Path | Scorer, tasks: str | Path, device: str = "auto", progress: bool = False) -> dict:
     """{'n', 'acc', 'acc_norm', 'acc_bytes', 'scores', 'picks'} over the task file: the metrics, each question's
-    per-choice log-likelihoods and each metric's pick."""
+    per-choice log-likelihoods and each metric's pick (`progress`: a bar of its questions on a terminal)."""
+    from depthlab.progress import progress_bar
+
     scorer = model if isinstance(model, Scorer) else load_scorer(model, device)
     questions = read_tasks(tasks)
     scores, chosen = [], []
-    for q in questions:
+    for q in progress_bar(questions, enabled=progress, desc=Path(tasks).name, unit="question"):
         scores.append(choice_logprobs(scorer, q.question, q.choices))
         chosen.append(picks(scores[-1], q.choices))
     n = len(questions)
