@@ -13,13 +13,13 @@ transformers = pytest.importorskip("transformers")
 KINDS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 
-def tiny(family: str):
+def tiny(family: str, kinds: list[str] = KINDS):
     torch.manual_seed(0)
-    shape = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=len(KINDS),
+    shape = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=len(kinds),
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
                  bos_token_id=0, eos_token_id=0)
     if family == "gemma3":
-        config = transformers.Gemma3TextConfig(**shape, head_dim=8, sliding_window=4, layer_types=KINDS,
+        config = transformers.Gemma3TextConfig(**shape, head_dim=8, sliding_window=4, layer_types=kinds,
                                                query_pre_attn_scalar=8)
     else:
         config = transformers.Qwen2Config(**shape)

@@ -150,10 +150,11 @@ def verdict(o: Outcomes, rule: Rule = Rule()) -> dict:
            "threshold": rule.threshold, "precondition": precondition(o, rule),
            **_reading(costs, boot, early, deep, rule)}
     loo = [{"left_out": k, **_reading(costs, boot, [l for l in early if l != k], [l for l in deep if l != k], rule)}
-           for k in early + deep]
+           for k in early + deep if len(early if k in early else deep) > 1]  # a window of one block stays whole
     out["leave_one_out"] = loo
-    out["leave_one_out_range"] = {key: [min(r[key] for r in loo), max(r[key] for r in loo)] for key in ("ratio",)}
-    out["leave_one_out_range"]["ci"] = [min(r["ci"][0] for r in loo), max(r["ci"][1] for r in loo)]
+    readings = loo or [out]
+    out["leave_one_out_range"] = {"ratio": [min(r["ratio"] for r in readings), max(r["ratio"] for r in readings)],
+                                  "ci": [min(r["ci"][0] for r in readings), max(r["ci"][1] for r in readings)]}
     if not out["precondition"]["ok"]:
         out["word"] = NOT_TESTABLE
     elif out["word"] != NOT_TESTABLE:
