@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from depthlab.analysis.answer import cost_text, headline_lines
 from depthlab.analysis.calibration import Batch, ImageBatch
 from depthlab.analysis.curse import CurseSpec, curse_index, index_lines
 from depthlab.analysis.duplication import duplicate_plans, duplication_lines, duplication_scan
@@ -380,25 +381,22 @@ def _jacobian_hook(lm: LayeredLM, unit: Unit, b: Batch, opts: Options, jac: dict
 
 
 def summary_lines(res: dict) -> list[str]:
-    """A few lines for the terminal."""
+    """A few lines for the terminal: the answer first (depthlab.analysis.answer), then the details."""
     st, L = res["states"], len(res["blocks"])
-    lines = index_lines(res["curse_index"], res["curse_index"].get("at_init")) if "curse_index" in res else []
+    lines = headline_lines(res) + ["details:"]
+    lines += index_lines(res["curse_index"], res["curse_index"].get("at_init")) if "curse_index" in res else []
     lines += [f"variance: embedding {st[0]['variance']:.4g} -> raw last {st[-1]['variance']:.4g} "
              f"(final-normed {res['final_normed']['variance']:.4g})"]
     adj = [res["angular"]["last_token"][l][l + 1] for l in range(L)]
     where = res.get("readout", "last token")
-    lines.append(f"adjacent angular distance ({where}): " + " ".join(f"{x:.3f}" for x in adj))
+    lines.append(f"adjacent angular distance ({where}), blocks 1-{L}: " + " ".join(f"{x:.3f}" for x in adj))
     lines += massive_lines(res)
-    if "removal" in res and is_classifier(res):
+    if "removal" in res:
         r = res["removal"]
-        worst = min(r["single"], key=lambda x: (x["acc_drop"], x["delta_loss"]))
-        lines.append(f"loss {r['base_loss']:.4f}, top-1 accuracy {r['base_acc']:.4f}; removing block {worst['block']} "
-                     f"costs least (accuracy drop {worst['acc_drop']:+.4f}, loss {worst['delta_loss']:+.4f})")
-    elif "removal" in res:
-        r = res["removal"]
-        worst = min(r["single"], key=lambda x: x["delta_ppl"])
-        lines.append(f"perplexity {r['base_ppl']:.3f}; removing block {worst['block']} costs least "
-                     f"({worst['delta_ppl']:+.3f})")
+        worst = min(r["single"], key=lambda x: (x.get("acc_drop", 0.0), x["delta_loss"]))
+        cost = (f"accuracy drop {worst['acc_drop']:+.4f}, loss {worst['delta_loss']:+.4f} nats" if is_classifier(res)
+                else cost_text(worst["delta_loss"]))
+        lines.append(f"removing block {worst['block']} alone costs least: {cost}")
     lines += duplication_lines(res)
     if "jacobian" in res:
         lines.append("||J_block - I|| (rms): " + " ".join(f"{x:.3f}" for x in res["jacobian"]["block_vs_identity"]))

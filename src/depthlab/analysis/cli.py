@@ -8,7 +8,7 @@ from pathlib import Path
 
 from depthlab import UserError
 
-TOKENS, PROBES = 4096, 4  # defaults of --tokens and --probes
+TOKENS, PROBES, DROP = 4096, 4, 4  # defaults of --tokens, --probes and --drop-lowest
 
 
 def _add_model_args(p) -> None:
@@ -92,8 +92,9 @@ def _add_removal_args(p) -> None:
     p.add_argument("--linear-fit-tokens", type=at_least(1), default=4096, metavar="N", help="with "
                    "--linear-replacement: tokens of the fit windows (default 4096)")
     only_with(p, "--linear-replacement", "--linear-fit-tokens")
-    p.add_argument("--drop-lowest", type=at_least(0), default=0, metavar="K", help="also score the model without "
-                   "its k least useful blocks (by loss, and by tasks when given), k = 1..K; `depthlab prune "
+    p.add_argument("--drop-lowest", type=at_least(0), default=DROP, metavar="K", help="also score the model without "
+                   "its k least useful blocks (by loss, and by tasks when given), k = 1..K (default 4: the summary's "
+                   "first lines give the cost of removing 1, 2 and 4 of them together; 0: none); `depthlab prune "
                    "--drop-lowest k` writes that model")
     p.add_argument("--no-removal-runs", action="store_true", help="skip removing the contiguous runs of 2..L-1 "
                    "blocks chosen by angular distance (removal_runs.csv): one plan per run fewer on every window, "
@@ -146,7 +147,7 @@ def _request(args, model: str):
     for flag, given, why in (("--probes", args.probes != PROBES, args.no_jacobian and "--no-jacobian"),
                              ("--tokens", args.tokens != TOKENS, args.windows and "--windows"),  # reads all the text
                              ("--inert-delta", args.inert_delta != CurseSpec.delta, off),
-                             ("--sublayers", args.sublayers, off), ("--drop-lowest", args.drop_lowest, off),
+                             ("--sublayers", args.sublayers, off), ("--drop-lowest", args.drop_lowest != DROP, off),
                              ("--no-removal-runs", args.no_removal_runs, off),
                              ("--linear-replacement", args.linear_replacement, off),
                              ("--duplicate", args.duplicate, args.layer_by_layer and "--layer-by-layer")):
@@ -219,7 +220,7 @@ def cmd_analyze(args) -> None:
 
 
 def cmd_compare(args) -> None:
-    from depthlab.analysis.report import write_comparison
+    from depthlab.analysis.report import comparison_lines, write_comparison
     from depthlab.analysis.run import task_of
     from depthlab.ownership import is_comparison, writing
 
@@ -243,6 +244,8 @@ def cmd_compare(args) -> None:
         for m, lab in zip(args.models, labels):
             runs.append((lab, _results(args, m, log=lambda m=m: print(f"analysing {m} ...", file=sys.stderr))))
         files = _moved(write_comparison(runs, tmp), tmp, out)
+    for line in comparison_lines(runs):
+        print(line)
     print(f"report: {files['report']}")
     print("plots:  " + ", ".join(p.name for p in files.values() if p.suffix == ".png"))
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from depthlab.analysis.answer import blocks_text
+
 
 @dataclass(frozen=True)
 class CurseSpec:
@@ -198,7 +200,7 @@ def index_lines(idx: dict, init: dict | None = None) -> list[str]:
         frac = _fmt_ci(idx["inert_fraction"], idx["inert_fraction_ci"], ".2f")
         lines.append(f"curse index: interior inert fraction {frac}"
                      f"{at0('inert_fraction', '.2f')} of blocks {lo}-{hi} (removal < {idx['delta']:g} nats; "
-                     f"inert: {idx['inert_blocks'] or 'none'}); relative to block 2: "
+                     f"inert: {blocks_text(idx['inert_blocks']) or 'none'}); relative to block 2: "
                      f"{_fmt_ci(idx['inert_fraction_rel'], idx['inert_fraction_rel_ci'], '.2f')}")
         if idx.get("deep_half"):  # an index written before the deep half was kept has no such key
             d = idx["deep_half"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from depthlab.analysis.answer import blocks_text, pct_ppl, span_text
 from depthlab.analysis.removal import PART_NAMES, PARTS
 from depthlab.plots import pyplot, save_figure
 
@@ -85,8 +86,8 @@ def task_rows(res: dict, key: str = "task_removal") -> list[dict]:
     for name, t in res.get(key, {}).get("tasks", {}).items():
         for kind in ("single", *PARTS, "runs"):
             for r in t.get(kind, []):
-                rows.append({"task": name, "n": t["n"], "removal": KINDS.get(kind, "run"),
-                             "blocks": r.get("blocks", r.get("block")), "acc": r["acc"],
+                blocks = span_text(r["blocks"]) if "blocks" in r else str(r["block"])
+                rows.append({"task": name, "n": t["n"], "removal": KINDS.get(kind, "run"), "blocks": blocks, "acc": r["acc"],
                              "acc_ci": f"{r['acc_ci'][0]:.3f}-{r['acc_ci'][1]:.3f}", "acc_drop": r["acc_drop"],
                              "drop_ci": f"{r['drop_ci'][0]:.3f}-{r['drop_ci'][1]:.3f}", "lost": r["lost"],
                              "gained": r["gained"], "drop_p": r["drop_p"],
@@ -114,8 +115,10 @@ def drop_rows(res: dict) -> list[dict]:
     rows = []
     for by, drops in res.get("removal", {}).get("drop", {}).items():
         for d in drops:
-            row = {"by": by, "k": d["k"], "blocks": " ".join(map(str, sorted(res["usefulness"][by][:d["k"]]))),
+            row = {"by": by, "k": d["k"], "blocks": blocks_text(res["usefulness"][by][:d["k"]]),
                    "loss": d["loss"], "delta_loss": d["delta_loss"]}
+            if "acc_drop" not in d:  # a language model: the same cost read as perplexity
+                row["ppl_change_pct"] = pct_ppl(d["delta_loss"])
             for name, t in res.get("task_removal", {}).get("tasks", {}).items():
                 task_drop = next(x for x in t["drop"][by] if x["k"] == d["k"])
                 row[f"{name}_acc"], row[f"{name}_acc_drop"] = task_drop["acc"], task_drop["acc_drop"]
@@ -156,3 +159,71 @@ def profile_rows(res: dict) -> list[dict]:
     return [{"profiles": f"{c['a']} ~ {c['b']}", "spearman": c["rho"], "ci": "-" if not c["ci"] else
              f"{c['ci'][0]:.3f}-{c['ci'][1]:.3f}", "replicates": c["replicates"]}
             for c in res.get("profiles", {}).get("correlations", [])]
+
+
+PCT_TICKS = (-90, -50, -10, -1, 0, 1, 10, 50, 100, 300, 1000, 1e4, 1e5, 1e6)  # % perplexity marked on the right
+
+
+def ppl_axis(ax):
+    """A right-hand axis reading the nats axis as % perplexity, 100 (e^x - 1): the same scale and limits, ticks
+    at round percentages placed at their nats. Call it once the data are drawn (it reads the limits)."""
+    import math
+
+    lo, hi = ax.get_ylim()
+    twin = ax.twinx()
+    twin.set_yscale(ax.get_yscale(), **({"linthresh": 0.01} if ax.get_yscale() == "symlog" else {}))
+    twin.set_ylim(lo, hi)
+    ticks = [(math.log1p(p / 100), p) for p in PCT_TICKS if lo <= math.log1p(p / 100) <= hi]
+    twin.set_yticks([t for t, _ in ticks], [f"{p:+g}%" if p else "0%" for _, p in ticks])
+    twin.minorticks_off()
+    twin.set_ylabel("perplexity change", fontsize=8)
+    return twin
+
+
+def cost_intervals(res: dict):
+    """Each block's removal cost with its 95% bootstrap interval over the calibration windows (paired: each window's
+    loss change against the model's own on that window), as in the curse index."""
+    import numpy as np
+
+    from depthlab.analysis.curse import resampled_costs
+
+    w = res["removal"]["windows"]
+    delta, count = np.asarray(w["single_delta"], dtype=float), np.asarray(w["count"], dtype=float)
+    boot = resampled_costs(delta, count)  # (R, L)
+    return np.quantile(boot, 0.025, axis=0), np.quantile(boot, 0.975, axis=0)
+
+
+def plot_removal_cost(res: dict, path: Path, cheapest: list[int] = ()) -> Path:
+    """The paper's Figure 1 form for this model: what removing each block alone costs (nats per token, right axis:
+    % perplexity), against the block (top axis: relative depth), with 95% bootstrap intervals over the windows; the
+    early and deep interiors the verdict compares shaded, and the cheapest blocks (`cheapest`, 1-based) marked."""
+    from depthlab.analysis.curse import shallow_deep
+
+    single = res["removal"]["single"]
+    L = len(single)
+    x, y = [s["block"] for s in single], [s["delta_loss"] for s in single]
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    early, deep = shallow_deep(L)
+    for blocks, colour, name in ((early, "C2", "early interior"), (deep, "C1", "deep interior")):
+        if blocks:
+            ax.axvspan(blocks[0] - 0.5, blocks[-1] + 0.5, color=colour, alpha=0.12, label=name)
+    if "windows" in res["removal"]:
+        lo, hi = cost_intervals(res)
+        ax.errorbar(x, y, yerr=[[max(0.0, a - b) for a, b in zip(y, lo)], [max(0.0, b - a) for a, b in zip(y, hi)]],
+                    fmt="o", ms=4, capsize=2, color="C0", label="removing the block alone (95% interval)")
+    else:
+        ax.plot(x, y, "o", ms=4, color="C0", label="removing the block alone")
+    marked = [(b, y[b - 1]) for b in cheapest if 0 < b <= L]
+    if marked:
+        ax.plot(*zip(*marked), "s", ms=9, mfc="none", mec="C3", mew=1.5, label=f"cheapest: {blocks_text(cheapest)}")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_xlabel("removed block")
+    ax.set_ylabel("loss increase (nats per token)", fontsize=9)
+    ax.set_xlim(0.5, L + 0.5)
+    top = ax.secondary_xaxis("top", functions=(lambda b: b / L, lambda d: d * L))
+    top.set_xlabel("relative depth of the removed block", fontsize=8)
+    ppl_axis(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center")
+    return save_figure(fig, path, dpi=90)

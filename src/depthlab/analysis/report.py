@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 
 from depthlab import metrics as metrics_module
-from depthlab.analysis import curse as curse_module
+from depthlab.analysis import answer as answer_module, curse as curse_module
+from depthlab.analysis.answer import blocks_text, cost_text, pct_ppl, span_text
 from depthlab.analysis.curse import index_lines
 from depthlab.analysis.duplication_report import duplication_rows, plot_duplication
 from depthlab.analysis.removal_report import (
@@ -24,7 +25,9 @@ from depthlab.analysis.removal_report import (
     part_rows,
     plot_figure_one,
     plot_profiles,
+    plot_removal_cost,
     plot_sublayers,
+    ppl_axis,
     profile_rows,
     task_rows,
 )
@@ -43,10 +46,11 @@ def _key_name(res: dict, key: str) -> str:
 
 
 def removal_metrics(res: dict) -> list[tuple[str, str]]:
-    """(key, title) of what a removal is scored by: perplexity, or a classifier's loss and top-1 accuracy."""
+    """(key, title) of what a removal is scored by: the loss increase in nats (a language model's read as %
+    perplexity on a second axis), and a classifier's top-1 accuracy drop."""
     if is_classifier(res):
-        return [("delta_loss", "Δ loss"), ("acc_drop", "top-1 accuracy drop")]
-    return [("delta_ppl", "Δ perplexity")]
+        return [("delta_loss", "Δ loss (nats)"), ("acc_drop", "top-1 accuracy drop")]
+    return [("delta_loss", "Δ loss (nats per token)")]
 
 
 def _log_if_positive(ax) -> None:
@@ -156,7 +160,8 @@ def plot_adjacent_angular(runs: Runs, path: Path, normalise_depth: bool = False)
 
 
 def plot_removal(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
-    """One row per removal score (Δ perplexity; a classifier's Δ loss and accuracy drop): single blocks, best runs."""
+    """One row per removal score (Δ loss in nats, % perplexity beside; a classifier's Δ loss and accuracy drop):
+    single blocks, best runs."""
     runs = [(lab, r) for lab, r in runs if "removal" in r]
     keys = removal_metrics(runs[0][1])
     fig, grid = plt.subplots(len(keys), 2, figsize=(12, 3.8 * len(keys)), squeeze=False)
@@ -181,9 +186,11 @@ def plot_removal(runs: Runs, path: Path, normalise_depth: bool = False) -> Path:
         axes[1].set_xlabel("n")
         axes[1].xaxis.get_major_locator().set_params(integer=True)
         for ax in axes:
-            ax.set_yscale("symlog", linthresh=0.01 if key == "acc_drop" else 0.1)
+            ax.set_yscale("symlog", linthresh=0.01)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
+            if key == "delta_loss" and not is_classifier(runs[0][1]):
+                ppl_axis(ax)
     return save_figure(fig, path, dpi=90)
 
 
@@ -268,7 +275,7 @@ def block_rows(res: dict) -> list[dict]:
                 r.update(removal_loss=s["loss"], removal_delta_loss=s["delta_loss"], removal_acc=s["acc"],
                          removal_acc_drop=s["acc_drop"])
             else:
-                r.update(removal_ppl=s["ppl"], removal_delta_ppl=s["delta_ppl"])
+                r.update(removal_delta_loss=s["delta_loss"], removal_ppl_change_pct=pct_ppl(s["delta_loss"]))
         j = res.get("jacobian")
         if j:
             r.update(jac_block_gain=j["block_gain"][i], jac_block_vs_identity=j["block_vs_identity"][i])
@@ -309,64 +316,97 @@ def write_tables(res: dict, out: Path) -> list[Path]:
 
 # --- HTML ----------------------------------------------------------------------------------------------------
 
-def _img(path: Path) -> str:
+def _img(path: Path, caption: str = "") -> str:
     data = base64.b64encode(path.read_bytes()).decode()
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{path.name}">'
-            f'<figcaption>{path.name}</figcaption></figure>')
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(caption or path.name)}">'
+            f'<figcaption>{html.escape(caption + " " if caption else "")}({path.name})</figcaption></figure>')
 
 
-def _table(rows: list[dict], keys: list[str]) -> str:
+def _table(rows: list[dict], keys: list[str], caption: str) -> str:
+    """A table under its caption, in a box of its own that scrolls sideways when the table is wider than the page
+    (the page itself never does)."""
     def fmt(v):
         return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
     head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
     body = "".join("<tr>" + "".join(f"<td>{fmt(r.get(k, ''))}</td>" for k in keys) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return (f"<div class='scroll'><table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>"
+            "</div>")
 
 
-CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
-th{background:#f3f3f3}img{max-width:100%}figure{margin:1em 0}figcaption{font-size:11px;color:#666}
-pre{background:#f7f7f7;padding:1em;font-size:12px;white-space:pre-wrap}"""
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:1em auto;padding:0 1em;color:#222;
+overflow-wrap:anywhere}h1{font-size:1.5em;margin:.3em 0}h2{font-size:1.25em}.scroll{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:2px 6px;
+text-align:right;overflow-wrap:normal}caption{caption-side:top;text-align:left;font-size:12px;color:#444;
+padding:2px 0}th{background:#f3f3f3}img{max-width:100%;height:auto}figure{margin:.5em 0}figcaption{font-size:11px;
+color:#666}pre{background:#f7f7f7;padding:1em;font-size:12px;white-space:pre-wrap}
+.answer{background:#f4f8ff;border:1px solid #c9d8f0;padding:.4em 1em;margin:.5em 0}.answer p{margin:.3em 0}
+.verdict{font-size:1.1em;font-weight:600}"""
 
 
-def write_html(path: Path, title: str, intro: list[str], sections: list[tuple[str, str]]) -> Path:
-    body = "".join(f"<p>{html.escape(p)}</p>" for p in intro)
+def write_html(path: Path, title: str, intro: list[str], sections: list[tuple[str, str]], lead: str = "") -> Path:
+    """The page: its title, `lead` (the answer, as HTML: first on the first screen), the intro lines, the sections,
+    and the metrics' definitions."""
+    body = lead + "".join(f"<p>{html.escape(p)}</p>" for p in intro)
     body += "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
     defs = html.escape(metrics_module.__doc__ or "")
     body += f"<h2>Definitions</h2><pre>{defs}</pre>"
-    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                    f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'>"
+                    f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{html.escape(title)}"
+                    f"</title><style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
     return path
 
 
 def report_intro(res: dict, label: str) -> list[str]:
+    """What was analysed, and how: after the answer."""
     m = res.get("model", {})
-    unit = "images" if is_classifier(res) else "sequences"
-    intro = [f"Model: {m.get('name', label)} ({m.get('class', '')}); blocks {m.get('blocks', '')}; "
+    unit = "images" if is_classifier(res) else "windows"
+    window = f" of {res['data']['seq_len']} tokens" if res.get("data", {}).get("seq_len") else ""
+    intro = [f"Model: {label} ({m.get('class', '')}); blocks {m.get('blocks', '')}; "
              f"final norm {m.get('final_norm', '')}; "
              + (f"logits {m['logits']}; " if m.get("logits", "none") != "none" else "")
              + f"mode {res.get('mode', '')}.",
              f"Calibration data: {res.get('data', {}).get('source', '')}; {res['tokens']} tokens in "
-             f"{res['sequences']} {unit}."]
-    r = res.get("removal")
-    if r and is_classifier(res):
-        intro.append(f"On the calibration images: loss {r['base_loss']:.4g}, top-1 accuracy {r['base_acc']:.4g}.")
-    elif r:
-        intro.append(f"Perplexity on the calibration data: {r['base_ppl']:.4g}.")
+             f"{res['sequences']} {unit}{window}."]
     return intro + massive_lines(res) + [f"Note: {n}." for n in res.get("notes", [])]
 
 
+def answer_html(res: dict, plots: dict) -> str:
+    """The answer, first on the first screen: the verdict by the declared rule, the blocks that could go with what
+    removing 1, 2, 4 of them together costs, the model's own perplexity, and the removal figure in the paper's
+    Figure 1 form."""
+    body = "".join(f"<p class='verdict'>{html.escape(x)}</p>" for x in answer_module.verdict_lines(res))
+    rows = answer_module.removable(res)
+    if rows:
+        table = [{"blocks removed together": len(r["blocks"]), "which (1-based)": blocks_text(r["blocks"]),
+                  "loss increase (nats per token)": r["delta_loss"],
+                  **({"top-1 accuracy drop": r["acc_drop"]} if "acc_drop" in r else
+                     {"perplexity change (%)": pct_ppl(r["delta_loss"])})} for r in rows]
+        body += _table(table, list(table[0]), "The blocks that could go: the k blocks whose removal alone costs "
+                       "least, removed together (--drop-lowest), scored on the calibration windows.")
+    ppl = answer_module.perplexity_text(res)
+    if ppl:
+        body += f"<p>The model itself: {html.escape(ppl)}.</p>"
+    if "removal_cost" in plots:
+        body += _img(plots["removal_cost"], "What removing each block alone costs, against its depth (the paper's "
+                     "Figure 1 form; left axis nats per token, right axis % perplexity).")
+    return f"<div class='answer'><h2>The answer</h2>{body}</div>"
+
+
 def index_html(res: dict) -> str:
-    """The curse index first: its summary lines, then the per-block interior costs and Gromov's contiguous runs."""
+    """The curse index: its summary lines, then the per-block interior costs and Gromov's contiguous runs."""
     idx = res["curse_index"]
     body = "".join(f"<p>{html.escape(x)}</p>" for x in index_lines(idx, idx.get("at_init")))
     adj = idx["adjacent_angular"]
-    rows = [{"block": l + 1, "removal_cost": c, "update_ratio": b["update_ratio"],
+    rows = [{"block": l + 1, "removal_cost_nats": c, "update_ratio": b["update_ratio"],
              "angular_last": adj["last_token"][l], "angular_all": adj["all_tokens"][l],
              **({"J_minus_I": idx["jacobian_vs_identity"][l]} if "jacobian_vs_identity" in idx else {})}
             for l, (c, b) in enumerate(zip(idx.get("removal_cost", [None] * idx["blocks"]), res["blocks"]))]
-    body += _table(rows, list(rows[0])) if rows else ""
-    body += _table(idx["contiguous"], ["n", "blocks", "distance", "delta_loss"])
+    body += _table(rows, list(rows[0]), "Per block: the loss increase when it alone is removed (nats per token), "
+                   "its update ratio and the angular distance between its input and output.") if rows else ""
+    runs = [{**r, "blocks": span_text(r["blocks"])} for r in idx["contiguous"]]
+    body += _table(runs, ["n", "blocks", "distance", "delta_loss"], "Gromov's protocol: for each n, the run of n "
+                   "blocks whose ends are closest by last-token angular distance, and the loss increase (nats per "
+                   "token) when it is removed.")
     defs = html.escape(curse_module.__doc__ or "")
     return body + f"<details><summary>definition</summary><pre>{defs}</pre></details>"
 
@@ -376,10 +416,15 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(res, indent=1) + "\n")
     runs = [(label, res)]
-    plots = {"variance": plot_variance(runs, out / "variance.png"),
-             "angular": plot_angular(label, res, out / "angular_heatmap.png"),
-             "adjacent": plot_adjacent_angular(runs, out / "angular_adjacent.png"),
-             "block_metrics": plot_blocks(runs, out / "block_metrics.png")}
+    plots = {}
+    if "removal" in res:
+        cheapest = answer_module.removable(res)
+        plots["removal_cost"] = plot_removal_cost(res, out / "removal_cost.png",
+                                                  cheapest[-1]["blocks"] if cheapest else [])
+    plots.update({"variance": plot_variance(runs, out / "variance.png"),
+                  "angular": plot_angular(label, res, out / "angular_heatmap.png"),
+                  "adjacent": plot_adjacent_angular(runs, out / "angular_adjacent.png"),
+                  "block_metrics": plot_blocks(runs, out / "block_metrics.png")})
     if "lens" in res:
         plots["lens"] = plot_lens(runs, out / "logit_lens.png")
     if "removal" in res:
@@ -398,30 +443,42 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
         plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
     tables = write_tables(res, out)
-    sec = [("Curse index", index_html(res))] if "curse_index" in res else []
+    sec = removal_sections(res, plots)  # the paper's Figure 1 by tasks first, then the details
+    sec += [("Curse index", index_html(res))] if "curse_index" in res else []
+    best = [{**r, "blocks": span_text(r["blocks"])} for r in res["angular"]["best_block"]]
     sec += [("Residual stream", _img(plots["variance"]) + _table(state_rows(res), [
         "index", "name", "variance", "variance_rest", "rms", "rms_rest", "max_abs", "max_over_rms", "channel",
-        "position", "token_id", "lens_kl", "lens_ce"])),
+        "position", "token_id", "lens_kl", "lens_ce"], "Per stream state (0 = the embedding output): variance, "
+        "RMS and largest entry, with the massive positions set apart, and the logit lens.")),
         ("Angular distance", _img(plots["angular"]) + _img(plots["adjacent"]) +
-         _table(res["angular"]["best_block"], ["n", "blocks", "distance"])),
-        ("Per-block metrics", _img(plots["block_metrics"]) + _table(block_rows(res), list(block_rows(res)[0])))]
+         _table(best, ["n", "blocks", "distance"], "For each n, the run of n blocks whose ends are closest by "
+                "last-token angular distance.")),
+        ("Per-block metrics", _img(plots["block_metrics"]) + _table(block_rows(res), list(block_rows(res)[0]),
+                                                                    "Every per-block number, one row per block."))]
     if "lens" in plots:
         sec.append(("Logit lens", _img(plots["lens"])))
     if "removal" in plots:
-        cols = ["loss", "delta_loss", "acc", "acc_drop"] if is_classifier(res) else ["ppl", "delta_ppl"]
-        sec.append(("Layer removal", _img(plots["removal"]) + _table(res["removal"]["runs"], ["n", "blocks", *cols])))
-    sec += removal_sections(res, plots)
+        rr = [{**r, "blocks": span_text(r["blocks"]), **({} if is_classifier(res) else
+                                                          {"ppl_change_pct": pct_ppl(r["delta_loss"])})}
+              for r in res["removal"]["runs"]]
+        cols = ["loss", "delta_loss", "acc", "acc_drop"] if is_classifier(res) else ["delta_loss", "ppl_change_pct"]
+        sec.append(("Layer removal", _img(plots["removal"]) + _table(rr, ["n", "blocks", *cols], "Contiguous runs "
+                    "of n blocks (chosen by angular distance) removed: the loss increase in nats per token"
+                    + ("" if is_classifier(res) else " and the same as % perplexity") + ".")))
     if "duplication_heatmap" in plots:
         rows = duplication_rows(res)
         sec.append(("Layer duplication", _p(
             "Blocks i..j run twice (blocks 1..j, then i..j again, then the rest), scored on the same windows"
             + (" and questions" if "tasks" in res["duplication"] else "") + "; " + res["duplication"]["interval"]
             + ". `depthlab duplicate MODEL --span START:END OUT` writes a span as a stock HF model (span: the "
-            "0-based slice, END excluded).") + _img(plots["duplication_heatmap"]) + _table(rows, list(rows[0]))))
+            "0-based slice, END excluded).") + _img(plots["duplication_heatmap"])
+            + _table(rows, list(rows[0]), "Each span run twice: the loss change (nats per token).")))
     if "jacobian" in plots:
         sec.append(("Jacobians", _img(plots["jacobian"]) + _img(plots["jacobian_heatmaps"])))
     files = {"metrics": out / "metrics.json", **plots}
-    files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", report_intro(res, label), sec)
+    lead = answer_html(res, plots)
+    files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", report_intro(res, label), sec,
+                                 lead)
     files.update({t.stem: t for t in tables})
     return files
 
@@ -434,20 +491,25 @@ def removal_sections(res: dict, plots: dict) -> list[tuple[str, str]]:
         sec.append(("Layer removal scored by tasks (the paper's Figure 1)", _p(
             "Accuracy when one block (or its attention, or its MLP, or a run of n blocks) is removed, scored as "
             "`depthlab eval` scores the same questions; acc_ci: " + res["task_removal"]["interval"] + "; ll: mean "
-            "log-likelihood of the correct answer.") + _img(plots["figure_one"]) + _table(rows, list(rows[0]))))
+            "log-likelihood of the correct answer.") + _img(plots["figure_one"])
+            + _table(rows, list(rows[0]), "Per task and removal: accuracy, its drop with the paired 95% interval, "
+                     "and the questions lost and gained.")))
     if "generate" in plots:
         rows = task_rows(res, "generate_removal")
         sec.append(("Layer removal scored by generation", _p(
             "Exact match of greedy decoding (KV cache) when one block (or its attention, or its MLP, or a run of n "
             "blocks) is removed; acc_ci: " + res["generate_removal"]["interval"] + ".") + _img(plots["generate"])
-            + _table(rows, list(rows[0]))))
+            + _table(rows, list(rows[0]), "Per task and removal: exact match and its drop with the paired 95% "
+                     "interval.")))
     if "profiles" in plots:
         rows = profile_rows(res)
         sec.append(("Removal profiles side by side", _p(
             "What removing each block costs, by loss, by the right choice's log-likelihood and by exact-match "
             "generation, each divided by its largest cost; Spearman rank correlations between them, with 95% "
             f"percentile bootstrap intervals over windows and questions ({res['profiles']['bootstrap']} "
-            "replicates).") + _img(plots["profiles"]) + (_table(rows, list(rows[0])) if rows else "")))
+            "replicates).") + _img(plots["profiles"])
+            + (_table(rows, list(rows[0]), "Spearman rank correlations between the removal profiles.") if rows
+               else "")))
     if "sublayers" in plots:
         rows = part_rows(res)
         fit = res["removal"].get("linear_fit_tokens")
@@ -457,13 +519,15 @@ def removal_sections(res: dict, plots: dict) -> list[tuple[str, str]]:
                 "block's update the map misses there." if fit else "Attention only / MLP only: that sublayer's "
                 "output zeroed.")
         sec.append(("Sublayer removal and linear replacement", _p(note) + _img(plots["sublayers"]) +
-                    _table(rows, list(rows[0]))))
+                    _table(rows, list(rows[0]), "Per block: the loss increase (nats per token) for each kind of "
+                           "removal.")))
     rows = drop_rows(res)
     if rows:
         sec.append(("The model without its k least useful blocks", _p(
             "Blocks ranked by what removing each alone costs (loss; tasks: correct answers lost, then the answers' "
             "log-likelihood), the k lowest removed together and scored. `depthlab prune MODEL OUT --drop-lowest k "
-            "--by loss|tasks` writes that model.") + _table(rows, list(rows[0]))))
+            "--by loss|tasks` writes that model.") + _table(rows, list(rows[0]), "The k least useful blocks "
+            "removed together: which (1-based), the loss and its increase in nats per token.")))
     return sec
 
 
@@ -512,9 +576,15 @@ def write_comparison(runs: Runs, out: Path) -> dict[str, Path]:
                 "mean_adjacent_angular": sum(r["angular"]["last_token"][l][l + 1] for l in range(len(r["blocks"])))
                 / len(r["blocks"]), **_base_score(r), **_index_columns(r)} for lab, r in runs]
     _write_csv(out / "compare.csv", summary)
-    sec = [("Summary", _table(summary, list(summary[0])))] + [(k.replace("_", " ").capitalize(), _img(p))
-                                                              for k, p in plots.items()]
+    sec = [("Summary", _table(summary, list(summary[0]), "One row per model."))] + [
+        (k.replace("_", " ").capitalize(), _img(p)) for k, p in plots.items()]
+    lead = "".join(f"<p class='verdict'>{html.escape(x)}</p>" for x in comparison_lines(runs))
     files = {**plots, "report": write_html(out / "report.html", "depthlab comparison: " + ", ".join(l for l, _ in runs),
                                            ["Curves are drawn against relative depth so models of different "
-                                            "depths line up."], sec)}
+                                            "depths line up."], sec, f"<div class='answer'>{lead}</div>")}
     return files
+
+
+def comparison_lines(runs: Runs) -> list[str]:
+    """`compare`'s answer: one line per model, then whether they were measured alike."""
+    return [answer_module.compare_line(lab, r) for lab, r in runs] + answer_module.measured_alike(runs)

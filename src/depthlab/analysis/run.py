@@ -293,6 +293,8 @@ def run_request(req: Request) -> dict:
         res["model"]["blocks"] = f"{lm.blocks_path} ({skel.n_layers} x {type(lm.blocks[0]).__name__}, one at a time)"
     if questions:
         data["tasks"] = {t: len(qs) for t, qs in questions.items()}
+        # the rate a blind pick gets right: the verdict's precondition for the task (depthlab.analysis.answer)
+        data["chance"] = {t: sum(1 / len(q.pairs) for q in qs) / len(qs) for t, qs in questions.items()}
     if generation:
         data["generate"] = {t: len(qs) for t, qs in generation.items()}
     res["data"] = data
