@@ -46,7 +46,8 @@ def test_analyze_finds_planted_identity_blocks(tmp_path, capsys, planted):
     assert lo <= idx["inert_fraction"] <= hi
     assert idx["windows"] >= 64
     printed = capsys.readouterr().out
-    assert printed.splitlines()[1].strip().startswith("curse index: interior inert fraction")  # first, after the model
+    printed = [x.strip() for x in printed.splitlines()]
+    assert printed[printed.index("details:") + 1].startswith("curse index: interior inert fraction")  # details first
     assert "Curse index" in (out / "report.html").read_text().split("Residual stream")[0]
 
 

@@ -40,8 +40,9 @@ def test_each_analysis_writes_its_kind_and_old_results_read_the_same():
         assert report.report_intro(old, "m") == report.report_intro(res, "m")
         assert report.block_rows(old) == report.block_rows(res)
         assert report.removal_metrics(old) == report.removal_metrics(res)
-    assert report.removal_metrics(vit) == [("delta_loss", "Δ loss"), ("acc_drop", "top-1 accuracy drop")]
-    assert "removal_acc_drop" in report.block_rows(vit)[0] and "removal_delta_ppl" in report.block_rows(lm)[0]
+    assert report.removal_metrics(vit) == [("delta_loss", "Δ loss (nats)"), ("acc_drop", "top-1 accuracy drop")]
+    assert report.removal_metrics(lm) == [("delta_loss", "Δ loss (nats per token)")]  # one unit: nats
+    assert "removal_acc_drop" in report.block_rows(vit)[0] and "removal_ppl_change_pct" in report.block_rows(lm)[0]
     assert any("images" in line for line in report.report_intro(vit, "m"))
 
 

@@ -133,7 +133,8 @@ def verdict_line(v: dict) -> str:
                 f"(chance {pre['chance']:.2f}, p = {pre['above_chance_p']:.2g})")
     lo, hi = v["leave_one_out_range"]["ratio"]
     unit = "nats" if v["objective"] == "loss" else "accuracy"
-    return (f"verdict ({v['objective']}): {v['word']}: R = {v['ratio']:.3g} [{v['ci'][0]:.3g}, {v['ci'][1]:.3g}] "
+    word = v["word"] + (" (the early interior's median cost is not above 0)" if v["word"] == "not testable" else "")
+    return (f"verdict ({v['objective']}): {word}: R = {v['ratio']:.3g} [{v['ci'][0]:.3g}, {v['ci'][1]:.3g}] "
             f"({100 * v['level']:.1f}% interval, {v['units']} {'windows' if v['objective'] == 'loss' else 'items'}), "
             f"one block left out {lo:.3g}-{hi:.3g}; median cost deep {v['median_deep']:.3g} / early "
             f"{v['median_early']:.3g} {unit} (deep {blocks_text(v['deep'])}, early {blocks_text(v['early'])})")

@@ -14,6 +14,7 @@ token), so the stream metrics read a ViT's tokens as they read text tokens.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +61,21 @@ def last_real_index(mask: torch.Tensor) -> torch.Tensor:
     return T - 1 - mask.flip(1).float().argmax(1)
 
 
-def read_calibration_text(paths: list[str] | None, n_tokens: int) -> tuple[list[str], str]:
+# Where a Project Gutenberg play's text begins, after the licence header: the line naming its persons, or its first act
+GUTENBERG_START = re.compile(r"^(Dramatis Personae|DRAMATIS PERSONAE|ACT I|Actus Primus)", re.M)
+
+
+def gutenberg_body(text: str) -> str:
+    """A Project Gutenberg play without its licence header (`analyze --gutenberg`): from the first line naming its
+    persons or its first act (else from a tenth of the way in), lines ended by \\n as Python reads text files."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    m = GUTENBERG_START.search(text)
+    return text[m.start():] if m else text[len(text) // 10:]
+
+
+def read_calibration_text(paths: list[str] | None, n_tokens: int, gutenberg: bool = False) -> tuple[list[str], str]:
+    """The calibration documents' texts and a description; `gutenberg`: each file a Project Gutenberg play, read
+    without its licence header (gutenberg_body)."""
     from depthlab.data.sources import builtin_documents, read_documents
     from depthlab.paths import Kind, what_is
 
@@ -70,6 +85,9 @@ def read_calibration_text(paths: list[str] | None, n_tokens: int) -> tuple[list[
             raise UserError(f"{prepared[0]} is a prepared-data directory (token files); analyze calibrates on "
                             "text: give --data the text files it was prepared from")
         docs, report = read_documents(paths)
+        if gutenberg:
+            return [gutenberg_body(d.text) for d in docs], (f"{', '.join(paths)} ({report.summary()}; Project "
+                                                            "Gutenberg licence headers left out)")
         return [d.text for d in docs], f"{', '.join(paths)} ({report.summary()})"
     # Python source tokenizes at roughly 3-4 bytes a token; read a little more than needed.
     docs = builtin_documents(max(0.02, n_tokens * 8 / 1e6))

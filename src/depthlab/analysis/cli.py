@@ -20,6 +20,10 @@ def _add_model_args(p) -> None:
                    "the "
                    "built-in corpus); for a ViT one image source, whose validation split is used (default: the "
                    "run's own)")
+    p.add_argument("--gutenberg", action="store_true", help="each --data file is a Project Gutenberg play: read it "
+                   "from the line naming its persons or its first act, its licence header left out (the docs' "
+                   "real-model recipe)")
+    only_with(p, "--data", "--gutenberg")
     p.add_argument("--tokens", type=at_least(1), default=TOKENS, help="calibration tokens (default 4096; language "
                    "models)")
     p.add_argument("--images", type=at_least(1), help="a ViT's calibration images (default: the whole validation "
@@ -163,7 +167,7 @@ def _request(args, model: str):
     return Request(model, args.data, args.tokens, args.seq_len, args.batch_size, args.layer_by_layer,
                    args.trust_remote_code, placed_device(args, args.layer_by_layer), args.dtype, opts, args.images,
                    not args.no_init, args.windows, args.window_seed, args.tasks, args.linear_fit_tokens,
-                   *placement(args), generate)
+                   *placement(args), generate, args.gutenberg)
 
 
 def _results(args, model: str, log=lambda: None) -> dict:

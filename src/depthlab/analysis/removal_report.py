@@ -87,7 +87,8 @@ def task_rows(res: dict, key: str = "task_removal") -> list[dict]:
         for kind in ("single", *PARTS, "runs"):
             for r in t.get(kind, []):
                 blocks = span_text(r["blocks"]) if "blocks" in r else str(r["block"])
-                rows.append({"task": name, "n": t["n"], "removal": KINDS.get(kind, "run"), "blocks": blocks, "acc": r["acc"],
+                rows.append({"task": name, "n": t["n"], "removal": KINDS.get(kind, "run"), "blocks": blocks,
+                             "acc": r["acc"],
                              "acc_ci": f"{r['acc_ci'][0]:.3f}-{r['acc_ci'][1]:.3f}", "acc_drop": r["acc_drop"],
                              "drop_ci": f"{r['drop_ci'][0]:.3f}-{r['drop_ci'][1]:.3f}", "lost": r["lost"],
                              "gained": r["gained"], "drop_p": r["drop_p"],

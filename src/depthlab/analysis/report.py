@@ -16,7 +16,7 @@ from pathlib import Path
 
 from depthlab import metrics as metrics_module
 from depthlab.analysis import answer as answer_module, curse as curse_module
-from depthlab.analysis.answer import blocks_text, cost_text, pct_ppl, span_text
+from depthlab.analysis.answer import blocks_text, pct_ppl, span_text
 from depthlab.analysis.curse import index_lines
 from depthlab.analysis.duplication_report import duplication_rows, plot_duplication
 from depthlab.analysis.removal_report import (

@@ -53,6 +53,7 @@ class Request:
     max_memory: dict | None = None  # with a device-map strategy: {device: size} (accelerate's max_memory)
     offload_folder: str | None = None  # with a device map putting weights on disk: where they are written
     generate: list | None = None  # generation tasks to score removal by (depthlab.eval.gen_tasks.GenTask)
+    gutenberg: bool = False  # each --data file a Project Gutenberg play: its licence header left out
 
 
 @dataclass
@@ -165,7 +166,7 @@ def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Ba
     fit_windows = -(-fit_tokens // seq_len)
     # a sample is spread over more text than it reads (the built-in corpus is read up to what is asked for)
     texts, source = read_calibration_text(req.data, (req.windows + fit_windows) * seq_len * 8 if req.windows
-                                          else req.tokens + fit_tokens)
+                                          else req.tokens + fit_tokens, req.gutenberg)
     # one window more than asked: the evaluation windows may hold up to a window more than --tokens
     windows, pad = calibration_windows(tok, texts, req.tokens + fit_tokens + (seq_len if fit_tokens else 0),
                                        seq_len, _vocab_size(lm), req.windows and req.windows + fit_windows,
