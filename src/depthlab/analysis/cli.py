@@ -206,12 +206,15 @@ def cmd_analyze(args) -> None:
     from depthlab.analysis.report import write_report
     from depthlab.analysis.results import is_classifier
     from depthlab.ownership import is_analysis, writing
+    from depthlab.progress import phase, plan_phases
 
     args.tasks = _removal_tasks(args)  # the task files' errors before any work
     out = Path(args.out or Path("analysis") / (Path(args.model).resolve().name or "model"))
     with writing(out, is_analysis, "analyze", args.overwrite, _inputs(args, [args.model])) as tmp:  # before the work
         res = _results(args, args.model)
-        files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
+        with phase("analyze: writing the report", not args.no_progress, alone=True):
+            files = _moved(write_report(res, tmp, Path(args.model).resolve().name), tmp, out)
+        plan_phases("", [])
     m = res["model"]
     size = f"{res['sequences']} images, {res['tokens']} tokens" if is_classifier(res) else f"{res['tokens']} tokens"
     logits = f", logits {m['logits']}" if m.get("logits", "none") != "none" else ""

@@ -26,7 +26,7 @@ from depthlab.analysis.profiles import removal_profiles
 from depthlab.analysis.results import IMAGE_CLASSIFICATION, LANGUAGE_MODELLING, kind_of
 from depthlab.checkpoint import CheckpointMeta
 from depthlab.eval.suite import TaskSuite
-from depthlab.progress import phase
+from depthlab.progress import phase, plan_phases, unnumbered
 
 
 @dataclass
@@ -244,19 +244,36 @@ def check_interior(n_layers: int, spec) -> None:
                   stacklevel=2)
 
 
+def analysis_phases(req: Request, at_init: bool) -> list[str]:
+    """The phases `run_request` goes through, in order, as its progress lines count them (depthlab.progress), and
+    the report's writing after them (cli.cmd_analyze)."""
+    o = req.options
+    later = o.removal and (o.runs or o.drop_lowest)
+    if req.layerwise:
+        names = ["blocks, every plan's streams", "lens and distances",
+                 *(["blocks, runs and the k least useful"] if later else [])]
+    else:
+        names = [*(["linear fit"] if o.removal and o.linear else []),
+                 "metrics and removal" if o.removal else "metrics",
+                 *(["removal of runs and of the k least useful"] if later else []),
+                 *(["duplication scan"] if o.duplicate else []), *(["jacobians"] if o.jacobian else [])]
+    return ["loading the model", *names, *(["the index at initialisation"] if at_init else []), "writing the report"]
+
+
 def run_request(req: Request) -> dict:
     t0 = time.perf_counter()
+    plan_phases("analyze: ", analysis_phases(req, False))
     if req.layerwise and req.device_map is not None:
         raise UserError("--device-map places the whole model over devices; --layer-by-layer streams one block at a "
                         "time: drop one of them")
     if req.layerwise:
         from depthlab.analysis.layerwise import load_skeleton
 
-        with phase("analyze: loading the model", req.options.progress):
+        with phase("analyze: loading the model", req.options.progress, alone=True):
             skel, tok, seq_len, info = load_skeleton(req.model, req.trust_remote_code, req.dtype, req.device)
         lm = skel.lm
     else:
-        with phase("analyze: loading the model", req.options.progress):
+        with phase("analyze: loading the model", req.options.progress, alone=True):
             loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device, req.device_map,
                                   req.max_memory, req.offload_folder)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
@@ -282,8 +299,11 @@ def run_request(req: Request) -> dict:
         res = analyze(lm, batches, req.options, questions, fit, generation)
     cfg = skel.cfg if req.layerwise else loaded.cfg
     if req.at_init and cfg is not None:
-        res["curse_index"]["at_init"] = index_at_init(cfg, batches, req.options, req.device, None if req.layerwise
-                                                      else loaded.device_map, req.offload_folder, req.layerwise)
+        plan_phases("analyze: ", analysis_phases(req, True))
+        with phase("analyze: the index at initialisation", req.options.progress, alone=True), unnumbered():
+            res["curse_index"]["at_init"] = index_at_init(cfg, batches, req.options, req.device, None if
+                                                          req.layerwise else loaded.device_map, req.offload_folder,
+                                                          req.layerwise)
     res["model"] = {**lm.describe(), **info, "path": req.model}
     for p in res.get("massive", {}).get("positions", []) if tok is not None else []:
         p["token"] = tok.decode([p["token_id"]])

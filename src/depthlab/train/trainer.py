@@ -46,7 +46,7 @@ from depthlab.loading import plain_weights
 from depthlab.model import lora
 from depthlab.model.validate import check_fits_host, validate
 from depthlab.paths import ENV, METRICS, find_checkpoint
-from depthlab.progress import on_terminal
+from depthlab.progress import eta_text, on_terminal
 from depthlab.runfolder import MetricsLog, check_resumable, open_run
 from depthlab.train.callbacks import Callback, DepthMonitor, TensorBoardLogger, TrackioLogger, WandbLogger
 from depthlab.train.distributed import (
@@ -128,6 +128,8 @@ class Trainer:
         try:  # the run directory, locked, and the checkpoint it resumes (depthlab.runfolder)
             opened = open_run(cfg, self.env, self._held, run_dir, resume, overwrite, self._warn)
             self.run_dir, self.branch_of = opened.run_dir, opened.branch_of
+            if self.env.is_main:  # first, before minutes of data preparation: where to look
+                print(f"depthlab train: run directory {self.run_dir}", file=sys.stderr, flush=True)
             self._build(data, opened.ckpt, opened.meta)
         except BaseException:
             self.close()
@@ -338,6 +340,7 @@ class Trainer:
         # a bar on a terminal; into a log, a pipe or with --no-progress, a line a record instead (_after_step)
         bar = tqdm(total=tc.max_steps, initial=self.step, desc=f"train {self.cfg.model.norm_scheme}",
                    disable=not on_terminal(self.progress), dynamic_ncols=True)
+        self._clock = (time.monotonic(), self.step)  # the plain step lines' elapsed time and estimate (_after_step)
         self.model.train()
         val: dict = {}
         with deferred_interrupts(self.env) as stopping:  # Ctrl-C / SIGTERM: this step ends, is saved, then we stop
@@ -418,8 +421,8 @@ class Trainer:
             if log:
                 log.write(record)
             if bar.disable and self.env.is_main:
-                print(f"depthlab train: step {step}/{tc.max_steps}: {Meter.summary(record)}", file=sys.stderr,
-                      flush=True)
+                print(f"depthlab train: step {step}/{tc.max_steps}: {Meter.summary(record)}, "
+                      f"{eta_text(*self._clock, step, tc.max_steps)}", file=sys.stderr, flush=True)
         if step == tc.max_steps or (tc.ckpt_every and step % tc.ckpt_every == 0):
             self.save(val if step == tc.max_steps else None)
         return val
