@@ -388,6 +388,7 @@ def record(model: str, phase: str, result: dict, a, t0: float) -> None:
     folder = RESULTS / model
     folder.mkdir(parents=True, exist_ok=True)
     result = {"model": model, "phase": phase, "command": recorded_command("benchmarks.real_model_panel", None),
+              "started_at_commit": getattr(a, "started_at_commit", None),
               "environment": environment(), "plan_sha256": sha256(RESULTS / "plan.json"), "settings": settings(a),
               "wall_s": time.perf_counter() - t0,
               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, **result}
@@ -548,6 +549,9 @@ PHASE = {"loss": phase_loss, "code": phase_code, "choice": phase_choice, "genera
 
 def run(a) -> None:
     """Phase by phase across the models (the plan's order: each model's loss word first), each model loaded once."""
+    from benchmarks.common import environment
+
+    a.started_at_commit = environment()["git_commit"]  # the code that runs (a record names HEAD when it is written)
     loaded = {}
     for ph in a.phases:
         for name in a.models:
