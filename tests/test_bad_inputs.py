@@ -583,6 +583,10 @@ CASES = [
      "--generate names copy twice"),
     ("eval-card-metadata-not-yaml", "eval tasks {hf_bad_card} --tasks {tasks} --card {hf_bad_card}",
      "README.md: its metadata (the YAML between the --- lines) does not parse at line"),
+    # issue 60: messages name what was given and the command's own option
+    ("export-a-gguf-file", "export {gguf_f64} {tmp}/o", "f64.gguf is a GGUF file, not a depthlab checkpoint"),
+    ("prune-greedy-generate-on-depthlab-run", "prune {run} {tmp}/o --drop-lowest 1 --greedy --by generate "
+     "--generate add:n=2", "--generate decodes with a Hugging Face model's KV cache: "),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",

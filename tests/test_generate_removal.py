@@ -220,3 +220,22 @@ def test_encode_pair_splits_where_the_prompt_ends():
     codes = {"ab": [1], "abc": [1, 2], "abcd": [1, 3]}  # "cd" is one token: the prompt "abc" ends before it
     assert encode_pair(codes.get, "abc", "d") == GenQuestion((1,), (3,))
     assert encode_pair(codes.get, "ab", "c") == GenQuestion((1,), (2,))
+
+
+def test_questions_past_the_models_context_are_warned_in_one_line():
+    """Issue 60: a 2,414-token prompt on a 128-token model was scored without a word. tiny_hf_model's context is
+    64 tokens: a task whose question needs more positions is named in one warning; one that fits says nothing."""
+    import warnings
+
+    from depthlab.analysis.generation import generation_removal
+    from depthlab.analysis.layers import from_hf
+
+    lm = from_hf(tiny_hf_model("llama", n_layers=2), "llama")
+    fits, long = GenQuestion(tuple(range(1, 60)), (5, 6)), GenQuestion(tuple(range(1, 70)), (5, 6))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generation_removal(lm, {"short": [fits], "long": [fits, long]}, [])
+    said = [str(w.message) for w in caught]
+    assert said == ["--removal-generate task long: 1 of its 2 questions run past the model's context of 64 tokens "
+                    "(prompt and answer up to 70 tokens); their scores are of positions the model was not trained "
+                    "at: fewer shots or words keep them in"], said

@@ -117,11 +117,12 @@ def not_a_model(p: Path, kind: Kind) -> str:
 def model_path(path: str | Path, hf: bool = True, warn: Callable[[str], None] = warn) -> tuple[Kind, Path]:
     """(CHECKPOINT, checkpoint dir) or (HF, model dir) for what a user gave as a model; one error line otherwise.
     A run means its newest valid checkpoint, a directory holding one run that run. hf=False: only depthlab."""
-    p, kind = Path(path), what_is(path)
+    p, kind, what = Path(path), what_is(path), Kind.HF.value
     if kind in (Kind.FILE, Kind.OTHER):  # a GGUF file, or a folder holding one: its dequantized HF directory
         from depthlab.gguf import dequantized, gguf_file
 
-        if gguf_file(p) is not None:
+        if (gguf := gguf_file(p)) is not None:
+            what = "a GGUF file" if gguf == p else f"a folder holding a GGUF file ({gguf.name})"
             p, kind = dequantized(p) if hf else p, Kind.HF
     if kind is Kind.RUNS:
         runs = runs_in(p)
@@ -141,7 +142,7 @@ def model_path(path: str | Path, hf: bool = True, warn: Callable[[str], None] = 
     if kind is Kind.CHECKPOINT or (kind is Kind.HF and hf):
         return kind, p
     if kind is Kind.HF:
-        raise UserError(f"{p} is a Hugging Face model directory, not a depthlab checkpoint; to train from it, "
+        raise UserError(f"{p} is {what}, not a depthlab checkpoint; to train from it, "
                         f"import it (`depthlab import {p} OUT_DIR`) and start with --init-from OUT_DIR")
     raise UserError(not_a_model(p, kind))
 

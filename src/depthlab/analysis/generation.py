@@ -6,6 +6,8 @@ with its Wilson interval and the paired McNemar test against the model itself, a
 
 from __future__ import annotations
 
+import warnings
+
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import BASE, Plan
 from depthlab.analysis.tasks import TaskSums
@@ -24,6 +26,7 @@ def generation_removal(lm: LayeredLM, questions: dict[str, list], plans: list[Pl
                        progress=lambda it, desc: it) -> dict:
     """{task: [GenQuestion]} scored under the model itself and each plan, as TaskSums.results gives them; a
     generation ends at the model's eos token, as transformers' `generate` ends it."""
+    past_context(lm, questions)
     sums = TaskSums()
     removals = {p.key: r for p in plans if (r := removal_of(lm, p)) is not None}
     for task, qs in questions.items():
@@ -33,3 +36,20 @@ def generation_removal(lm: LayeredLM, questions: dict[str, list], plans: list[Pl
             for ok in right:
                 sums.record(task, key, ok)
     return sums.results()
+
+
+def past_context(lm: LayeredLM, questions: dict[str, list]) -> None:
+    """One warning line for each task whose questions run past the model's context: generating an answer runs the
+    model over the prompt and the answer (its last token aside), positions it was never trained at, so their scores
+    say little. Warned, not refused, as a multiple-choice question is scored left-truncated rather than refused."""
+    from depthlab.loading import hf_context
+
+    context = hf_context(lm.model.config)
+    for task, qs in questions.items():
+        lengths = [len(q.prompt) + len(q.answer) - 1 for q in qs]
+        over = [n for n in lengths if n > context]
+        if over:
+            warnings.warn(f"--removal-generate task {task}: {len(over)} of its {len(qs)} questions run past the "
+                          f"model's context of {context} tokens (prompt and answer up to {max(over):,} tokens); their "
+                          "scores are of positions the model was not trained at: fewer shots or words keep them in",
+                          stacklevel=2)

@@ -77,7 +77,7 @@ def prune_greedy(args) -> None:
     from depthlab.device import resolve_device
     from depthlab.hf.pruning import check_drop, greedy_lines, prune_blocks
     from depthlab.ownership import input_paths
-    from depthlab.paths import GREEDY_RECORD
+    from depthlab.paths import GREEDY_RECORD, Kind, what_is
 
     by = args.by or "loss"
     sources = [s for s, v in (("--tasks", args.tasks), ("--mmlu", args.mmlu), ("--commonsense", args.commonsense))
@@ -90,6 +90,9 @@ def prune_greedy(args) -> None:
         raise UserError(f"{other[0]} has no effect with --by {by}; drop it, or rank by what it scores")
     if by != "loss" and not given[by]:
         raise UserError(f"--greedy --by {by} needs {GREEDY_NEEDS[by]}")
+    if by == "generate" and what_is(args.model) in (Kind.CHECKPOINT, Kind.RUN, Kind.RUNS):  # said before any scoring
+        raise UserError(f"--generate decodes with a Hugging Face model's KV cache: {args.model} is a depthlab model "
+                        "(export it with `depthlab export` first)")
     from depthlab.eval.gen_tasks import read_tasks, spec_paths
     from depthlab.eval.suite import TaskSuite
 
