@@ -122,6 +122,10 @@ def panel(folder: Path = RESULTS, rule: Rule | None = None) -> dict:
             m["curse_index_mean_ratio"] = {"ratio": idx["removal_deep_over_shallow"],
                                            "ci": idx["removal_deep_over_shallow_ci"]}
             m["could_go"] = {"by_loss": cheapest_blocks(objs["loss"].costs, 4)}
+            if "could_go" in rec:
+                c = rec["could_go"]
+                m["could_go"].update(measured=c["blocks"], **joint_cost(np.subtract(c["removed"], c["base"]),
+                                                                       c["tokens"], rule))
             m["base_loss"] = float(np.sum(r["base"]) / np.sum(r["tokens"]))
         if "code" in rec:
             c = rec["code"]

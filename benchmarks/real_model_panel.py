@@ -119,7 +119,7 @@ CONTINUE_PLAY = "romeo_and_juliet"  # the generation family `continue`: read by 
 CODE_COMMIT, CODE_FOLDER = "13fab768852d9729a4da3874e846ceec4bc13c9b", "src/depthlab/data"
 FAMILIES = ("add:digits=1", "copy:len=4", "brackets:depth=2", "continue:PLAY")  # generation candidates: a family
 # counts where the model itself scores >= 30% (PLAY: CONTINUE_PLAY)
-PHASES = ("loss", "stream", "code", "choice", "generation", "parts", "search")  # the plan's order
+PHASES = ("loss", "stream", "could_go", "code", "choice", "generation", "parts", "search")  # the plan's order
 
 
 def plays() -> Path:
@@ -489,6 +489,21 @@ def phase_stream(panel: Panel, a) -> dict:
             "massive": [{"window": w, "position": p, "token": panel.tok.decode([int(ids[w, p])])} for w, p in where]}
 
 
+def phase_could_go(panel: Panel, a) -> dict:
+    """The blocks that could go: the k interior blocks cheapest alone by loss, removed together, scored by loss on
+    the same prose windows (the search phase's loss/one-shot row by loss alone: cheap enough to run early)."""
+    import numpy as np
+
+    from depthlab.analysis.verdict import cheapest_blocks
+
+    loss = read(panel.name, "loss")
+    blocks = cheapest_blocks((np.asarray(loss["removed"]) - loss["base"]).sum(1), a.k)
+    obj = LossObjective(panel, windows_of(panel.tok, prose(), a.tokens, a.seq_len), a.batch)
+    with panel.removed(blocks):
+        got = obj.outcomes(panel)
+    return {"blocks": blocks, "tokens": obj.tokens, "base": loss["base"], "removed": got}
+
+
 def greedy_set(panel: Panel, objective, cost, singles: list[float], k: int, pool: int) -> list[int]:
     """k blocks chosen one at a time, each the candidate whose removal together with those already chosen costs
     least by the objective; candidates: the `pool` interior blocks cheapest alone."""
@@ -543,8 +558,8 @@ def phase_search(panel: Panel, a) -> dict:
     return {"k": a.k, "sets": sets, "base": base, "tokens": on_prose.tokens, "scored": scored}
 
 
-PHASE = {"loss": phase_loss, "code": phase_code, "choice": phase_choice, "generation": phase_generation,
-         "parts": phase_parts, "stream": phase_stream, "search": phase_search}
+PHASE = {"loss": phase_loss, "could_go": phase_could_go, "code": phase_code, "choice": phase_choice,
+         "generation": phase_generation, "parts": phase_parts, "stream": phase_stream, "search": phase_search}
 
 
 def run(a) -> None:

@@ -34,6 +34,10 @@ def test_the_recompute_script_reads_the_words_and_the_table_from_raw_records(tmp
             "code": {"tokens": loss.tokens, **sweep(panel, loss, "code")},
             "choice": sweep(panel, GenerationObjective(panel, own_answers(panel, 40, 2), 8), "choice"),
             "generation": sweep(panel, GenerationObjective(panel, own_answers(panel, 40, 3), 8), "generation")}
+    go = [2, 3, 6, 7]
+    with panel.removed(go):
+        recs["could_go"] = {"blocks": go, "tokens": loss.tokens, "base": recs["loss"]["base"],
+                            "removed": loss.outcomes(panel)}
     (tmp_path / "gemma3").mkdir()
     for phase, r in recs.items():
         (tmp_path / "gemma3" / f"{phase}.json").write_text(json.dumps(r))
@@ -53,5 +57,8 @@ def test_the_recompute_script_reads_the_words_and_the_table_from_raw_records(tmp
         len(got["words"]["choice"]["deep"])
     assert set(got["rank_correlations"]) == {"loss ~ choice", "loss ~ generation", "choice ~ generation"}
     assert got["could_go"]["by_loss"] == sorted(range(2, 2 * len(KINDS) - 1), key=lambda l: (want[l - 1], l))[:4]
+    joint = (sum(recs["could_go"]["removed"]) - sum(recs["loss"]["base"])) / sum(loss.tokens)
+    assert got["could_go"]["measured"] == go and got["could_go"]["nats"] == pytest.approx(joint)
+    assert got["could_go"]["perplexity_change"] == pytest.approx(np.expm1(joint))
     assert np.isfinite(got["curse_index_mean_ratio"]["ratio"]) or got["curse_index_mean_ratio"]["ratio"] is None
     assert "| gemma3 |" in capsys.readouterr().out
