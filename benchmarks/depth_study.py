@@ -20,6 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from depthlab import UserError
+from depthlab.cli import Parser
+from depthlab.flags import SEED, at_least, positive
 from depthlab.study.corpus import build_corpus, unigram_loss
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import load_records, recorded_command
@@ -64,23 +67,37 @@ def phase(s: Study, name: str, a) -> list:
     if a.fixed_lr:  # one shared rate instead of the grid's best (the paper's protocol)
         best = dict.fromkeys(best, a.fixed_lr)
     if None in best.values():
-        sys.exit("the sweep needs the grid: run --phases grid first (or give --fixed-lr)")
+        raise UserError("the sweep needs the grid: run --phases grid first (or give --fixed-lr)")
     return [c for seed in a.seeds for L in sorted(a.depths, reverse=True) for c in seed_cells(s, best, [seed], L)] \
         + seed_cells(s, best, [x for x in a.ref_seeds if x not in a.seeds], ref)
 
 
+def parser(prog: str, doc: str) -> Parser:
+    """A study script's parser: depthlab's (cli.Parser), whose errors are one `depthlab: error:` line, exit 2."""
+    return Parser(prog=f"python -m {prog}", description=doc.split("\n")[0])
+
+
+def parse(p: Parser, argv) -> argparse.Namespace:
+    """The arguments; a value out of range (flags.at_least, positive, ...) is a UserError, as in any command."""
+    a = p.parse_args(argv)
+    if callable(getattr(a, "func", None)):  # cli.Parser's refusal of a value: it raises the one-line error
+        a.func(a)
+    return a
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The model, data, training and probe arguments every study script shares (and their defaults)."""
+    """The model, data, training and probe arguments every study script shares (and their defaults), each
+    refused in one line out of its range (0 jobs, a negative seed, ...)."""
     for name, default in (("depths", [6, 12, 24, 48]), ("seeds", [0, 1]), ("ref-seeds", [0, 1, 2])):
-        p.add_argument(f"--{name}", nargs="+", type=int, default=default)
-    p.add_argument("--lrs", nargs="+", type=float, default=[1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2])
-    p.add_argument("--budgets", nargs="+", type=int, default=[0], help="training tokens at which to probe too "
-                   "(default 0: at initialisation)")
+        p.add_argument(f"--{name}", nargs="+", type=SEED if "seeds" in name else at_least(1), default=default)
+    p.add_argument("--lrs", nargs="+", type=positive, default=[1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2])
+    p.add_argument("--budgets", nargs="+", type=at_least(0), default=[0], help="training tokens at which to probe "
+                   "too (default 0: at initialisation)")
     for name, default in (("ref-depth", 24), ("dim", 64), ("heads", 4), ("ffn", 172), ("vocab", 2048), ("seq", 64),
                           ("batch", 16), ("steps", 2000), ("eval-every", 250), ("val-tokens", 32768),
                           ("probe-windows", 256), ("jobs", 2)):
-        p.add_argument(f"--{name}", type=int, default=default)
-    p.add_argument("--corpus-mb", type=float, default=10.0)
+        p.add_argument(f"--{name}", type=at_least(0 if name == "val-tokens" else 1), default=default)
+    p.add_argument("--corpus-mb", type=positive, default=10.0)
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="torch.compile every "
@@ -91,12 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.depth_study", description=__doc__.split("\n")[0])
+    p = parser("benchmarks.depth_study", __doc__)
     p.add_argument("cmd", choices=("run", "summarize"))
     p.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     p.add_argument("--fixed-lr", type=float, help="sweep: this rate for every scheme instead of the grid's best")
     add_arguments(p)
-    a = p.parse_args(argv)
+    a = parse(p, argv)
     from depthlab.study.page.depth import write_depth
 
     if a.cmd == "run":

@@ -14,13 +14,13 @@ width 256, 4,000 steps of 32 x 256 tokens (33M), bf16, compiled, records in OUT/
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.depth_study import add_arguments, study
+from benchmarks.depth_study import add_arguments, parse, parser, study
 from depthlab import UserError
+from depthlab.flags import SEED, at_least
 from depthlab.study import transfer as t
 from depthlab.study.records import recorded_command
 
@@ -38,23 +38,23 @@ def design(a) -> t.Design:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.depth_transfer", description=__doc__.split("\n")[0])
+    p = parser("benchmarks.depth_transfer", __doc__)
     p.add_argument("cmd", choices=("run", "prepare", "summarize"))
     p.add_argument("--gpu", action="store_true", help="part (A) at width 256 on one GPU (see the docstring)")
-    p.add_argument("--base-depth", type=int, default=6, help="L_base: the depth the rate is tuned at")
-    p.add_argument("--grid-depths", nargs="+", type=int, default=[12, 24, 48])
-    p.add_argument("--parts-depth", type=int, default=48, help="part (B)'s depth (0: no part B)")
-    p.add_argument("--parts-seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--widen", type=int, default=4, help="lattice steps a grid may grow past an edge")
+    p.add_argument("--base-depth", type=at_least(1), default=6, help="L_base: the depth the rate is tuned at")
+    p.add_argument("--grid-depths", nargs="+", type=at_least(1), default=[12, 24, 48])
+    p.add_argument("--parts-depth", type=at_least(0), default=48, help="part (B)'s depth (0: no part B)")
+    p.add_argument("--parts-seeds", nargs="+", type=SEED, default=[0, 1, 2])
+    p.add_argument("--widen", type=at_least(0), default=4, help="lattice steps a grid may grow past an edge")
     p.add_argument("--variants", nargs="+", choices=t.TRANSFER, default=list(t.TRANSFER))
     p.add_argument("--parts", nargs="+", choices=t.PARTS, default=list(t.PARTS))
     p.add_argument("--img", help="summarize: the figure's path (default docs/img/depth_transfer.png)")
     add_arguments(p)
     p.set_defaults(out=str(t.OUT), budgets=[], lrs=[t.rate(k) for k in t.Design().base_grid])
-    a = p.parse_args(argv)
+    a = parse(p, argv)
     if a.gpu:  # its own defaults, under anything given on the command line
         p.set_defaults(**GPU)
-        a = p.parse_args(argv)
+        a = parse(p, argv)
     d = design(a)
     if a.cmd in ("run", "prepare"):  # the study's corpus is built (once) with it
         s = study(a, recorded_command("benchmarks.depth_transfer", argv), "transfer", t.variants(d.base_depth))

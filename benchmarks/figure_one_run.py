@@ -29,8 +29,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import environment
-from benchmarks.depth_study import add_arguments, study
+from benchmarks.depth_study import add_arguments, parse, study
 from depthlab import UserError
+from depthlab.cli import Parser
 from depthlab.study.records import load_records, recorded_command
 from depthlab.study.runner import Cell, run_cells
 
@@ -104,8 +105,8 @@ def build_task(docs: list, tok, questions: int, n_tokens: int, context: int, see
     return out
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.figure_one_run", description=__doc__.split("\n")[0],
-                                conflict_handler="resolve")  # its own --runs-dir and --out
+    p = Parser(prog="python -m benchmarks.figure_one_run", description=__doc__.split("\n")[0],
+               conflict_handler="resolve")  # its own --runs-dir and --out
     add_arguments(p)  # the study's model, data and training settings (--steps, --dim, --corpus-mb, ...)
     p.add_argument("--runs-dir", required=True, help="the two runs, their corpus and records (outside the repo)")
     p.add_argument("--out", help="the task file, the analyses and the comparison (default RUNS_DIR/figure_one)")
@@ -171,7 +172,7 @@ def summary(train_rec: dict, res: dict, parts: dict) -> dict:
 
 
 def main(argv=None) -> None:
-    a = parser().parse_args(argv)
+    a = parse(parser(), argv)
     runs, out = Path(a.runs_dir), Path(a.out or Path(a.runs_dir) / "figure_one")
     s, records = train(a, recorded_command("benchmarks.figure_one_run", argv))
     from depthlab.data.tokenizer import load_tokenizer

@@ -28,11 +28,10 @@ per run, records in lns_study_gpu/. `prepare --gpu` tokenizes its corpus beforeh
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.depth_study import add_arguments, study
+from benchmarks.depth_study import add_arguments, parse, parser, study
 from depthlab.study.records import recorded_command, trained_alike
 from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, widened_grids
 
@@ -78,7 +77,7 @@ def run_phase(s: Study, name: str, a) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.lns_study", description=__doc__.split("\n")[0])
+    p = parser("benchmarks.lns_study", __doc__)
     p.add_argument("cmd", choices=("run", "prepare", "summarize"))
     p.add_argument("--phases", nargs="+", choices=PHASES, default=["depths", "parts", "stability"])
     p.add_argument("--grid-depths", nargs="+", type=int, default=[6, 48])
@@ -92,12 +91,12 @@ def main(argv=None) -> None:
     p.add_argument("--no-reuse", dest="reuse_depth_study", action="store_false", help="retrain the depth study's cells")
     add_arguments(p)
     p.set_defaults(out=str(OUT))
-    a = p.parse_args(argv)
+    a = parse(p, argv)
     if a.gpu or "along" in a.phases:  # a longer run on a larger corpus, in its own folder: its own defaults
         if not a.gpu and a.phases != ["along"]:
             p.error("run the along phase alone (--phases along), or with --gpu")
         p.set_defaults(**(GPU if a.gpu else ALONG))
-        a = p.parse_args(argv)  # those settings, under anything given on the command line
+        a = parse(p, argv)  # those settings, under anything given on the command line
     if a.cmd in ("run", "prepare"):
         s = study(a, recorded_command("benchmarks.lns_study", argv), "lns", VARIANTS)
         if a.reuse_depth_study and trained_alike(s.meta, DEPTH / "settings.json"):

@@ -15,13 +15,14 @@ steps (not 250: the split is 2.3 times the old slice) and at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.depth_study import add_arguments, study
+from benchmarks.depth_study import add_arguments, parse, parser, study
+from depthlab import UserError
+from depthlab.flags import SEED, at_least, fraction
 from depthlab.ownership import write_whole
 from depthlab.study import own_rate as o
 from depthlab.study.records import load_records, recorded_command
@@ -33,25 +34,25 @@ def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
     """The own-rate study's commands; another study built the same way (depthlab.study.muon) passes its module, its
     records folder and its argument defaults."""
     name = study_module.__name__.rsplit(".", 1)[-1]
-    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{'own_rate' if study_module is o else name + '_study'}",
-                                description=(study_module.__doc__ or __doc__).split("\n")[0])
+    p = parser(f"benchmarks.{'own_rate' if study_module is o else name + '_study'}", study_module.__doc__ or __doc__)
     p.add_argument("cmd", choices=("plan", "prepare", "run", "status"))
-    p.add_argument("--deep", type=int, default=48, help="the deep stage's depth (0: none)")
-    p.add_argument("--deep-seeds", nargs="+", type=int, default=[0, 1, 2, 3])
-    p.add_argument("--widen", type=int, default=4, help="lattice steps a grid may grow past an edge")
-    p.add_argument("--val-fraction", type=float, default=0.2, help="share of (non-generated) documents held out")
+    p.add_argument("--deep", type=at_least(0), default=48, help="the deep stage's depth (0: none)")
+    p.add_argument("--deep-seeds", nargs="+", type=SEED, default=[0, 1, 2, 3])
+    p.add_argument("--widen", type=at_least(0), default=4, help="lattice steps a grid may grow past an edge")
+    p.add_argument("--val-fraction", type=fraction, default=0.2, help="share of (non-generated) documents held out")
     p.add_argument("--gpu", action="store_true", help="at width 256 on one GPU (the depth-transfer study's --gpu "
                    "settings), records in OUT/gpu")
     add_arguments(p)
     p.set_defaults(**{"out": str(out), "budgets": [], "depths": [12, 24], "seeds": [0, 1, 2, 3], "val_tokens": 0,
                       "held_out": "balanced", "eval_every": 500, **defaults})
-    a = p.parse_args(argv)
+    a = parse(p, argv)
     if a.gpu:  # its own defaults, under anything given on the command line
         from benchmarks.depth_transfer import GPU
 
         p.set_defaults(**{**GPU, "out": str(out / "gpu")})
-        a = p.parse_args(argv)
+        a = parse(p, argv)
     d = study_module.Design(tuple(a.depths), tuple(a.seeds), a.deep or None, tuple(a.deep_seeds), widen=a.widen)
+    d.check()
     out = Path(a.out)
     if a.cmd == "plan":  # with the corpus's make-up, where `prepare` has built it (no loss is read)
         built = Path(a.runs_dir or out / "runs") / "corpus" / "corpus.json"
@@ -67,6 +68,8 @@ def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
     if a.cmd == "status":
         print(json.dumps(o.counts(load_records(out / "runs.jsonl"), d)))
         return
+    if a.cmd == "run" and not (out / "plan.json").exists():  # before the corpus is built
+        raise UserError(f"{out / 'plan.json'} is missing: write it (plan) and commit it before the first cell")
     s = study(a, recorded_command(p.prog.split()[-1], argv), name, study_module.variants(d))
     s.probe = replace(s.probe, jacobian=False)
     s.rate_keys = getattr(study_module, "RATE_KEYS", s.rate_keys)
@@ -78,8 +81,6 @@ def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
     for split, comp in (corpus.get("splits") or {}).items():
         print(describe_composition(split, comp))
     if a.cmd == "run":
-        if not (out / "plan.json").exists():
-            sys.exit(f"{out / 'plan.json'} is missing: write it (plan) and commit it before the first cell")
         o.run(s, d, a.jobs)
     print(json.dumps(o.counts(s.records(), d)))
 

@@ -34,6 +34,9 @@ VIT = ("train --preset vit-digits --run-dir {tmp}/v --no-progress --max-steps 2 
        "--set model.n_layers=2 --set model.n_heads=2 --set model.ffn_dim=64")
 UNWRITABLE = "/sys/depthlab-test-out"  # EPERM even for root (the tests may run as root, where chmod does not bite)
 AN = "--tokens 64 --no-removal --no-jacobian"
+STUDY = ("benchmarks.depth_transfer run --runs-dir {study_runs} --corpus-mb 0.05 --vocab 300 --dim 32 --heads 2 "
+         "--ffn 64 --seq 32 --batch 4 --eval-every 1 --probe-windows 4 --val-tokens 256 --variants pre --lrs 0.004 "
+         "--depths 2 --base-depth 2 --grid-depths 2 --parts-depth 0 --seeds 0 --widen 0 --jobs 1")
 COORD = "coord-check --data {txt} --depths 2 4 --seeds 1 --steps 1 --no-progress --out "
 
 # (id, command, fragment of the error line)
@@ -204,6 +207,19 @@ CASES = [
     # --- prune
     ("analyze-gguf-f64", "analyze {gguf_f64} --out {tmp}/o", "tensor type F64 cannot be dequantized"),
     ("import-gguf-f64", "import {gguf_f64} {tmp}/o", "tensor type F64 cannot be dequantized"),
+    # issue 60: the study scripts' arguments, and a rerun whose settings are not those of the records it would reuse
+    ("own-rate-depth-without-centre", "benchmarks.own_rate run --depths 7 --out {tmp}/o",
+     "--depths 7: the study declares pre's rate grid centres at N = 12, 24, 48 only"),
+    ("own-rate-jobs-0", "benchmarks.own_rate run --jobs 0 --out {tmp}/o", "--jobs must be at least 1, got 0"),
+    ("depth-transfer-jobs-0", "benchmarks.depth_transfer run --jobs 0 --out {tmp}/o",
+     "--jobs must be at least 1, got 0"),
+    ("muon-study-transfer-depth-not-run", "benchmarks.muon_study run --depths 12 24 --out {tmp}/o",
+     "the rate-transfer depth N = 6 must be one of --depths 12 24"),
+    ("own-rate-plan-missing", "benchmarks.own_rate run --out {tmp}/o", "plan.json is missing"),
+    ("study-rerun-other-steps", STUDY + " --out {study} --steps 3",
+     "holds records made under other settings (base: ['train.max_steps=2'] -> ['train.max_steps=3'])"),
+    ("study-rerun-other-width", STUDY + " --out {study} --steps 2 --dim 48",
+     "holds records made under other settings (base: ['model.dim=32'] -> ['model.dim=48'])"),
     # issue 60: a GGUF file lacking a tensor its header implies (transformers would start it at random), a cache
     # that cannot be written (blamed on the cache, not on a new --out)
     ("import-gguf-no-output-norm", "DEPTHLAB_CACHE={tmp}/cache import {gguf_no_norm} {tmp}/o",
@@ -600,12 +616,22 @@ def _text(n: int) -> str:
 
 
 def invoke(argv: list[str]) -> tuple[int | None, str, str | None]:
-    """depthlab.cli.main in this process (depthlab.golden's for `golden ...`): (exit status, stderr, traceback of
-    an exception that escaped)."""
+    """depthlab.cli.main in this process (depthlab.golden's for `golden ...`, a study script's as its `python -m`
+    runs it for `benchmarks.NAME ...`): (exit status, stderr, traceback of an exception that escaped)."""
     if argv[:1] == ["golden"]:
         from depthlab.golden import main
 
         argv = argv[1:]
+    elif argv[0].startswith("benchmarks."):
+        import importlib
+
+        from depthlab.cli import run_script
+
+        script = importlib.import_module(argv[0]).main
+        argv = argv[1:]
+
+        def main(args):
+            return run_script(script, args)
     else:
         from depthlab.cli import main
 
@@ -760,6 +786,7 @@ def build_world(root: Path) -> dict[str, str]:
     w["bigline"] = str(root / "bigline.txt")
     _issue34_world(root, w, cfg, tok)
     _integrity_world(root, w)
+    _study_world(root, w)
     return w
 
 
@@ -812,6 +839,20 @@ def _issue34_world(root: Path, w: dict, cfg, tok) -> None:
         (d / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (d / "mc.yaml").write_text(MC_TASK.format(path=d / "mc.jsonl", choices=choices))
         w[name] = str(d / "mc.yaml")
+
+
+def _study_world(root: Path, w: dict) -> None:
+    """A depth-transfer study of one 2-step cell (its record and settings.json in `study`, its corpus in
+    `study_runs`): what a rerun with other settings must not take for its own. The record is written here (the
+    runner trains cells in worker processes, which the fast tier has none of); the study run writes the rest."""
+    (root / "study").mkdir()
+    (root / "study" / "runs.jsonl").write_text(json.dumps(
+        {"study": "transfer", "key": "pre-L2-lr0.004-seed0", "variant": "pre", "lr": 0.004, "seed": 0, "layers": 2,
+         "status": "ok", "val_loss": 5.75, "val": {"val_loss": 5.75}, "steps": 2, "tokens": 256}) + "\n")
+    code, err, tb = invoke([*STUDY.format(**w, study_runs=root / "study_runs").split(), "--out", str(root / "study"),
+                            "--steps", "2"])
+    assert code == 0 and (root / "study" / "settings.json").is_file(), (err, tb)
+    w.update(study=str(root / "study"), study_runs=str(root / "study_runs"))
 
 
 def _integrity_world(root: Path, w: dict) -> None:

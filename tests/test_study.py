@@ -457,3 +457,38 @@ def test_a_study_whose_worker_is_killed_says_so_in_one_line(tmp_path, corpus, ca
     assert proc.exitcode == 2 and "Traceback" not in err, err
     assert "depthlab: error: a worker process of stop died" in err and "rerun the same command" in err
     _stopped_where_they_were(study, logs)
+
+
+@pytest.mark.parametrize("change", [
+    {"base": [x.replace("max_steps=12", "max_steps=24") for x in TINY]},  # --steps 24 over 12-step records
+    {"base": [x.replace("dim=32", "dim=24") for x in TINY]},  # --dim 24 over width-32 records
+    {"variants": {"pre": ["model.norm_scheme=pre", "model.init=scaled"]}},
+    {"probe": ProbeSpec(windows=16, seq_len=16, jacobian=False)},
+    {"meta": {"corpus": {"sha256": "f" * 64}}},
+], ids=["steps", "dim", "variant", "probe", "corpus"])
+def test_records_made_under_other_settings_do_not_count_and_their_settings_stay(tmp_path, change):
+    """A rerun in the same folder with other settings (steps, width, a variant's overrides, the probe, the corpus)
+    would count the old records as its own cells and train nothing; it is refused in one line, and settings.json
+    still says how the records were made. What only picks cells (the seeds, another variant) may change."""
+    from dataclasses import replace
+
+    from depthlab import UserError
+    from depthlab.study.records import append_record
+    from depthlab.study.runner import Cell
+
+    assert "train.max_steps=12" in TINY and "model.dim=32" in TINY
+    made = Study("s", str(tmp_path), {"pre": ["model.norm_scheme=pre"]}, base=list(TINY),
+                 probe=ProbeSpec(windows=8, seq_len=16, jacobian=False), meta={"corpus": {"sha256": "a" * 64}})
+    cell = Cell("pre", 1e-2, 0, 2)
+    (tmp_path / "settings.json").write_text(json.dumps(made.settings(), indent=2) + "\n")
+    append_record(made.runs_file, {"study": "s", "key": cell.key, "variant": "pre", "lr": 1e-2, "seed": 0,
+                                   "layers": 2, "status": "ok", "val_loss": 5.0, "val": {}})
+    before = (tmp_path / "settings.json").read_text()
+    other = replace(made, **change)
+    with pytest.raises(UserError, match=r"holds records made under other settings \(.*\); they do not count"):
+        run_cells(other, [cell], log=lambda m: None)
+    assert (tmp_path / "settings.json").read_text() == before
+    # more seeds, another variant, another command: the same records, nothing to train
+    more = replace(made, variants={**made.variants, "lns": ["model.norm_scheme=lns"]}, command="again",
+                   meta={**made.meta, "seeds": [0, 1, 2]})
+    assert run_cells(more, [cell], log=lambda m: None) == []

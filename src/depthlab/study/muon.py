@@ -35,8 +35,8 @@ class Design(o.Design):
     parts: tuple[str, ...] = ()
     transfer_from: int | None = 6
 
-    def centre(self, v: str, L: int) -> int:
-        return CENTRES[(v, L)]
+    def centres(self) -> dict[tuple[str, int], int]:
+        return CENTRES
 
     def describe(self) -> dict:
         return {**super().describe(), "centres": {f"{v}@{L}": t.rate(k) for (v, L), k in CENTRES.items()}}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from depthlab import UserError
 from depthlab.study import transfer as t
 from depthlab.study.runner import Cell, run_cells
 
@@ -43,7 +44,27 @@ class Design:
 
     def centre(self, v: str, L: int) -> int:
         """The lattice index v's grid at depth L starts around."""
-        return CENTRES[(v, L)]
+        return self.centres()[(v, L)]
+
+    def check(self) -> None:
+        """Refuse in one line a depth whose grids have no declared centre (--depths 7), before anything runs."""
+        wanted = [(v, L) for L in self.depths for v in self.pair]
+        if self.deep:
+            wanted += [(v, self.deep) for v in (*self.pair, *self.parts)]
+        if self.transfer_from is not None and self.transfer_from not in self.depths:
+            raise UserError(f"the rate-transfer depth N = {self.transfer_from} must be one of --depths "
+                            f"{' '.join(map(str, self.depths))}")
+        for v, L in wanted:
+            try:
+                self.centre(v, L)
+            except KeyError:
+                known = sorted({d for (w, d) in self.centres() if w == v})
+                raise UserError(f"{'--deep' if L == self.deep else '--depths'} {L}: the study declares {v}'s rate "
+                                f"grid centres at N = {', '.join(map(str, known))} only") from None
+
+    def centres(self) -> dict[tuple[str, int], int]:
+        """(variant, depth) -> the lattice index its grid starts around."""
+        return CENTRES
 
     @classmethod
     def of(cls, d: dict) -> Design:

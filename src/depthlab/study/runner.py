@@ -1,6 +1,7 @@
 """The study runner: a rate grid, each variant's best rate by a declared selection metric, then seeds at that rate;
 every cell trained in a fresh process, probed along training and at the end, and appended to OUT/runs.jsonl as
-soon as it finishes. Running a study again trains only the cells that have no record yet.
+soon as it finishes. Running a study again trains only the cells that have no record yet; into a folder whose
+records were made under other settings (settings.json: steps, width, corpus, probe, ...) it refuses to run.
 
 A study is data (`Study`): its variants as config overrides, the overrides every cell shares, the metric that picks
 rates, the probe and the token budgets to probe at. The phases are functions of it and of the records so far:
@@ -148,16 +149,47 @@ def seed_cells(study: Study, best: dict[str, float | None], seeds: list[int],
     return [Cell(v, lr, s, layers) for s in seeds for v, lr in best.items() if lr is not None]
 
 
-def _same_corpus(study: Study, settings: Path) -> None:
-    """Records trained on another corpus must not count as this study's cells (a corpus rebuilt with the
-    near-duplicate removal has a new hash)."""
+# What makes a cell's record, besides its variant's overrides and the corpus (by its sha256 in meta): a record counts
+# for a study whose settings agree on all of these. Which cells run (depths, seeds, rates), how they are picked
+# (select), the command and where files go may change between runs of one study.
+RECORD_SETTINGS = ("preset", "base", "rate_keys", "probe", "budgets", "val_tokens")
+
+
+def settings_differ(old: dict, new: dict) -> list[str]:
+    """What differs, in what makes a record, between the settings.json of the study that made some records (`old`)
+    and a study's settings (`new`), each as `what: old -> new`; [] when the records count for the new study. A
+    setting older files lack reads as its default."""
+    default, new = (json.loads(json.dumps(s)) for s in (Study("", "", {}).settings(), new))  # as settings.json has it
+    out = []
+    for k in RECORD_SETTINGS:
+        a, b = old.get(k, default[k]), new.get(k)
+        if k == "base" and isinstance(a, list) and isinstance(b, list):
+            a, b = [x for x in a if x not in b], [x for x in b if x not in a]  # the overrides that differ
+        if a != b:
+            out.append(f"{k}: {a} -> {b}")
+    for v in sorted(set(old.get("variants") or {}) & set(new.get("variants") or {})):
+        if old["variants"][v] != new["variants"][v]:
+            out.append(f"variant {v}: {old['variants'][v]} -> {new['variants'][v]}")
+    was, now = (((s.get("meta") or {}).get("corpus") or {}).get("sha256") for s in (old, new))
+    if was and now and was != now:
+        out.append(f"corpus: {was[:12]}… -> {now[:12]}…")
+    return out
+
+
+def _same_settings(study: Study, settings: Path) -> None:
+    """Refuse to go on in a folder whose records were made under other settings (steps, width, corpus, probe, ...):
+    they would count as this study's cells, and settings.json would be rewritten over them."""
     if not settings.exists() or not study.runs_file.exists():
         return
-    old = (json.loads(settings.read_text()).get("meta") or {}).get("corpus", {}).get("sha256")
-    new = (study.meta.get("corpus") or {}).get("sha256")
-    if old and new and old != new:
-        raise UserError(f"{study.out} holds runs trained on corpus {old[:12]}…, not this study's {new[:12]}…; "
-                        "give a new --out (or the old corpus's --runs-dir)")
+    try:
+        old = json.loads(settings.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{settings} does not read ({e}); it says how the records in {study.runs_file} were made: "
+                        "restore it, or give a new --out") from None
+    diff = settings_differ(old if isinstance(old, dict) else {}, study.settings())
+    if diff:
+        raise UserError(f"{study.out} holds records made under other settings ({'; '.join(diff)}); they do not "
+                        "count for this study: give a new --out, or run with the settings of its settings.json")
 
 
 def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: print(msg, file=sys.stderr),
@@ -168,7 +200,7 @@ def run_cells(study: Study, cells: list[Cell], jobs: int = 1, log=lambda msg: pr
     neither recorded nor running: no worker waits for the slowest cell of a batch. Returns the new records."""
     out = Path(study.out)
     out.mkdir(parents=True, exist_ok=True)
-    _same_corpus(study, out / "settings.json")
+    _same_settings(study, out / "settings.json")
     write_whole(out / "settings.json", json.dumps(study.settings(), indent=2) + "\n")  # read by every rerun
     records, failed, running = [], {}, {}
     pool = None
