@@ -17,6 +17,7 @@ from depthlab.analysis.verdict import (
     ratio,
     task_outcomes,
     verdict,
+    window_outcomes,
 )
 
 RULE = Rule(replicates=400)
@@ -115,6 +116,13 @@ def test_an_early_interior_that_costs_nothing_is_not_testable():
     r = verdict(loss_outcomes(*windows(profile(16, -0.05, 0.5), noise=0.001)), RULE)
     assert r["median_early"] < 0 and r["word"] == NOT_TESTABLE
     assert ratio(np.array([1.0, -1.0, 0.2, 0.3]), [2], [3]) == math.inf
+
+
+def test_analyze_per_window_sums_read_as_the_raw_losses():
+    base, removed, tokens = windows(profile(16, 1.0, 0.1))
+    a = verdict(window_outcomes({"count": tokens.tolist(), "single_delta": (removed - base).tolist()}), RULE)
+    b = verdict(loss_outcomes(base, removed, tokens), RULE)
+    assert a["cost"] == pytest.approx(b["cost"]) and a["ci"] == pytest.approx(b["ci"]) and a["word"] == b["word"]
 
 
 def test_the_blocks_that_could_go_and_their_joint_cost():

@@ -89,6 +89,13 @@ def loss_outcomes(base_loss, removed_loss, tokens) -> Outcomes:
     return Outcomes("loss", np.asarray(removed_loss, dtype=np.float64) - base, np.asarray(tokens, dtype=np.float64))
 
 
+def window_outcomes(windows: dict) -> Outcomes:
+    """The loss objective from `analyze`'s per-window removal sums (metrics.json's removal.windows: `count`, the
+    tokens scored per window, and `single_delta`, per block the summed loss change per window)."""
+    return Outcomes("loss", np.asarray(windows["single_delta"], dtype=np.float64),
+                    np.asarray(windows["count"], dtype=np.float64))
+
+
 def task_outcomes(objective: str, base_right, removed_right, chance: float) -> Outcomes:
     """From per-question (or per-item) outcomes: the model's own (W,) and with each block removed (L, W)."""
     base = np.asarray(base_right, dtype=np.float64)
