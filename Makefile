@@ -90,6 +90,15 @@ MUON_RUNS ?= /tmp/depthlab_muon_runs
 study-muon: install
 	nice -n 19 $(BENCH).muon_study run --jobs 2 --runs-dir $(MUON_RUNS)
 
+# Scalars study (issue 65; docs/method.md section 5.5): {Pre-LN, LNS} x {no scalars, learnable stream scalars} under
+# Muon at N = 12, 24, 48, each arm at its own rate, 3 seeds (72 cells or more, depth by depth); resumable from the
+# committed records (keep the runs dir for the corpus and the half-trained cells). OUT/plan.json is committed first.
+SCALARS_RUNS ?= /tmp/depthlab_scalars_runs
+SCALARS_JOBS ?= 1
+.PHONY: study-scalars
+study-scalars: install
+	nice -n 19 $(BENCH).scalars_study run --jobs $(SCALARS_JOBS) --runs-dir $(SCALARS_RUNS)
+
 # The paper's ViT row (docs/results.md, section 7): pre vs LNS after the norm vs LNS on the branch outputs, a
 # 12 x 64 ViT on scikit-learn's digits, 600 steps, a rate grid then 3 seeds at each best rate (about 45 min).
 study-vit: install

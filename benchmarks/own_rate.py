@@ -33,9 +33,16 @@ OUT = Path(__file__).parent / "results" / "own_rate"
 def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
     """The own-rate study's commands; another study built the same way (depthlab.study.muon) passes its module, its
     records folder and its argument defaults."""
+    p, a, d = arguments(argv, study_module, out, **defaults)
+    commands(p, a, d, argv, study_module)
+
+
+def arguments(argv, study_module, out: Path, extra_commands: tuple[str, ...] = (), **defaults):
+    """(the parser, its arguments, the study's Design, checked) of a study built like this one; `extra_commands`:
+    the study's own besides plan, prepare, run and status."""
     name = study_module.__name__.rsplit(".", 1)[-1]
     p = parser(f"benchmarks.{'own_rate' if study_module is o else name + '_study'}", study_module.__doc__ or __doc__)
-    p.add_argument("cmd", choices=("plan", "prepare", "run", "status"))
+    p.add_argument("cmd", choices=("plan", "prepare", "run", "status", *extra_commands))
     p.add_argument("--deep", type=at_least(0), default=48, help="the deep stage's depth (0: none)")
     p.add_argument("--deep-seeds", nargs="+", type=SEED, default=[0, 1, 2, 3])
     p.add_argument("--widen", type=at_least(0), default=4, help="lattice steps a grid may grow past an edge")
@@ -53,6 +60,11 @@ def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
         a = parse(p, argv)
     d = study_module.Design(tuple(a.depths), tuple(a.seeds), a.deep or None, tuple(a.deep_seeds), widen=a.widen)
     d.check()
+    return p, a, d
+
+
+def commands(p, a, d, argv, study_module) -> None:
+    """plan, status, prepare and run."""
     out = Path(a.out)
     if a.cmd == "plan":  # with the corpus's make-up, where `prepare` has built it (no loss is read)
         built = Path(a.runs_dir or out / "runs") / "corpus" / "corpus.json"
@@ -70,6 +82,15 @@ def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
         return
     if a.cmd == "run" and not (out / "plan.json").exists():  # before the corpus is built
         raise UserError(f"{out / 'plan.json'} is missing: write it (plan) and commit it before the first cell")
+    s = make_study(p, a, d, argv, study_module)
+    if a.cmd == "run":
+        o.run(s, d, a.jobs)
+    print(json.dumps(o.counts(s.records(), d)))
+
+
+def make_study(p, a, d, argv, study_module):
+    """The study of these arguments, its corpus built (or found) in the runs dir, each split's make-up printed."""
+    name = study_module.__name__.rsplit(".", 1)[-1]
     s = study(a, recorded_command(p.prog.split()[-1], argv), name, study_module.variants(d))
     s.probe = replace(s.probe, jacobian=False)
     s.rate_keys = getattr(study_module, "RATE_KEYS", s.rate_keys)
@@ -80,9 +101,7 @@ def main(argv=None, study_module=o, out: Path = OUT, **defaults) -> None:
 
     for split, comp in (corpus.get("splits") or {}).items():
         print(describe_composition(split, comp))
-    if a.cmd == "run":
-        o.run(s, d, a.jobs)
-    print(json.dumps(o.counts(s.records(), d)))
+    return s
 
 
 if __name__ == "__main__":

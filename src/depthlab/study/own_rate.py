@@ -74,6 +74,11 @@ class Design:
     def describe(self) -> dict:
         return {**asdict(self), "centres": {f"{v}@{L}": t.rate(k) for (v, L), k in CENTRES.items()}}
 
+    def stages(self, records: dict) -> list[tuple[str, list[Cell] | None, list[str]]]:
+        """This design's stages in run order (next_cells, counts and run read them here, so that a study built on
+        this one may order them its own way)."""
+        return stages(records, self)
+
     @property
     def lattice(self) -> t.Design:
         """The transfer study's grid machinery with this design's widening (none of these variants has a twin)."""
@@ -136,13 +141,13 @@ def stages(records: dict, d: Design) -> list[tuple[str, list[Cell] | None, list[
 
 def next_cells(records: dict, d: Design) -> list[Cell]:
     """The cells that can be trained now, in the plan's order, each once."""
-    return list(dict.fromkeys(c for _, cells, _ in stages(records, d) for c in cells or []))
+    return list(dict.fromkeys(c for _, cells, _ in d.stages(records) for c in cells or []))
 
 
 def counts(records: dict, d: Design) -> dict:
     """Cells done, known and still missing (each cell once, whichever stages share it), and the stages whose cells
     are not known yet (minimum count: a grid is three cells before any widening, a seed stage one cell)."""
-    st = stages(records, d)
+    st = d.stages(records)
     done = len({k for _, _, keys in st for k in keys})
     missing = len({c.key for _, cs, _ in st for c in cs or []})
     waiting = sum(3 if "grid" in label else 1 for label, c, _ in st if c is None)
