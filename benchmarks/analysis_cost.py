@@ -1,13 +1,22 @@
-"""Cost of the analysis: the single-layer removal sweep against the naive L full forward passes, and peak memory
-of layer-by-layer mode against whole-model mode.
+"""Cost of the analysis: the single-layer removal sweep against the naive L full forward passes, peak memory of
+layer-by-layer mode against whole-model mode, and each panel model's default analysis in forward-pass equivalents.
 
-    PYTHONPATH=src python benchmarks/analysis_cost.py            # both parts, a few minutes on 2 CPU cores
+    PYTHONPATH=src python benchmarks/analysis_cost.py            # sweep and memory, a few minutes on 2 CPU cores
     PYTHONPATH=src python benchmarks/analysis_cost.py --part sweep
+    PYTHONPATH=src:. python benchmarks/analysis_cost.py --part passes   # seconds: counted, not timed
 
 The sweep part times, in one process and on the same batches: (a) the cached sweep (one traced pass, then for
 each removed block l only blocks l+1..L and the head), (b) L independent full passes with block l swapped out.
 It checks that both give the same losses. The memory part runs `depthlab analyze` on a saved checkpoint in two
 fresh processes (whole-model and --layer-by-layer, same options) and reads each one's peak resident memory.
+
+The passes part counts, rather than times, what the default analysis of each panel model computes (`analyze
+--tokens 2048 --seq-len 256 --batch-size 8 --no-jacobian`, whole-model): every token a block or the head is applied
+to, by the part of the analysis it is applied in. The count is structural, so it is made on a tiny random model of
+the same family with the same blocks (their number and kinds) and the same batches, and weighed by the real
+model's multiply-accumulates per token (a block's parameters; the head's, vocabulary x width; attention scores
+over 256 positions are left out: under 5% of a block at these widths). One forward-pass equivalent is the model's
+own forward pass over the 2,048 tokens: L blocks and the head for each token.
 """
 
 from __future__ import annotations
@@ -116,9 +125,117 @@ def bench_memory(dim=512, n_layers=16, vocab=4096, ffn=1376, tokens=512) -> dict
         return out
 
 
+# The panel (docs/analysis.md): each model's real shape, from the config its dequantized GGUF directory carries.
+PANEL = {
+    "SmolLM2-135M": dict(model_type="llama", num_hidden_layers=30, hidden_size=576, intermediate_size=1536,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                         tie_word_embeddings=True),
+    "Gemma-3-270M": dict(model_type="gemma3_text", num_hidden_layers=18, hidden_size=640, intermediate_size=2048,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                         tie_word_embeddings=True, sliding_window=512,
+                         layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3),
+    "Qwen2.5-0.5B": dict(model_type="qwen2", num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=False),
+}
+TINY = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+            vocab_size=64, max_position_embeddings=512)
+
+
+def macs_per_token(shape: dict) -> tuple[float, float]:
+    """(one block's, the head's) multiply-accumulates per token at the real size: parameters counted on the meta
+    device (nothing allocated)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**shape)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    block = sum(p.numel() for n, p in model.model.layers[0].named_parameters() if p.dim() == 2)
+    return float(block), float(shape["vocab_size"] * shape["hidden_size"])
+
+
+class PassCounter:
+    """Tokens through each block and through the head, by the part of the analysis they are computed in (the
+    innermost of the wrapped functions running: discovery, the traced passes, the removal sweep, the lens; the rest
+    is "other")."""
+
+    PARTS = {"discovery": ("layers", "LayeredLM.discover"), "traced passes": ("layers", "LayeredLM.trace"),
+             "removal": ("analyze", "single_layer_sweep"), "lens": ("analyze", "subsampled_lens")}
+
+    def __init__(self):
+        self.stack, self.blocks, self.heads = ["other"], {}, {}
+
+    def wrap(self, label: str, fn):
+        def wrapped(*args, **kwargs):
+            self.stack.append(label)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.stack.pop()
+        return wrapped
+
+    def add(self, where: dict, h: torch.Tensor) -> None:
+        where[self.stack[-1]] = where.get(self.stack[-1], 0) + h.shape[:-1].numel()
+
+    def hook(self, lm) -> None:
+        first = lambda args, kwargs: args[0] if args else kwargs["hidden_states"]  # noqa: E731
+        for blk in lm.blocks:
+            blk.register_forward_pre_hook(lambda m, a, k: self.add(self.blocks, first(a, k)), with_kwargs=True)
+        lm.head.register_forward_pre_hook(lambda m, a: self.add(self.heads, a[0]))
+
+
+def count_passes(shape: dict, tokens: int = 2048, seq_len: int = 256, batch_size: int = 8, **options) -> dict:
+    """The default analysis of a tiny model of `shape`'s family and blocks, counted (`PassCounter`), in forward-pass
+    equivalents of the real shape: per part, and in all."""
+    from contextlib import ExitStack
+    from unittest import mock
+
+    import transformers
+
+    import depthlab.analysis.analyze as analyze_module
+    import depthlab.analysis.layers as layers_module
+    from depthlab.analysis.analyze import Options, analyze
+    from depthlab.analysis.calibration import Batch
+    from depthlab.analysis.layers import from_hf
+
+    block, head = macs_per_token(shape)
+    L = shape["num_hidden_layers"]
+    tiny = {**shape, **TINY}
+    if shape["model_type"] == "qwen2":
+        tiny.pop("head_dim")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**tiny),
+                                                          attn_implementation="eager").eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, TINY["vocab_size"], (tokens // seq_len, seq_len), generator=g)
+    batches = [Batch(ids[i:i + batch_size], torch.ones(len(ids[i:i + batch_size]), seq_len, dtype=torch.bool))
+               for i in range(0, len(ids), batch_size)]
+    counter = PassCounter()
+    lm = from_hf(model, "tiny")
+    counter.hook(lm)
+    modules = {"layers": layers_module, "analyze": analyze_module}
+    with ExitStack() as stack:
+        for label, (module, name) in PassCounter.PARTS.items():
+            owner, _, attr = name.rpartition(".")
+            target = getattr(modules[module], owner) if owner else modules[module]
+            stack.enter_context(mock.patch.object(target, attr, counter.wrap(label, getattr(target, attr))))
+        with torch.no_grad():
+            analyze(lm, batches, Options(jacobian=False, **options))
+    unit = tokens * (L * block + head)
+    parts = sorted(set(counter.blocks) | set(counter.heads))
+    per = {p: (counter.blocks.get(p, 0) * block + counter.heads.get(p, 0) * head) / unit for p in parts}
+    return {"blocks": L, "block_macs_per_token": block, "head_macs_per_token": head,
+            "head_over_forward": head / (L * block + head), "block_tokens": counter.blocks,
+            "head_tokens": counter.heads, "forward_pass_equivalents": per, "total": sum(per.values()),
+            "removal_floor": (L * (L - 1) / 2 * block + L * head) / (L * block + head)}
+
+
+def bench_passes() -> dict:
+    return {name: count_passes(shape) for name, shape in PANEL.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--part", choices=["sweep", "memory", "all"], default="all")
+    p.add_argument("--part", choices=["sweep", "memory", "passes", "all"], default="all")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     res = {"torch_threads": torch.get_num_threads()}
@@ -126,6 +243,8 @@ def main() -> None:
         res["sweep"] = bench_sweep()
     if args.part in ("memory", "all"):
         res["memory"] = bench_memory()
+    if args.part == "passes":
+        res["passes"] = bench_passes()
     print(json.dumps(res, indent=2))
 
 

@@ -41,11 +41,12 @@ class BlockCall:
 @dataclass
 class Trace:
     """One batch through the model. hidden[l] is the residual stream entering block l, hidden[L] the raw output of
-    the last block (before the final norm); mid[l] is the stream between block l's attention and MLP halves."""
+    the last block (before the final norm); mid[l] is the stream between block l's attention and MLP halves;
+    logits the model's own (None in a kept trace: `LayeredLM._keep`)."""
     hidden: list[torch.Tensor]
     mid: list[torch.Tensor | None]
     calls: list[BlockCall]
-    logits: torch.Tensor
+    logits: torch.Tensor | None
 
 
 def _first_tensor(x):
@@ -153,8 +154,50 @@ class LayeredLM:
         return t if self.home is None or t is None else t.to(self.home)
 
     # --- capture ---------------------------------------------------------------------------------------------
+    KEEP_BYTES = 512 * 2**20  # traces kept for a second use, at most this many bytes of stream states in all
+    _kept: dict | None = None  # id(inputs) -> (inputs, mask, the model's state, Trace without its logits)
+
+    def _state(self) -> tuple:
+        """What a trace depends on besides its inputs: the blocks, every parameter (each one's identity and its
+        in-place version) and the hooks on the blocks (a sublayer zeroed)."""
+        hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in self.blocks.modules())
+        return (tuple(map(id, self.blocks)), hooks,
+                tuple((id(p), p._version) for p in self.model.parameters()))
+
+    def _kept_trace(self, inputs: torch.Tensor, mask: torch.Tensor) -> Trace | None:
+        """The trace of these very inputs kept by an earlier `trace`, handed out once (then let go), if the model
+        has not changed since: an analysis traces each batch again for the plans it chose after the first pass."""
+        hit = (self._kept or {}).pop(id(inputs), None)
+        if hit is None:
+            return None
+        was_inputs, was_mask, state, tr = hit
+        same = was_inputs is inputs and (was_mask is mask or torch.equal(was_mask, mask))
+        return tr if same and state == self._state() else None
+
+    def _keep(self, inputs: torch.Tensor, mask: torch.Tensor, tr: Trace) -> None:
+        """Keep `tr` for one more use while the kept stream states fit in KEEP_BYTES; its logits are not kept (the
+        batch's B x T x vocabulary: 2.1 GB for Gemma-3's 8 x 256 tokens): `replay` reads them off the last state."""
+        if self._kept is None:
+            self._kept = {}
+        size = lambda t: t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0  # noqa: E731
+        held = sum(size(h) + size(m) for *_, k in self._kept.values() for h, m in zip(k.hidden, k.mid))
+        mine = sum(size(h) + size(m) for h, m in zip(tr.hidden, tr.mid))
+        if held + mine <= self.KEEP_BYTES:
+            self._kept[id(inputs)] = (inputs, mask, self._state(), Trace(tr.hidden, tr.mid, tr.calls, None))
+
     @torch.no_grad()
-    def trace(self, inputs: torch.Tensor, mask: torch.Tensor) -> Trace:
+    def trace(self, inputs: torch.Tensor, mask: torch.Tensor, keep: bool = True) -> Trace:
+        """One batch through the model, every block's input and call recorded. With `keep`, the trace is also kept
+        for the next trace of the same inputs (`_keep`), which then costs nothing."""
+        kept = self._kept_trace(inputs, mask)
+        if kept is not None:
+            return kept
+        tr = self._trace(inputs, mask)
+        if keep:
+            self._keep(inputs, mask, tr)
+        return tr
+
+    def _trace(self, inputs: torch.Tensor, mask: torch.Tensor) -> Trace:
         L = self.n_layers
         calls: list[BlockCall | None] = [None] * L
         hidden: list[torch.Tensor | None] = [None] * (L + 1)
@@ -259,7 +302,10 @@ class LayeredLM:
     # --- discovery checks ------------------------------------------------------------------------------------
     @torch.no_grad()
     def discover(self, inputs: torch.Tensor, mask: torch.Tensor) -> None:
-        """Find the final norm and prove the block chain and the head on one traced batch."""
+        """Find the final norm and prove the block chain and the head on one traced sequence (the batch's first:
+        what is found is the model's structure, the same on any sequence), in the same pass watching block 0 for
+        where its mid stream can be read (`_BlockWatch`)."""
+        inputs, mask = inputs[:1], mask[:1]
         seen: list[tuple[str, nn.Module, torch.Tensor]] = []
         inside = {id(m) for m in self.blocks.modules()}
         handles = []
@@ -274,8 +320,10 @@ class LayeredLM:
         for name, mod in self.model.named_modules():
             if id(mod) not in inside and mod is not self.model and not isinstance(mod, nn.ModuleList):
                 handles.append(mod.register_forward_pre_hook(record(name)))
+        watch = _BlockWatch(self.blocks[0]) if self.mid_probes is None else None
         try:
-            tr = self.trace(inputs, mask)
+            with watch or contextlib.nullcontext():
+                tr = self.trace(inputs, mask, keep=False)
         finally:
             for h in handles:
                 h.remove()
@@ -292,9 +340,9 @@ class LayeredLM:
                             f"last block's output (modules called: {names})")
         # Prefer a norm by name: a module in between (an eval-mode dropout, say) also receives the same tensor.
         self.norm_path, self.norm = next(((n, m) for n, m in found if "norm" in type(m).__name__.lower()), found[0])
-        # checked on the first sequence: the batch's whole (B x T x vocabulary) and allclose's temporaries of its
-        # size took SmolLM2's layer-by-layer peak from 1.1 GB to 3.0 GB (8 x 256 tokens, 49,152 tokens of vocabulary)
-        ref, raw = tr.logits[:1].float(), self.head(self.norm(last[:1]))
+        # checked on one sequence: the batch's whole (B x T x vocabulary) and allclose's temporaries of its size
+        # took SmolLM2's layer-by-layer peak from 1.1 GB to 3.0 GB (8 x 256 tokens, 49,152 tokens of vocabulary)
+        ref, raw = tr.logits.float(), self.head(self.norm(last))
         same = lambda got: got.shape == ref.shape and torch.allclose(  # noqa: E731
             got, ref, atol=1e-4 * max(1.0, ref.abs().max().item()), rtol=1e-3)
         self.logit_map = next((m for m in self.logit_maps if same(m(raw).float())), None)
@@ -304,8 +352,8 @@ class LayeredLM:
                             f"(blocks {self.blocks_path}, final norm {self.norm_path}: {type(self.norm).__name__}, "
                             f"head {type(self.head).__name__}, logit transforms tried: {tried}); the model changes "
                             "its logits in some other way, which analysis does not reproduce")
-        if self.mid_probes is None:
-            self.mid_probes = hf_mid_probes(self, inputs, mask)
+        if watch is not None:
+            self.mid_probes = watch.probes(self, tr.hidden[0].shape)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "class": type(self.model).__name__,
@@ -322,38 +370,42 @@ def depthlab_mid_probes(model) -> list:
     return [(blk.attn_add, "output") for blk in model.layers]
 
 
-@torch.no_grad()
-def hf_mid_probes(lm: LayeredLM, ids, mask) -> list | None:
-    """Where the stream between attention and MLP can be read in an HF block, found by watching block 0.
+class _BlockWatch:
+    """Inside its `with`: the order in which a block's direct children are called, with each one's input and
+    output, for `probes` to find the mid stream in."""
 
-    The rule: the first direct child called after the attention child whose input is not the attention output
-    itself receives the mid stream. Llama/Mistral/Qwen2/GPT-2: the MLP-side norm (its input is h + attn);
-    OLMo-2: the MLP (the attention output first goes through its own post-norm). A candidate whose input is not
-    shaped like the residual stream is rejected, and then no split is reported.
-    """
-    blk = lm.blocks[0]
-    children = [(n, m) for n, m in blk.named_children() if not isinstance(m, nn.ModuleList)]
-    attn = next((n for n, _ in children if ATTN_NAME.search(n)), None)
-    if attn is None:
-        return None
-    order: list[tuple[str, torch.Tensor | None, object]] = []
-    handles = [m.register_forward_hook(lambda mod, a, o, n=n: order.append((n, _first_tensor(a), _first_tensor(o))))
-               for n, m in children]
-    try:
-        stream_shape = lm.trace(ids, mask).hidden[0].shape
-    finally:
-        for h in handles:
+    def __init__(self, blk: nn.Module):
+        self.children = [(n, m) for n, m in blk.named_children() if not isinstance(m, nn.ModuleList)]
+        self.order: list[tuple[str, torch.Tensor | None, object]] = []
+
+    def __enter__(self):
+        self.handles = [m.register_forward_hook(
+            lambda mod, a, o, n=n: self.order.append((n, _first_tensor(a), _first_tensor(o))))
+            for n, m in self.children]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
             h.remove()
-    names = [n for n, _, _ in order]
-    if attn not in names:
-        return None
-    k = names.index(attn)
-    attn_out = order[k][2]
-    probe = next(((n, inp) for n, inp, _ in order[k + 1:] if inp is not None and inp is not attn_out), None)
-    if probe is None or probe[1].shape != stream_shape:
-        return None
-    probe = probe[0]
-    return [(getattr(b, probe), "input") for b in lm.blocks]
+
+    def probes(self, lm: LayeredLM, stream_shape) -> list | None:
+        """Where the stream between attention and MLP can be read in each block, found in block 0's calls.
+
+        The rule: the first direct child called after the attention child whose input is not the attention output
+        itself receives the mid stream. Llama/Mistral/Qwen2/GPT-2: the MLP-side norm (its input is h + attn);
+        OLMo-2: the MLP (the attention output first goes through its own post-norm); Gemma-2/3: the norm before the
+        MLP (the attention output goes through its own post-norm first). A candidate whose input is not shaped like
+        the residual stream is rejected, and then no split is reported."""
+        attn = next((n for n, _ in self.children if ATTN_NAME.search(n)), None)
+        names = [n for n, _, _ in self.order]
+        if attn is None or attn not in names:
+            return None
+        k = names.index(attn)
+        attn_out = self.order[k][2]
+        probe = next(((n, inp) for n, inp, _ in self.order[k + 1:] if inp is not None and inp is not attn_out), None)
+        if probe is None or probe[1].shape != stream_shape:
+            return None
+        return [(getattr(b, probe[0]), "input") for b in lm.blocks]
 
 
 # --- wrapping loaded models (loading itself is depthlab.loading's) -----------------------------------------

@@ -146,8 +146,11 @@ def replay_state(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Ten
 
 
 def replay(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Tensor:
-    """Logits under `plan` (the model's own for the model itself)."""
-    return tr.logits if plan.first is None else lm.logits(replay_state(lm, tr, plan, linear))
+    """Logits under `plan` (the model's own for the model itself; a kept trace has none, and they are read off its
+    last state as every plan's are)."""
+    if plan.first is None and tr.logits is not None:
+        return tr.logits
+    return lm.logits(replay_state(lm, tr, plan, linear))
 
 
 class RemovalSums:
