@@ -38,6 +38,7 @@ STUDY = ("benchmarks.depth_transfer run --runs-dir {study_runs} --corpus-mb 0.05
          "--ffn 64 --seq 32 --batch 4 --eval-every 1 --probe-windows 4 --val-tokens 256 --variants pre --lrs 0.004 "
          "--depths 2 --base-depth 2 --grid-depths 2 --parts-depth 0 --seeds 0 --widen 0 --jobs 1")
 COORD = "coord-check --data {txt} --depths 2 4 --seeds 1 --steps 1 --no-progress --out "
+LMEVAL = "lmeval --model depthlab --tasks depthlab_mc --include_path {task_answer_first} --device cpu --model_args "
 
 # (id, command, fragment of the error line)
 CASES = [
@@ -603,6 +604,22 @@ CASES = [
     ("export-a-gguf-file", "export {gguf_f64} {tmp}/o", "f64.gguf is a GGUF file, not a depthlab checkpoint"),
     ("prune-greedy-generate-on-depthlab-run", "prune {run} {tmp}/o --drop-lowest 1 --greedy --by generate "
      "--generate add:n=2", "--generate decodes with a Hugging Face model's KV cache: "),
+    # issue 60: the lm-eval entry, python -m depthlab.eval.lmeval: the depthlab model's settings, the device and the
+    # batch size checked before lm-eval builds anything; lm-eval's --limit and task names
+    ("lmeval-model-path-missing", LMEVAL + "path={tmp}/missing", "model path"),
+    ("lmeval-model-path-not-a-model", LMEVAL + "path={foreign}", "neither a checkpoint nor a run directory"),
+    ("lmeval-dtype-unknown", LMEVAL + "path={run},dtype=fp17", "--model_args dtype=fp17: give one of float32"),
+    ("lmeval-cuda-on-cpu", LMEVAL.replace("cpu", "cuda") + "path={run}", "this machine has no CUDA device"),
+    ("lmeval-no-path", LMEVAL + "dtype=float32", "--model_args needs path=MODEL"),
+    ("lmeval-unknown-model-arg", LMEVAL + "path={run},temperature=0", "unknown --model_args temperature"),
+    ("lmeval-pretrained-not-path", LMEVAL + "pretrained={run}", "named by path=, not pretrained="),
+    ("lmeval-batch-size-0", LMEVAL + "path={run} --batch_size 0", "--batch_size 0: give a whole number"),
+    ("lmeval-batch-size-negative", LMEVAL + "path={run} --batch_size -1", "--batch_size -1: give a whole number"),
+    ("lmeval-batch-size-text", LMEVAL + "path={run} --batch_size abc", "--batch_size abc: give a whole number"),
+    ("lmeval-max-gen-toks-text", LMEVAL + "path={run},max_gen_toks=abc", "--model_args max_gen_toks abc"),
+    ("lmeval-unknown-task", LMEVAL.replace("depthlab_mc", "nosuchtask") + "path={run}",
+     "unknown lm-eval task: nosuchtask"),
+    ("lmeval-limit-0", LMEVAL + "path={run} --limit 0", "--limit 0: give the examples per task"),
 ]
 
 VICTIMS = {"victim": "run", "victim_hf": "hf", "victim_prep": "prep", "victim_foreign": "foreign",
@@ -617,7 +634,8 @@ def _text(n: int) -> str:
 
 def invoke(argv: list[str]) -> tuple[int | None, str, str | None]:
     """depthlab.cli.main in this process (depthlab.golden's for `golden ...`, a study script's as its `python -m`
-    runs it for `benchmarks.NAME ...`): (exit status, stderr, traceback of an exception that escaped)."""
+    runs it for `benchmarks.NAME ...`, depthlab.eval.lmeval's for `lmeval ...`): (exit status, stderr, traceback
+    of an exception that escaped)."""
     if argv[:1] == ["golden"]:
         from depthlab.golden import main
 
@@ -632,6 +650,10 @@ def invoke(argv: list[str]) -> tuple[int | None, str, str | None]:
 
         def main(args):
             return run_script(script, args)
+    elif argv[:1] == ["lmeval"]:  # lm-eval's command line with the depthlab model: python -m depthlab.eval.lmeval
+        from depthlab.eval.lmeval import main
+
+        argv = argv[1:]
     else:
         from depthlab.cli import main
 
@@ -1044,6 +1066,8 @@ def test_the_table_covers_at_least_100_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_changes_nothing(world, case):
+    if case[1].startswith("lmeval"):
+        pytest.importorskip("lm_eval", reason="the lm-eval entry needs lm-evaluation-harness")
     root, places = world
     res = run_case(places, root, case)
     assert not res["changed"], f"pre-existing files changed: {res['changed'][:5]}"

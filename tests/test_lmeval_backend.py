@@ -90,3 +90,18 @@ def test_registering_depthlab_keeps_lm_evals_own_models():
     import depthlab.eval.lmeval  # noqa: F401
 
     assert get_model("depthlab").__name__ == "DepthlabModel" and get_model("hf") is not None
+
+
+def test_a_mistake_at_the_entry_is_one_line_before_anything_is_built(run):
+    """Issue 60: every mistake printed lm-eval's traceback. A real process: one `depthlab: error:` line, status 2;
+    from Python, one UserError."""
+    from depthlab import UserError
+
+    done = subprocess.run([sys.executable, "-m", "depthlab.eval.lmeval", "--model", "depthlab", "--model_args",
+                           f"path={run.dir}", "--tasks", "depthlab_mc", "--include_path", str(run.yaml.parent),
+                           "--batch_size", "abc"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2 and done.stderr == "depthlab: error: --batch_size abc: give a whole number of at " \
+        "least 1, or auto\n", done.stderr
+    with pytest.raises(UserError, match="named by path=, not pretrained="):
+        DepthlabModel.create_from_arg_string(f"pretrained={run.dir}", {"device": "cpu"})
