@@ -75,15 +75,40 @@ def on_terminal(enabled: bool) -> bool:
     return enabled and sys.stderr.isatty()
 
 
+_OPEN: list = []  # the bars open now, the innermost last: what `detail` reports to
+
+
+def detail(text: str) -> None:
+    """Say how far the innermost open bar's current step has gone ("block 12 of 30"), for a step long enough to
+    stall its counter (a block pass over every stream): shown beside the count, on a terminal and in plain lines."""
+    bar = _OPEN[-1] if _OPEN else None
+    if isinstance(bar, PlainProgress):
+        bar.detail = text  # the timer's next line says it
+    elif bar is not None and time.monotonic() - bar.last_print_t > 0.5:  # a terminal's bar, redrawn twice a second
+        bar.set_postfix_str(text)
+
+
+class _Bar(tqdm):
+    """tqdm, known to `detail` while it is open."""
+
+    def close(self) -> None:
+        if self in _OPEN:
+            _OPEN.remove(self)
+        super().close()
+
+
 def progress_bar(iterable=None, enabled: bool = True, **kwargs):
     """tqdm over `iterable` (or updated by hand) on stderr when `on_terminal(enabled)`; else the same interface
     (iteration, update, close, with) reporting in plain lines when the phase is long (PlainProgress)."""
     if "desc" in kwargs:
         kwargs["desc"] = numbered(kwargs["desc"])
     if on_terminal(enabled):  # tqdm's bar shows the time elapsed and left itself
-        return tqdm(iterable, leave=False, dynamic_ncols=True, file=sys.stderr, **kwargs)
-    return PlainProgress(iterable, desc=kwargs.get("desc", ""), total=kwargs.get("total"),
-                         unit=kwargs.get("unit", "it"))
+        bar = _Bar(iterable, leave=False, dynamic_ncols=True, file=sys.stderr, **kwargs)
+    else:
+        bar = PlainProgress(iterable, desc=kwargs.get("desc", ""), total=kwargs.get("total"),
+                            unit=kwargs.get("unit", "it"))
+    _OPEN.append(bar)
+    return bar
 
 
 def phase(desc: str, enabled: bool = True, alone: bool = False) -> PlainProgress:
@@ -100,7 +125,7 @@ class PlainProgress:
 
     def __init__(self, iterable=None, desc: str = "", total: int | None = None, unit: str = "it",
                  speak: bool = True):
-        self.iterable, self.desc, self.unit, self.n = iterable, desc, unit, 0
+        self.iterable, self.desc, self.unit, self.n, self.detail = iterable, desc, unit, 0, ""
         self.total = len(iterable) if total is None and hasattr(iterable, "__len__") else total
         self.file, self.start, self.spoke = sys.stderr, time.monotonic(), False  # the stderr of the phase's start
         self.done = threading.Event()
@@ -118,6 +143,7 @@ class PlainProgress:
     def _say(self, end: str) -> None:
         count = f"{self.n:,}/{self.total:,}" if self.total else f"{self.n:,}"
         done = f", {count} {self.unit}" if self.total or self.n else ""
+        done += f" ({self.detail})" if self.detail and not end else ""
         left = eta_text(self.start, 0, self.n, self.total).partition(", ")[2] if not end else ""
         left = f", {left}" if left else ""
         print(f"depthlab: {self.desc}: {time.monotonic() - self.start:.0f} s{done}{end}{left}", file=self.file,
@@ -131,6 +157,8 @@ class PlainProgress:
         pass
 
     def close(self) -> None:
+        if self in _OPEN:
+            _OPEN.remove(self)
         if self.timer is not None and not self.done.is_set():
             self.done.set()
             self.timer.join()

@@ -24,6 +24,7 @@ from torch import nn
 
 from depthlab.analysis.calibration import Batch, ImageBatch
 from depthlab.analysis.layers import LayeredLM, Trace
+from depthlab.progress import detail
 
 
 @torch.no_grad()
@@ -141,6 +142,7 @@ def replay_state(lm: LayeredLM, tr: Trace, plan: Plan, linear=None) -> torch.Ten
         return tr.hidden[-1]
     h = tr.hidden[plan.first]
     for j in plan.blocks_from_first(lm.n_layers):
+        detail(f"block {j + 1} of {lm.n_layers}")
         h = through_block(lm, j, j, plan, h, tr.calls[j], linear)
     return h
 

@@ -20,6 +20,7 @@ import torch
 from depthlab.analysis.layers import BlockCall, LayeredLM
 from depthlab.analysis.linear import fit_linear, real_tokens
 from depthlab.analysis.removal import Plan, through_block
+from depthlab.progress import detail
 
 
 class ActivationStore:
@@ -94,18 +95,20 @@ def stream(lm: LayeredLM, n_layers: int, load: Callable[[int], int], units: list
             linear[j] = fit_linear(real_tokens(h, masks), real_tokens(out, masks))
             for k, y in enumerate(out):
                 store.put(("fit", k), y)
+        started = [p for p in plans if p.first is not None and p.first <= j]
         for k, u in enumerate(units):
             h = store.get(("base", k))
-            for p in plans:
-                if p.first is not None and p.first <= j:
-                    s = h if p.first == j else store.get((p.key, k))
-                    store.put((p.key, k), through_block(lm, slot, j, p, s, u.calls[j], linear))
+            for i, p in enumerate(started):
+                s = h if p.first == j else store.get((p.key, k))
+                store.put((p.key, k), through_block(lm, slot, j, p, s, u.calls[j], linear))
+                detail(f"block {j + 1}: {k * (len(started) + 1) + i + 1}/{len(units) * (len(started) + 1)} streams")
             out, mid = lm.run_block_mid(slot, h, u.calls[j])
             if u.observe is not None:
                 u.observe(j, h, out, mid)
             store.put(("base", k), out)
-    for k, u in enumerate(units):
-        if u.score is not None:
-            for p in plans:
-                u.score(p.key, store.get(("base" if p.first is None else p.key, k)))
+    scored = [(k, u) for k, u in enumerate(units) if u.score is not None]
+    for n, (k, u) in enumerate(scored):
+        for i, p in enumerate(plans):  # a head per stream: SmolLM2's 31 over 2,048 tokens are 6.5 forward passes
+            detail(f"scoring {n * len(plans) + i + 1}/{len(scored) * len(plans)} streams")
+            u.score(p.key, store.get(("base" if p.first is None else p.key, k)))
     return linear
