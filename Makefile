@@ -1,5 +1,7 @@
 # Two commands on a fresh clone: `make demo` (train the CPU demo) and `make test` (the test suite).
-# Both create .venv themselves: CPU PyTorch 2.13.0 (pinned: an unpinned torch pulls a multi-GB CUDA build).
+# Both create .venv themselves: CPU PyTorch 2.13.0 (pinned: an unpinned torch pulls a multi-GB CUDA build). The demo
+# installs depthlab alone (.venv/.base); `make install` and `make test` add the test extra (transformers, lm-eval,
+# datasets, peft, trackio, ...: about 2 GB more), which .ci/run installs.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,14 +10,18 @@ PY := $(VENV)/bin/python
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.base
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-demo: install
+demo: $(VENV)/.base
 	$(VENV)/bin/depthlab train
 
 test: install

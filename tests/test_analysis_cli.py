@@ -8,7 +8,7 @@ from depthlab.cli import main
 from tests.test_analysis_support import TEXT, save_depthlab_checkpoint, save_hf_model, tiny_hf_model
 
 PLOTS = {"variance.png", "angular_heatmap.png", "angular_adjacent.png", "block_metrics.png", "logit_lens.png",
-         "removal.png", "jacobian.png", "jacobian_heatmaps.png"}
+         "removal.png", "removal_cost.png", "jacobian.png", "jacobian_heatmaps.png"}
 
 
 @pytest.mark.slow
@@ -47,7 +47,8 @@ def test_layer_by_layer_cli_on_own_data(tmp_path):
     res = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert res["mode"] == "layer-by-layer" and "one at a time" in res["model"]["blocks"]
     assert len(res["removal"]["single"]) == 4 and res["removal"]["base_ppl"] > 1  # removal streams block by block
-    assert "text.txt" in res["data"]["source"] and res["tokens"] == 128  # 4 packed windows of 32, no padding
+    # 4 packed windows of 32 inputs, each with the token after it (scored as `eval ppl` scores it), no padding
+    assert "text.txt" in res["data"]["source"] and res["tokens"] == 4 * 33
 
 
 def test_hf_model_without_tokenizer_is_a_clear_error(tmp_path, capsys):

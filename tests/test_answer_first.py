@@ -57,3 +57,17 @@ def test_summary_and_report_lead_with_the_answer(tmp_path, capsys):
     assert page.count("<div class='scroll'><table>") == page.count("<table>")
     assert "delta_ppl" not in page and "Δ perplexity" not in page
     assert f"<td>{blocks_text(res['usefulness']['loss'][:4])}</td>" in page
+
+
+def test_compare_says_when_its_models_were_measured_on_different_texts_or_windows():
+    from depthlab.analysis.answer import measured_alike
+
+    def res(source, seq_len, count):
+        return {"data": {"source": source, "seq_len": seq_len}, "removal": {"windows": {"count": count}}}
+
+    same = [("a", res("t.txt", 32, [31, 31])), ("b", res("t.txt", 32, [31, 31]))]
+    assert measured_alike(same) == []
+    other = [("a", res("t.txt", 32, [31, 31])), ("b", res("u.txt", 64, [63]))]
+    said = measured_alike(other)
+    assert len(said) == 3 and all(x.startswith("warning: the models were measured on different ") for x in said)
+    assert "a: t.txt; b: u.txt" in said[0] and "a: 32; b: 64" in said[1] and "a: 62; b: 63" in said[2]

@@ -22,7 +22,7 @@ TINY = ["--set", "model.dim=32", "--set", "model.n_layers=2", "--set", "model.n_
         "train.batch_size=4", "--set", "train.warmup_steps=1", "--no-progress", "--max-steps", "2"]
 PLACED = {"--device", "--device-map", "--max-memory", "--offload-folder"}
 OPTIONS = {  # each kind's options, and nothing else
-    "ppl": {"--data", "--seq-len", "--batch-size", *PLACED},
+    "ppl": {"--data", "--seq-len", "--tokens", "--batch-size", *PLACED},
     "images": {"--data", "--batch-size", *PLACED},
     "tasks": {"--tasks", *PLACED},
     "harness": {"--harness", "--batch-size", *PLACED},

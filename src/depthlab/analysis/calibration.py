@@ -94,11 +94,16 @@ def read_calibration_text(paths: list[str] | None, n_tokens: int, gutenberg: boo
     return [d.text for d in docs], f"built-in corpus ({len(docs)} Python source files)"
 
 
-def pack_windows(stream: np.ndarray, n_tokens: int, seq_len: int) -> list[np.ndarray]:
-    n_windows = max(1, min(-(-n_tokens // seq_len), len(stream) // seq_len))
-    if len(stream) < seq_len:
+def pack_windows(stream: np.ndarray, n_tokens: int, seq_len: int, targets_after: bool = False) -> list[np.ndarray]:
+    """ceil(n_tokens / seq_len) windows from the start of a packed stream (as many as it holds), seq_len apart.
+    `targets_after`: each window also holds the token after it, so that its seq_len inputs are scored on the
+    seq_len tokens that follow each of them, as `depthlab eval ppl` and a run's validation read the same stream
+    (depthlab.eval.perplexity.evaluate): the same loss on the same tokens."""
+    extra = int(targets_after)
+    n_windows = max(1, min(-(-n_tokens // seq_len), (len(stream) - extra) // seq_len))
+    if len(stream) < seq_len + extra:
         return [stream]
-    return [stream[i * seq_len:(i + 1) * seq_len] for i in range(n_windows)]
+    return [stream[i * seq_len:(i + 1) * seq_len + extra] for i in range(n_windows)]
 
 
 def sample_windows(stream: np.ndarray, n_windows: int, seq_len: int, seed: int = 0) -> np.ndarray:
@@ -168,9 +173,10 @@ def split_windows(windows: list[np.ndarray], n_tokens: int) -> tuple[list[np.nda
 
 
 def calibration_windows(tokenizer, texts: list[str], n_tokens: int, seq_len: int, vocab_size: int,
-                        sample: int | None = None, seed: int = 0,
-                        progress: bool = False) -> tuple[list[np.ndarray], int]:
-    """(windows, pad id) of calibration_batches."""
+                        sample: int | None = None, seed: int = 0, progress: bool = False,
+                        targets_after: bool = False) -> tuple[list[np.ndarray], int]:
+    """(windows, pad id) of calibration_batches; `targets_after`: a packed stream's windows as pack_windows cuts
+    them with it (a depthlab tokenizer's)."""
     from tokenizers import Tokenizer
 
     if isinstance(tokenizer, Tokenizer):
@@ -181,7 +187,7 @@ def calibration_windows(tokenizer, texts: list[str], n_tokens: int, seq_len: int
                       desc="tokenize calibration text")
         pad_id = 0
         windows = (list(sample_windows(stream, sample, seq_len, seed)) if sample and len(stream) >= seq_len
-                   else pack_windows(stream, n_tokens, seq_len))
+                   else pack_windows(stream, n_tokens, seq_len, targets_after))
     else:
         enc = tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
         # Models trained with a BOS token (Llama, Mistral, OLMo-2) see one at the start of every window.

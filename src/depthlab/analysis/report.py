@@ -340,7 +340,7 @@ text-align:right;overflow-wrap:normal}caption{caption-side:top;text-align:left;f
 padding:2px 0}th{background:#f3f3f3}img{max-width:100%;height:auto}figure{margin:.5em 0}figcaption{font-size:11px;
 color:#666}pre{background:#f7f7f7;padding:1em;font-size:12px;white-space:pre-wrap}
 .answer{background:#f4f8ff;border:1px solid #c9d8f0;padding:.4em 1em;margin:.5em 0}.answer p{margin:.3em 0}
-.verdict{font-size:1.1em;font-weight:600}"""
+.verdict{font-size:1.1em;font-weight:600}.rule{font-size:12px;color:#444}"""
 
 
 def write_html(path: Path, title: str, intro: list[str], sections: list[tuple[str, str]], lead: str = "") -> Path:
@@ -374,7 +374,8 @@ def answer_html(res: dict, plots: dict) -> str:
     """The answer, first on the first screen: the verdict by the declared rule, the blocks that could go with what
     removing 1, 2, 4 of them together costs, the model's own perplexity, and the removal figure in the paper's
     Figure 1 form."""
-    body = "".join(f"<p class='verdict'>{html.escape(x)}</p>" for x in answer_module.verdict_lines(res))
+    body = "".join(f"<p class='{'rule' if x.startswith('rule:') else 'verdict'}'>{html.escape(x)}</p>"
+                   for x in answer_module.verdict_lines(res))
     rows = answer_module.removable(res)
     if rows:
         table = [{"blocks removed together": len(r["blocks"]), "which (1-based)": blocks_text(r["blocks"]),

@@ -158,10 +158,46 @@ def _vocab_size(lm) -> int:
     return lm.head.weight.shape[0]
 
 
-def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Batch], list[Batch], str]:
-    """(evaluation batches, the linear maps' fit batches: the windows after them, source)."""
+def own_val_tokens(checkpoint: str, meta: CheckpointMeta | None):
+    """A depthlab run's own held-out tokens (the validation split it kept), or None (an HF model, an older run)."""
+    from depthlab.data.dataset import saved_val_tokens
+    from depthlab.paths import run_of
+
+    if meta is None or meta.data.get("task") == "finetune":
+        return None
+    try:
+        return saved_val_tokens(run_of(Path(checkpoint)), meta.data.get("val_digest"))
+    except (OSError, ValueError):
+        return None
+
+
+def _own_batches(req: Request, stream, seq_len: int, after: bool) -> tuple[list[Batch], list[Batch], str]:
+    """Windows of a run's own held-out tokens: the first --tokens (or --windows sampled over all of them), each with
+    the token after it when `after` (pack_windows)."""
+    import numpy as np
+
+    from depthlab.analysis.calibration import pack_windows, sample_windows
+
+    if req.options.linear:
+        raise UserError("--linear-replacement fits its maps on text after the evaluation windows: give that text "
+                        "with --data")
+    stream = np.asarray(stream)
+    windows = (list(sample_windows(stream, req.windows, seq_len, req.window_seed)) if req.windows else
+               pack_windows(stream, req.tokens, seq_len, after))
+    batches = to_batches([np.asarray(w, dtype=np.int64) for w in windows], 0, req.batch_size)
+    source = f"the run's own held-out tokens (its validation split, {len(stream):,} tokens)"
+    move = lambda bs: [Batch(b.ids.to(req.device), b.mask.to(req.device)) for b in bs]  # noqa: E731
+    return move(batches), [], source
+
+
+def _batches(req: Request, lm, tok, seq_len: int, context: int, own=None) -> tuple[list[Batch], list[Batch], str]:
+    """(evaluation batches, the linear maps' fit batches: the windows after them, source); `own`: a run's held-out
+    tokens, read when no --data is given."""
     if seq_len > context:
         raise UserError(f"--seq-len {seq_len} is beyond the model's context of {context} tokens")
+    after = seq_len < context  # a packed stream's windows scored as `eval ppl` scores them, where the context allows
+    if own is not None and not req.data:
+        return _own_batches(req, own, seq_len, after)
     fit_tokens = req.linear_fit_tokens if req.options.removal and req.options.linear else 0
     fit_windows = -(-fit_tokens // seq_len)
     # a sample is spread over more text than it reads (the built-in corpus is read up to what is asked for)
@@ -170,7 +206,7 @@ def _batches(req: Request, lm, tok, seq_len: int, context: int) -> tuple[list[Ba
     # one window more than asked: the evaluation windows may hold up to a window more than --tokens
     windows, pad = calibration_windows(tok, texts, req.tokens + fit_tokens + (seq_len if fit_tokens else 0),
                                        seq_len, _vocab_size(lm), req.windows and req.windows + fit_windows,
-                                       req.window_seed, req.options.progress)
+                                       req.window_seed, req.options.progress, after)
     if req.windows:
         windows, fit = windows[:req.windows], windows[req.windows:]
     else:
@@ -288,7 +324,9 @@ def run_request(req: Request) -> dict:
     elif req.images is not None:
         raise UserError("--images is for a ViT; a language model's calibration size is --tokens")
     else:
-        batches, fit, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"])
+        meta = None if req.layerwise else loaded.meta
+        batches, fit, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"],
+                                        own_val_tokens(info["checkpoint"], meta) if meta is not None else None)
         data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
         questions = _questions(req, lm)
     generation = _generation(req, lm, tok)

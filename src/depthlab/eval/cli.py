@@ -24,7 +24,7 @@ def cmd_ppl(args) -> list:
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         raise UserError(f"{loaded.path} is a ViT (an image classifier): score it with `depthlab eval images`")
     return eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, loaded.device,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, n_tokens=args.tokens)
 
 
 def cmd_images(args) -> list:
@@ -130,7 +130,7 @@ def eval_images(loaded, data: list[str] | None, batch_size: int, device, progres
 
 
 def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_size: int, device,
-                    progress: bool = False) -> list:
+                    progress: bool = False, n_tokens: int | None = None) -> list:
     """Per-token loss and perplexity of a loaded model on `data`, or on a run's own validation split (the tokens
     the run kept when it has them, so the corpus is not read and tokenized again)."""
     import numpy as np
@@ -164,12 +164,17 @@ def eval_perplexity(loaded, data: list[str] | None, seq_len: int | None, batch_s
         tokens, source = split.val, f"the run's validation split ({split.source})"
     if len(tokens) < seq_len + 1:
         raise UserError(f"only {len(tokens)} tokens in {source}; need at least {seq_len + 1}")
+    from depthlab.eval.perplexity import first_tokens
+
+    text_tokens = len(tokens)
+    tokens = first_tokens(tokens, n_tokens, seq_len)
     res = evaluate(loaded.lm(), np.asarray(tokens), seq_len, batch_size, device, cfg.train.dtype if cfg else "fp32",
                    progress=progress, desc="eval")
     what = f"scheme {cfg.model.norm_scheme}" if cfg else type(loaded.model).__name__
     print(f"{loaded.path}: {what}, data {source}")
     print(f"loss {res['val_loss']:.4f}  perplexity {res['val_ppl']:.3f}  tokens {res['val_tokens']}  "
-          f"window {seq_len}")
+          f"window {seq_len}  ({res['val_tokens']:,} of the text's {text_tokens - 1:,} next tokens scored, in "
+          f"{res['val_tokens'] // seq_len} windows)")
     return [Scores("perplexity", source, {"loss": res["val_loss"], "perplexity": res["val_ppl"]}, "text-generation")]
 
 KINDS = {  # the old spelling's flag that chose each kind, first the one that won when several were given
@@ -271,6 +276,8 @@ def _add_ppl(kinds) -> None:
     _data(p, "text files or folders to evaluate on, or a prepared directory (its validation split)")
     p.add_argument("--seq-len", type=at_least(1), help="window length (default: the run's; HF models: their "
                    "context, at most 512)")
+    p.add_argument("--tokens", type=at_least(1), metavar="N", help="score the first N next tokens, in whole windows "
+                   "(default: every window of the text)")
     _device(p)
     _no_progress(p, "tokenizing --data, the evaluation")
 

@@ -69,6 +69,14 @@ def evaluate(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, batch_siz
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_tokens": int(count)}
 
 
+def first_tokens(tokens, n_tokens: int | None, seq_len: int):
+    """The start of a token stream that `evaluate` scores in ceil(n_tokens / seq_len) whole windows (each window's
+    seq_len inputs and the seq_len tokens after them): all of it when n_tokens is None or beyond it."""
+    if n_tokens is None:
+        return tokens
+    return tokens[:-(-n_tokens // seq_len) * seq_len + 1]
+
+
 @torch.no_grad()
 def response_loss(model, x: np.ndarray, y: np.ndarray, seq_len: int, batch_size: int, device, dtype="fp32") -> dict:
     """Mean loss over the response tokens of padded examples (flattened rows), and its perplexity."""
