@@ -20,7 +20,10 @@ MODEL_HELP = "a checkpoint, a run directory (its newest valid checkpoint), a dir
 
 
 def cmd_ppl(args) -> list:
-    loaded = load(args)
+    from depthlab.progress import phase
+
+    with phase("eval: loading the model", not args.no_progress, alone=True):  # a large model loads for minutes
+        loaded = load(args)
     if loaded.cfg is not None and loaded.cfg.model.is_vit:
         raise UserError(f"{loaded.path} is a ViT (an image classifier): score it with `depthlab eval images`")
     return eval_perplexity(loaded, args.data, args.seq_len, args.batch_size, loaded.device,
