@@ -144,7 +144,8 @@ def fmt(v: dict) -> str:
 
 def table(p: dict) -> str:
     lines = ["| model | " + " | ".join(OBJECTIVES) + " | mean ratio (curse index) |", "|---" * 5 + "|"]
-    for model, m in p.items():
+    for model in [*MODELS, *(x for x in p if x not in MODELS)]:
+        m = p.get(model, {"words": {}})
         cells = [fmt(m["words"][o]) if o in m["words"] else "not run" for o in OBJECTIVES]
         c = m.get("curse_index_mean_ratio")
         cells.append(f"{c['ratio']:.2f} [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]" if c else "not run")

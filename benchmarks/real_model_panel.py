@@ -618,6 +618,8 @@ def figure(img: Path) -> Path | None:
     ax[0].set_title("by loss, on held-out prose")
     ax[1].set_ylabel("accuracy drop when removed")
     ax[1].set_title("by task (multiple choice; generation dashed)")
+    if not ax[1].get_legend_handles_labels()[0]:
+        ax[1].text(0.5, 0.5, "no task records yet", ha="center", va="center", transform=ax[1].transAxes)
     for a in ax:
         a.set_xlabel("relative depth of the block removed (l / N)")
         a.axhline(0, color="grey", lw=0.5)
