@@ -5,6 +5,7 @@
       env.json           where and with what it ran (depthlab.train.runtime.environment)
       tokenizer.json     what the task keeps of its data (and val_tokens.npy for raw text)
       metrics.jsonl      one JSON record per logged step: MetricsLog writes it, read_metrics reads it
+      trackio.json       with train.trackio: the Trackio run this directory logs to (train.callbacks)
       checkpoints/
         step_0001000/    one checkpoint: its name, files and CheckpointMeta are depthlab.checkpoint's
     .RUN.depthlab-lock   beside it, held by the one process that writes the run (depthlab.ownership)

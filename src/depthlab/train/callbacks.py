@@ -144,20 +144,59 @@ class WandbLogger(Callback):
         self.run.finish()
 
 
+TRACKIO_RUN = "trackio.json"  # in the run directory: the name of the Trackio run it logs to
+
+
 class TrackioLogger(Callback):
     """The TensorBoard scalars (`scalars`) to Trackio (needs `depthlab[trackio]`), in its local store: the folder
-    TRACKIO_DIR names (Trackio's default: ~/.cache/huggingface/trackio), project `depthlab`, a run named after the
-    run directory; a resumed run goes on in the newest Trackio run of its name. Trackio's own lines go to stderr
-    (stdout is depthlab's), and its CPU and GPU sampling stays off: it logs what TensorBoard gets, no more."""
+    TRACKIO_DIR names (Trackio's default: ~/.cache/huggingface/trackio), project `depthlab`.
+
+    Each run directory logs to a Trackio run of its own, named after it with a random suffix and recorded in
+    RUN/trackio.json (Trackio resumes a run by its name, the newest of that name: two runs called `exp` in different
+    folders would share one). A resume goes on in the run its directory records, after re-sending the steps up to
+    the resume point that the store lacks (logged, but not yet sent when the run was killed: Trackio sends every
+    half second); a fresh start or a branch into a new directory starts a new Trackio run, a branch with its
+    parent's steps. Trackio's own lines go to stderr (stdout is depthlab's), and its CPU and GPU sampling stays off:
+    it logs what TensorBoard gets, no more."""
 
     def __init__(self):
         self.trackio = require("trackio", "train.trackio", extra="trackio")
 
     def on_train_start(self, trainer) -> None:
+        name = self._run_name(trainer)
         with contextlib.redirect_stdout(sys.stderr):
-            self.trackio.init(project="depthlab", name=trainer.run_dir.name, config=trainer.cfg.to_dict(),
+            self.trackio.init(project="depthlab", name=name, config=trainer.cfg.to_dict(),
                               resume="allow" if trainer.step else "never", auto_log_cpu=False, auto_log_gpu=False,
                               embed=False)
+        if trainer.step:
+            self._resend(trainer, name)
+
+    @staticmethod
+    def _run_name(trainer) -> str:
+        """The Trackio run of this run directory: the one it records when it resumes, else a new one."""
+        import json
+        import secrets
+
+        from depthlab.ownership import write_whole
+
+        record = trainer.run_dir / TRACKIO_RUN
+        if trainer.step and record.is_file():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                return str(json.loads(record.read_text())["run"])
+        name = f"{trainer.run_dir.name}-{secrets.token_hex(4)}"
+        write_whole(record, json.dumps({"run": name}) + "\n")
+        return name
+
+    def _resend(self, trainer, name: str) -> None:
+        """Log again the records of metrics.jsonl (those up to the resume point) whose step the store lacks."""
+        from trackio.sqlite_storage import SQLiteStorage
+
+        from depthlab.runfolder import read_metrics
+
+        stored = {r["step"] for r in SQLiteStorage.get_logs("depthlab", name)}
+        for record in read_metrics(trainer.run_dir):
+            if record["step"] <= trainer.step and record["step"] not in stored:
+                self.trackio.log(scalars(record), step=record["step"])
 
     def on_log(self, trainer, step: int, record: dict) -> None:
         self.trackio.log(scalars(record), step=step)
