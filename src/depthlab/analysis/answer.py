@@ -185,10 +185,13 @@ def headline_lines(res: dict) -> list[str]:
 
 def compare_line(label: str, res: dict) -> str:
     """One model of `compare` in one line: its verdicts' words, the cost of its cheapest blocks, its perplexity."""
-    words = "; ".join(f"{v.get('objective', 'loss')} {v['word']}" for v in verdicts(res)) or "no verdict"
-    rows = removable(res)
-    go = f"; {rows[-1]['k']} cheapest blocks ({blocks_text(rows[-1]['blocks'])}) cost " \
-         f"{cost_text(rows[-1]['delta_loss'])}" if rows and "acc_drop" not in rows[-1] else ""
+    words = "; ".join(f"{v['objective']}: {v['word']}" for v in verdicts(res)) or "not read"
+    rows = [r for r in removable(res) if "acc_drop" not in r]
+    go = ""
+    if rows:
+        r = rows[-1]
+        go = (f"; removing {'block' if r['k'] == 1 else str(r['k']) + ' cheapest blocks'} {blocks_text(r['blocks'])} "
+              f"costs {cost_text(r['delta_loss'])}")
     ppl = perplexity_text(res)
     return f"{label}: {len(res['blocks'])} blocks, verdict {words}{go}" + (f"; {ppl}" if ppl else "")
 
