@@ -337,3 +337,25 @@ def test_write_whole_leaves_the_old_file_when_the_write_dies(tmp_path, monkeypat
     assert target.read_text() == '{"old": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]
     write_whole(target, '{"new": 2}\n')
     assert target.read_text() == '{"new": 2}\n'
+
+
+def test_an_os_error_about_another_file_is_not_blamed_on_the_output_being_written(tmp_path):
+    """`writing` reports an OS error inside its block as "cannot write OUT" only when it concerns the output (a file
+    in it, its temporary folder, or no file at all); an error about another file (an input, a cache) names that
+    file, and the new, writable output is left as it was: missing."""
+    from depthlab import UserError
+
+    (tmp_path / "a_file").write_text("not a folder\n")
+    out = tmp_path / "new_out"
+    with pytest.raises(UserError) as elsewhere, ownership.writing(out, lambda p: False, "test") as tmp:
+        (tmp / "part.txt").write_text("half")
+        (tmp_path / "a_file" / "cache").mkdir()  # NotADirectoryError about a_file/cache
+    assert str(elsewhere.value).startswith(f"{tmp_path / 'a_file' / 'cache'}: Not a directory; nothing was written")
+    assert not out.exists()
+    with pytest.raises(UserError, match=r"^cannot write .*new_out: No such file or directory$"), \
+            ownership.writing(out, lambda p: False, "test") as tmp:
+        (tmp / "missing" / "part.txt").write_text("x")  # in the output itself
+    with pytest.raises(UserError, match=r"^cannot write .*new_out: disk full$"), \
+            ownership.writing(out, lambda p: False, "test"):
+        raise OSError("disk full")  # no file named: the output's
+    assert not out.exists()

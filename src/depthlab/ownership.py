@@ -364,9 +364,26 @@ def writing(out: str | Path, own: Callable[[Path], bool], what: str, overwrite: 
                     usual_mode(f)
             _swap_in(tmp, real)
         except OSError as e:
-            raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+            raise UserError(_failure(e, out, tmp, real)) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _failure(e: OSError, out: Path, *ours: Path) -> str:
+    """The line for an OS error met while a command wrote `out` whole: "cannot write OUT" when it concerns the
+    output (a file in it or its temporary folder, or no file named), else the file it concerns (an input, a cache),
+    so that a new, writable output is not blamed for another file's error."""
+    named = Path(os.fsdecode(e.filename)) if e.filename else None
+    if named is not None and not any(_inside(named, p) for p in ours):
+        return f"{named}: {e.strerror or e}; nothing was written to {out}"
+    return f"cannot write {out}: {e.strerror or e}"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
 
 
 @contextlib.contextmanager
