@@ -3,7 +3,7 @@ layer-by-layer mode against whole-model mode, and each panel model's default ana
 
     PYTHONPATH=src python benchmarks/analysis_cost.py            # sweep and memory, a few minutes on 2 CPU cores
     PYTHONPATH=src python benchmarks/analysis_cost.py --part sweep
-    PYTHONPATH=src:. python benchmarks/analysis_cost.py --part passes   # seconds: counted, not timed
+    PYTHONPATH=src:. python benchmarks/analysis_cost.py --part passes   # counted: results/analysis_passes.json
 
 The sweep part times, in one process and on the same batches: (a) the cached sweep (one traced pass, then for
 each removed block l only blocks l+1..L and the head), (b) L independent full passes with block l swapped out.
@@ -183,9 +183,12 @@ class PassCounter:
         lm.head.register_forward_pre_hook(lambda m, a: self.add(self.heads, a[0]))
 
 
-def count_passes(shape: dict, tokens: int = 2048, seq_len: int = 256, batch_size: int = 8, **options) -> dict:
+def count_passes(shape: dict, tokens: int = 2048, seq_len: int = 256, batch_size: int = 8, chosen_runs=None,
+                 **options) -> dict:
     """The default analysis of a tiny model of `shape`'s family and blocks, counted (`PassCounter`), in forward-pass
-    equivalents of the real shape: per part, and in all."""
+    equivalents of the real shape: per part, and in all. Which contiguous runs are removed depends on the weights
+    (the angular distances choose them): `chosen_runs`, [(start block from 1, n)], are those a real analysis chose,
+    else the tiny random model's are counted. `options`: the analysis's (Options), besides no Jacobians."""
     from contextlib import ExitStack
     from unittest import mock
 
@@ -214,6 +217,11 @@ def count_passes(shape: dict, tokens: int = 2048, seq_len: int = 256, batch_size
     counter.hook(lm)
     modules = {"layers": layers_module, "analyze": analyze_module}
     with ExitStack() as stack:
+        if chosen_runs is not None:
+            from depthlab.analysis.removal import run_plans
+
+            stack.enter_context(mock.patch.object(analyze_module, "later_plans", lambda *a: run_plans(
+                [(start - 1, n) for start, n in chosen_runs])))
         for label, (module, name) in PassCounter.PARTS.items():
             owner, _, attr = name.rpartition(".")
             target = getattr(modules[module], owner) if owner else modules[module]
@@ -229,8 +237,28 @@ def count_passes(shape: dict, tokens: int = 2048, seq_len: int = 256, batch_size
             "removal_floor": (L * (L - 1) / 2 * block + L * head) / (L * block + head)}
 
 
+RESULT = Path(__file__).parent / "results" / "analysis_passes.json"  # --part passes writes it
+RECORDED_RUNS = {"SmolLM2-135M": Path(__file__).parent / "results" / "real_model" / "removal_prose.json"}
+
+
+def recorded_runs(name: str) -> list[tuple[int, int]] | None:
+    """The contiguous runs the real model's recorded analysis removed (start block from 1, n), where there is one."""
+    path = RECORDED_RUNS.get(name)
+    if path is None or not path.is_file():
+        return None
+    return [(r["start_block"], r["n"]) for r in json.loads(path.read_text())["runs"]]
+
+
 def bench_passes() -> dict:
-    return {name: count_passes(shape) for name, shape in PANEL.items()}
+    """Per panel model: the default analysis (the runs of the real model's record where there is one, else the tiny
+    random model's), and the same without the runs (`--no-removal-runs`)."""
+    out = {}
+    for name, shape in PANEL.items():
+        runs = recorded_runs(name)
+        out[name] = {"default": count_passes(shape, chosen_runs=runs), "runs_from": "the real model's record" if runs
+                     else "the tiny random model (not the real model's)",
+                     "no_removal_runs": count_passes(shape, runs=False)}
+    return out
 
 
 def main() -> None:
@@ -245,6 +273,7 @@ def main() -> None:
         res["memory"] = bench_memory()
     if args.part == "passes":
         res["passes"] = bench_passes()
+        RESULT.write_text(json.dumps(res["passes"], indent=2) + "\n")
     print(json.dumps(res, indent=2))
 
 
