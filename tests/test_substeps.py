@@ -55,6 +55,15 @@ def test_whole_model_replay_says_each_block(monkeypatch):
     assert len(texts) == sum(4 - l for l in range(4)) and all(re.fullmatch(r"block \d of 4", t) for t in texts)
 
 
+def test_a_traced_pass_says_each_block(monkeypatch):
+    from depthlab.analysis import layers
+
+    texts = said(monkeypatch, layers)
+    lm, b = from_hf_tiny(), random_batches(97, n=1, T=12)[0]
+    lm.trace(b.inputs, b.mask)
+    assert texts == [f"traced pass: block {i} of 4" for i in range(1, 5)]
+
+
 def from_hf_tiny():
     from depthlab.analysis.layers import from_hf
 

@@ -25,6 +25,7 @@ from depthlab import UserError
 from depthlab.analysis.calibration import last_real_index
 from depthlab.model.blocks import find_blocks, is_norm  # generic block discovery lives in one place, shared with hf/
 from depthlab.model.parts import softcap
+from depthlab.progress import detail
 
 ATTN_NAME = re.compile(r"attn|attention", re.I)
 SUBLAYER_NAMES = {"attn": ATTN_NAME, "mlp": re.compile(r"mlp|feed_?forward|ffn", re.I)}
@@ -213,6 +214,7 @@ class LayeredLM:
                     key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
                     h, call = kwargs[key], BlockCall((), {k: v for k, v in kwargs.items() if k != key}, key)
                 hidden[i], calls[i] = self._home(h), call
+                detail(f"traced pass: block {i + 1} of {L}")
             return hook
 
         def post(i):
