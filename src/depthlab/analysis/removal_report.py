@@ -162,7 +162,7 @@ def profile_rows(res: dict) -> list[dict]:
             for c in res.get("profiles", {}).get("correlations", [])]
 
 
-PCT_TICKS = (-90, -50, -10, -1, 0, 1, 10, 50, 100, 300, 1000, 1e4, 1e5, 1e6)  # % perplexity marked on the right
+PCT_TICKS = (-90, -50, -10, -1, 0, 1, 10, 100, 1000)  # % perplexity on the right (past 2.4 nats, read nats)
 
 
 def ppl_axis(ax):
@@ -172,7 +172,8 @@ def ppl_axis(ax):
 
     lo, hi = ax.get_ylim()
     twin = ax.twinx()
-    twin.set_yscale(ax.get_yscale(), **({"linthresh": 0.01} if ax.get_yscale() == "symlog" else {}))
+    twin.set_yscale(ax.get_yscale(), **({"linthresh": ax.yaxis.get_transform().linthresh}
+                                         if ax.get_yscale() == "symlog" else {}))
     twin.set_ylim(lo, hi)
     ticks = [(math.log1p(p / 100), p) for p in PCT_TICKS if lo <= math.log1p(p / 100) <= hi]
     twin.set_yticks([t for t, _ in ticks], [f"{p:+g}%" if p else "0%" for _, p in ticks])
@@ -217,14 +218,17 @@ def plot_removal_cost(res: dict, path: Path, cheapest: list[int] = ()) -> Path:
     marked = [(b, y[b - 1]) for b in cheapest if 0 < b <= L]
     if marked:
         ax.plot(*zip(*marked), "s", ms=9, mfc="none", mec="C3", mew=1.5, label=f"cheapest: {blocks_text(cheapest)}")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set_yscale("symlog", linthresh=0.01)
+    if min(y) > 0:  # every block costs something: a log axis spends no height on the negative side
+        ax.set_yscale("log", nonpositive="clip")
+        ax.set_ylim(min(y) / 2, max(y) * 2)
+    else:
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_yscale("symlog", linthresh=0.01)
     ax.set_xlabel("removed block")
     ax.set_ylabel("loss increase (nats per token)", fontsize=9)
-    ax.set_xlim(0.5, L + 0.5)
     top = ax.secondary_xaxis("top", functions=(lambda b: b / L, lambda d: d * L))
     top.set_xlabel("relative depth of the removed block", fontsize=8)
-    ppl_axis(ax)
+    ppl_axis(ax).set_xlim(0.5, L + 0.5)  # after the twin axis, which shares x
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, frameon=False)
     return save_figure(fig, path, dpi=90)
