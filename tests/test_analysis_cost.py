@@ -12,7 +12,7 @@ from depthlab.analysis.analyze import Options, analyze
 from depthlab.analysis.layers import LayeredLM, from_hf
 from tests.test_analysis_support import random_batches
 from tests.test_gemma3_analysis import tiny_gemma3
-from tests.test_hf_fixtures import tiny_hf, transformers  # noqa: F401  (skips without transformers)
+from tests.test_hf_fixtures import tiny_hf, transformers
 
 OPTIONS = Options(probes=1, heatmap_channels=4, sublayers=True, drop_lowest=2, duplicate=2)
 
@@ -63,3 +63,16 @@ def test_a_kept_trace_is_not_handed_out_after_the_model_changed():
     with lm.without(1, "attn"):
         zeroed = lm.trace(b.inputs, b.mask)
     assert zeroed.logits is not None and not torch.equal(zeroed.hidden[2], again.hidden[2])
+
+
+def test_layer_by_layer_mode_keeps_no_trace(tmp_path):
+    """The skeleton's traces are never replayed (each block is streamed as it is loaded): none is held."""
+    from depthlab.analysis.analyze import analyze_layerwise
+    from depthlab.analysis.layerwise import load_skeleton
+    from tests.test_hf_fixtures import word_tokenizer
+
+    tiny_hf("llama", n_layers=3).save_pretrained(tmp_path / "m")
+    transformers.PreTrainedTokenizerFast(tokenizer_object=word_tokenizer()).save_pretrained(tmp_path / "m")
+    skel = load_skeleton(str(tmp_path / "m"))[0]
+    analyze_layerwise(skel, random_batches(97, n=2, T=12), Options(jacobian=False))
+    assert not skel.lm._kept

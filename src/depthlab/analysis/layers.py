@@ -43,7 +43,7 @@ class BlockCall:
 class Trace:
     """One batch through the model. hidden[l] is the residual stream entering block l, hidden[L] the raw output of
     the last block (before the final norm); mid[l] is the stream between block l's attention and MLP halves;
-    logits the model's own (None in a kept trace: `LayeredLM._keep`)."""
+    logits the model's own (a kept trace, `LayeredLM._keep`, has neither mid-block states nor logits)."""
     hidden: list[torch.Tensor]
     mid: list[torch.Tensor | None]
     calls: list[BlockCall]
@@ -176,15 +176,15 @@ class LayeredLM:
         return tr if same and state == self._state() else None
 
     def _keep(self, inputs: torch.Tensor, mask: torch.Tensor, tr: Trace) -> None:
-        """Keep `tr` for one more use while the kept stream states fit in KEEP_BYTES; its logits are not kept (the
-        batch's B x T x vocabulary: 2.1 GB for Gemma-3's 8 x 256 tokens): `replay` reads them off the last state."""
+        """Keep `tr`'s stream states and calls, what a replay reads, for one more use while they fit in KEEP_BYTES
+        (SmolLM2's 2,048 tokens: 146 MB); not its mid-block states nor its logits (the batch's B x T x vocabulary:
+        2.1 GB for Gemma-3's 8 x 256 tokens): `replay` reads the logits off the last state."""
         if self._kept is None:
             self._kept = {}
-        size = lambda t: t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0  # noqa: E731
-        held = sum(size(h) + size(m) for *_, k in self._kept.values() for h, m in zip(k.hidden, k.mid))
-        mine = sum(size(h) + size(m) for h, m in zip(tr.hidden, tr.mid))
-        if held + mine <= self.KEEP_BYTES:
-            self._kept[id(inputs)] = (inputs, mask, self._state(), Trace(tr.hidden, tr.mid, tr.calls, None))
+        size = lambda states: sum(h.numel() * h.element_size() for h in states)  # noqa: E731
+        if size(tr.hidden) + sum(size(k.hidden) for *_, k in self._kept.values()) <= self.KEEP_BYTES:
+            kept = Trace(tr.hidden, [None] * len(tr.mid), tr.calls, None)
+            self._kept[id(inputs)] = (inputs, mask, self._state(), kept)
 
     @torch.no_grad()
     def trace(self, inputs: torch.Tensor, mask: torch.Tensor, keep: bool = True) -> Trace:

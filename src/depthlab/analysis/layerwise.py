@@ -100,6 +100,7 @@ class Skeleton:
 
     def __init__(self, lm: LayeredLM, n_layers: int, files: Tensors, make_block=None, slots=None, cfg=None):
         self.lm, self.n_layers, self.files, self.make_block, self.cfg = lm, n_layers, files, make_block, cfg
+        lm.KEEP_BYTES = 0  # its traces (of the skeleton) are never replayed: none is kept for a second use
         self.slots = list(slots or [0] * n_layers)
         p = next(lm.model.parameters())
         self.device, self.dtype = p.device, p.dtype
