@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 
 from depthlab import UserError
-from depthlab.cli import Parser
 from depthlab.flags import SEED, at_least, positive
 from depthlab.study.corpus import build_corpus, unigram_loss
 from depthlab.study.probe import ProbeSpec
 from depthlab.study.records import load_records, recorded_command
 from depthlab.study.runner import Study, best_rates, grid_cells, run_cells, seed_cells
+from depthlab.study.script import parse, parser
 
 OUT = Path(__file__).parent / "results" / "depth_study"
 PHASES = ("grid", "sweep", "mixln")
@@ -70,19 +70,6 @@ def phase(s: Study, name: str, a) -> list:
         raise UserError("the sweep needs the grid: run --phases grid first (or give --fixed-lr)")
     return [c for seed in a.seeds for L in sorted(a.depths, reverse=True) for c in seed_cells(s, best, [seed], L)] \
         + seed_cells(s, best, [x for x in a.ref_seeds if x not in a.seeds], ref)
-
-
-def parser(prog: str, doc: str) -> Parser:
-    """A study script's parser: depthlab's (cli.Parser), whose errors are one `depthlab: error:` line, exit 2."""
-    return Parser(prog=f"python -m {prog}", description=doc.split("\n")[0])
-
-
-def parse(p: Parser, argv) -> argparse.Namespace:
-    """The arguments; a value out of range (flags.at_least, positive, ...) is a UserError, as in any command."""
-    a = p.parse_args(argv)
-    if callable(getattr(a, "func", None)):  # cli.Parser's refusal of a value: it raises the one-line error
-        a.func(a)
-    return a
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

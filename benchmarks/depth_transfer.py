@@ -18,11 +18,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.depth_study import add_arguments, parse, parser, study
+from benchmarks.depth_study import add_arguments, study
 from depthlab import UserError
 from depthlab.flags import SEED, at_least
 from depthlab.study import transfer as t
 from depthlab.study.records import recorded_command
+from depthlab.study.script import parse, parser
 
 GPU = {"dim": 256, "heads": 4, "ffn": 688, "seq": 256, "batch": 32, "steps": 4000, "eval_every": 500, "vocab": 8192,
        "corpus_mb": 64.0, "device": "cuda", "dtype": "bf16", "compile": True, "jobs": 1, "parts_depth": 0,

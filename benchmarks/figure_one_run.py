@@ -29,11 +29,12 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import environment
-from benchmarks.depth_study import add_arguments, parse, study
+from benchmarks.depth_study import add_arguments, study
 from depthlab import UserError
 from depthlab.cli import Parser
 from depthlab.study.records import load_records, recorded_command
 from depthlab.study.runner import Cell, run_cells
+from depthlab.study.script import parse
 
 RECORD = Path(__file__).parent / "results" / "figure_one_run.json"
 RATES = {"pre": 4e-3, "lns": 1.6e-2}  # each scheme's best rate at N = 48 in the LNS study (results/lns_study)

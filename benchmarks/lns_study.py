@@ -31,9 +31,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from benchmarks.depth_study import add_arguments, parse, parser, study
+from benchmarks.depth_study import add_arguments, study
 from depthlab.study.records import recorded_command, trained_alike
 from depthlab.study.runner import Study, grid_cells, run_cells, seed_cells, widened_grids
+from depthlab.study.script import parse, parser
 
 OUT = Path(__file__).parent / "results" / "lns_study"
 PHASES = ("depths", "parts", "along", "stability")

@@ -20,12 +20,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.depth_study import add_arguments, parse, parser, study
+from benchmarks.depth_study import add_arguments, study
 from depthlab import UserError
 from depthlab.flags import SEED, at_least, fraction
 from depthlab.ownership import write_whole
 from depthlab.study import own_rate as o
 from depthlab.study.records import load_records, recorded_command
+from depthlab.study.script import parse, parser
 
 OUT = Path(__file__).parent / "results" / "own_rate"
 

@@ -354,8 +354,8 @@ def test_depth_monitor_logs_every_n_steps(tmp_path, corpus):
 
 
 @pytest.mark.slow
-def test_ddp_two_ranks_match_one_process(tmp_path, corpus, extra=None):
-    """(tests/test_muon.py runs it again with `extra` settings.)"""
+def test_ddp_two_ranks_match_one_process(tmp_path, corpus, extra=None, tol=1e-5):
+    """(tests/test_muon.py runs it again with `extra` settings and its tolerance.)"""
     common = ["--data", corpus, "--max-steps", 4]
     one = cli("--run-dir", tmp_path / "one", *common, *sets(train__batch_size=4, train__grad_accum=2, **(extra or {})))
     two = cli("--run-dir", tmp_path / "two", *common, *sets(train__batch_size=2, train__grad_accum=2, **(extra or {})),
@@ -363,7 +363,7 @@ def test_ddp_two_ranks_match_one_process(tmp_path, corpus, extra=None):
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert list(a) == list(b) == [1, 2, 3, 4]
-    assert all(abs(a[s] - b[s]) < 1e-5 for s in a), (a, b)
+    assert all(abs(a[s] - b[s]) < tol for s in a), (a, b)
     assert two.stdout.count("run directory:") == 1  # rank 0 reports
 
 
