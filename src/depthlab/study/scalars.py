@@ -29,9 +29,11 @@ RATE_KEYS = mu.RATE_KEYS
 # lattice index each grid starts around: its scheme's best under Muon (the Muon study's seed-0 grids: pre 8e-3 at
 # N = 12 and 24, lns 1.6e-2 at both); N = 48, which that study did not run, starts at N = 24's
 CENTRES = {(PRE, 12): 6, (PRE, 24): 6, (LNS, 12): 8, (LNS, 24): 8}
-# minutes a cell takes at each depth on one of this machine's cores, shared with six other engineers (`python -m
-# benchmarks.scalars_study measure`: one short lns+scalars cell per depth at 2 lengths, extrapolated to 2,000 steps)
-CELL_MINUTES: dict[int, float] = {}
+# CPU minutes a full cell takes at each depth on one core of this 2-core machine, shared by seven engineers (`python -m
+# benchmarks.scalars_study measure --runs-dir /tmp/depthlab_scalars_runs`, nice 10, 2026-12-06: short lns+scalars
+# cells at N = 12 and 24 at 40 and 120 steps, N = 48's fixed part at 40 steps and its step on the line through them;
+# wall time ran 4.5x (N = 12) to 9.7x (N = 48) the CPU time)
+CELL_MINUTES: dict[int, float] = {12: 9.4, 24: 15.8, 48: 29.5}
 BUDGET_CORE_HOURS = 30.0
 
 
@@ -153,5 +155,8 @@ def plan(d: Design) -> dict:
         },
         "noise_model": base["noise_model"],
         "budget": budget(d) if CELL_MINUTES else None,
+        "budget_rule": f"the plan with every grid widened once must fit {BUDGET_CORE_HOURS:g} core-hours (CPU time of "
+                       "one-thread cells, measured before this plan); if it does not, N = "
+                       f"{max(d.depths)}'s scalar arms are dropped first (Design.deep_scalars) and the page says so",
         "declared_before": "this file's commit precedes every record of runs.jsonl beside it",
     }
