@@ -38,6 +38,7 @@ STUDY = ("benchmarks.depth_transfer run --runs-dir {study_runs} --corpus-mb 0.05
          "--ffn 64 --seq 32 --batch 4 --eval-every 1 --probe-windows 4 --val-tokens 256 --variants pre --lrs 0.004 "
          "--depths 2 --base-depth 2 --grid-depths 2 --parts-depth 0 --seeds 0 --widen 0 --jobs 1")
 COORD = "coord-check --data {txt} --depths 2 4 --seeds 1 --steps 1 --no-progress --out "
+CONTINUE = "continue:{victim_docs}/README.md,n=1,words=1,answer=1"  # a task its 3 words can hold
 LMEVAL = "lmeval --model depthlab --tasks depthlab_mc --include_path {task_answer_first} --device cpu --model_args "
 
 # (id, command, fragment of the error line)
@@ -585,13 +586,14 @@ CASES = [
      "--greedy scores the blocks itself"),
     ("prune-data-without-greedy", "prune {hf} {tmp}/o --remove 0:1 --data {txt}",
      "--data has no effect without --greedy"),
-    # issue 60: an input named inside a task spec is read like any other (the folder holding it is never replaced)
-    ("analyze-out-holds-its-continue-file", "analyze {hf} --removal-generate continue:{victim_docs}/README.md,n=3 "
-     "--out {victim_docs} --overwrite --tokens 64 --no-jacobian", "holds analyze's own input --removal-generate"),
-    ("compare-out-holds-its-continue-file", "compare {hf} {hf} --removal-generate continue:{victim_docs}/README.md "
-     "--out {victim_docs} --overwrite --tokens 64 --no-jacobian", "holds compare's own input --removal-generate"),
+    # issue 60: an input named inside a task spec is read like any other (the folder holding it is never replaced:
+    # before, the analysis ran and --overwrite deleted README.md, exit 0)
+    ("analyze-out-holds-its-continue-file", "analyze {hf} --removal-generate " + CONTINUE + " --out {victim_docs} "
+     "--overwrite --tokens 64 --no-jacobian", "holds analyze's own input --removal-generate"),
+    ("compare-out-holds-its-continue-file", "compare {hf} {hf} --removal-generate " + CONTINUE + " --out "
+     "{victim_docs} --overwrite --tokens 64 --no-jacobian", "holds compare's own input --removal-generate"),
     ("prune-out-holds-its-continue-file", "prune {hf} {victim_docs} --drop-lowest 1 --greedy --by generate "
-     "--generate continue:{victim_docs}/README.md,n=3 --overwrite", "holds prune's own input --generate"),
+     "--generate " + CONTINUE + " --overwrite", "holds prune's own input --generate"),
     # issue 60: results are keyed by name: a task given twice is refused; a card that does not parse is one line
     ("eval-tasks-same-file-twice", "eval tasks {run} --tasks {tasks} {tasks}", "--tasks names"),
     ("analyze-removal-generate-twice", "analyze {hf} --removal-generate add add --tokens 64 --no-jacobian --out "
