@@ -134,7 +134,8 @@ def cmd_train(args) -> None:
     print(f"run directory: {result.run_dir}")
     print(f"checkpoint:    {result.checkpoint}")
     metric = (f"top-1 accuracy {result.val['val_acc']:.4f}" if "val_acc" in result.val
-              else f"perplexity {result.val_ppl:.2f}, window {cfg.data.seq_len}")
+              else f"perplexity {result.val_ppl:.2f}, window {cfg.data.seq_len}"
+              + (f", {result.val['val_tokens']:,} tokens scored" if "val_tokens" in result.val else ""))
     print(f"final validation loss {result.val_loss:.4f}, {metric} ({result.steps} steps, {result.wall_s:.0f} s)")
 
 
