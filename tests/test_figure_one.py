@@ -172,14 +172,14 @@ def test_linear_replacement_costs_nothing_on_a_planted_affine_block_only():
 
 
 def test_linear_fit_windows_are_kept_apart_from_the_evaluation_windows(tmp_path):
-    from depthlab.analysis.run import Request, _batches, load_layered
+    from depthlab.analysis.run import Request, batches_for, load_layered
 
     hf = save_hf_model(tmp_path / "hf", "llama")
     loaded = load_layered(str(hf))
     (tmp_path / "t.txt").write_text(TEXT)
     req = Request(str(hf), data=[str(tmp_path / "t.txt")], tokens=100, options=Options(linear=True),
                   linear_fit_tokens=200)
-    batches, fit, source = _batches(req, loaded.lm, loaded.tokenizer, 32, 64)
+    batches, fit, source = batches_for(req, loaded.lm, loaded.tokenizer, 32, 64)
     rows = {tuple(r[m].tolist()) for b in batches for r, m in zip(b.ids, b.mask)}
     fit_rows = {tuple(r[m].tolist()) for b in fit for r, m in zip(b.ids, b.mask)}
     assert sum(b.n_tokens for b in batches) >= 100 and sum(b.n_tokens for b in fit) >= 200

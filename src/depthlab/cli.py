@@ -15,7 +15,15 @@ from depthlab import UserError, __version__
 from depthlab.flags import SET_EPILOG
 
 # Packages that add their own subcommands: each module has `add_commands(subparsers)`.
-COMMAND_MODULES: tuple[str, ...] = ("depthlab.data.cli", "depthlab.hf.cli", "depthlab.analysis.cli")
+COMMAND_MODULES: tuple[str, ...] = ("depthlab.data.cli", "depthlab.hf.cli", "depthlab.surgery.cli",
+                                    "depthlab.analysis.cli")
+# A module named here is imported only when one of its commands runs, or the whole parser is built: until then the
+# command list of `depthlab --help` gives its commands these lines, the ones its own parsers give (a test holds the
+# two lists equal). So `depthlab --help`, train and eval import no analysis code, nor the scipy it brings.
+LAZY_COMMANDS: dict[str, dict[str, str]] = {"depthlab.analysis.cli": {
+    "analyze": "curse-of-depth diagnostics of a causal LM or a ViT, with plots and a report",
+    "compare": "overlay the diagnostics of several models in one report",
+    "theory": "simulate the paper's variance recursion (Pre-LN vs LNS)"}}
 
 def base_config(args):
     """The config the flags apply to: with --resume the run's own (its checkpoint's, or a started run's), else
@@ -204,7 +212,9 @@ def add_plan_flags(t) -> None:
     only_with(t, "--dry-run", "--world-size", "--gpu-memory", "--measure")
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given the `command` about to run (main reads it from the arguments; "": none), the
+    modules of LAZY_COMMANDS that do not hold it stay unimported, their commands only listed."""
     p = Parser(prog="depthlab", description="Train and diagnose LLMs whose every layer counts "
                                 "(LayerNorm Scaling, arXiv 2502.05795, and other normalization schemes).")
     p.add_argument("--version", action="version", version=f"depthlab {__version__}")
@@ -254,12 +264,22 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schemes", help="list the normalization schemes")
     s.set_defaults(func=cmd_schemes)
 
+    add_package_commands(sub, command)
+    add_coord_check(sub)
+    return p
+
+
+def add_package_commands(sub, command: str | None) -> None:
+    """Each COMMAND_MODULES module's commands; those of a lazy one that does not hold `command` only listed."""
     import importlib
 
     for name in COMMAND_MODULES:
-        importlib.import_module(name).add_commands(sub)
-    add_coord_check(sub)
-    return p
+        listed = LAZY_COMMANDS.get(name, {})
+        if command is not None and listed and command not in listed:
+            for lazy, line in listed.items():  # never parsed: running it imports its module
+                sub.add_parser(lazy, help=line, add_help=False)
+        else:
+            importlib.import_module(name).add_commands(sub)
 
 
 def add_coord_check(sub) -> None:
@@ -334,11 +354,11 @@ def argparse_without_out(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = make_parser()
-    argv = sys.argv[1:] if argv is None else argv
     from depthlab.eval.cli import new_spelling
 
-    args = parser.parse_args(new_spelling(argv))
+    argv = new_spelling(sys.argv[1:] if argv is None else argv)
+    parser = make_parser(next((a for a in argv if not a.startswith("-")), ""))
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0

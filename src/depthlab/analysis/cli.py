@@ -288,10 +288,6 @@ def add_commands(sub) -> None:
     a.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an analysis report")
     _add_model_args(a)
     a.set_defaults(func=cmd_analyze)
-    if "prune" in sub.choices:  # prune --greedy scores removals as analyze does (hf may not import analysis)
-        from depthlab.analysis.greedy import prune_order
-
-        sub.choices["prune"].set_defaults(greedy_order=prune_order)
 
     c = sub.add_parser("compare", help="overlay the diagnostics of several models in one report",
                        description="Analyse several models (or reuse `analyze` output folders) and overlay "

@@ -104,7 +104,7 @@ def duplicating(lm: LayeredLM, i: int, j: int):
     """The naive way, for the benchmark and as a cross-check: the model's block list is the duplicated order (the
     repeated blocks are the same modules), and an HF config follows it while it runs (num_hidden_layers and the
     per-layer lists: each repeated block keeps its own kind of attention, as `depthlab duplicate` writes it)."""
-    from depthlab.hf.pruning import config_in_order
+    from depthlab.block_order import config_in_order
 
     parent_path, _, attr = lm.blocks_path.rpartition(".")
     parent = lm.model.get_submodule(parent_path)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from depthlab import UserError
 from depthlab.analysis.layers import LayeredLM
 from depthlab.analysis.removal import BASE, Plan, RemovalSums, through_block
 from depthlab.analysis.tasks import TaskSums, answer_logits, question_mask, usefulness_orders
@@ -163,33 +162,3 @@ def greedy_removal(scorer: Scorer, k: int) -> dict:
 
 def blocks(removed: frozenset) -> list[int]:
     return [b + 1 for b in sorted(removed)]
-
-
-def prune_order(model: str, k: int, by: str, **request) -> dict:
-    """The greedy record (`greedy_removal`) of `model`, scored on the calibration windows or the task questions
-    `request` names (the fields of a depthlab.analysis.run.Request, read as `analyze` reads them), with what it was
-    scored on."""
-    from depthlab.analysis.run import Request, _batches, _generation, _questions, load_layered
-
-    if by not in GREEDY_BY:
-        raise UserError(f"greedy removal ranks by {' or '.join(GREEDY_BY)}, not {by!r}")
-    req = Request(model, **request)
-    loaded = load_layered(req.model, req.trust_remote_code, req.dtype, req.device)
-    lm = loaded.lm
-    if lm.classifier:
-        raise UserError(f"{req.model} is a ViT: greedy removal scores a causal language model")
-    if by == "loss":
-        seq_len = req.seq_len or loaded.seq_len
-        batches, _, source = _batches(req, lm, loaded.tokenizer, seq_len, loaded.info["context"])
-        lm.discover(batches[0].inputs, batches[0].mask)
-        scorer, data = LossScorer(lm, batches), {"source": source, "seq_len": seq_len, "tokens": sum(
-            b.n_tokens for b in batches)}
-    elif by == "tasks":
-        questions = _questions(req, lm)
-        q = next(iter(questions.values()))[0]
-        lm.discover(q.ids, question_mask(q))
-        scorer, data = TaskScorer(lm, questions), {"tasks": {t: len(qs) for t, qs in questions.items()}}
-    else:
-        questions = _generation(req, lm, loaded.tokenizer)
-        scorer, data = GenerationScorer(lm, questions), {"generate": {t: len(qs) for t, qs in questions.items()}}
-    return {"model": req.model, "data": data, **greedy_removal(scorer, k)}

@@ -190,7 +190,7 @@ def _own_batches(req: Request, stream, seq_len: int, after: bool) -> tuple[list[
     return move(batches), [], source
 
 
-def _batches(req: Request, lm, tok, seq_len: int, context: int, own=None) -> tuple[list[Batch], list[Batch], str]:
+def batches_for(req: Request, lm, tok, seq_len: int, context: int, own=None) -> tuple[list[Batch], list[Batch], str]:
     """(evaluation batches, the linear maps' fit batches: the windows after them, source); `own`: a run's held-out
     tokens, read when no --data is given."""
     if seq_len > context:
@@ -228,7 +228,7 @@ def _batches(req: Request, lm, tok, seq_len: int, context: int, own=None) -> tup
     return move(batches), move(to_batches(fit, pad, req.batch_size)), source
 
 
-def _questions(req: Request, lm) -> dict | None:
+def questions_for(req: Request, lm) -> dict | None:
     """The task questions for this model's tokenizer, on its device."""
     if req.tasks is None or not req.options.removal:
         return None
@@ -242,7 +242,7 @@ def _questions(req: Request, lm) -> dict | None:
     return questions_to(questions, req.device)
 
 
-def _generation(req: Request, lm, tok) -> dict | None:
+def generation_for(req: Request, lm, tok) -> dict | None:
     """The generation tasks as token ids for this model's tokenizer: {task: [GenQuestion]}."""
     if not req.generate:
         return None
@@ -325,11 +325,11 @@ def run_request(req: Request) -> dict:
         raise UserError("--images is for a ViT; a language model's calibration size is --tokens")
     else:
         meta = None if req.layerwise else loaded.meta
-        batches, fit, source = _batches(req, lm, tok, req.seq_len or seq_len, info["context"],
+        batches, fit, source = batches_for(req, lm, tok, req.seq_len or seq_len, info["context"],
                                         own_val_tokens(info["checkpoint"], meta) if meta is not None else None)
         data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
-        questions = _questions(req, lm)
-    generation = _generation(req, lm, tok)
+        questions = questions_for(req, lm)
+    generation = generation_for(req, lm, tok)
     check_interior(skel.n_layers if req.layerwise else lm.n_layers, req.options.curse)  # the data's errors first
     if req.layerwise:
         res = analyze_layerwise(skel, batches, req.options, questions=questions, fit=fit)

@@ -1,12 +1,13 @@
-"""Remove decoder blocks from a Hugging Face model and save the smaller model: a contiguous span, or the k least
-useful blocks as an analysis ranked them (`depthlab analyze`'s metrics.json, `usefulness`). Or repeat a span
-(`depthlab duplicate`, prune's sibling): the layers up to the span's end, a copy of the span, then the rest.
+"""The mechanics of reworking a model's decoder blocks and saving it as a stock Hugging Face model: remove some
+(`prune_blocks`: which ones, a span or a choice, is the caller's: depthlab.surgery), or repeat a span (`duplicate`):
+the layers up to the span's end, a copy of the span, then the rest.
 
 Layers are counted as in the HF weight names (`model.layers.{i}`): from 0, the span START:END a Python slice, so
 `--remove 20:24` drops model.layers.20 .. model.layers.23 (blocks 21-24 counted from 1), `-1:` the last layer and
 `:2` the first two; `--span 4:8` repeats model.layers.4 .. model.layers.7. The
 blocks are renumbered (weights, and each attention's `layer_idx`, which indexes the KV cache), and the config is
-made consistent: `num_hidden_layers`, every per-layer list (`layer_types`, ...) and `max_window_layers`.
+made consistent: `num_hidden_layers`, every per-layer list (`layer_types`, ...) and `max_window_layers`
+(depthlab.block_order).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from torch import nn
 
 from depthlab import UserError
+from depthlab.block_order import reorder_config
 from depthlab.model.blocks import find_blocks, set_blocks
 
 
@@ -87,36 +89,8 @@ def relayer(model: nn.Module, order: list[int]) -> nn.Module:
         layers.append(copy.deepcopy(blocks[old]) if old in seen else blocks[old])
         seen.add(old)
     set_blocks(model, prefix, layers)
-    _relayer_config(model.config, len(blocks), order)
+    reorder_config(model.config, len(blocks), order)
     return model
-
-
-_NOT_PER_LAYER = {"architectures", "bos_token_id", "eos_token_id", "pad_token_id"}
-
-
-@contextlib.contextmanager
-def config_in_order(cfg, n: int, order: list[int]):
-    """An HF config made, while the `with` lasts, that of the model whose n blocks run in `order`: what gives each
-    block the attention mask and RoPE table of its own kind (Gemma-3 reads `layer_types[i]` by position), as
-    `relayer` makes it for good."""
-    saved = dict(vars(cfg))
-    _relayer_config(cfg, n, order)
-    try:
-        yield cfg
-    finally:
-        for key, value in saved.items():
-            setattr(cfg, key, value)
-
-
-def _relayer_config(cfg, n: int, order: list[int]) -> None:
-    for key, value in list(vars(cfg).items()):  # per-layer fields: layer_types, depthlab_layer_scales, ...
-        if isinstance(value, (list, tuple)) and len(value) == n and key not in _NOT_PER_LAYER:
-            setattr(cfg, key, type(value)(value[i] for i in order))
-    if isinstance(getattr(cfg, "max_window_layers", None), int):
-        # Qwen2: layers below this index use full attention, the rest a sliding window (layer_types, where the
-        # config has it, is what transformers reads)
-        cfg.max_window_layers = sum(i < cfg.max_window_layers for i in order)
-    cfg.num_hidden_layers = len(order)
 
 
 @contextlib.contextmanager
@@ -156,12 +130,10 @@ def prune(src: str | Path, start: int | None, end: int | None, out_dir: str | Pa
 
 
 def prune_blocks(src: str | Path, choose, out_dir: str | Path, overwrite: bool = False, why: str = "",
-                 reads: tuple[str | Path, ...] = (), record: dict | None = None) -> tuple[Path, list[int]]:
+                 reads: tuple[str | Path, ...] = (), beside: dict[str, dict] | None = None) -> tuple[Path, list[int]]:
     """Prune any model path (see `rewrite_blocks`): `choose(n)` names the 0-based blocks to remove of its n, `why`
-    says why in the provenance file. Returns the output and the removed blocks. `record`, once `choose` has filled
-    it (a greedy choice's steps), is written beside the model as GREEDY_RECORD."""
-    from depthlab.paths import GREEDY_RECORD
-
+    says why in the provenance file, `beside` ({file name: record}, filled by `choose`) what else is written next
+    to the model. Returns the output and the removed blocks."""
     removed: list[int] = []
 
     def edit(model) -> dict:
@@ -170,7 +142,6 @@ def prune_blocks(src: str | Path, choose, out_dir: str | Path, overwrite: bool =
         return {"removed_layers": removed,
                 "note": f"model.layers {', '.join(map(str, removed))} removed{why}, the rest renumbered"}
 
-    beside = {GREEDY_RECORD: record} if record is not None else {}
     return rewrite_blocks(src, edit, out_dir, "prune", overwrite, reads, beside), removed
 
 
@@ -226,64 +197,3 @@ def rewrite_blocks(src: str | Path, edit, out_dir: str | Path, command: str, ove
             if content:
                 (out / name).write_text(json.dumps(content, indent=2) + "\n")
     return Path(out_dir)
-
-
-def least_useful(src: str | Path, analysis: str | Path, k: int, by: str) -> tuple[list[int], list[str]]:
-    """(the 0-based indices of the k least useful blocks of `src` by `by` ("loss" or "tasks"), as `depthlab analyze`
-    ranked them in `analysis`; lines saying what that analysis measured for the model without them)."""
-    from depthlab.paths import ANALYSIS_RESULTS, model_path, read_json
-
-    res = read_json(Path(analysis) / ANALYSIS_RESULTS[0])
-    if not isinstance(res, dict) or not isinstance(res.get("model"), dict):
-        raise UserError(f"{analysis} holds no analysis (metrics.json); run `depthlab analyze {src} --out {analysis}` "
-                        "first, or name the analysis with --analysis DIR")
-    if model_path(res["model"].get("path", ""), warn=lambda m: None)[1].resolve() != model_path(src)[1].resolve():
-        raise UserError(f"{analysis} is the analysis of {res['model'].get('path')}, not of {src}")
-    order = res.get("usefulness", {}).get(by)
-    if order is None:
-        how = "--removal-tasks / --removal-mmlu / --removal-commonsense" if by == "tasks" else "removal"
-        raise UserError(f"{analysis} ranks no blocks by {by}: analyze {src} with {how}")
-    check_drop(k, len(order))
-    return [b - 1 for b in order[:k]], measured_lines(res, k, by)
-
-
-def check_drop(k: int, n: int) -> None:
-    """--drop-lowest K of a model of n blocks: 1..n-1."""
-    if not 1 <= k < n:
-        raise UserError(f"--drop-lowest {k}: the model has {n} blocks; drop 1..{n - 1}")
-
-
-def measured_lines(res: dict, k: int, by: str) -> list[str]:
-    """What the analysis measured for the model without its k least useful blocks (by `by`)."""
-    r = res["removal"]
-    drop = next((d for d in r.get("drop", {}).get(by, []) if d["k"] == k), None)
-    if drop is None:
-        return [f"not scored by the analysis (it scored up to k = {len(r.get('drop', {}).get(by, []))}): analyze "
-                f"with --drop-lowest {k} to see what this model scores"]
-    lines = [f"the analysis measured, without them: loss {drop['loss']:.4f} ({drop['delta_loss']:+.4f} against "
-             f"{r['base_loss']:.4f})"]
-    for name, t in res.get("task_removal", {}).get("tasks", {}).items():
-        d = next(x for x in t["drop"][by] if x["k"] == k)
-        lines.append(f"  {name}: accuracy {d['acc']:.4f} [{d['acc_ci'][0]:.4f}, {d['acc_ci'][1]:.4f}] (the model's "
-                     f"{t['base_acc']:.4f}, {t['n']} questions), answer log-likelihood {d['ll']:.4f} "
-                     f"(the model's {t['base_ll']:.4f})")
-    return lines
-
-
-GREEDY_METRIC = {"loss": "loss", "tasks": "acc", "generate": "acc"}  # what the table shows, by what greedy ranks by
-
-
-def greedy_lines(record: dict) -> list[str]:
-    """The greedy record as a table: per k, the blocks greedy removal took out and its metric, beside the one-shot
-    choice's (the k blocks whose removal alone costs least)."""
-    metric = GREEDY_METRIC[record["by"]]
-    listed = lambda bs: " ".join(map(str, bs)) or "-"  # noqa: E731
-    rows = [(0, [], record["base"], [], record["base"])]
-    rows += [(s["k"], s["greedy"]["blocks"], s["greedy"], s["one_shot"]["blocks"], s["one_shot"])
-             for s in record["steps"]]
-    width = max(len("one-shot blocks"), *(len(listed(r[1])) for r in rows), *(len(listed(r[3])) for r in rows))
-    lines = [f"{'k':>3}  {'greedy blocks':<{width}}  {'greedy ' + metric:>12}  {'one-shot blocks':<{width}}  "
-             f"{'one-shot ' + metric:>14}"]
-    for k, g, gm, o, om in rows:
-        lines.append(f"{k:>3}  {listed(g):<{width}}  {gm[metric]:>12.4f}  {listed(o):<{width}}  {om[metric]:>14.4f}")
-    return lines
