@@ -102,9 +102,9 @@ def peak_rss_mb(args: list[str]) -> tuple[float, float]:
 
 
 def bench_memory(dim=512, n_layers=16, vocab=4096, ffn=1376, tokens=512) -> dict:
+    from benchmarks.tiny_models import tiny_tokenizer, write_checkpoint
     from depthlab.config import Config
     from depthlab.model import Transformer
-    from tests.test_analysis_support import tiny_tokenizer, write_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Config()

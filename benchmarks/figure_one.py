@@ -26,11 +26,11 @@ QUESTION = json.dumps({"question": f"{CODE}def f9(x):\n    return x * 9 +", "cho
 
 
 def bench_sweep(tmp: Path, n_layers: int = 48, dim: int = 128, reps: int = 5) -> dict:
+    from benchmarks.tiny_models import save_depthlab_checkpoint
     from depthlab.analysis.removal import BASE, single_plans
     from depthlab.analysis.run import load_layered
     from depthlab.analysis.tasks import TaskSums, naive_task_sweep, question_mask, sweep_agreement, task_sweep
     from depthlab.eval.suite import TaskSuite
-    from tests.test_analysis_support import save_depthlab_checkpoint
 
     torch.manual_seed(0)
     ck = save_depthlab_checkpoint(tmp / "ck", "pre", n_layers, dim=dim, ffn_dim=4 * dim, max_seq_len=256)
@@ -72,7 +72,7 @@ def bench_memory(tmp: Path, layers: int = 24, dim: int = 2048, ffn: int = 5632, 
     """A random Llama (and a 2 x 64 one of the same vocabulary: what the command holds besides the model)."""
     import transformers
 
-    from tests.test_analysis_support import save_random_hf
+    from benchmarks.tiny_models import save_random_hf
 
     (tmp / "q.jsonl").write_text(QUESTION)
     out = {}

@@ -35,7 +35,7 @@ def load(path: str | None, tmp: Path):
     if path in (None, "random"):
         import transformers
 
-        from tests.test_analysis_support import save_hf_model
+        from benchmarks.tiny_models import save_hf_model
 
         cfg = dict(num_hidden_layers=16, hidden_size=128, intermediate_size=256)
         hf = save_hf_model(tmp / "hf", "llama")

@@ -10,6 +10,7 @@ depthlab.stats, shared with the task-removal analysis).
     runner.py    rate grid -> each variant's best rate by a declared metric -> seeds, resumable; probes along
                  training at token budgets
     figures.py   the studies' figures
+    wording.py   a comparison and a corpus's held-out splits in prose, as every page and study prints them
     script.py    the study scripts' command lines: depthlab's parser, one-line errors
     transfer.py, own_rate.py, muon.py   the depth-transfer, own-rate and Muon studies: their designs, cell order, plans
     page/        docs/results.md and docs/benchmarks.md, rendered from the records and result files

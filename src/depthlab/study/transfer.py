@@ -33,7 +33,6 @@ import numpy as np
 from depthlab.plots import pyplot, save_figure
 from depthlab.stats import interval, mean_std, pooled_noise, pvalue, spread
 from depthlab.study import declared
-from depthlab.study.page.text import composition_said, said
 from depthlab.study.records import cell_key, final_probe
 from depthlab.study.runner import Cell, run_cells, selection_value
 from depthlab.study.verdicts import (
@@ -45,6 +44,7 @@ from depthlab.study.verdicts import (
     equivalent,
     pooled_family,
 )
+from depthlab.study.wording import composition_said, said
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository this file is in (src/depthlab/study/transfer.py)
 OUT = ROOT / "benchmarks" / "results" / "depth_transfer"
