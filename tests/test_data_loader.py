@@ -194,11 +194,13 @@ def test_old_checkpoint_states_resume_every_sampler():
 
 
 def test_no_sampler_subclasses_another():
-    """Each sampler holds a SeededOrder and only gathers its items."""
-    from depthlab.data.dataset import SeededOrder
+    """Each sampler holds a SeededOrder and only gathers its items: its state is the order's, written once
+    (OrderedSampler), and none subclasses another sampler."""
+    from depthlab.data.dataset import OrderedSampler, SeededOrder
     from depthlab.data.images import ImageSampler
     from depthlab.train.finetune import ExampleSampler
 
     samplers = (PackedSampler, ImageSampler, ExampleSampler)
-    assert all(cls.__bases__ == (object,) for cls in samplers)
+    assert all(cls.__bases__ == (OrderedSampler,) for cls in samplers)
+    assert not {"state_dict", "load_state_dict"} & {name for cls in samplers for name in vars(cls)}
     assert isinstance(PackedSampler(stream(4), SEQ, 2, seed=0).order, SeededOrder)

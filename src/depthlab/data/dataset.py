@@ -45,8 +45,8 @@ from depthlab.data.tokens import (  # noqa: F401 (the held-out rule, re-exported
 )
 from depthlab.paths import VAL_TOKENS
 
-__all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "SeededOrder", "eval_batches", "pack",
-           "read_documents", "held_out_split", "composition"]
+__all__ = ["TokenData", "build_token_data", "eval_tokens", "PackedSampler", "OrderedSampler", "SeededOrder",
+           "eval_batches", "pack", "read_documents", "held_out_split", "composition"]
 
 MIN_DOCUMENTS = 20  # fewer documents are cut into pieces at line boundaries so a held-out set exists
 ON_THE_FLY_MAX_BYTES = 256e6  # more raw text than this must go through `depthlab data prepare`
@@ -292,7 +292,20 @@ class SeededOrder:
         return np.concatenate(out)[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
 
-class PackedSampler:
+class OrderedSampler:
+    """A sampler that draws its items in a SeededOrder (`self.order`): its state, saved in a checkpoint and loaded
+    on resume, is that order's position. Every training sampler is one (windows, images, padded examples)."""
+
+    order: SeededOrder
+
+    def state_dict(self) -> dict:
+        return self.order.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.load_state_dict(state)
+
+
+class PackedSampler(OrderedSampler):
     """Yields batches of token windows in the SeededOrder of the windows (epoch after epoch, per rank, resumable):
     a resumed run sees exactly the tokens it would have seen, on any world size."""
 
@@ -304,12 +317,6 @@ class PackedSampler:
         if n < 1:
             raise UserError(f"{len(tokens)} tokens hold no window of seq_len {seq_len}")
         self.tokens, self.seq_len = tokens, seq_len
-
-    def state_dict(self) -> dict:
-        return self.order.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order.load_state_dict(state)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         return gather_windows(self.tokens, self.order.next(), self.seq_len)

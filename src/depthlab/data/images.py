@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from depthlab import UserError
-from depthlab.data.dataset import SeededOrder
+from depthlab.data.dataset import OrderedSampler, SeededOrder
 from depthlab.data.tokens import is_val, val_period
 
 __all__ = ["ImageData", "build_image_data", "fit_images", "ImageSampler", "eval_image_batches"]
@@ -403,7 +403,7 @@ def build_image_data(paths: list[str], image_size: int, channels: int, val_fract
 # --- batches ----------------------------------------------------------------------------------------------------
 
 
-class ImageSampler:
+class ImageSampler(OrderedSampler):
     """Yields (images, labels) batches in the SeededOrder of the images (epoch after epoch, per rank, resumable):
     a resumed run sees exactly the images it would have seen, on any world size."""
 
@@ -415,12 +415,6 @@ class ImageSampler:
         if len(x) < 1:
             raise UserError("no training images to sample from")
         self.x, self.y = x, y
-
-    def state_dict(self) -> dict:
-        return self.order.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order.load_state_dict(state)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.order.next()

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from depthlab import UserError
-from depthlab.data.dataset import SeededOrder
+from depthlab.data.dataset import OrderedSampler, SeededOrder
 from depthlab.data.instructions import InstructionData, build_instruction_data
 from depthlab.eval.perplexity import response_loss
 from depthlab.train.distributed import shutdown
@@ -33,7 +33,7 @@ from depthlab.train.tasks import LanguageModelling
 from depthlab.train.trainer import Trainer
 
 
-class ExampleSampler:
+class ExampleSampler(OrderedSampler):
     """Batches of padded examples (rows) and their targets in the SeededOrder of the rows."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, seq_len: int, batch_size: int, seed: int, rank: int = 0,
@@ -41,12 +41,6 @@ class ExampleSampler:
         self.rows, self.targets = x.reshape(-1, seq_len), y.reshape(-1, seq_len)
         self.order = SeededOrder(len(self.rows), batch_size, seed, rank, world_size, same="data, seq_len",
                                  windows=len(self.rows), seq_len=seq_len)
-
-    def state_dict(self) -> dict:
-        return self.order.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order.load_state_dict(state)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         idx = self.order.next()
