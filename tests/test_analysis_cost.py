@@ -76,3 +76,17 @@ def test_layer_by_layer_mode_keeps_no_trace(tmp_path):
     skel = load_skeleton(str(tmp_path / "m"))[0]
     analyze_layerwise(skel, random_batches(97, n=2, T=12), Options(jacobian=False))
     assert not skel.lm._kept
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_batch_traced_before_the_analysis_changes_no_number(family, monkeypatch):
+    """The analysis's first pass then finds the batch's kept trace, logits not kept: the model's own loss is read
+    off the last state, as the model itself reads it, to the last bit."""
+    batches = random_batches(97, n=2, B=2, T=13)
+    lm = from_hf(model_of(family), "tiny")
+    lm.discover(batches[0].inputs, batches[0].mask)  # before it, a trace reads no mid-block state: not kept for it
+    for b in batches:
+        lm.trace(b.inputs, b.mask)
+    got = json.dumps(analyze(lm, batches, OPTIONS), sort_keys=True)
+    monkeypatch.setattr(LayeredLM, "KEEP_BYTES", 0)
+    assert got == json.dumps(analyze(from_hf(model_of(family), "tiny"), batches, OPTIONS), sort_keys=True)

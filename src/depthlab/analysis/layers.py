@@ -43,7 +43,7 @@ class BlockCall:
 class Trace:
     """One batch through the model. hidden[l] is the residual stream entering block l, hidden[L] the raw output of
     the last block (before the final norm); mid[l] is the stream between block l's attention and MLP halves;
-    logits the model's own (a kept trace, `LayeredLM._keep`, has neither mid-block states nor logits)."""
+    logits the model's own (None in a kept trace: `LayeredLM._keep`)."""
     hidden: list[torch.Tensor]
     mid: list[torch.Tensor | None]
     calls: list[BlockCall]
@@ -160,9 +160,10 @@ class LayeredLM:
 
     def _state(self) -> tuple:
         """What a trace depends on besides its inputs: the blocks, every parameter (each one's identity and its
-        in-place version) and the hooks on the blocks (a sublayer zeroed)."""
+        in-place version), the hooks on the blocks (a sublayer zeroed) and where the mid-block states are read."""
         hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in self.blocks.modules())
-        return (tuple(map(id, self.blocks)), hooks,
+        probes = tuple(id(p[0]) if p else None for p in self.mid_probes or ())  # which mid states a trace reads
+        return (tuple(map(id, self.blocks)), hooks, probes,
                 tuple((id(p), p._version) for p in self.model.parameters()))
 
     def _kept_trace(self, inputs: torch.Tensor, mask: torch.Tensor) -> Trace | None:
@@ -176,15 +177,14 @@ class LayeredLM:
         return tr if same and state == self._state() else None
 
     def _keep(self, inputs: torch.Tensor, mask: torch.Tensor, tr: Trace) -> None:
-        """Keep `tr`'s stream states and calls, what a replay reads, for one more use while they fit in KEEP_BYTES
-        (SmolLM2's 2,048 tokens: 146 MB); not its mid-block states nor its logits (the batch's B x T x vocabulary:
-        2.1 GB for Gemma-3's 8 x 256 tokens): `replay` reads the logits off the last state."""
+        """Keep `tr`'s stream states (mid-block ones included) and calls for one more use while they fit in
+        KEEP_BYTES (SmolLM2's 2,048 tokens: 290 MB); not its logits (the batch's B x T x vocabulary: 2.1 GB for
+        Gemma-3's 8 x 256 tokens): `replay` reads them off the last state, as the model does."""
         if self._kept is None:
             self._kept = {}
-        size = lambda states: sum(h.numel() * h.element_size() for h in states)  # noqa: E731
-        if size(tr.hidden) + sum(size(k.hidden) for *_, k in self._kept.values()) <= self.KEEP_BYTES:
-            kept = Trace(tr.hidden, [None] * len(tr.mid), tr.calls, None)
-            self._kept[id(inputs)] = (inputs, mask, self._state(), kept)
+        size = lambda t: sum(h.numel() * h.element_size() for h in [*t.hidden, *t.mid] if h is not None)  # noqa: E731
+        if size(tr) + sum(size(k) for *_, k in self._kept.values()) <= self.KEEP_BYTES:
+            self._kept[id(inputs)] = (inputs, mask, self._state(), Trace(tr.hidden, tr.mid, tr.calls, None))
 
     @torch.no_grad()
     def trace(self, inputs: torch.Tensor, mask: torch.Tensor, keep: bool = True) -> Trace:
