@@ -62,3 +62,28 @@ def test_the_plan_declares_four_effects_their_trends_and_the_profile_rule():
     assert len(p["families"]["interaction"]["tests"]) == 3 and len(p["families"]["depth_trend"]["tests"]) == 5
     assert p["margins"] == {"equivalence_nats": 0.01, "profile_slope": sc.PROFILE_MARGIN}
     assert p["min_seeds_for_a_word"] == 3 and p["arms_at_depth"]["48"] == list(sc.ARMS)
+
+
+def test_what_the_scalars_learned_is_read_by_the_plans_profile_rule():
+    """r_l = sqrt(l / (l - 1)) makes m_l = 1 / prod r_k = l^(-1/2) exactly: LNS's profile; r = 1 everywhere has
+    none; fewer than 3 seeds, no word."""
+    import math
+
+    d, L, records = sc.Design(), 12, {}
+    for k in range(5, 8):  # pre+scalars's grid at N = 12, its best at its centre, 8e-3 (lattice 6)
+        records[cell_key(sc.PRE_S, t.rate(k), 0, L)] = {"status": "ok", "val_loss": abs(k - 6), "lr": t.rate(k)}
+    assert sc.learned(records, d, sc.PRE_S, L) is None  # no record holds scalars yet
+    lns_like = [1.0] + [math.sqrt(l / (l - 1)) for l in range(2, L + 1)]
+    for s, noise in zip(d.seeds, (0.0, 1e-3, -1e-3), strict=True):
+        r = [x * (1 + noise) for x in lns_like]
+        scalars = {"resid_lambda": r, "x0_lambda": [0.1] * L}
+        records[cell_key(sc.PRE_S, t.rate(6), s, L)] = {"status": "ok", "val_loss": 0.0,
+                                                        "probes": [{"stream_scalars": scalars}]}
+    got = sc.learned(records, d, sc.PRE_S, L)
+    assert got["word"] == "learns LNS's profile" and abs(got["slope"]["mean"] + 0.5) < 0.01
+    assert got["seeds"] == 3 and abs(got["m"][-1] / L ** -0.5 - 1) < 0.02
+    for s in d.seeds:  # no damping: r = 1 (to a seed's rounding)
+        records[cell_key(sc.PRE_S, t.rate(6), s, L)]["probes"][0]["stream_scalars"]["resid_lambda"] = [1 + s / 1e3] * L
+    assert sc.learned(records, d, sc.PRE_S, L)["word"] == "no depth profile"
+    del records[cell_key(sc.PRE_S, t.rate(6), 2, L)]
+    assert sc.learned(records, d, sc.PRE_S, L)["word"] == "no verdict"

@@ -79,6 +79,36 @@ def budget(d: Design, minutes: dict[int, float] | None = None) -> dict:
             f"dropped at N = {max(d.depths)} (the budget rule: the full design does not fit the limit)"}
 
 
+# -------------------------------------------------------------------------------------------- what they learned
+def learned(records: dict, d: Design, arm: str, L: int) -> dict | None:
+    """What `arm`'s scalars learned at depth L, every seed at its best rate, read by the plan's rule: per block the
+    mean final r_l and a_l beside 1/sqrt(l), and the depth slope of the effective branch multiplier
+    m_l = 1 / prod_{k <= l} r_k (least squares of log m_l on log l, one per seed) with its 95% t-interval and word.
+    None until the arm's grid has finished or while no seed's record holds its scalars."""
+    import numpy as np
+
+    from depthlab.stats import t_test
+
+    best = o.best(records, d, arm, L)
+    runs = [records.get(Cell(arm, best, s, L).key) for s in d.seeds] if best is not None else []
+    seen = [r["probes"][-1]["stream_scalars"] for r in runs
+            if r and (r.get("probes") or [{}])[-1].get("stream_scalars")]
+    if not seen:
+        return None
+    ls = np.arange(1, L + 1)
+    r = np.array([x["resid_lambda"] for x in seen], dtype=float)
+    slopes = [float(np.polyfit(np.log(ls), -np.cumsum(np.log(row)), 1)[0]) for row in r]
+    c = t_test(slopes)
+    lo, hi = c["ci"]
+    word = ("no verdict" if c["n"] < 3 else "learns LNS's profile" if -0.5 - PROFILE_MARGIN <= lo and hi <= -0.5 +
+            PROFILE_MARGIN else "damps with depth" if hi < 0 else "amplifies with depth" if lo > 0 else
+            "no depth profile")
+    return {"seeds": len(seen), "resid_lambda": r.mean(0).tolist(),
+            "x0_lambda": np.array([x["x0_lambda"] for x in seen], dtype=float).mean(0).tolist(),
+            "inv_sqrt_l": (ls ** -0.5).tolist(), "m": np.exp(-np.cumsum(np.log(r), 1)).mean(0).tolist(),
+            "slope": c, "word": word}
+
+
 # ---------------------------------------------------------------------------------------------------- the plan
 EFFECTS = {  # name -> (arm a, arm b) of a - b, or the interaction (two such pairs)
     "lns - pre without scalars": (LNS, PRE),
