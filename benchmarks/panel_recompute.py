@@ -156,6 +156,9 @@ def table(p: dict) -> str:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     folder = Path(argv[0]) if argv else RESULTS
+    if not folder.is_dir():
+        print(f"panel_recompute: error: {folder} is not a folder of panel records (MODEL/PHASE.json)", file=sys.stderr)
+        raise SystemExit(2)
     p = panel(folder)
     (folder / "panel.json").write_text(json.dumps(p, indent=1) + "\n")  # an R of +inf is written Infinity
     print(table(p))
