@@ -291,28 +291,32 @@ WORD = re.compile(r"\*(lower|higher|inconclusive|supported|not reproduced|contra
 
 @pytest.mark.slow
 def test_the_results_page_answers_on_its_first_screen_with_one_rule(tmp_path):
-    """Issue 35's and 50's checks on the page built from the committed records: a first screen of at most 16 lines
-    that answers with its interval (p and Holm's p beside); every word printed beside n and an interval; no
-    "refuted"; claim 1 at N = 12 not testable, claim 5 supported against the unigram loss, claim 6 not reproduced."""
+    """Issue 35's, 50's and 63's checks on the page built from the committed records: a first screen of at most
+    MAX_LINES lines that answers in nats with its interval and in % perplexity; below it, every word printed beside
+    n and an interval; no "refuted"; claim 1 at N = 12 not testable, claim 5 supported against the unigram loss,
+    claim 6 not reproduced."""
     from benchmarks import lns_study, report
-    from depthlab.study.page import depth, science, screen
+    from depthlab.study.page import depth, lns, science, screen
     from depthlab.study.transfer import study_summary
 
     res = science.lns_summary(report.RESULTS, lns_study.PARTS, lns_study.UNSTABLE)
     tres = study_summary(report.RESULTS / "depth_transfer")
     lines = science.lns_lines(report.RESULTS, res, science.reruns(report.RESULTS), [], tmp_path, (tres[0], tres[2]))
     first = lines[:lines.index("")]
-    assert len(first) <= screen.MAX_LINES and first[0].startswith("**Does LNS help?")
-    assert re.search(r"\(the own-rate study\):\*\* N = 12 -0\.0\d+ \[-0\.0\d+, -0\.0\d+\], p ", first[0])
-    assert any(re.search(r"^- The older LNS study .* -0\.0\d\d \[-0\.0\d\d, -0\.0\d\d\], p <0\.001 \(Holm <0\.001\), "
-                         r"n = 9 \(depth, seed\) pairs; no word here", x) for x in first)
-    assert any(x.startswith("- **Replicated on another test split**") for x in first)
+    assert len(first) <= screen.MAX_LINES and first[0].startswith("**Does LayerNorm Scaling (LNS) lower the loss")
+    assert any(re.search(r"^- AdamW, 4 seeds: -0\.0\d\d \[-0\.0\d\d, -0\.0\d\d\] nats at N = 12 \(-\d\.\d% "
+                         r"perplexity\)", x) for x in first)
+    detail = lines[lines.index(screen.DETAIL_HEAD):lines.index(lns.CLAIMS_HEAD)]
+    assert any(re.search(r"^- The first LNS study .* -0\.0\d\d \[-0\.0\d\d, -0\.0\d\d\], p <0\.001 \(Holm <0\.001\), "
+                         r"n = 9 \(depth, seed\) pairs; no word here", x) for x in detail)
+    assert any(x.startswith("- **On another test split, not a replication**") for x in detail)
+    lines = lines[len(first):]  # the first screen gives its words plain, its intervals beside them
     lines += depth.vit_section(report.RESULTS / "vit_study", "v.png")
     lines += depth.depth_section(report.RESULTS / "depth_study", "d_")
     assert "refut" not in "\n".join(lines).lower()
     for line in lines:
-        if WORD.search(line) and not line.startswith("*The rule*"):  # the rule defines the words; a table row
-            # holds n and the interval in their own columns
+        # the rule defines the words; a table row holds n and the interval in their own columns
+        if WORD.search(line) and not line.startswith("*The rule*") and line != f"- {screen.RULE}":
             assert re.search(r"\[[-+]?\d", line) and re.search(r"n = \d|\| \d+ \|", line), line
 
     def claim(number: str, where: str) -> str:

@@ -151,20 +151,6 @@ def test_a_gated_row_still_says_when_its_measurement_goes_against_the_paper():
     assert against_paper({**read, "predicted": "lower"}) is None
 
 
-def test_the_readme_results_bullets_are_the_pages_first_screen_word_for_word():
-    from pathlib import Path
-
-    from depthlab.study.page import screen
-
-    root = Path(__file__).resolve().parents[1]
-    page = (root / "docs" / "results.md").read_text().splitlines()
-    first = page[4:page.index("## The paper's claims, one rule")]
-    lines = [x for x in first if x]
-    readme = (root / "README.md").read_text()
-    block = readme.split(screen.START, 1)[1].split(screen.END, 1)[0]
-    assert [x for x in block.splitlines() if x] == lines and 0 < len(lines) <= screen.MAX_LINES
-
-
 def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails():
     """On the committed records: no margin set after the data gives a word (no "holds its rate"; an equivalence
     word only where its margin was declared before the data), Pre-LN's N = 48 index is not "present" on two closely
@@ -185,7 +171,7 @@ def test_the_first_screen_on_the_committed_records_has_no_word_the_audit_fails()
                          for when, word in tosts), tosts
     assert first.count("*equivalent*") == tosts.count(("declared before", "equivalent"))  # no other way to the word
     # every direction word of the first screen rests on 3 or more paired seeds and carries its Holm p
-    words = re.findall(r"\(Holm ([^)]+)\), n = (\d+): \*(lower|higher)\*", first)
+    words = re.findall(r"\(Holm ([^)]+)\), n = (\d+)(?: and \d+)?: \*(lower|higher)\*", first)
     assert words and all(int(n) >= 3 and (p.startswith("<") or float(p) < 0.05) for p, n, _ in words)
     assert len(re.findall(r": \*(lower|higher)\*", first)) == len(words) + first.count("per cell (df = ")
     assert "Bonferroni over its 5 parameterizations" in first  # the rate exponents' family
@@ -337,7 +323,7 @@ def test_a_margin_set_after_the_data_gives_no_word_on_the_first_screen(tmp_path,
     else:
         assert parts.endswith(f"TOST ±0.01 nats set after the data: *{verdicts.NO_WORD}*.")
         assert "*equivalent*" not in "\n".join(lines)
-    assert "the plan's parts family" in "\n".join(own.page_lines(tmp_path))
+    assert "the plan's `parts_at_deep` family" in "\n".join(own.page_lines(tmp_path))
 
 
 def test_the_decomposition_stays_the_depth_transfer_studys_until_the_own_rate_parts_have_three_seeds(tmp_path):
@@ -349,14 +335,15 @@ def test_the_decomposition_stays_the_depth_transfer_studys_until_the_own_rate_pa
     assert s["parts"]["tests"]["gain-init − Pre-LN"]["n"] == 2
     tres = t.study_summary(Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "depth_transfer")[0]
     (parts,) = [x for x in screen.own_lines(s, tres) if "taken apart" in x]
-    assert "(the depth-transfer study's test split and family, until the own-rate study's N = 48 parts have 3 " \
-           "paired seeds)" in parts
+    assert "(the rate-transfer study's test split and family, until the own-rate study's N = 48 parts have 3 " \
+           "paired seeds;" in parts
 
 
 @pytest.mark.slow
-def test_the_first_screen_fits_sixteen_lines_and_the_readme_holds_it_word_for_word(tmp_path):
+def test_the_page_written_from_the_records_opens_with_a_first_screen_the_readme_repeats(tmp_path):
     """The page written (science.write) from the committed records with the own-rate study complete (every depth
-    and the N = 48 parts): at most MAX_LINES lines before the claims table, and the README's block is those lines."""
+    and the N = 48 parts): a first screen of at most MAX_LINES lines of MAX_CHARS characters with its figure and why
+    (LNS taken apart), the detail below it, and the README's block those lines with their links from the root."""
     import shutil
 
     from benchmarks import lns_study
@@ -368,11 +355,16 @@ def test_the_first_screen_fits_sixteen_lines_and_the_readme_holds_it_word_for_wo
     _parts_study(results / "own_rate", plan_first=True)
     (tmp_path / "README.md").write_text(f"# x\n\nbefore\n{screen.START}\nstale bullets\n{screen.END}\nafter\n")
     page = science.write(results, tmp_path / "docs", list(lns_study.PARTS), list(lns_study.UNSTABLE), []).read_text()
-    first = [x for x in page.split("## The paper's claims, one rule")[0].splitlines()[4:] if x]
-    assert len(first) <= screen.MAX_LINES and first[0].startswith("**Does LNS help?")
-    assert "N = 48 -0.0500" in first[0] and "not run yet" not in first[0]
-    assert any(x.startswith("- **N = 48 taken apart** (the own-rate study") for x in first)
+    top = page.split("## The paper's claims, one rule")[0].splitlines()[4:]
+    first = [x for x in top[:top.index(screen.DETAIL_HEAD)] if x]
+    assert len(first) <= screen.MAX_LINES and max(map(len, first)) <= screen.MAX_CHARS
+    assert first[0].startswith("**Does LayerNorm Scaling (LNS) lower the loss of a Pre-LN transformer?**")
+    (adamw,) = [x for x in first if x.startswith("- AdamW, 4 seeds: -0.050 [")]
+    assert "at N = 12 (-4.9% perplexity)" in adamw and "not run yet" not in adamw
+    assert any(x.startswith("- Why: at N = 48, Pre-LN with its norm gains starting smaller recovers") for x in first)
+    assert f"](img/{screen.FIGURE})" in "\n".join(first) and (tmp_path / "docs" / "img" / screen.FIGURE).exists()
+    assert any(x.startswith("- **N = 48 taken apart** (the own-rate study") for x in top)
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# x\n\nbefore\n") and readme.endswith("\nafter\n") and "stale" not in readme
     block = readme.split(screen.START, 1)[1].split(screen.END, 1)[0]
-    assert [x for x in block.splitlines() if x] == first
+    assert [x for x in block.splitlines() if x] == [screen.from_root(x) for x in first]

@@ -4,12 +4,13 @@ depth and one that holds; N = 6's rate costing at one depth, not at another), th
 with 3 seeds on both sides, and "holds its rate" only by a margin the plan declared before the records."""
 
 import json
+import re
 import subprocess
 
 import pytest
 
 from depthlab.study import muon, own_rate as o, transfer as t
-from depthlab.study.page import muon as page, own
+from depthlab.study.page import muon as page, own, rates
 from depthlab.study.records import append_record, load_records
 from depthlab.study.verdicts import compare
 from tests.test_page import _commit
@@ -183,27 +184,28 @@ def test_the_rate_exponents_words_are_held_to_holm_over_the_two_schemes():
         return {"word": word, "p_move": p_move, "p_hold": p_hold}
 
     alone = [reading(0.03)]
-    page._exponent_family(alone, 1)
+    rates.exponent_family(alone, 1)
     assert alone[0]["holm_word"] == "falls with depth"
     for family, size in (([reading(0.03), reading(0.5, word="inconclusive")], 2), ([reading(0.03)], 2)):
-        page._exponent_family(family, size)
+        rates.exponent_family(family, size)
         assert family[0]["p_move_holm"] == pytest.approx(0.06) and family[0]["holm_word"] == "inconclusive"
     held = [reading(0.9, 0.02, "holds its rate"), reading(0.001)]
-    page._exponent_family(held, 2)
+    rates.exponent_family(held, 2)
     assert [r["holm_word"] for r in held] == ["holds its rate", "falls with depth"]  # 0.04 and 0.002 after Holm
     held = [reading(0.9, 0.03, "holds its rate")]
-    page._exponent_family(held, 2)
+    rates.exponent_family(held, 2)
     assert held[0]["holm_word"] == "inconclusive"
 
 
-def test_the_first_screen_line_says_the_sections_words_and_none_below_three_seeds(tmp_path):
+def test_the_results_line_says_the_sections_words_and_none_below_three_seeds(tmp_path):
     partial = _muon_study(tmp_path / "partial", lambda c: c.layers != 24 and c.seed < 2)
     line = page.screen_line(tmp_path / "partial")
     assert f"{len(partial)} cells done" in line and "*" not in line.replace("**Under Muon**", "")
     assert "N = 6 +0.002 (n = 2: no verdict); N = 12 -0.049 (n = 2: no verdict); N = 24 not run yet" in line
-    assert line.endswith("Best rate against depth: pre no verdict; lns no verdict.")
+    assert line.endswith("Best rate against depth (`rate_exponent`): pre no verdict; lns no verdict.")
     _muon_study(tmp_path / "complete")
     line = page.screen_line(tmp_path / "complete")  # no git here: "holds its rate" is not verifiable, no word
     assert "N = 12 -0.052 [-0.060, -0.044] (Holm <0.001), n = 3: *lower*" in line
-    assert line.endswith("pre *falls with depth*; lns *inconclusive*.")
+    assert re.search(r"pre N\^-0\.\d\d \[-[\d.]+, -[\d.]+\], p [^;]*: \*falls with depth\*; lns N\^", line)
+    assert line.endswith(": *inconclusive*.")
     assert page.screen_line(tmp_path / "none") is None

@@ -19,6 +19,10 @@ from depthlab.study.declared import AFTER, BEFORE
 from depthlab.study.summary import MECHANISMS
 from depthlab.study.verdicts import EQUIVALENCE_MARGIN, equivalent, family, less_stable, pooled, reread
 
+# The paper's C4 validation perplexity, Pre-LN then LNS (its Table 1, arXiv 2502.05795; docs/method.md): its claim,
+# quoted beside ours, never a measurement of this project
+PAPER_PPL = {"130M": (26.73, 25.76), "1B": (17.02, 15.71)}
+
 CLAIM_TEXT = {
     "1": "LNS trains to a lower loss than Pre-LN",
     "1c": "LNS lowers the loss by lifting the curse (Pre-LN's deep blocks identity-like)",

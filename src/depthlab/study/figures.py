@@ -156,14 +156,19 @@ def plot_own_best(res: dict, path: Path) -> bool:
     ax.errorbar(Ls, ms, yerr=err, fmt="o", capsize=4, color="k", label="mean, 95% interval (pooled seed noise)")
     p = pooled([d["delta_val_loss"] for d in done])
     ax.axhspan(*p["ci"], color="tab:orange", alpha=0.25, label=f"pooled {p['mean']:+.3f}, n = {p['n']}")
-    ax.axhline(0, color="k", lw=0.8)
-    ax.set(xscale="log", xlabel="blocks N", ylabel="val loss, lns − pre (nats)",
-           title="each scheme at its own best rate")
-    ax.set_xticks(Ls, [str(x) for x in Ls])
-    ax.xaxis.set_minor_locator(plt.NullLocator())
-    ax.legend(fontsize=7)
+    ax.set(ylabel="val loss, lns − pre (nats)", title="each scheme at its own best rate")
+    _by_depth(ax, plt, Ls, 7)
     save_figure(fig, path)
     return True
+
+
+def _by_depth(ax, plt, depths: list[int], legend_size: int) -> None:
+    """A Δ-by-depth panel's frame: the zero line, depth on a log axis with one tick per depth, the legend."""
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xscale="log", xlabel="blocks N")
+    ax.set_xticks(depths, [str(x) for x in depths])
+    ax.xaxis.set_minor_locator(plt.NullLocator())  # minor log labels overlapped the depth ticks
+    ax.legend(fontsize=legend_size)
 
 
 def plot_decomposition(res: dict, parts: list[dict], path: Path) -> bool:
@@ -221,3 +226,30 @@ def plot_runs(runs: dict[str, list[dict]], out: Path) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
         save_figure(fig, out / name)
+
+
+def plot_answer(by_optimizer: dict[str, dict[int, dict]], path: Path) -> bool:
+    """The first screen's figure: LNS − Pre-LN test loss by depth, one series per optimizer (its study's paired
+    comparisons by depth, each scheme at its own rate: the plan's reading and its 95% interval), each seed grey
+    beside it; False (nothing written) where no comparison has a paired seed."""
+    series = {name: {L: c for L, c in cs.items() if c.get("n")} for name, cs in by_optimizer.items()}
+    if not any(series.values()):
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    shift = {name: 1 + 0.04 * (i - (len(series) - 1) / 2) for i, name in enumerate(series)}  # side by side
+    for (name, cs), marker in zip(series.items(), "os^D", strict=False):
+        Ls = sorted(cs)
+        xs = [L * shift[name] for L in Ls]
+        for x, L in zip(xs, Ls, strict=True):
+            ax.scatter([x] * len(cs[L]["per_seed"]), cs[L]["per_seed"], color="0.65", s=10, zorder=2)
+        means = [cs[L]["mean"] for L in Ls]
+        err = [[m - cs[L]["ci"][0] for m, L in zip(means, Ls, strict=True)],
+               [cs[L]["ci"][1] - m for m, L in zip(means, Ls, strict=True)]]
+        ax.errorbar(xs, means, yerr=err, fmt=f"{marker}-", capsize=4, zorder=3,
+                    label=f"{name} ({'/'.join(str(n) for n in sorted({cs[L]['n'] for L in Ls}))} seeds)")
+    ax.set(ylabel="LNS − Pre-LN test loss (nats)",
+           title="LNS − Pre-LN, each at its own rate (mean, 95% interval; seeds grey)")
+    _by_depth(ax, plt, sorted({L for cs in series.values() for L in cs}), 8)
+    save_figure(fig, path)
+    return True

@@ -133,6 +133,38 @@ def contrast(a: list[float], b: list[float]) -> dict:
     return {"verdict": _word(t), **t}
 
 
+FEW_DF = 5  # Welch degrees of freedom below which a contrast's line shows the pooled and exact readings beside it
+
+
+def contrast_pooled(a: list[float], b: list[float], noise_a: dict, noise_b: dict) -> dict:
+    """contrast() with each side's seed noise pooled over its study (stats.pooled_noise results): the standard error
+    sqrt(sd_a²/n_a + sd_b²/n_b) at the Welch-Satterthwaite df of the two pooled variances (scipy.stats.t). A check
+    printed beside a Welch reading that rests on few degrees of freedom; it gives no word."""
+    from scipy import stats as st
+
+    x, y = finite(a), finite(b)
+    out = {"mean": mean_std(x)["mean"] - mean_std(y)["mean"], "p": math.nan, "df": math.nan}
+    if not (x and y and noise_a.get("df") and noise_b.get("df")):
+        return out
+    va, vb = noise_a["sd"] ** 2 / len(x), noise_b["sd"] ** 2 / len(y)
+    df = (va + vb) ** 2 / (va ** 2 / noise_a["df"] + vb ** 2 / noise_b["df"])
+    return {**out, "df": df, "p": 2 * float(st.t.sf(abs(out["mean"]) / math.sqrt(va + vb), df))}
+
+
+def permutation_p(a: list[float], b: list[float]) -> float:
+    """The exact two-sided permutation test's p of mean(a) - mean(b) (scipy.stats.permutation_test over every split
+    of the pooled values): a check beside a Welch reading; it gives no word."""
+    import numpy as np
+    from scipy import stats as st
+
+    x, y = finite(a), finite(b)
+    if len(x) < 2 or len(y) < 2:
+        return math.nan
+    res = st.permutation_test((x, y), lambda u, v, axis=-1: np.mean(u, axis=axis) - np.mean(v, axis=axis),
+                              permutation_type="independent", n_resamples=math.inf, vectorized=True)
+    return float(res.pvalue)
+
+
 def noise_of(comparisons: list[dict], rerun_var: float = 0.0) -> dict:
     """The pooled noise model of a family of comparable compare() results (stats.pooled_noise of their per-seed
     differences, plus the rerun variance)."""

@@ -186,6 +186,7 @@ def science(res: dict, unigram: float | None, matched: list[dict], equal_rate: l
     figures.plot_own_best(res, img / "lns_own_best.png")
     figures.plot_decomposition(res, parts, img / "lns_decomposition.png")
     tres, tsettings = transfer or (None, None)
-    return (screen.first_screen(res, table, tres, tsettings, equal_rate, rerun, tpp, val_tokens, results)
+    return (screen.first_screen(res, table, tres, tsettings, equal_rate, rerun, tpp, val_tokens, results, img,
+                                img.parent)
             + claims_lines(table) + own_best_lines(res) + matched_lines(matched) + mechanism_lines(res)
             + decomposition_lines(res, parts))

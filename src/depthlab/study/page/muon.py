@@ -8,7 +8,7 @@ not yet testable counted at p = 1):
                    against_adamw family: Welch's t on the two studies' per-seed differences (verdicts.contrast),
                    read only where both have 3 paired seeds
     rate_exponent  each scheme's slope of log(best rate) on log(N), read from the depth-transfer study's bootstrap
-                   over grid noise (transfer.exponent_reading), Holm over the two schemes; "holds its rate" only
+                   over grid noise (page.rates), Holm over the two schemes, the plan's rule alone; "holds its rate" only
                    inside the plan's margin and only where the plan precedes the records (depthlab.study.declared)
     transfer       N = 6's best rate at each deeper depth minus that depth's own best (test loss, paired by seed):
                    "costs" where higher, else "no cost shown"
@@ -17,69 +17,39 @@ not yet testable counted at p = 1):
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from depthlab.stats import holm, interval, pvalue
-from depthlab.study import declared, muon as m, own_rate as o, transfer as t
+from depthlab.study import muon as m, own_rate as o, transfer as t
 from depthlab.study.page import own
+from depthlab.study.page.rates import checks_said, exponent_lines, exponents
 from depthlab.study.page.text import rate
-from depthlab.study.runner import Cell, selection_value
-from depthlab.study.verdicts import ALPHA, compare, contrast
+from depthlab.study.runner import Cell
+from depthlab.study.verdicts import FEW_DF, compare, contrast, contrast_pooled, permutation_p
 
 HEAD = "## The Muon study: does LNS still help under Muon?"
 MIN_SEEDS = own.MIN_SEEDS
-FALLS, RISES, HOLDS = "falls with depth", "rises with depth", "holds its rate"
 
 
 def against_adamw(muon: dict[int, dict], adamw: dict[int, dict], depths: list[int]) -> dict[int, dict]:
     """(LNS − Pre-LN under Muon) − (LNS − Pre-LN under AdamW) at each of `depths` (the plan's against_adamw family):
     Welch's t on the two studies' per-seed differences (different runs: unpaired), Holm over the family, a word only
-    where both studies have MIN_SEEDS paired seeds there."""
+    where both studies have MIN_SEEDS paired seeds there. Where a word's Welch df is below FEW_DF, beside it: the
+    reading under each study's pooled seed noise (Holm over the family alike, "pooled") and the exact permutation
+    test's p ("permutation_p"); neither changes the word."""
     out = {L: contrast((muon.get(L) or {}).get("per_seed", []), (adamw.get(L) or {}).get("per_seed", []))
            for L in depths}
     own.plan_words(list(out.values()), len(depths), pool=False)
+    few = [L for L, c in out.items() if "p_holm" in c and c["df"] < FEW_DF]
+    if few:  # beside a word on few degrees of freedom: each study's pooled noise (Holm alike) and the exact test
+        beside = {L: contrast_pooled(muon[L]["per_seed"], adamw[L]["per_seed"], muon[L].get("noise") or {},
+                                     adamw[L].get("noise") or {}) for L, c in out.items() if "p_holm" in c}
+        for (L, b), p in zip(beside.items(), holm([b["p"] for b in beside.values()]
+                                                  + [1.0] * (len(depths) - len(beside))), strict=False):
+            out[L]["pooled"] = {**b, "p_holm": p}
+        for L in few:
+            out[L]["permutation_p"] = permutation_p(muon[L]["per_seed"], adamw[L]["per_seed"])
     return out
-
-
-def _exponent_family(readings: list[dict], size: int) -> None:
-    """Holm over the rate_exponent family (in place): each bootstrap p ("p_move": slope 0; "p_hold": outside the
-    margin) adjusted over `size` schemes; a direction or "holds its rate" the adjusted p does not carry reads
-    inconclusive ("holm_word")."""
-    for key in ("p_move", "p_hold"):
-        adjusted = holm([r[key] for r in readings] + [1.0] * (size - len(readings)))
-        for r, p in zip(readings, adjusted, strict=False):
-            r[f"{key}_holm"] = p
-    for r in readings:
-        lost = (r["word"] in (FALLS, RISES) and r["p_move_holm"] >= ALPHA) or (
-            r["word"] == HOLDS and r["p_hold_holm"] >= ALPHA)
-        r["holm_word"] = "inconclusive" if lost else r["word"]
-
-
-def exponents(records: dict, d: m.Design, out: Path) -> dict[str, dict]:
-    """Each scheme's best rate at every depth (the grid's best and the vertex of the parabola through it,
-    transfer.vertex) and, once every depth's grid has finished, the exponent's reading (transfer.exponent_reading:
-    each grid point redrawn with one validation loss's seed noise pooled over the cells of 2 or more seeds,
-    transfer.loss_noise; none below MIN_SEEDS - 1 degrees of freedom, what one cell's 3 seeds give), the plan's
-    margin for the depths fitted, Holm over the schemes."""
-    depths = own.depths_of(d)
-    noise = t.loss_noise(records)
-    margin = declared.margin(out, "holds_its_rate_slope", t.hold_margin(depths), records,
-                             f"{min(depths)}-{max(depths)}")
-    rows = {}
-    for v in d.pair:
-        gs = {L: o.grid(records, d, v, L) for L in depths}
-        done = {L: g for L, g in gs.items() if g["best"] is not None}
-        rates = {L: {"best": t.rate(g["best"]), "edge": g["edge"], "estimate": t.ANCHOR * 2 ** (
-            (g["best"] if g["edge"] else t.vertex(g["records"], g["best"])) / 2)} for L, g in done.items()}
-        waiting = [L for L in depths if L not in done]
-        reading = None if waiting or noise["df"] < MIN_SEEDS - 1 else t.exponent_reading(
-            {L: {k: selection_value(r) for k, r in g["records"].items()} for L, g in done.items()}, noise["sd"],
-            margin)
-        rows[v] = {"rates": rates, "waiting": waiting, "reading": reading}
-    _exponent_family([r["reading"] for r in rows.values() if r["reading"] and r["reading"].get("checks")],
-                     len(d.pair))
-    return {"rows": rows, "margin": margin, "noise": noise, "depths": depths}
 
 
 def _losses(records: dict, v: str, lr: float, L: int, seeds) -> dict[int, float]:
@@ -121,7 +91,17 @@ def _welch_said(c: dict) -> str:
         return (f"no verdict: {c['sizes'][0]} paired seeds under Muon, {c['sizes'][1]} under AdamW ({MIN_SEEDS} each "
                 "needed)")
     return (f"{c['mean']:+.4f} {interval(c, '.4f')}, p {pvalue(c['p'])} (Holm {pvalue(c['p_holm'])}), "
-            f"n = {c['sizes'][0]} and {c['sizes'][1]}: *{c['word']}*")
+            f"n = {c['sizes'][0]} and {c['sizes'][1]}: *{c['word']}*{few_df_said(c)}")
+
+
+def few_df_said(c: dict) -> str:
+    """Beside a Welch word on fewer than FEW_DF degrees of freedom: its df, the reading under each study's pooled
+    seed noise and the exact permutation test (against_adamw); "" otherwise."""
+    if "permutation_p" not in c:
+        return ""
+    b = c["pooled"]
+    return (f" (Welch df {c['df']:.1f}; under each study's pooled seed noise p {pvalue(b['p'])}, Holm "
+            f"{pvalue(b['p_holm'])}; exact permutation p {pvalue(c['permutation_p'])}; neither is the plan's test)")
 
 
 def pair_lines(records: dict, d: m.Design, adamw: Path) -> list[str]:
@@ -133,12 +113,13 @@ def pair_lines(records: dict, d: m.Design, adamw: Path) -> list[str]:
     common = [L for L in own.depths_of(d) if L in own.depths_of(a_design)]
     vs = against_adamw(cs, acs, common)
     lines = ["**LNS − Pre-LN under Muon, beside AdamW.** Test loss, paired by seed, each scheme at its own best rate "
-             "under Muon, read by the plan's rule (the t-interval with seed noise pooled across depths, Holm over the "
-             f"plan's {len(own.depths_of(d))} depths, a depth not yet compared at p = 1, {MIN_SEEDS} paired seeds "
+             "under Muon, read by the plan's rule (its `primary` family: the t-interval with seed noise pooled "
+             f"across depths, Holm over the plan's {len(own.depths_of(d))} depths, a depth not yet compared at p = "
+             f"1, {MIN_SEEDS} paired seeds "
              "before a word); beside it the interval with test documents and seeds resampled (as in the own-rate "
              "section; no word), the own-rate study's AdamW reading at the same depth (its own plan's rule and "
              "family), and the difference of the two: Welch's t-test on the two studies' per-seed differences "
-             f"(different runs, so unpaired), Holm over the plan's against_adamw family (N = "
+             f"(different runs, so unpaired), Holm over the plan's `against_adamw` family (N = "
              f"{', '.join(map(str, common))}), read only where both have {MIN_SEEDS} paired seeds (*higher*: LNS "
              "gains less under Muon than under AdamW).", "",
              "| N | rates under Muon (pre, lns) | seeds | lns − pre under Muon (the plan's reading) | documents and "
@@ -162,49 +143,6 @@ def pair_lines(records: dict, d: m.Design, adamw: Path) -> list[str]:
     return lines + [""]
 
 
-def _rate_cell(r: dict | None) -> str:
-    if r is None:
-        return "not run yet"
-    return f"{r['best']:g}{' (at an edge)' if r['edge'] else ''} ({r['estimate']:.3g})"
-
-
-def _reading_said(row: dict, res: dict) -> str:
-    r = row["reading"]
-    if row["waiting"]:
-        return f"no verdict: the grid at N = {', '.join(map(str, row['waiting']))} has not finished"
-    if r is None:
-        return (f"no verdict: the seed noise the bootstrap draws has {res['noise']['df']} degrees of freedom "
-                f"({MIN_SEEDS - 1} needed, as one cell's {MIN_SEEDS} seeds give)")
-    if not r.get("checks"):
-        return r["word"]
-    moved = f"; the bootstrap reads {r['bootstrap_word']}, {', '.join(r['moved_by'])} does not" if r["moved_by"] \
-        else ""
-    return (f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}] ([{r['tost_ci'][0]:+.2f}, {r['tost_ci'][1]:+.2f}]), p slope 0 "
-            f"{pvalue(r['p_move'])} (Holm {pvalue(r['p_move_holm'])}), p outside ±{res['margin']['value']:.3g} "
-            f"{pvalue(r['p_hold'])} (Holm {pvalue(r['p_hold_holm'])}){moved}: *{r['holm_word']}*")
-
-
-def exponent_lines(res: dict) -> list[str]:
-    hold, noise, depths = res["margin"], res["noise"], res["depths"]
-    sd = f"sd {noise['sd']:.4f} nats over {noise['cells']} cells" if math.isfinite(noise["sd"]) else "none yet"
-    lines = ["**Does Muon's best rate move with depth?** Each depth's grid best (seed 0, validation) and, in "
-             "brackets, the vertex of the parabola through it and its neighbours in log(rate); best rate ∝ N^slope. "
-             "The reading is the depth-transfer study's: every grid point's validation loss redrawn "
-             f"{t.BOOTSTRAP:,} times with one loss's seed noise pooled over the cells of 2 or more seeds ({sd}), "
-             "each depth's vertex found again and the slope refitted, the 95% (90%) percentile interval; the "
-             "word stands only where the grids' argmin reads alike. *Falls*/*rises with depth* where the slope's "
-             "bootstrap p (against 0) survives Holm over the two schemes; *holds its rate* where the p of lying "
-             f"outside ±{hold['value']:.3g} (the slope that moves the rate one √2 step across N = {min(depths)}-"
-             f"{max(depths)}) survives it, and only by a margin declared before the data: this one is "
-             f"{hold['status']} ({hold['why']}).", "",
-             "| scheme | " + " | ".join(f"N = {L}" for L in depths) + " | bootstrap 95% (90%), p, reading |",
-             "|---" * (len(depths) + 2) + "|"]
-    for v, row in res["rows"].items():
-        lines.append(f"| {v} | " + " | ".join(_rate_cell(row["rates"].get(L)) for L in depths)
-                     + f" | {_reading_said(row, res)} |")
-    return lines + [""]
-
-
 def _cost_said(r: dict) -> str:
     if "verdict" not in r:
         return r["word"]
@@ -217,7 +155,7 @@ def _cost_said(r: dict) -> str:
 def transfer_lines(costs: dict, d: m.Design) -> list[str]:
     base = d.transfer_from
     lines = [f"**What N = {base}'s rate costs deeper.** Each scheme at N = {base}'s best rate (every seed) minus at "
-             "its own best there, test loss paired by seed; the plan's transfer family, Holm over its "
+             "its own best there, test loss paired by seed; the plan's `transfer` family, Holm over its "
              f"{len(costs)} members (a member not yet testable at p = 1), {MIN_SEEDS} paired seeds before a word: "
              "*costs* where the transferred rate is higher, else *no cost shown*.", "",
              f"| N | scheme | N = {base}'s rate | its own best | transferred − own | seeds still missing at "
@@ -246,7 +184,7 @@ def page_lines(out: Path, adamw: Path) -> list[str]:
         + own.made_by(out, records, settings, d), ""]
     lines += own.grid_lines(records, d, rows)
     lines += pair_lines(records, d, adamw)
-    lines += exponent_lines(exponents(records, d, out))
+    lines += exponent_lines(exponents(records, d, out), "Muon's")
     costs = transfer_costs(records, d)
     lines += transfer_lines(costs, d)
     return lines + own.progress_lines(records, d, rows)
@@ -257,19 +195,48 @@ def _pair_short(c: dict | None) -> str:
         return "not run yet"
     if c["n"] < MIN_SEEDS:
         return f"{c['mean']:+.3f} (n = {c['n']}: no verdict)" if c["n"] else "not run yet"
-    return f"{c['mean']:+.3f} {interval(c)} (Holm {pvalue(c['p_holm'])}), n = {c['n']}: *{c['word']}*"
+    return f"{c['mean']:+.3f} {interval(c)} (Holm {pvalue(c['p_holm'])}), n = {c['n']}: *{c['word']}*{own_seeds(c)}"
 
 
-def screen_line(out: Path) -> str | None:
-    """The first screen's line on the Muon study (the section's own readings, shortened): LNS − Pre-LN under Muon
-    by depth and each scheme's best rate against depth, with the cells done; None before its first record."""
+def own_seeds(c: dict) -> str:
+    """Beside a pooled word its depth's own seeds do not carry (df = n − 1): that reading, which changes nothing."""
+    cell = c.get("cell")
+    if not cell or c["n"] < MIN_SEEDS or cell["verdict"] in (c["word"], c["verdict"]):
+        return ""
+    return f" ({cell['verdict']} on its own {c['n']} seeds, {interval(cell)})"
+
+
+def readings(out: Path) -> dict | None:
+    """What the first screen reads from the Muon study in `out`: its design, the cells done and missing, LNS − Pre-LN
+    by depth (own.comparisons), the rate exponents (rates.exponents) and the against_adamw family beside the
+    own-rate study in `adamw` (None there: not read); None before its first record."""
     found = own.study(out, m)
     if not found:
         return None
     records, _, d = found
-    cs, ex, counts = own.comparisons(records, d, MIN_SEEDS), exponents(records, d, out), o.counts(records, d)
-    rates = "; ".join(f"{v} *{row['reading']['holm_word']}*" if row["reading"] and row["reading"].get("checks")
-                      else f"{v} no verdict" for v, row in ex["rows"].items())
+    return {"design": d, "pair": own.comparisons(records, d, MIN_SEEDS), "exponents": exponents(records, d, out),
+            "counts": o.counts(records, d)}
+
+
+def screen_line(out: Path, adamw: Path | None = None) -> str | None:
+    """The results' line on the Muon study (the section's own readings, shortened): LNS − Pre-LN under Muon by depth
+    (with its own seeds' reading where it differs), Muon − AdamW (the `against_adamw` family, with `adamw`: the
+    own-rate study's records) and each scheme's best rate against depth by the plan's rule, the checks it does not
+    declare beside; None before its first record."""
+    r = readings(out)
+    if r is None:
+        return None
+    d, cs, ex, counts = r["design"], r["pair"], r["exponents"], r["counts"]
+    rates = "; ".join(f"{v} N^{row['slope']:+.2f} [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}], p {pvalue(r['p_move'])} "
+                      f"(Holm {pvalue(r['p_move_holm'])}): *{r['holm_word']}*{checks_said(r)}" if r and r.get("checks")
+                      else f"{v} no verdict" for v, row in ex["rows"].items() for r in [row["reading"]])
+    vs = ""
+    if adamw and (a := own.study(adamw)):
+        acs = own.comparisons(a[0], a[2], MIN_SEEDS)
+        common = [L for L in own.depths_of(d) if L in own.depths_of(a[2])]
+        vs = "; Muon − AdamW (Welch, `against_adamw`): " + "; ".join(
+            f"N = {L} {_welch_said(c)}" for L, c in against_adamw(cs, acs, common).items())
     return (f"- **Under Muon** (the Muon study, {counts['done']} cells done, {counts['missing']} known and missing; "
-            "test split): LNS − Pre-LN " + "; ".join(f"N = {L} {_pair_short(cs.get(L))}" for L in own.depths_of(d))
-            + f". Best rate against depth: {rates}.")
+            "test split; its `primary` family): LNS − Pre-LN " + "; ".join(
+                f"N = {L} {_pair_short(cs.get(L))}" for L in own.depths_of(d))
+            + f"{vs}. Best rate against depth (`rate_exponent`): {rates}.")

@@ -21,6 +21,7 @@ from depthlab.study.verdicts import EQUIVALENCE_MARGIN, compare, equivalent, hol
 MIN_SEEDS = 3  # paired seeds before a word (plan.json's min_seeds_for_a_word)
 FEW = f"fewer than {MIN_SEEDS} paired seeds: no verdict"
 SPLIT = "test"  # the split every interval of the section reads (no selection reads it)
+HEAD = "## The own-rate study: LNS against Pre-LN on balanced held-out splits"
 
 
 def document_interval(rs: list[dict], paired_with: list[dict] | None = None) -> dict | None:
@@ -220,7 +221,7 @@ def progress_lines(records: dict, d: o.Design, rows: list[tuple[int, str]]) -> l
 def page_lines(out: Path) -> list[str]:
     """The section, from OUT/runs.jsonl, OUT/settings.json and OUT/plan.json; a line saying it has not run where
     OUT has no records."""
-    head = ["## The own-rate study: LNS against Pre-LN on balanced held-out splits", ""]
+    head = [HEAD, ""]
     if not (found := study(out)):
         return head + ["Not run yet (`make study-own-rate`; docs/method.md section 5.3).", ""]
     records, settings, d = found
@@ -229,7 +230,8 @@ def page_lines(out: Path) -> list[str]:
     lines += grid_lines(records, d, [(L, v) for L, v in rows if any(t.find(records, d.lattice, v, L, k, 0)
                                                                     for k in o.grid(records, d, v, L)["ks"])])
     cs = comparisons(records, d)
-    lines += ["LNS − Pre-LN test loss, paired by seed, each at its own best rate. The word is the plan's: the "
+    lines += ["LNS − Pre-LN test loss, paired by seed, each at its own best rate. The word is the plan's (its "
+              "`primary` family): the "
               "t-interval with seed noise pooled across depths, Holm over the plan's depths (a depth not yet compared "
               "counts at p = 1, so that a word given now stands whatever the depths still to come show), and 3 "
               "paired seeds before a word. Beside it, an interval that also covers which documents the test split "
@@ -252,7 +254,10 @@ def page_lines(out: Path) -> list[str]:
                      f"{pair_said(c)} | {boot_said(c['documents']) if c['n'] else '-'} |")
     if p := parts(records, d, out):
         lines += ["", f"LNS taken apart at N = {p['layers']}, each variant at its own best rate, test loss paired by "
-                  "seed (the plan's parts family: seed noise pooled over its three tests, Holm over them, 3 paired "
-                  f"seeds for a word; the equivalence margin {declared.said(p['margin'], ' nats')}): "
-                  f"{parts_said(p)}."]
-    return lines + [""] + progress_lines(records, d, rows)
+                  "seed (the plan's `parts_at_deep` family: seed noise pooled over its three tests, Holm over them, "
+                  "3 paired seeds for a word; its `equivalence` family, gain-init − LNS, a TOST against the margin "
+                  f"{declared.said(p['margin'], ' nats')}): {parts_said(p)}."]
+    from depthlab.study.page import rates  # it reads this module: imported here, not at the top
+
+    lines += [""] + rates.exponent_lines(rates.exponents(records, d, out), "each scheme's")
+    return lines + progress_lines(records, d, rows)

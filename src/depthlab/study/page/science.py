@@ -73,7 +73,7 @@ def along_lines(results: Path, planned: Pairs, img: Path) -> list[str]:
     settings = load(results / "lns_study_along" / "settings.json") or {}
     corpus = composition_said(settings.get("meta", {}).get("corpus") or {}, "its corpus's")
     out += [f"Made by `{settings.get('command', '?')}`; {corpus}. Each pair is one seed, so no pair gives a "
-            "verdict: the table shows how the gap and both indices move, for the next study to test with seeds.", ""]
+            "verdict: the table gives how the gap and both indices move, for the next study to test with seeds.", ""]
     if figures.plot_along(records, img / "lns_study_along_along.png"):
         out += depth.along_table(records) + ["![Δ and the curse index along training](img/lns_study_along_along.png)",
                                              ""]
@@ -174,7 +174,7 @@ def write(results: Path, docs: Path, parts: list[str], unstable: list[str], plan
 
         rerun, tstudy = reruns(results), study_summary(results / "depth_transfer")
         part = lns_lines(results, res, rerun, planned, img, (tstudy[0], tstudy[2]) if tstudy else None)
-        screen.write_readme(docs.parent / "README.md", part[:part.index(lns.CLAIMS_HEAD)])
+        screen.write_readme(docs.parent / "README.md", part[:part.index(screen.DETAIL_HEAD)])
         lines += part
     lines += ["## 7. Vision Transformers: where LNS goes", ""] + depth.vit_section(vit, "img/vit_study.png")
     lines += ["## 8. One rate per scheme at every depth (the depth study)", ""]
