@@ -128,7 +128,7 @@ def screen_lines(own_res: dict | None, muon_res: dict | None, scale: dict | None
         lines.append(f"![LNS − Pre-LN test loss by depth, under AdamW and under Muon, each scheme at its own rate, "
                      f"95% intervals](img/{FIGURE})")
     lines += [x for x in (why_line(own_res), curse_line(done), cost_line(results)) if x]
-    lines += panel_lines(docs)
+    lines += panel_lines(docs, results)
     assert len(lines) <= MAX_LINES, f"the first screen has {len(lines)} lines, more than {MAX_LINES}"
     long = [x for x in lines if len(x) > MAX_CHARS]
     assert not long, f"first-screen lines over {MAX_CHARS} characters: {long}"
@@ -241,26 +241,32 @@ def cost_line(results: Path | None) -> str | None:
             "([benchmarks](benchmarks.md)).")
 
 
-PANEL = "panel"  # a docs/analysis.md heading with this word and a figure img/panel*: the real-model panel
+PANEL_MARK = "<!-- panel-first-line -->"  # docs/analysis.md's real-model panel section holds its answer here
+PANEL_MODELS = 3  # the panel's models (benchmarks/results/real_model_panel/plan.json)
 
 
-def panel_lines(docs: Path | None) -> list[str]:
-    """The real-model panel's one-line answer and figure, quoted from its section of docs/analysis.md (written from
-    its records by its own code): the heading naming the panel, the section's first sentence and its first
-    img/panel* figure; a line saying it is in progress where that section or figure is not there yet."""
+def panel_lines(docs: Path | None, results: Path | None = None) -> list[str]:
+    """The real-model panel's one-line answer and figure: its words by model and objective from its records'
+    recomputation (RESULTS/real_model_panel/panel.json, `python -m benchmarks.panel_recompute`), a link to its section
+    of docs/analysis.md (the one holding PANEL_MARK) and its figure (docs/img/panel*.png); a line saying it is in
+    progress where any of the three is not there yet. The line drops detail until it fits MAX_CHARS."""
     text = (docs / "analysis.md").read_text() if docs and (docs / "analysis.md").exists() else ""
-    for block in re.split(r"\n(?=## )", text):
-        head, _, body = block.partition("\n")
-        fig = re.search(r"!\[[^\]]*\]\((img/panel[^)]*)\)", body)
-        if head.startswith("## ") and PANEL in head.lower() and fig and (docs / fig.group(1)).exists():
-            title = head[3:].strip()
-            first = next((x for x in body.split("\n\n") if x.strip() and not x.lstrip().startswith(("!", "|", "<"))),
-                         "")
-            sentence = re.split(r"(?<=[.!?])\s", " ".join(first.split()), maxsplit=1)[0]
-            return [f"- **Real pretrained models** ([{title}](analysis.md#{_anchor(title)})): {sentence}"[:MAX_CHARS],
-                    f"![{title}]({fig.group(1)})"]
-    return ["- **Real pretrained models:** the panel that asks the same of pretrained models (their deep blocks' "
-            "worth) is in progress; its one-line answer and figure will stand here."]
+    panel = load(results / "real_model_panel" / "panel.json") if results else None
+    figs = sorted((docs / "img").glob("panel*.png")) if docs and (docs / "img").is_dir() else []
+    head = next((b.partition("\n")[0][3:].strip() for b in re.split(r"\n(?=## )", text) if PANEL_MARK in b), None)
+    words = {m: v["words"] for m, v in (panel or {}).items() if v.get("words")}
+    if not (words and figs and head):
+        return ["- **Real pretrained models:** the panel that asks the same of pretrained models (are their deep "
+                "blocks wasted?) is in progress; its one-line answer and figure will stand here."]
+    link = f" ([deep blocks wasted?](analysis.md#{_anchor(head)}))."
+    left = PANEL_MODELS - len(words)
+    rest = f"; {left} of {PANEL_MODELS} models to run" if left > 0 else ""
+    full = "; ".join(f"{m} by {o}: {v['word']}, R {v['ratio']:.2f} [{v['ci'][0]:.2f}, {v['ci'][1]:.2f}]"
+                     for m, ws in words.items() for o, v in ws.items())
+    short = "; ".join(f"{m} by {o}: {v['word']}" for m, ws in words.items() for o, v in ws.items())
+    lines = [f"- **Real pretrained models:** {body}{rest}{link}" for body in (full, short, "words in its section")]
+    line = next((x for x in lines if len(x) <= MAX_CHARS), lines[-1])
+    return [line, f"![The real-model panel: each block's removal cost]({figs[0].relative_to(docs).as_posix()})"]
 
 
 def _anchor(title: str) -> str:
