@@ -128,6 +128,8 @@ ELSEWHERE = {"real_model_panel": ("analysis.md", screen.PANEL_MARK)}  # a study 
 @pytest.mark.parametrize("plan", sorted(RESULTS.glob("*/plan.json")), ids=lambda p: p.parent.name)
 def test_every_family_a_plan_declares_is_read_in_its_studys_section(plan):
     declared = json.loads(plan.read_text())
+    if not (plan.parent / "runs.jsonl").exists() and not (plan.parent / "panel.json").exists():
+        pytest.skip(f"{plan.parent.name}: no records yet, nothing to report")
     if declared["study"] in ELSEWHERE:
         page, mark = ELSEWHERE[declared["study"]]
         assert mark in (ROOT / "docs" / page).read_text(), f"{plan}: no page reads this study"

@@ -446,7 +446,7 @@ def detail_lines(res: dict, table: dict, tres: dict | None, tsettings: dict | No
                      f"±{hold['value']:.3f} was {hold['status']}: no such word.")
     if eq := res.get("margins", {}).get("equivalence"):
         planned = "".join(f"; the {p['study']} study's plan ({', '.join(map(_margin, p['margins'].items()))}) was "
-                          f"{p['status']} ({p['why']})" for p in res["margins"].get("plans", []))
+                          f"{p['status']} ({p['why']})" for p in res["margins"].get("plans", []) if p["margins"])
         lines.append(f"- Margins: gain-init ≈ LNS within ±{eq['value']:g} nats (the first LNS study) was "
                      f"{eq['status']} ({eq['why']}){planned}; a margin set after the data prints its numbers, never a "
                      "word.")
