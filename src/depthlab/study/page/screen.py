@@ -264,7 +264,13 @@ def panel_lines(docs: Path | None, results: Path | None = None) -> list[str]:
     full = "; ".join(f"{m} by {o}: {v['word']}, R {v['ratio']:.2f} [{v['ci'][0]:.2f}, {v['ci'][1]:.2f}]"
                      for m, ws in words.items() for o, v in ws.items())
     short = "; ".join(f"{m} by {o}: {v['word']}" for m, ws in words.items() for o, v in ws.items())
-    lines = [f"- **Real pretrained models:** {body}{rest}{link}" for body in (full, short, "words in its section")]
+    grouped: dict[tuple[str, str], list[str]] = {}  # (objective, word without what it rests on): models
+    for m, ws in words.items():
+        for o, v in ws.items():
+            grouped.setdefault((o, v["word"].split(" (")[0]), []).append(m)
+    brief = "; ".join(f"{', '.join(ms)} by {o}: {w}" for (o, w), ms in grouped.items())
+    lines = [f"- **Real pretrained models:** {body}{rest}{link}" for body in (full, short, brief,
+                                                                              "words in its section")]
     line = next((x for x in lines if len(x) <= MAX_CHARS), lines[-1])
     return [line, f"![The real-model panel: each block's removal cost]({figs[0].relative_to(docs).as_posix()})"]
 
