@@ -95,7 +95,7 @@ def test_the_panels_answer_and_figure_stand_on_the_first_screen_once_its_records
     many = {m: {"words": {o: word for o in ("loss", "choice", "generation")}} for m in ("a", "b", "c")}
     (results / "real_model_panel" / "panel.json").write_text(json.dumps(many))
     line = screen.panel_lines(docs, results)[0]
-    assert len(line) <= screen.MAX_CHARS and "words in its section" in line
+    assert len(line) <= screen.MAX_CHARS and "** a, b, c by loss: inconclusive; a, b, c by choice: inconclusive" in line
 
 
 # --------------------------------------------------------------------------------- audit 1: "replicated", the split
