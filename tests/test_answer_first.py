@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from depthlab.analysis.answer import blocks_text, pct_ppl, span_text
+from depthlab.analysis.answer import pct_ppl
+from depthlab.analysis.results import blocks_text, span_text
 from depthlab.cli import main
 from tests.test_analysis_support import TEXT
 from tests.test_curse_index import save_llama

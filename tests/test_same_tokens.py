@@ -12,9 +12,9 @@ from tests.test_long_phases import TINY, run_cli
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("same")
-    _, err = run_cli(["train", "--data", corpus, "--run-dir", root / "run", "--no-progress", *TINY])
-    lines = err.splitlines()  # where to look, first; then time elapsed and left on every step line
-    assert lines[0] == f"depthlab train: run directory {root / 'run'}"
+    out, err = run_cli(["train", "--data", corpus, "--run-dir", root / "run", "--no-progress", *TINY])
+    assert out.splitlines()[0] == f"depthlab train: run directory {root / 'run'}"  # where to look, first
+    lines = err.splitlines()  # then time elapsed and left on every step line
     steps = [x for x in lines if x.startswith("depthlab train: step ")]
     assert steps and all(re.search(r", elapsed \d+ s, about \d+ s left$", x) for x in steps)
     return root / "run"

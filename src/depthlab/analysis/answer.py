@@ -7,36 +7,16 @@
     perplexity   the model's own, with its window and the tokens it was scored on
 
 One unit: a removal costs nats of loss per scored token; % perplexity is the same number read as a perplexity ratio,
-100 (e^Δ - 1). One notation for a set of blocks: 1-based, as the report counts, `blocks_text`.
+100 (e^Δ - 1). One notation for a set of blocks: 1-based, as the report counts, `results.blocks_text`.
 """
 
 from __future__ import annotations
 
 import math
 
-from depthlab.analysis.results import is_classifier
+from depthlab.analysis.results import blocks_text, is_classifier
 
 HEADLINE_K = (1, 2, 4)  # how many of the cheapest blocks the headline removes together
-
-
-def blocks_text(blocks) -> str:
-    """A set of 1-based blocks as the report writes it everywhere: ascending, runs of three or more as a range:
-    "13, 15, 18, 19", "14-16"."""
-    bs = sorted(set(int(b) for b in blocks))
-    parts, i = [], 0
-    while i < len(bs):
-        j = i
-        while j + 1 < len(bs) and bs[j + 1] == bs[j] + 1:
-            j += 1
-        parts += [f"{bs[i]}-{bs[j]}"] if j - i >= 2 else [str(b) for b in bs[i:j + 1]]
-        i = j + 1
-    return ", ".join(parts)
-
-
-def span_text(first_last) -> str:
-    """A contiguous run stored as [first, last] (1-based, both included), in blocks_text's notation."""
-    first, last = first_last
-    return blocks_text(range(first, last + 1))
 
 
 def pct_ppl(delta_loss: float) -> float:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from depthlab.analysis.answer import blocks_text
+from depthlab.analysis.results import blocks_text
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from depthlab.analysis.answer import blocks_text, pct_ppl, span_text
+from depthlab.analysis.answer import pct_ppl
 from depthlab.analysis.removal import PART_NAMES, PARTS
+from depthlab.analysis.results import blocks_text, span_text
 from depthlab.plots import pyplot, save_figure
 
 plt = pyplot()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from depthlab import metrics as metrics_module
 from depthlab.analysis import answer as answer_module, curse as curse_module
-from depthlab.analysis.answer import blocks_text, pct_ppl, span_text
+from depthlab.analysis.answer import pct_ppl
 from depthlab.analysis.curse import index_lines
 from depthlab.analysis.duplication_report import duplication_rows, plot_duplication
 from depthlab.analysis.removal_report import (
@@ -31,7 +31,7 @@ from depthlab.analysis.removal_report import (
     profile_rows,
     task_rows,
 )
-from depthlab.analysis.results import is_classifier
+from depthlab.analysis.results import blocks_text, is_classifier, span_text
 from depthlab.metrics import massive_lines
 from depthlab.plots import pyplot, save_figure
 
@@ -416,6 +416,17 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     """Everything for one model under `out`; returns the written files by kind."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(res, indent=1) + "\n")
+    plots = write_plots(res, out, label)
+    tables = write_tables(res, out)
+    files = {"metrics": out / "metrics.json", **plots}
+    files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", report_intro(res, label),
+                                 report_sections(res, plots), answer_html(res, plots))
+    files.update({t.stem: t for t in tables})
+    return files
+
+
+def write_plots(res: dict, out: Path, label: str) -> dict[str, Path]:
+    """Every figure one model's result has, under `out`, by kind."""
     runs = [(label, res)]
     plots = {}
     if "removal" in res:
@@ -443,7 +454,11 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
     if "jacobian" in res:
         plots["jacobian"] = plot_jacobian(runs, out / "jacobian.png")
         plots["jacobian_heatmaps"] = plot_jacobian_heatmaps(label, res, out / "jacobian_heatmaps.png")
-    tables = write_tables(res, out)
+    return plots
+
+
+def report_sections(res: dict, plots: dict) -> list[tuple[str, str]]:
+    """The report's sections after its answer, as (title, html)."""
     sec = removal_sections(res, plots)  # the paper's Figure 1 by tasks first, then the details
     sec += [("Curse index", index_html(res))] if "curse_index" in res else []
     best = [{**r, "blocks": span_text(r["blocks"])} for r in res["angular"]["best_block"]]
@@ -476,12 +491,7 @@ def write_report(res: dict, out: Path, label: str) -> dict[str, Path]:
             + _table(rows, list(rows[0]), "Each span run twice: the loss change (nats per token).")))
     if "jacobian" in plots:
         sec.append(("Jacobians", _img(plots["jacobian"]) + _img(plots["jacobian_heatmaps"])))
-    files = {"metrics": out / "metrics.json", **plots}
-    lead = answer_html(res, plots)
-    files["report"] = write_html(out / "report.html", f"depthlab analysis: {label}", report_intro(res, label), sec,
-                                 lead)
-    files.update({t.stem: t for t in tables})
-    return files
+    return sec
 
 
 def removal_sections(res: dict, plots: dict) -> list[tuple[str, str]]:

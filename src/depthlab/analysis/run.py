@@ -296,6 +296,27 @@ def analysis_phases(req: Request, at_init: bool) -> list[str]:
     return ["loading the model", *names, *(["the index at initialisation"] if at_init else []), "writing the report"]
 
 
+def _inputs(req: Request, lm, tok, seq_len: int, info: dict, loaded) -> tuple[list, list, dict | None, dict]:
+    """What the model is scored on: its batches, the fit windows, the multiple-choice questions and how the data
+    is described in the result (`loaded`: the whole model as loaded, None layer by layer)."""
+    fit, questions = [], None
+    if lm.classifier:
+        given = [f for f, v in (("--removal-tasks", req.tasks is not None), ("--linear-replacement",
+                 req.options.linear), ("--removal-generate", req.generate)) if v]
+        if given:
+            raise UserError(f"{given[0]} is for language models; a ViT's removal is scored by its labels")
+        batches, data = _image_batches(req, loaded)
+    elif req.images is not None:
+        raise UserError("--images is for a ViT; a language model's calibration size is --tokens")
+    else:
+        meta = None if loaded is None else loaded.meta
+        batches, fit, source = batches_for(req, lm, tok, req.seq_len or seq_len, info["context"],
+                                        own_val_tokens(info["checkpoint"], meta) if meta is not None else None)
+        data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
+        questions = questions_for(req, lm)
+    return batches, fit, questions, data
+
+
 def run_request(req: Request) -> dict:
     t0 = time.perf_counter()
     plan_phases("analyze: ", analysis_phases(req, False))
@@ -314,21 +335,7 @@ def run_request(req: Request) -> dict:
                                   req.max_memory, req.offload_folder)
         lm, tok, seq_len, info = loaded.lm, loaded.tokenizer, loaded.seq_len, loaded.info
         req = dataclasses.replace(req, device=loaded.device)  # a placed model's inputs go to its main device
-    fit, questions = [], None
-    if lm.classifier:
-        given = [f for f, v in (("--removal-tasks", req.tasks is not None), ("--linear-replacement",
-                 req.options.linear), ("--removal-generate", req.generate)) if v]
-        if given:
-            raise UserError(f"{given[0]} is for language models; a ViT's removal is scored by its labels")
-        batches, data = _image_batches(req, loaded)
-    elif req.images is not None:
-        raise UserError("--images is for a ViT; a language model's calibration size is --tokens")
-    else:
-        meta = None if req.layerwise else loaded.meta
-        batches, fit, source = batches_for(req, lm, tok, req.seq_len or seq_len, info["context"],
-                                        own_val_tokens(info["checkpoint"], meta) if meta is not None else None)
-        data = {"source": source, "seq_len": req.seq_len or seq_len, "batch_size": req.batch_size}
-        questions = questions_for(req, lm)
+    batches, fit, questions, data = _inputs(req, lm, tok, seq_len, info, None if req.layerwise else loaded)
     generation = generation_for(req, lm, tok)
     check_interior(skel.n_layers if req.layerwise else lm.n_layers, req.options.curse)  # the data's errors first
     if req.layerwise:

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     """lm-eval's command line, with the `depthlab` model registered. What a user can get wrong is one line and exit
     status 2: the depthlab model's settings, the device and the batch size, checked before lm-eval builds anything;
     --limit; a task lm-eval does not know."""
-    from depthlab.cli import run_script
+    from depthlab.entry import run_script
 
     return run_script(_evaluate, sys.argv[1:] if argv is None else argv)
 

@@ -85,6 +85,11 @@ class Design:
         return t.Design(base_depth=0, widen=self.widen)
 
 
+def depths_of(d: Design) -> list[int]:
+    """Every depth the design trains: its depths, then its deep depth if any."""
+    return [*d.depths, *([d.deep] if d.deep else [])]
+
+
 def variants(d: Design) -> dict[str, list[str]]:
     """Each variant's config overrides (the depth-transfer study's)."""
     return {v: t.variants(6)[v] for v in (*d.pair, *d.parts)}

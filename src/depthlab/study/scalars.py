@@ -120,11 +120,33 @@ INTERACTION = "interaction: (lns+scalars - pre+scalars) - (lns - pre)"
 PROFILE_MARGIN = 0.15  # |slope of log m_l on log l - (-1/2)| within which the scalars "learn LNS's profile"
 
 
+def families(d: Design, full: list[int]) -> dict:
+    """The plan's families of tests (`full`: the depths that run all four arms)."""
+    effects = {L: [e for e, (a, b) in EFFECTS.items() if {a, b} <= set(d.arms(L))] for L in d.depths}
+    trend = [*EFFECTS, INTERACTION]
+    return {
+        "lns_effect": {"tests": [f"{e} at N = {L}" for L in d.depths for e in effects[L] if e.startswith("lns")],
+                       "correction": "Holm over the family (a depth without 3 paired seeds leaves it)"},
+        "scalars_effect": {"tests": [f"{e} at N = {L}" for L in d.depths for e in effects[L]
+                                     if e.startswith("scalars")],
+                           "correction": "Holm over the family"},
+        "interaction": {"tests": [f"{INTERACTION} at N = {L}" for L in full],
+                        "correction": "Holm over the family; per seed the difference of the two paired "
+                                      "differences (all four arms share the seed)"},
+        "depth_trend": {"tests": [f"slope of ({e}) on log2 N" for e in trend],
+                        "method": "least squares of the per-seed effect on log2 N over every depth where the "
+                                  "effect has 3 paired seeds (at least 2 depths), t-test on the slope with "
+                                  "df = points - 2",
+                        "correction": "Holm over the family"},
+        "equivalence": {"tests": [f"lns - pre with scalars at N = {L}" for L in d.depths if L in full],
+                        "correction": "none per test (each its own question: does LNS add nothing once "
+                                      "scalars exist, at this depth); TOST at alpha 0.05"},
+    }
+
+
 def plan(d: Design) -> dict:
     """What decides this study's words, declared before its first cell (OUT/plan.json, committed first)."""
     full = [L for L in d.depths if len(d.arms(L)) == 4]
-    effects = {L: [e for e, (a, b) in EFFECTS.items() if {a, b} <= set(d.arms(L))] for L in d.depths}
-    trend = [*EFFECTS, INTERACTION]
     base = mu.plan(mu.Design(depths=tuple(d.depths), seeds=d.seeds, transfer_from=None))
     return {
         "study": "scalars",
@@ -142,24 +164,7 @@ def plan(d: Design) -> dict:
         "depths": list(d.depths), "seeds": {str(L): list(d.seeds) for L in d.depths},
         "arms_at_depth": {str(L): list(d.arms(L)) for L in d.depths},
         "alpha": 0.05, "interval": "95% two-sided t-interval", "min_seeds_for_a_word": 3,
-        "families": {
-            "lns_effect": {"tests": [f"{e} at N = {L}" for L in d.depths for e in effects[L] if e.startswith("lns")],
-                           "correction": "Holm over the family (a depth without 3 paired seeds leaves it)"},
-            "scalars_effect": {"tests": [f"{e} at N = {L}" for L in d.depths for e in effects[L]
-                                         if e.startswith("scalars")],
-                               "correction": "Holm over the family"},
-            "interaction": {"tests": [f"{INTERACTION} at N = {L}" for L in full],
-                            "correction": "Holm over the family; per seed the difference of the two paired "
-                                          "differences (all four arms share the seed)"},
-            "depth_trend": {"tests": [f"slope of ({e}) on log2 N" for e in trend],
-                            "method": "least squares of the per-seed effect on log2 N over every depth where the "
-                                      "effect has 3 paired seeds (at least 2 depths), t-test on the slope with "
-                                      "df = points - 2",
-                            "correction": "Holm over the family"},
-            "equivalence": {"tests": [f"lns - pre with scalars at N = {L}" for L in d.depths if L in full],
-                            "correction": "none per test (each its own question: does LNS add nothing once "
-                                          "scalars exist, at this depth); TOST at alpha 0.05"},
-        },
+        "families": families(d, full),
         "words": {"lower/higher": "Holm-adjusted p < 0.05 and the 95% interval excludes 0",
                   "inconclusive": "otherwise, with >= 3 paired seeds",
                   "no verdict": "fewer than 3 paired seeds",

@@ -106,6 +106,7 @@ MIN_CONTRADICT = 3  # seeds an interval on the other side needs before "contradi
 EQUIVALENCE_MARGIN = 0.01  # nats: two variants "match" when the TOST puts their mean difference inside ± this
 UNIGRAM_MARGIN = 0.1  # nats: a run ending this close to the unigram loss learned nothing beyond token frequencies
 ALPHA = 1 - LEVEL
+MIN_SEEDS = 3  # paired seeds before a word (plan.json's min_seeds_for_a_word)
 
 
 def _word(t: dict) -> str:

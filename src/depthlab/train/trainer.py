@@ -128,8 +128,9 @@ class Trainer:
         try:  # the run directory, locked, and the checkpoint it resumes (depthlab.runfolder)
             opened = open_run(cfg, self.env, self._held, run_dir, resume, overwrite, self._warn)
             self.run_dir, self.branch_of = opened.run_dir, opened.branch_of
-            if self.env.is_main:  # first, before minutes of data preparation: where to look
-                print(f"depthlab train: run directory {self.run_dir}", file=sys.stderr, flush=True)
+            if self.env.is_main:  # first, before minutes of data preparation: where to look (on stdout, so that a
+                # mistake found while preparing the data stays the one line on stderr)
+                print(f"depthlab train: run directory {self.run_dir}", flush=True)
             self._build(data, opened.ckpt, opened.meta)
         except BaseException:
             self.close()

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from depthlab.stats import DOC_REPLICATES, document_bootstrap
 from depthlab.study import declared, own_rate as o, transfer as t
+from depthlab.study.own_rate import depths_of
+from depthlab.study.page import rates
 from depthlab.study.page.text import composition_said, load, said, settings_of
 from depthlab.study.records import load_records
 from depthlab.study.runner import Cell
-from depthlab.study.verdicts import EQUIVALENCE_MARGIN, compare, equivalent, holm_words, pooled_family
+from depthlab.study.verdicts import EQUIVALENCE_MARGIN, MIN_SEEDS, compare, equivalent, holm_words, pooled_family
 
-MIN_SEEDS = 3  # paired seeds before a word (plan.json's min_seeds_for_a_word)
 FEW = f"fewer than {MIN_SEEDS} paired seeds: no verdict"
 SPLIT = "test"  # the split every interval of the section reads (no selection reads it)
 HEAD = "## The own-rate study: LNS against Pre-LN on balanced held-out splits"
@@ -44,10 +45,6 @@ def boot_said(b: dict | None, f: str = ".4f", signed: bool = True) -> str:
     sign = "+" if signed else ""
     what = f"{b['documents']} documents" + (f" × {b['seeds']} seeds" if b["seeds"] > 1 else ", 1 seed")
     return f"{b['mean']:{sign}{f}} [{b['ci'][0]:{sign}{f}}, {b['ci'][1]:{sign}{f}}] ({what})"
-
-
-def depths_of(d: o.Design) -> list[int]:
-    return [*d.depths, *([d.deep] if d.deep else [])]
 
 
 def seeds_at(d: o.Design, L: int) -> tuple[int, ...]:
@@ -257,7 +254,5 @@ def page_lines(out: Path) -> list[str]:
                   "seed (the plan's `parts_at_deep` family: seed noise pooled over its three tests, Holm over them, "
                   "3 paired seeds for a word; its `equivalence` family, gain-init − LNS, a TOST against the margin "
                   f"{declared.said(p['margin'], ' nats')}): {parts_said(p)}."]
-    from depthlab.study.page import rates  # it reads this module: imported here, not at the top
-
     lines += [""] + rates.exponent_lines(rates.exponents(records, d, out), "each scheme's")
     return lines + progress_lines(records, d, rows)

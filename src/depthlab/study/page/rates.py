@@ -10,11 +10,9 @@ from pathlib import Path
 
 from depthlab.stats import holm, pvalue
 from depthlab.study import declared, own_rate as o, transfer as t
-from depthlab.study.page import own
 from depthlab.study.runner import selection_value
-from depthlab.study.verdicts import ALPHA
+from depthlab.study.verdicts import ALPHA, MIN_SEEDS
 
-MIN_SEEDS = own.MIN_SEEDS
 FALLS, RISES, HOLDS = "falls with depth", "rises with depth", "holds its rate"
 
 
@@ -40,7 +38,7 @@ def exponents(records: dict, d: o.Design, out: Path) -> dict[str, dict]:
     each grid point redrawn with one validation loss's seed noise pooled over the cells of 2 or more seeds,
     transfer.loss_noise; none below MIN_SEEDS - 1 degrees of freedom, what one cell's 3 seeds give), the plan's
     margin for the depths fitted, Holm over the schemes."""
-    depths = own.depths_of(d)
+    depths = o.depths_of(d)
     noise = t.loss_noise(records)
     margin = declared.margin(out, "holds_its_rate_slope", t.hold_margin(depths), records,
                              f"{min(depths)}-{max(depths)}")
